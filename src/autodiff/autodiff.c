@@ -1,0 +1,173 @@
+#include "autodiff/autodiff.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/ops.h"
+#include "util/error.h"
+
+struct keel_grad_acc {
+    keel_graph *g;
+    keel_ctx *ctx;
+    uint8_t *needs; /* by id: the tensor depends on a parameter through differentiable sources */
+    uint8_t *owned; /* by id of a gradient: created by accumulation, so in-place ACC may write it */
+    keel_tensor *node;
+    int64_t cap;
+};
+
+static int grow(keel_grad_acc *a) {
+    int64_t n = keel_ctx_count(a->ctx);
+    if (n <= a->cap) return 0;
+    int64_t c = n * 2 + 1024;
+    keel_tensor **gr = realloc(a->g->grads, (size_t)c * sizeof *gr);
+    uint8_t *nd = realloc(a->needs, (size_t)c), *ow = realloc(a->owned, (size_t)c);
+    if (gr) a->g->grads = gr;
+    if (nd) a->needs = nd;
+    if (ow) a->owned = ow;
+    if (!gr || !nd || !ow) return keel_fail("out of memory building the backward graph");
+    memset(gr + a->cap, 0, (size_t)(c - a->cap) * sizeof *gr);
+    memset(nd + a->cap, 0, (size_t)(c - a->cap));
+    memset(ow + a->cap, 0, (size_t)(c - a->cap));
+    a->cap = c;
+    a->g->n_grads = c;
+    return 0;
+}
+
+bool keel_grad_wanted(const keel_grad_acc *acc, int src) {
+    const keel_tensor *t = acc->node;
+    return (keel_op_get(t->op)->grad_srcs >> src & 1) && acc->needs[t->src[src]->id];
+}
+
+int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib) {
+    if (!contrib) return -1;
+    if (!keel_grad_wanted(acc, src)) return 0;
+    keel_tensor *s = acc->node->src[src];
+    if (!keel_same_shape(s, contrib) || contrib->type != s->type) {
+        char a[64], b[64];
+        return keel_fail("autodiff: %s rule gave a %s %s gradient for source '%s' (%s %s)",
+                         keel_op_get(acc->node->op)->name, keel_type_name(contrib->type),
+                         keel_shape_str(contrib->ne, a, sizeof a), s->name, keel_type_name(s->type),
+                         keel_shape_str(s->ne, b, sizeof b));
+    }
+    if (grow(acc)) return -1;
+    keel_tensor *cur = acc->g->grads[s->id], *sum = contrib;
+    if (cur) {
+        sum = keel_add(acc->ctx, cur, contrib);
+        if (!sum || grow(acc)) return -1;
+        acc->owned[sum->id] = 1;
+    }
+    acc->g->grads[s->id] = sum;
+    return 0;
+}
+
+int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t nb1, int64_t nb2, int64_t nb3,
+                         int64_t offset) {
+    if (!dy) return -1;
+    if (!keel_grad_wanted(acc, src)) return 0;
+    keel_tensor *s = acc->node->src[src];
+    if (!keel_is_contiguous(s))
+        return keel_fail("autodiff: '%s' is a view of the non-contiguous '%s'; make a contiguous copy (CONT) "
+                         "before viewing it",
+                         acc->node->name, s->name);
+    if (grow(acc)) return -1;
+    keel_tensor *cur = acc->g->grads[s->id];
+    bool inplace = true;
+    if (!cur) {
+        cur = keel_zeros_like(acc->ctx, s); /* a real fill: x*0 would turn inf into NaN */
+    } else if (!acc->owned[cur->id] || !keel_is_contiguous(cur)) {
+        inplace = false; /* someone else may read it: accumulate into a copy */
+        if (!keel_is_contiguous(cur)) cur = keel_cont(acc->ctx, cur);
+    }
+    cur = keel_acc(acc->ctx, cur, dy, nb1, nb2, nb3, offset, inplace);
+    if (!cur || grow(acc)) return -1;
+    acc->owned[cur->id] = 1;
+    acc->g->grads[s->id] = cur;
+    return 0;
+}
+
+int keel_build_backward(keel_graph *g, keel_tensor *loss) {
+    if (!loss) return keel_fail("autodiff: no loss");
+    if (keel_nelements(loss) != 1) return keel_fail("autodiff: loss '%s' has %lld elements, expected 1", loss->name, (long long)keel_nelements(loss));
+    keel_grad_acc acc = {.g = g, .ctx = g->ctx};
+    if (grow(&acc)) goto fail;
+    for (int64_t i = 0; i < g->n_leafs; i++)
+        if (g->leafs[i]->flags & KEEL_FLAG_PARAM) acc.needs[g->leafs[i]->id] = 1;
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        keel_tensor *t = g->nodes[i];
+        const keel_op_info *info = keel_op_get(t->op);
+        for (int s = 0; s < info->arity; s++)
+            if ((info->grad_srcs >> s & 1) && acc.needs[t->src[s]->id]) acc.needs[t->id] = 1;
+    }
+    if (!acc.needs[loss->id]) { free(acc.needs), free(acc.owned); return keel_fail("autodiff: loss '%s' does not depend on any parameter", loss->name); }
+    loss->flags |= KEEL_FLAG_LOSS;
+    int64_t first_new = keel_ctx_count(g->ctx);
+    g->grads[loss->id] = keel_fill(g->ctx, loss->type, loss->ne, 1.0);
+    keel_set_name(g->grads[loss->id], "grad.%s", loss->name);
+
+    int64_t n_forward = g->n_nodes;
+    for (int64_t i = n_forward - 1; i >= 0; i--) {
+        keel_tensor *t = g->nodes[i];
+        keel_tensor *dy = t->id < acc.cap ? g->grads[t->id] : NULL;
+        if (!acc.needs[t->id] || !dy) continue;
+        keel_grad_rule rule = keel_grad_rule_of(t->op);
+        if (!rule) {
+            keel_fail("autodiff: %s has no backward rule (%s), but node '%s' needs one", keel_op_get(t->op)->name,
+                      keel_op_get(t->op)->nograd ? keel_op_get(t->op)->nograd : "missing", t->name);
+            goto fail;
+        }
+        acc.node = t;
+        if (rule(g->ctx, t, dy, &acc)) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", keel_last_error());
+            keel_fail("autodiff: backward of '%s' (%s): %s", t->name, keel_op_get(t->op)->name, msg);
+            goto fail;
+        }
+    }
+    /* Name and keep parameter gradients; a parameter the loss does not reach gets none. */
+    int64_t n_params = 0;
+    for (int64_t i = 0; i < g->n_leafs; i++) {
+        keel_tensor *p = g->leafs[i];
+        if (!(p->flags & KEEL_FLAG_PARAM) || !g->grads[p->id]) continue;
+        keel_tensor *gr = g->grads[p->id];
+        if (!acc.owned[gr->id] || !keel_is_contiguous(gr)) { /* its own tensor, so the name is its alone */
+            gr = keel_cont(g->ctx, gr);
+            if (!gr || grow(&acc)) goto fail;
+            g->grads[p->id] = gr;
+        }
+        keel_set_name(gr, "grad.%s", p->name);
+        gr->flags |= KEEL_FLAG_OUTPUT;
+        n_params++;
+    }
+    /* Append what the parameter gradients need, in creation order: a valid topological order
+     * that runs the backward pass from the last layer to the first. */
+    int64_t n_ids = keel_ctx_count(g->ctx);
+    uint8_t *want = calloc((size_t)n_ids, 1);
+    if (!want) { keel_fail("out of memory"); goto fail; }
+    for (int64_t i = 0; i < g->n_leafs; i++) {
+        keel_tensor *p = g->leafs[i];
+        if ((p->flags & KEEL_FLAG_PARAM) && g->grads[p->id]) want[g->grads[p->id]->id] = 1;
+    }
+    for (int64_t id = n_ids - 1; id >= first_new; id--) {
+        if (!want[id]) continue;
+        keel_tensor *t = keel_ctx_tensor(g->ctx, id);
+        int arity = keel_op_get(t->op)->arity;
+        for (int s = 0; s < arity; s++)
+            if (t->src[s]->id >= first_new) want[t->src[s]->id] = 1;
+    }
+    g->n_forward = n_forward;
+    for (int64_t id = first_new; id < n_ids; id++) {
+        if (!want[id]) continue;
+        keel_tensor *t = keel_ctx_tensor(g->ctx, id);
+        if (keel_graph_expand(g, t)) { free(want); goto fail; }
+    }
+    free(want);
+    free(acc.needs);
+    free(acc.owned);
+    (void)n_params;
+    return 0;
+fail:
+    free(acc.needs);
+    free(acc.owned);
+    return -1;
+}

@@ -1,0 +1,32 @@
+/* keel: reverse-mode autodiff. keel_build_backward walks a forward graph from its loss in reverse
+ * and appends the gradient of every tensor that needs one, using each op's rule (rules.c).
+ *
+ * Accumulation order (fixed, so gradients are deterministic): nodes are visited in reverse
+ * execution order; each node hands its sources their contributions in source order; a tensor's
+ * contributions are summed left to right in the order they arrive. A contribution through a VIEW
+ * goes into a zero-filled gradient buffer (a real FILL) by an in-place ACC into the view's window. */
+#ifndef KEEL_AUTODIFF_H
+#define KEEL_AUTODIFF_H
+
+#include "graph/graph.h"
+
+/* Appends the backward pass to g. Afterwards keel_graph_grad(g, t) is the gradient of t, and each
+ * parameter's gradient is an output node named "grad.<parameter name>". */
+int keel_build_backward(keel_graph *g, keel_tensor *loss);
+
+/* ---- for the rules ---- */
+typedef struct keel_grad_acc keel_grad_acc;
+typedef int (*keel_grad_rule)(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc);
+
+/* Does source i of the node being differentiated need a gradient? */
+bool keel_grad_wanted(const keel_grad_acc *acc, int src);
+/* Add a contribution (shaped like source i) to source i's gradient. */
+int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib);
+/* Add dy into the window (strides nb1..3, byte offset) of source i's gradient. */
+int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t nb1, int64_t nb2, int64_t nb3,
+                         int64_t offset);
+
+/* The rule of an op, or NULL (rules.c). */
+keel_grad_rule keel_grad_rule_of(int op);
+
+#endif

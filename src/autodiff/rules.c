@@ -1,0 +1,254 @@
+/* keel: the backward rule of every differentiable op. A rule receives the node t and dy (the
+ * gradient of t, shaped like t) and hands each source that wants one its contribution. Ops with
+ * no rule say why in the op table (ops.c, nograd). */
+#include "autodiff/autodiff.h"
+#include "ops/ops.h"
+#include "util/error.h"
+
+#define WANT(i) keel_grad_wanted(acc, i)
+#define ADD(i, x) do { if (WANT(i) && keel_grad_add(acc, i, (x))) return -1; } while (0)
+
+/* dy summed down to the shape of a broadcast source. */
+static keel_tensor *reduce_to(keel_ctx *ctx, keel_tensor *dy, const keel_tensor *like) {
+    return keel_same_shape(dy, like) ? dy : keel_repeat_back(ctx, dy, like->ne);
+}
+
+static keel_tensor *contiguous(keel_ctx *ctx, keel_tensor *x) { return keel_is_contiguous(x) ? x : keel_cont(ctx, x); }
+
+static int r_view(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    (void)ctx;
+    return keel_grad_add_window(acc, 0, dy, t->ip[5], t->ip[6], t->ip[7], t->ip[8]);
+}
+static int r_reshape(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_reshape(ctx, contiguous(ctx, dy), t->src[0]->ne));
+    return 0;
+}
+static int r_permute(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    int inv[4];
+    for (int i = 0; i < 4; i++) inv[t->ip[i]] = i;
+    ADD(0, keel_cont(ctx, keel_permute(ctx, dy, inv[0], inv[1], inv[2], inv[3])));
+    return 0;
+}
+static int r_transpose(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    (void)t;
+    ADD(0, keel_cont(ctx, keel_transpose(ctx, dy)));
+    return 0;
+}
+static int r_copy(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *a = t->src[0];
+    if (dy->type == a->type) {
+        ADD(0, contiguous(ctx, dy));
+    } else { /* CPY across types: the gradient goes back in the source's type */
+        keel_tensor *c = keel_new(ctx, a->type, 4, a->ne);
+        ADD(0, keel_cpy(ctx, dy, c));
+    }
+    return 0;
+}
+static int r_get_rows(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_get_rows_back(ctx, dy, t->src[1], t->src[0]->ne[1]));
+    return 0;
+}
+static keel_tensor *window_view(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy) {
+    const keel_tensor *b = t->src[1];
+    return keel_cont(ctx, keel_view_4d(ctx, dy, b->ne[0], b->ne[1], b->ne[2], b->ne[3], t->ip[0], t->ip[1], t->ip[2],
+                                       t->ip[3]));
+}
+static int r_acc(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, dy);
+    ADD(1, window_view(ctx, t, dy));
+    return 0;
+}
+static int r_set(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    if (WANT(0))
+        ADD(0, keel_set(ctx, dy, keel_zeros_like(ctx, t->src[1]), t->ip[0], t->ip[1], t->ip[2], t->ip[3], false));
+    ADD(1, window_view(ctx, t, dy));
+    return 0;
+}
+static int r_repeat(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_repeat_back(ctx, dy, t->src[0]->ne));
+    return 0;
+}
+static int r_repeat_back(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_repeat(ctx, dy, t->src[0]->ne));
+    return 0;
+}
+static int r_concat(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *a = t->src[0], *b = t->src[1];
+    int d = (int)t->ip[0];
+    ADD(0, keel_cont(ctx, keel_view(ctx, dy, a->ne, dy->nb, 0)));
+    ADD(1, keel_cont(ctx, keel_view(ctx, dy, b->ne, dy->nb, a->ne[d] * dy->nb[d])));
+    return 0;
+}
+static int r_add(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, dy);
+    ADD(1, reduce_to(ctx, dy, t->src[1]));
+    return 0;
+}
+static int r_sub(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, dy);
+    if (WANT(1)) ADD(1, reduce_to(ctx, keel_neg(ctx, dy), t->src[1]));
+    return 0;
+}
+static int r_mul(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    if (WANT(0)) ADD(0, keel_mul(ctx, dy, t->src[1]));
+    if (WANT(1)) ADD(1, reduce_to(ctx, keel_mul(ctx, dy, t->src[0]), t->src[1]));
+    return 0;
+}
+static int r_div(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    if (WANT(0)) ADD(0, keel_div(ctx, dy, t->src[1]));
+    if (WANT(1)) /* d(a/b)/db = -(a/b)/b */
+        ADD(1, reduce_to(ctx, keel_neg(ctx, keel_div(ctx, keel_mul(ctx, dy, t), t->src[1])), t->src[1]));
+    return 0;
+}
+static int r_scale(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_scale(ctx, dy, t->fp[0], 0.0));
+    return 0;
+}
+static int r_sqr(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_mul(ctx, dy, keel_scale(ctx, t->src[0], 2.0, 0.0)));
+    return 0;
+}
+static int r_sqrt(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_div(ctx, keel_scale(ctx, dy, 0.5, 0.0), t));
+    return 0;
+}
+static int r_exp(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_mul(ctx, dy, t));
+    return 0;
+}
+static int r_log(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_div(ctx, dy, t->src[0]));
+    return 0;
+}
+static int r_neg(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    (void)t;
+    ADD(0, keel_neg(ctx, dy));
+    return 0;
+}
+static int r_silu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_op_new(ctx, KEEL_OP_SILU_BACK, (keel_tensor *const[]){t->src[0], dy}, 2, NULL, 0, NULL, 0));
+    return 0;
+}
+static int r_sigmoid(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_mul(ctx, dy, keel_mul(ctx, t, keel_scale(ctx, t, -1.0, 1.0))));
+    return 0;
+}
+static int r_softplus(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_mul(ctx, dy, keel_sigmoid(ctx, t->src[0])));
+    return 0;
+}
+static int r_sum(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *a = t->src[0];
+    keel_tensor *d = t->op == KEEL_OP_MEAN ? keel_scale(ctx, dy, 1.0 / (double)a->ne[0], 0.0) : dy;
+    ADD(0, keel_repeat(ctx, d, a->ne));
+    return 0;
+}
+static int r_mul_mat(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *a = t->src[0], *b = t->src[1];
+    /* da[k,m] = sum_n b[k,n] dy[m,n], over each group of broadcast matrices */
+    if (WANT(0)) ADD(0, keel_out_prod(ctx, b, dy, a->ne[2], a->ne[3]));
+    /* db[k,n] = sum_m a[k,m] dy[m,n] */
+    if (WANT(1)) ADD(1, keel_mul_mat(ctx, keel_cont(ctx, keel_transpose(ctx, a)), dy));
+    return 0;
+}
+static int r_out_prod(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *a = t->src[0], *b = t->src[1];
+    /* da[i,k] = sum_j dy[i,j] b[j,k];  db[j,k] = sum_i dy[i,j] a[i,k] */
+    if (WANT(0)) ADD(0, keel_mul_mat(ctx, keel_cont(ctx, keel_transpose(ctx, dy)), b));
+    if (WANT(1)) ADD(1, keel_mul_mat(ctx, dy, a));
+    return 0;
+}
+static int r_norm(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    int back = t->op == KEEL_OP_RMS_NORM ? KEEL_OP_RMS_NORM_BACK : KEEL_OP_L2_NORM_BACK;
+    ADD(0, keel_op_new(ctx, back, (keel_tensor *const[]){t->src[0], dy}, 2, NULL, 0, t->fp, 1));
+    return 0;
+}
+static int r_soft_max(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_op_new(ctx, KEEL_OP_SOFT_MAX_BACK, (keel_tensor *const[]){t, dy}, 2, NULL, 0, t->fp, 1));
+    return 0;
+}
+static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_op_new(ctx, KEEL_OP_ROPE_BACK, (keel_tensor *const[]){dy, t->src[1]}, 2, t->ip, 1, t->fp, 1));
+    return 0;
+}
+static int r_conv1d(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *x = t->src[0], *w = t->src[1];
+    if (WANT(0)) ADD(0, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_INPUT, (keel_tensor *const[]){dy, w}, 2, NULL, 0, NULL, 0));
+    if (WANT(1))
+        ADD(1, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_WEIGHT, (keel_tensor *const[]){x, dy}, 2, (int64_t[]){w->ne[0]}, 1,
+                           NULL, 0));
+    return 0;
+}
+static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *q = t->src[0], *v = t->src[2];
+    int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], B = q->ne[3], Dv = v->ne[0], Hv = v->ne[1], r = Hv / Hk;
+    keel_tensor *src[6] = {t->src[0], t->src[1], t->src[2], t->src[3], t->src[4], dy};
+    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_BACK, src, 6, NULL, 0, NULL, 0);
+    if (!pk) return -1;
+    int64_t es = (int64_t)keel_type_size(pk->type), nqk = Dk * Hv * T * B, nv = Dv * Hv * T * B, ng = Hv * T * B;
+    for (int which = 0; which < 2; which++) { /* dq, dk: per value head, summed over each key head's group */
+        if (!WANT(which)) continue;
+        keel_tensor *per = keel_view_4d(ctx, pk, Dk, Hv, T, B, Dk * es, Dk * Hv * es, Dk * Hv * T * es, which * nqk * es);
+        keel_tensor *sum;
+        if (r == 1) {
+            sum = keel_cont(ctx, per);
+        } else { /* value head hv = hk*r + j: [Dk, r, Hk, T*B] -> sum over j */
+            keel_tensor *g4 = keel_reshape_4d(ctx, keel_cont(ctx, per), Dk, r, Hk, T * B);
+            keel_tensor *rows = keel_sum_rows(ctx, keel_cont(ctx, keel_permute(ctx, g4, 1, 0, 2, 3)));
+            sum = keel_reshape_4d(ctx, rows, Dk, Hk, T, B);
+        }
+        ADD(which, sum);
+    }
+    if (WANT(2)) ADD(2, keel_cont(ctx, keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, Dv * Hv * es, Dv * Hv * T * es, 2 * nqk * es)));
+    if (WANT(3)) ADD(3, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, (2 * nqk + nv) * es)));
+    if (WANT(4)) ADD(4, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, (2 * nqk + nv + ng) * es)));
+    return 0;
+}
+static int r_cross_entropy(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_op_new(ctx, KEEL_OP_CROSS_ENTROPY_LOSS_BACK, (keel_tensor *const[]){t->src[0], t->src[1], dy}, 3, NULL,
+                       0, NULL, 0));
+    return 0;
+}
+
+static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
+    [KEEL_OP_VIEW] = r_view,
+    [KEEL_OP_RESHAPE] = r_reshape,
+    [KEEL_OP_PERMUTE] = r_permute,
+    [KEEL_OP_TRANSPOSE] = r_transpose,
+    [KEEL_OP_CPY] = r_copy,
+    [KEEL_OP_CONT] = r_copy,
+    [KEEL_OP_DUP] = r_copy,
+    [KEEL_OP_GET_ROWS] = r_get_rows,
+    [KEEL_OP_ACC] = r_acc,
+    [KEEL_OP_SET] = r_set,
+    [KEEL_OP_REPEAT] = r_repeat,
+    [KEEL_OP_REPEAT_BACK] = r_repeat_back,
+    [KEEL_OP_CONCAT] = r_concat,
+    [KEEL_OP_ADD] = r_add,
+    [KEEL_OP_SUB] = r_sub,
+    [KEEL_OP_MUL] = r_mul,
+    [KEEL_OP_DIV] = r_div,
+    [KEEL_OP_SCALE] = r_scale,
+    [KEEL_OP_SQR] = r_sqr,
+    [KEEL_OP_SQRT] = r_sqrt,
+    [KEEL_OP_EXP] = r_exp,
+    [KEEL_OP_LOG] = r_log,
+    [KEEL_OP_NEG] = r_neg,
+    [KEEL_OP_SUM] = r_sum,
+    [KEEL_OP_SUM_ROWS] = r_sum,
+    [KEEL_OP_MEAN] = r_sum,
+    [KEEL_OP_MUL_MAT] = r_mul_mat,
+    [KEEL_OP_OUT_PROD] = r_out_prod,
+    [KEEL_OP_RMS_NORM] = r_norm,
+    [KEEL_OP_L2_NORM] = r_norm,
+    [KEEL_OP_SOFT_MAX] = r_soft_max,
+    [KEEL_OP_ROPE] = r_rope,
+    [KEEL_OP_SILU] = r_silu,
+    [KEEL_OP_SIGMOID] = r_sigmoid,
+    [KEEL_OP_SOFTPLUS] = r_softplus,
+    [KEEL_OP_CONV1D] = r_conv1d,
+    [KEEL_OP_GATED_DELTA_NET] = r_gdn,
+    [KEEL_OP_CROSS_ENTROPY_LOSS] = r_cross_entropy,
+};
+
+keel_grad_rule keel_grad_rule_of(int op) { return op >= 0 && op < KEEL_OP_COUNT ? RULES[op] : NULL; }

@@ -1,0 +1,65 @@
+/* keel: the backend interface. A backend owns buffers, moves bytes to and from the host, says
+ * which ops and types it supports, and runs a planned graph, calling back after every node. */
+#ifndef KEEL_BACKEND_H
+#define KEEL_BACKEND_H
+
+#include "graph/graph.h"
+#include "plan/plan.h"
+
+typedef struct keel_backend keel_backend;
+
+/* Called after each node runs (index into g->nodes). Return non-zero to stop the run. */
+typedef int (*keel_node_cb)(keel_backend *be, const keel_tensor *node, int64_t index, void *ud);
+
+struct keel_backend {
+    const char *name;
+    int n_threads;
+    /* KEEL_FAULT=copy-row-limit:N: the copy routine copies only the first N elements of each row,
+     * re-creating the row-limited GPU dispatch this project exists to catch. 0 = off. The ref
+     * backend is the oracle and ignores it. */
+    int64_t fault_row_limit;
+
+    bool (*supports)(keel_backend *be, const keel_tensor *node);
+    void *(*alloc)(keel_backend *be, size_t bytes);
+    void (*free)(keel_backend *be, void *p);
+    int (*write)(keel_backend *be, void *dst, const void *host, size_t n);
+    int (*read)(keel_backend *be, void *host, const void *src, size_t n);
+    int (*fill_bytes)(keel_backend *be, void *dst, int byte, size_t n);
+    /* THE copy path: dst's strided region <- src's (same shape), with type conversion; accumulate
+     * adds instead of assigning. Every op that copies calls this. */
+    int (*copy)(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate);
+    /* Run nodes [from, to) of a bound graph. */
+    int (*compute)(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud);
+    int (*set_threads)(keel_backend *be, int n);
+    void (*destroy)(keel_backend *be);
+    void *impl;
+};
+
+/* "ref", "cpu" (and "cuda" when built with it). NULL with an error for an unknown name. */
+keel_backend *keel_backend_new(const char *name, int n_threads);
+void keel_backend_free(keel_backend *be);
+/* Names of the backends built into this binary, e.g. "ref,cpu". */
+const char *keel_backend_list(void);
+/* Parse KEEL_FAULT into be->fault_row_limit (called by backends that honour it). -1 on a bad value. */
+int keel_backend_read_fault(keel_backend *be);
+
+/* A graph placed and bound on a backend: the arena plus the plan. */
+typedef struct {
+    keel_backend *be;
+    keel_graph *g;
+    keel_plan *plan;
+    void *arena;
+} keel_session;
+
+keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_opts *opts);
+void keel_session_free(keel_session *s);
+int keel_session_run(keel_session *s, keel_node_cb cb, void *ud);
+
+/* Tensor bytes between host and backend. The host side is contiguous in `host_type`; the tensor
+ * may have any strides and type: conversions and strided writes go through the copy path. */
+int keel_tensor_write(keel_backend *be, keel_tensor *t, const void *host, keel_type host_type);
+int keel_tensor_read(keel_backend *be, const keel_tensor *t, void *host, keel_type host_type);
+/* Convenience: whole tensor as float64 (any type). Caller frees. */
+double *keel_tensor_read_f64(keel_backend *be, const keel_tensor *t);
+
+#endif

@@ -1,0 +1,100 @@
+/* keel: the cpu backend: host buffers, a thread pool, float32 kernels (cpu_ops.c, cpu_gdn.c,
+ * gemm.c) and one copy path (cpu_copy.c) that converts between every type. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backends/cpu/cpu_internal.h"
+#include "backends/host_memory.h"
+#include "ops/ops.h"
+#include "util/error.h"
+
+/* Sources that hold integer indices rather than values. */
+static bool is_index_src(int op, int i) {
+    return i == 1 && (op == KEEL_OP_GET_ROWS || op == KEEL_OP_GET_ROWS_BACK || op == KEEL_OP_ROPE ||
+                      op == KEEL_OP_ROPE_BACK || op == KEEL_OP_CROSS_ENTROPY_LOSS ||
+                      op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK);
+}
+
+static bool cpu_supports(keel_backend *be, const keel_tensor *t) {
+    (void)be;
+    const keel_op_info *info = keel_op_get(t->op);
+    if (info->flags & OPF_VIEW) return true;
+    switch (t->op) { /* the copy family converts between all types */
+    case KEEL_OP_CPY:
+    case KEEL_OP_CONT:
+    case KEEL_OP_DUP:
+    case KEEL_OP_CONCAT:
+    case KEEL_OP_ACC:
+    case KEEL_OP_SET:
+        return true;
+    case KEEL_OP_GET_ROWS:
+        return t->src[1]->type == KEEL_I32;
+    default:
+        break;
+    }
+    if (t->type != KEEL_F32) return false;
+    for (int i = 0; i < info->arity; i++) {
+        keel_type want = is_index_src(t->op, i) ? KEEL_I32 : KEEL_F32;
+        if (t->src[i]->type != want) return false;
+    }
+    return true;
+}
+
+static int cpu_compute(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud) {
+    for (int64_t i = from; i < to; i++) {
+        const keel_tensor *t = g->nodes[i];
+        if (!(keel_op_get(t->op)->flags & OPF_VIEW)) {
+            if (cpu_node(be, t)) {
+                /* keep the kernel's message, add the node */
+                char msg[1536];
+                snprintf(msg, sizeof msg, "%s", keel_last_error());
+                return keel_fail("%s (node '%s')", msg, t->name);
+            }
+        }
+        if (cb && cb(be, t, i, ud)) return keel_fail("run stopped by the node callback at '%s'", t->name);
+    }
+    return 0;
+}
+
+static int cpu_set_threads(keel_backend *be, int n) {
+    cpu_impl *im = be->impl;
+    if (n < 1) return keel_fail("thread count must be >= 1 (got %d)", n);
+    if (im->pool && keel_pool_size(im->pool) == n) return 0;
+    keel_pool *p = keel_pool_new(n);
+    if (!p) return keel_fail("cannot start %d threads", n);
+    keel_pool_free(im->pool);
+    im->pool = p;
+    be->n_threads = keel_pool_size(p);
+    return 0;
+}
+
+static void cpu_destroy(keel_backend *be) {
+    cpu_impl *im = be->impl;
+    keel_pool_free(im->pool);
+    free(im);
+    free(be);
+}
+
+keel_backend *keel_backend_cpu_new(int n_threads) {
+    keel_backend *be = calloc(1, sizeof *be);
+    cpu_impl *im = calloc(1, sizeof *im);
+    if (!be || !im) { free(be), free(im); keel_fail("out of memory"); return NULL; }
+    be->name = "cpu";
+    be->impl = im;
+    be->supports = cpu_supports;
+    be->alloc = keel_host_alloc;
+    be->free = keel_host_free;
+    be->write = keel_host_write;
+    be->read = keel_host_read;
+    be->fill_bytes = keel_host_fill_bytes;
+    be->copy = cpu_copy;
+    be->compute = cpu_compute;
+    be->set_threads = cpu_set_threads;
+    be->destroy = cpu_destroy;
+    if (keel_backend_read_fault(be) || cpu_set_threads(be, n_threads > 0 ? n_threads : 1)) {
+        keel_pool_free(im->pool);
+        free(im), free(be);
+        return NULL;
+    }
+    return be;
+}

@@ -1,0 +1,89 @@
+/* keel: the cpu backend's ONE copy path. CPY, CONT, DUP, GET_ROWS, CONCAT, the `dst = src0` and
+ * window steps of ACC and SET, and strided host transfers all end up in cpu_copy_row, with the
+ * row length chosen by cpu_copy_row_len (where KEEL_FAULT=copy-row-limit:N bites). */
+#include <stdlib.h>
+
+#include "backends/cpu/cpu_internal.h"
+#include "util/error.h"
+
+int64_t cpu_copy_row_len(const keel_backend *be, int64_t ne0) {
+    if (be->fault_row_limit > 0 && ne0 > be->fault_row_limit) return be->fault_row_limit;
+    return ne0;
+}
+
+static inline double load_any(keel_type type, const char *p) {
+    switch (type) {
+    case KEEL_F32: return cpu_ldf(p);
+    case KEEL_F64: { double v; memcpy(&v, p, 8); return v; }
+    case KEEL_F16: { uint16_t h; memcpy(&h, p, 2); return keel_f16_to_f32(h); }
+    case KEEL_BF16: { uint16_t h; memcpy(&h, p, 2); return keel_bf16_to_f32(h); }
+    case KEEL_I32: { int32_t v; memcpy(&v, p, 4); return v; }
+    default: return 0;
+    }
+}
+
+static inline void store_any(keel_type type, char *p, double v) {
+    switch (type) {
+    case KEEL_F32: cpu_stf(p, (float)v); break;
+    case KEEL_F64: memcpy(p, &v, 8); break;
+    case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
+    case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
+    case KEEL_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
+    default: break;
+    }
+}
+
+void cpu_copy_row(const keel_tensor *dst, char *d, const keel_tensor *src, const char *s, int64_t n, bool accumulate) {
+    int64_t dn = dst->nb[0], sn = src->nb[0];
+    size_t es = keel_type_size(dst->type);
+    if (dst->type == src->type && !accumulate) {
+        if (dn == (int64_t)es && sn == (int64_t)es) {
+            memcpy(d, s, (size_t)n * es);
+        } else {
+            for (int64_t i = 0; i < n; i++) memcpy(d + i * dn, s + i * sn, es);
+        }
+        return;
+    }
+    if (dst->type == KEEL_F32 && src->type == KEEL_F32) { /* accumulate, f32 */
+        if (dn == 4 && sn == 4) {
+            float *df = (float *)(void *)d;
+            const float *sf = (const float *)(const void *)s;
+            for (int64_t i = 0; i < n; i++) df[i] += sf[i];
+        } else {
+            for (int64_t i = 0; i < n; i++) cpu_stf(d + i * dn, cpu_ldf(d + i * dn) + cpu_ldf(s + i * sn));
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double v = load_any(src->type, s + i * sn);
+        if (accumulate) v += load_any(dst->type, d + i * dn);
+        store_any(dst->type, d + i * dn, v);
+    }
+}
+
+typedef struct {
+    const keel_tensor *dst, *src;
+    bool acc;
+    int64_t len;
+} copy_ctx;
+
+static void copy_task(void *arg, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    copy_ctx *c = arg;
+    const keel_tensor *d = c->dst, *s = c->src;
+    for (int64_t r = begin; r < end; r++) {
+        int64_t i1 = r % d->ne[1], i2 = (r / d->ne[1]) % d->ne[2], i3 = r / (d->ne[1] * d->ne[2]);
+        cpu_copy_row(d, cpu_row(d, i1, i2, i3), s, cpu_row(s, i1, i2, i3), c->len, c->acc);
+    }
+}
+
+int cpu_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate) {
+    if (!keel_same_shape(dst, src)) {
+        char a[64], b[64];
+        return keel_fail("cpu copy: shape %s of '%s' differs from %s of '%s'", keel_shape_str(dst->ne, a, sizeof a),
+                         dst->name, keel_shape_str(src->ne, b, sizeof b), src->name);
+    }
+    copy_ctx c = {dst, src, accumulate, cpu_copy_row_len(be, dst->ne[0])};
+    keel_pool_for(cpu_pool(be), keel_nrows(dst), copy_task, &c);
+    return 0;
+}

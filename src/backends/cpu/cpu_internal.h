@@ -1,0 +1,42 @@
+/* keel: internals shared by the cpu backend's files. */
+#ifndef KEEL_CPU_INTERNAL_H
+#define KEEL_CPU_INTERNAL_H
+
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backends/cpu/threadpool.h"
+
+typedef struct {
+    keel_pool *pool;
+} cpu_impl;
+
+static inline keel_pool *cpu_pool(keel_backend *be) { return ((cpu_impl *)be->impl)->pool; }
+
+static inline char *cpu_row(const keel_tensor *t, int64_t i1, int64_t i2, int64_t i3) {
+    return (char *)t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+/* Row r (flat over dims 1..3) of t. */
+static inline char *cpu_row_flat(const keel_tensor *t, int64_t r) {
+    int64_t i1 = r % t->ne[1], i2 = (r / t->ne[1]) % t->ne[2], i3 = r / (t->ne[1] * t->ne[2]);
+    return cpu_row(t, i1, i2, i3);
+}
+static inline float cpu_ldf(const char *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline void cpu_stf(char *p, float v) { memcpy(p, &v, 4); }
+
+/* The copy path (cpu_copy.c). */
+int cpu_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate);
+/* Elements of a row of width ne0 that the copy path writes: its launch geometry, in one place. */
+int64_t cpu_copy_row_len(const keel_backend *be, int64_t ne0);
+/* Copy (or add) one row of n elements between any types and element strides. */
+void cpu_copy_row(const keel_tensor *dst, char *d, const keel_tensor *src, const char *s, int64_t n, bool accumulate);
+
+int cpu_gdn_forward(keel_backend *be, const keel_tensor *t);
+int cpu_gdn_backward(keel_backend *be, const keel_tensor *t);
+int cpu_node(keel_backend *be, const keel_tensor *t);
+
+#endif

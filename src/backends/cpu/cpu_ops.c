@@ -1,0 +1,501 @@
+/* keel: the cpu backend's kernels (float32). Each kernel is split over rows of its result (or
+ * other independent items); reductions inside a row run serially in index order with a float64
+ * accumulator, so results do not depend on the thread count. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "backends/cpu/cpu_internal.h"
+#include "backends/cpu/gemm.h"
+#include "ops/ops.h"
+#include "util/error.h"
+
+typedef struct {
+    keel_backend *be;
+    const keel_tensor *t;
+    double *partial; /* per-row results reduced serially afterwards */
+    int64_t *csr_start, *csr_items;
+} node_ctx;
+
+#define F(p) (*(const float *)(const void *)(p))
+#define W(p) (*(float *)(void *)(p))
+
+static float unary_f(int op, float x, const double *fp) {
+    switch (op) {
+    case KEEL_OP_SCALE: return (float)fp[0] * x + (float)fp[1];
+    case KEEL_OP_SQR: return x * x;
+    case KEEL_OP_SQRT: return sqrtf(x);
+    case KEEL_OP_EXP: return expf(x);
+    case KEEL_OP_LOG: return logf(x);
+    case KEEL_OP_NEG: return -x;
+    case KEEL_OP_SILU: return x / (1.0f + expf(-x));
+    case KEEL_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case KEEL_OP_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
+    default: return NAN;
+    }
+}
+
+static void unary_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *a = t->src[0];
+    for (int64_t r = b; r < e; r++) {
+        char *d = cpu_row_flat(t, r);
+        const char *s = cpu_row_flat(a, r);
+        for (int64_t i = 0; i < t->ne[0]; i++) W(d + 4 * i) = unary_f(t->op, F(s + i * a->nb[0]), t->fp);
+    }
+}
+
+static void binary_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *x = t->src[0], *y = t->src[1];
+    int64_t n = t->ne[0], ny = y->ne[0];
+    for (int64_t r = b; r < e; r++) {
+        int64_t i1 = r % t->ne[1], i2 = (r / t->ne[1]) % t->ne[2], i3 = r / (t->ne[1] * t->ne[2]);
+        float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
+        const char *xs = cpu_row(x, i1, i2, i3);
+        const char *ys = cpu_row(y, i1 % y->ne[1], i2 % y->ne[2], i3 % y->ne[3]);
+        int64_t xn = x->nb[0], yn = y->nb[0];
+        if (xn == 4 && yn == 4 && ny == n) {
+            const float *xf = (const float *)(const void *)xs, *yf = (const float *)(const void *)ys;
+            switch (t->op) {
+            case KEEL_OP_ADD: for (int64_t i = 0; i < n; i++) d[i] = xf[i] + yf[i]; break;
+            case KEEL_OP_SUB: for (int64_t i = 0; i < n; i++) d[i] = xf[i] - yf[i]; break;
+            case KEEL_OP_MUL: for (int64_t i = 0; i < n; i++) d[i] = xf[i] * yf[i]; break;
+            default: for (int64_t i = 0; i < n; i++) d[i] = xf[i] / yf[i]; break;
+            }
+            continue;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            float u = F(xs + i * xn), v = F(ys + (i % ny) * yn);
+            switch (t->op) {
+            case KEEL_OP_ADD: d[i] = u + v; break;
+            case KEEL_OP_SUB: d[i] = u - v; break;
+            case KEEL_OP_MUL: d[i] = u * v; break;
+            default: d[i] = u / v; break;
+            }
+        }
+    }
+}
+
+/* Ops that reduce along a row of src0 and write a row (or one value) of the result. */
+static void row_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *a = t->src[0], *y = t->src[1];
+    int64_t n = a->ne[0], an = a->nb[0];
+    for (int64_t r = b; r < e; r++) {
+        int64_t i1 = r % a->ne[1], i2 = (r / a->ne[1]) % a->ne[2], i3 = r / (a->ne[1] * a->ne[2]);
+        const char *s = cpu_row(a, i1, i2, i3);
+        char *d = cpu_row(t, i1, i2, i3);
+        switch (t->op) {
+        case KEEL_OP_SUM:
+        case KEEL_OP_SUM_ROWS:
+        case KEEL_OP_MEAN: {
+            double acc = 0;
+            for (int64_t i = 0; i < n; i++) acc += F(s + i * an);
+            if (t->op == KEEL_OP_SUM) c->partial[r] = acc;
+            else W(d) = (float)(t->op == KEEL_OP_MEAN ? acc / (double)n : acc);
+            break;
+        }
+        case KEEL_OP_RMS_NORM:
+        case KEEL_OP_L2_NORM: {
+            double acc = 0;
+            for (int64_t i = 0; i < n; i++) {
+                double x = F(s + i * an);
+                acc += x * x;
+            }
+            if (t->op == KEEL_OP_RMS_NORM) acc /= (double)n;
+            float sc = (float)(1.0 / sqrt(acc + t->fp[0]));
+            for (int64_t i = 0; i < n; i++) W(d + 4 * i) = F(s + i * an) * sc;
+            break;
+        }
+        case KEEL_OP_RMS_NORM_BACK:
+        case KEEL_OP_L2_NORM_BACK: {
+            const char *dy = cpu_row(y, i1, i2, i3);
+            int64_t yn = y->nb[0];
+            double ss = 0, sd = 0;
+            for (int64_t i = 0; i < n; i++) {
+                double x = F(s + i * an);
+                ss += x * x;
+                sd += x * F(dy + i * yn);
+            }
+            double dn = t->op == KEEL_OP_RMS_NORM_BACK ? (double)n : 1.0;
+            double sc = 1.0 / sqrt(ss / dn + t->fp[0]), f2 = sc * sc * sc * sd / dn;
+            /* the two terms nearly cancel when eps dominates: combine them in float64 */
+            for (int64_t i = 0; i < n; i++) W(d + 4 * i) = (float)(sc * F(dy + i * yn) - f2 * F(s + i * an));
+            break;
+        }
+        case KEEL_OP_SOFT_MAX: {
+            int64_t lim = t->ip[0] ? i1 + (n - a->ne[1]) : n - 1;
+            if (lim > n - 1) lim = n - 1;
+            float sc = (float)t->fp[0], mx = -INFINITY;
+            for (int64_t i = 0; i <= lim; i++) mx = fmaxf(mx, sc * F(s + i * an));
+            double z = 0;
+            for (int64_t i = 0; i <= lim; i++) {
+                float ev = expf(sc * F(s + i * an) - mx);
+                W(d + 4 * i) = ev;
+                z += ev;
+            }
+            float iz = (float)(1.0 / z);
+            for (int64_t i = 0; i <= lim; i++) W(d + 4 * i) *= iz;
+            for (int64_t i = lim + 1; i < n; i++) W(d + 4 * i) = 0.0f;
+            break;
+        }
+        case KEEL_OP_SOFT_MAX_BACK: {
+            const char *dy = cpu_row(y, i1, i2, i3);
+            int64_t yn = y->nb[0];
+            double sd = 0;
+            for (int64_t i = 0; i < n; i++) sd += (double)F(s + i * an) * F(dy + i * yn);
+            float fs = (float)sd, sc = (float)t->fp[0];
+            for (int64_t i = 0; i < n; i++) W(d + 4 * i) = sc * F(s + i * an) * (F(dy + i * yn) - fs);
+            break;
+        }
+        case KEEL_OP_SILU_BACK: {
+            const char *dy = cpu_row(y, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++) {
+                float x = F(s + i * an), sg = 1.0f / (1.0f + expf(-x));
+                W(d + 4 * i) = F(dy + i * y->nb[0]) * sg * (1.0f + x * (1.0f - sg));
+            }
+            break;
+        }
+        case KEEL_OP_ROPE:
+        case KEEL_OP_ROPE_BACK: {
+            /* angles in float64: a float32 angle at position 1e4 is off by ~1e-3 rad */
+            int64_t nr = t->ip[0], h = nr / 2;
+            int32_t pos;
+            memcpy(&pos, cpu_row(y, 0, 0, 0) + i2 * y->nb[0], 4);
+            double dir = t->op == KEEL_OP_ROPE ? 1.0 : -1.0;
+            for (int64_t f = 0; f < h; f++) {
+                double ang = (double)pos * pow(t->fp[0], -2.0 * (double)f / (double)nr);
+                float cs = (float)cos(ang), sn = (float)(dir * sin(ang));
+                float x1 = F(s + f * an), x2 = F(s + (f + h) * an);
+                W(d + 4 * f) = x1 * cs - x2 * sn;
+                W(d + 4 * (f + h)) = x2 * cs + x1 * sn;
+            }
+            for (int64_t i = nr; i < n; i++) W(d + 4 * i) = F(s + i * an);
+            break;
+        }
+        case KEEL_OP_CROSS_ENTROPY_LOSS:
+        case KEEL_OP_CROSS_ENTROPY_LOSS_BACK: {
+            int32_t yv;
+            const keel_tensor *tg = t->src[1];
+            /* targets are read in flat order over the logits' rows */
+            int64_t ti0 = r % tg->ne[0], ti1 = (r / tg->ne[0]) % tg->ne[1], ti2 = (r / (tg->ne[0] * tg->ne[1])) % tg->ne[2],
+                    ti3 = r / (tg->ne[0] * tg->ne[1] * tg->ne[2]);
+            memcpy(&yv, cpu_row(tg, ti1, ti2, ti3) + ti0 * tg->nb[0], 4);
+            float mx = -INFINITY;
+            for (int64_t i = 0; i < n; i++) mx = fmaxf(mx, F(s + i * an));
+            double z = 0;
+            for (int64_t i = 0; i < n; i++) z += expf(F(s + i * an) - mx);
+            if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS) {
+                c->partial[r] = log(z) + mx - F(s + yv * an);
+            } else {
+                double N = (double)keel_nrows(a);
+                float dl = F(t->src[2]->data), sc = (float)(1.0 / z), k = (float)(dl / N);
+                for (int64_t i = 0; i < n; i++) W(d + 4 * i) = (expf(F(s + i * an) - mx) * sc - (i == yv)) * k;
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+static void repeat_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *a = t->src[0];
+    for (int64_t r = b; r < e; r++) {
+        int64_t i1 = r % t->ne[1], i2 = (r / t->ne[1]) % t->ne[2], i3 = r / (t->ne[1] * t->ne[2]);
+        char *d = cpu_row(t, i1, i2, i3);
+        const char *s = cpu_row(a, i1 % a->ne[1], i2 % a->ne[2], i3 % a->ne[3]);
+        if (t->op == KEEL_OP_REPEAT) {
+            for (int64_t i = 0; i < t->ne[0]; i++) W(d + 4 * i) = F(s + (i % a->ne[0]) * a->nb[0]);
+        } else { /* REPEAT_BACK: sum over tiles in flat tile order */
+            for (int64_t i = 0; i < t->ne[0]; i++) {
+                double acc = 0;
+                for (int64_t k3 = i3; k3 < a->ne[3]; k3 += t->ne[3])
+                    for (int64_t k2 = i2; k2 < a->ne[2]; k2 += t->ne[2])
+                        for (int64_t k1 = i1; k1 < a->ne[1]; k1 += t->ne[1]) {
+                            const char *sr = cpu_row(a, k1, k2, k3);
+                            for (int64_t k0 = i; k0 < a->ne[0]; k0 += t->ne[0]) acc += F(sr + k0 * a->nb[0]);
+                        }
+                W(d + 4 * i) = (float)acc;
+            }
+        }
+    }
+}
+
+static void conv_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1];
+    if (t->op == KEEL_OP_CONV1D_BACK_WEIGHT) { /* item = channel; src1 is dy */
+        int64_t K = t->ne[0], T = x->ne[1];
+        for (int64_t ch = b; ch < e; ch++)
+            for (int64_t j = 0; j < K; j++) {
+                double acc = 0;
+                for (int64_t bb = 0; bb < x->ne[2]; bb++)
+                    for (int64_t tt = 0; tt < T; tt++) {
+                        int64_t ts = tt - (K - 1) + j;
+                        if (ts >= 0) acc += (double)F(cpu_row(w, tt, bb, 0) + ch * w->nb[0]) * F(cpu_row(x, ts, bb, 0) + ch * x->nb[0]);
+                    }
+                W(cpu_row(t, ch, 0, 0) + 4 * j) = (float)acc;
+            }
+        return;
+    }
+    int64_t K = w->ne[0], T = x->ne[1];
+    for (int64_t r = b; r < e; r++) { /* item = (t, b) row of the result */
+        int64_t tt = r % t->ne[1], bb = r / t->ne[1];
+        char *d = cpu_row(t, tt, bb, 0);
+        for (int64_t ch = 0; ch < t->ne[0]; ch++) {
+            float acc = 0;
+            for (int64_t j = 0; j < K; j++) {
+                int64_t ts = t->op == KEEL_OP_CONV1D ? tt - (K - 1) + j : tt + (K - 1) - j;
+                if (ts >= 0 && ts < T) acc += F(cpu_row(w, ch, 0, 0) + j * w->nb[0]) * F(cpu_row(x, ts, bb, 0) + ch * x->nb[0]);
+            }
+            W(d + 4 * ch) = acc;
+        }
+    }
+}
+
+static void get_rows_back_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *dy = t->src[0];
+    for (int64_t r = b; r < e; r++) {
+        float *d = (float *)(void *)cpu_row(t, r, 0, 0);
+        for (int64_t i = 0; i < t->ne[0]; i++) d[i] = 0.0f;
+        for (int64_t k = c->csr_start[r]; k < c->csr_start[r + 1]; k++) {
+            int64_t n = c->csr_items[k];
+            const char *s = cpu_row(dy, n % dy->ne[1], n / dy->ne[1], 0);
+            for (int64_t i = 0; i < t->ne[0]; i++) d[i] += F(s + i * dy->nb[0]);
+        }
+    }
+}
+
+static void get_rows_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *a = t->src[0], *ids = t->src[1];
+    int64_t len = cpu_copy_row_len(c->be, t->ne[0]);
+    for (int64_t r = b; r < e; r++) {
+        int64_t n0 = r % ids->ne[0], n1 = r / ids->ne[0];
+        int32_t id;
+        memcpy(&id, cpu_row(ids, n1, 0, 0) + n0 * ids->nb[0], 4);
+        cpu_copy_row(t, cpu_row(t, n0, n1, 0), a, cpu_row(a, id, 0, 0), len, false);
+    }
+}
+
+static void fill_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    float v = (float)c->t->fp[0];
+    for (int64_t r = b; r < e; r++) {
+        float *d = (float *)(void *)cpu_row_flat(c->t, r);
+        for (int64_t i = 0; i < c->t->ne[0]; i++) d[i] = v;
+    }
+}
+
+static void adamw_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t;
+    float *p = t->data;
+    const float *g = t->src[1]->data;
+    float *m = t->src[2]->data, *v = t->src[3]->data;
+    float lr = (float)t->fp[0], b1 = (float)t->fp[1], b2 = (float)t->fp[2], eps = (float)t->fp[3];
+    float decay = (float)(1.0 - t->fp[0] * t->fp[4]);
+    float bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])), bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
+    for (int64_t i = b; i < e; i++) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    }
+}
+
+static int check_ids(const keel_tensor *t, const keel_tensor *ids, int64_t limit, const char *what) {
+    for (int64_t i = 0; i < keel_nelements(ids); i++) {
+        int64_t i0 = i % ids->ne[0], r = i / ids->ne[0];
+        int32_t v;
+        memcpy(&v, cpu_row_flat(ids, r) + i0 * ids->nb[0], 4);
+        if (v < 0 || v >= limit)
+            return keel_fail("%s '%s': %s %d at flat index %lld outside [0,%lld)", keel_op_get(t->op)->name, t->name,
+                             what, v, (long long)i, (long long)limit);
+    }
+    return 0;
+}
+
+static int mul_mat(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
+            keel_gemm_args g = {.M = t->ne[0], .N = t->ne[1], .K = a->ne[0],
+                                .A = cpu_row(a, 0, i2 / r2, i3 / r3), .a_m = a->nb[1], .a_k = a->nb[0],
+                                .B = cpu_row(b, 0, i2, i3), .b_k = b->nb[0], .b_n = b->nb[1],
+                                .C = (float *)(void *)cpu_row(t, 0, i2, i3), .c_m = t->nb[0], .c_n = t->nb[1]};
+            if (keel_cpu_gemm(cpu_pool(be), &g)) return -1;
+        }
+    return 0;
+}
+
+/* OUT_PROD: r[i,j] = sum_k a[i,k] b[j,k], summed over the group of source matrices of each result
+ * matrix in a fixed order (g3 outer, g2 inner). */
+static int out_prod(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    int64_t r2 = a->ne[2] / t->ne[2], r3 = a->ne[3] / t->ne[3];
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
+            bool first = true;
+            for (int64_t g3 = 0; g3 < r3; g3++)
+                for (int64_t g2 = 0; g2 < r2; g2++) {
+                    int64_t s2 = i2 * r2 + g2, s3 = i3 * r3 + g3;
+                    keel_gemm_args g = {.M = t->ne[0], .N = t->ne[1], .K = a->ne[1],
+                                        .A = cpu_row(a, 0, s2, s3), .a_m = a->nb[0], .a_k = a->nb[1],
+                                        .B = cpu_row(b, 0, s2, s3), .b_k = b->nb[1], .b_n = b->nb[0],
+                                        .C = (float *)(void *)cpu_row(t, 0, i2, i3), .c_m = t->nb[0], .c_n = t->nb[1],
+                                        .accumulate = !first};
+                    if (keel_cpu_gemm(cpu_pool(be), &g)) return -1;
+                    first = false;
+                }
+        }
+    return 0;
+}
+
+static keel_tensor window_of(const keel_tensor *t) {
+    keel_tensor w = *t->src[1];
+    w.type = t->type;
+    w.nb[0] = (int64_t)keel_type_size(t->type);
+    w.nb[1] = t->ip[0], w.nb[2] = t->ip[1], w.nb[3] = t->ip[2];
+    w.data = (char *)t->data + t->ip[3];
+    w.view_src = NULL;
+    return w;
+}
+
+int cpu_node(keel_backend *be, const keel_tensor *t) {
+    node_ctx c = {.be = be, .t = t};
+    keel_pool *pool = cpu_pool(be);
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    switch (t->op) {
+    case KEEL_OP_CPY:
+    case KEEL_OP_CONT:
+    case KEEL_OP_DUP:
+        return cpu_copy(be, t, a, false);
+    case KEEL_OP_GET_ROWS:
+        if (check_ids(t, b, a->ne[1], "id")) return -1;
+        keel_pool_for(pool, keel_nelements(b), get_rows_task, &c);
+        return 0;
+    case KEEL_OP_GET_ROWS_BACK: {
+        if (check_ids(t, b, t->ne[1], "id")) return -1;
+        int64_t R = t->ne[1], N = keel_nelements(b);
+        c.csr_start = calloc((size_t)(R + 1), sizeof(int64_t));
+        c.csr_items = malloc((size_t)N * sizeof(int64_t));
+        int64_t *fillp = malloc((size_t)R * sizeof(int64_t));
+        if (!c.csr_start || !c.csr_items || !fillp) {
+            free(c.csr_start), free(c.csr_items), free(fillp);
+            return keel_fail("cpu: out of memory in '%s'", t->name);
+        }
+        int32_t *idv = malloc((size_t)N * sizeof(int32_t));
+        for (int64_t i = 0; i < N && idv; i++) memcpy(&idv[i], cpu_row(b, i / b->ne[0], 0, 0) + (i % b->ne[0]) * b->nb[0], 4);
+        for (int64_t i = 0; i < N && idv; i++) c.csr_start[idv[i] + 1]++;
+        for (int64_t r = 0; r < R; r++) c.csr_start[r + 1] += c.csr_start[r], fillp[r] = c.csr_start[r];
+        for (int64_t i = 0; i < N && idv; i++) c.csr_items[fillp[idv[i]]++] = i; /* stable: ascending i */
+        int ok = idv != NULL;
+        free(idv);
+        free(fillp);
+        if (ok) keel_pool_for(pool, R, get_rows_back_task, &c);
+        free(c.csr_start), free(c.csr_items);
+        return ok ? 0 : keel_fail("cpu: out of memory in '%s'", t->name);
+    }
+    case KEEL_OP_ACC:
+    case KEEL_OP_SET: {
+        if (!t->ip[4] && cpu_copy(be, t, a, false)) return -1;
+        keel_tensor w = window_of(t);
+        return cpu_copy(be, &w, b, t->op == KEEL_OP_ACC);
+    }
+    case KEEL_OP_FILL:
+        keel_pool_for(pool, keel_nrows(t), fill_task, &c);
+        return 0;
+    case KEEL_OP_REPEAT:
+    case KEEL_OP_REPEAT_BACK:
+        keel_pool_for(pool, keel_nrows(t), repeat_task, &c);
+        return 0;
+    case KEEL_OP_CONCAT: {
+        int d = (int)t->ip[0];
+        keel_tensor w = *t;
+        memcpy(w.ne, a->ne, sizeof w.ne);
+        if (cpu_copy(be, &w, a, false)) return -1;
+        memcpy(w.ne, b->ne, sizeof w.ne);
+        w.data = (char *)t->data + a->ne[d] * t->nb[d];
+        return cpu_copy(be, &w, b, false);
+    }
+    case KEEL_OP_ADD:
+    case KEEL_OP_SUB:
+    case KEEL_OP_MUL:
+    case KEEL_OP_DIV:
+        keel_pool_for(pool, keel_nrows(t), binary_task, &c);
+        return 0;
+    case KEEL_OP_SCALE:
+    case KEEL_OP_SQR:
+    case KEEL_OP_SQRT:
+    case KEEL_OP_EXP:
+    case KEEL_OP_LOG:
+    case KEEL_OP_NEG:
+    case KEEL_OP_SILU:
+    case KEEL_OP_SIGMOID:
+    case KEEL_OP_SOFTPLUS:
+        keel_pool_for(pool, keel_nrows(t), unary_task, &c);
+        return 0;
+    case KEEL_OP_SUM:
+    case KEEL_OP_CROSS_ENTROPY_LOSS: {
+        if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && check_ids(t, b, a->ne[0], "target")) return -1;
+        int64_t R = keel_nrows(a);
+        c.partial = malloc((size_t)R * sizeof(double));
+        if (!c.partial) return keel_fail("cpu: out of memory in '%s'", t->name);
+        keel_pool_for(pool, R, row_task, &c);
+        double s = 0;
+        for (int64_t r = 0; r < R; r++) s += c.partial[r]; /* fixed order */
+        free(c.partial);
+        W(t->data) = (float)(t->op == KEEL_OP_SUM ? s : s / (double)R);
+        return 0;
+    }
+    case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
+        if (check_ids(t, b, a->ne[0], "target")) return -1;
+        keel_pool_for(pool, keel_nrows(a), row_task, &c);
+        return 0;
+    case KEEL_OP_SUM_ROWS:
+    case KEEL_OP_MEAN:
+    case KEEL_OP_RMS_NORM:
+    case KEEL_OP_L2_NORM:
+    case KEEL_OP_RMS_NORM_BACK:
+    case KEEL_OP_L2_NORM_BACK:
+    case KEEL_OP_SOFT_MAX:
+    case KEEL_OP_SOFT_MAX_BACK:
+    case KEEL_OP_SILU_BACK:
+    case KEEL_OP_ROPE:
+    case KEEL_OP_ROPE_BACK:
+        keel_pool_for(pool, keel_nrows(a), row_task, &c);
+        return 0;
+    case KEEL_OP_MUL_MAT: return mul_mat(be, t);
+    case KEEL_OP_OUT_PROD: return out_prod(be, t);
+    case KEEL_OP_CONV1D:
+    case KEEL_OP_CONV1D_BACK_INPUT:
+        keel_pool_for(pool, t->ne[1] * t->ne[2], conv_task, &c);
+        return 0;
+    case KEEL_OP_CONV1D_BACK_WEIGHT:
+        keel_pool_for(pool, t->ne[1], conv_task, &c);
+        return 0;
+    case KEEL_OP_GATED_DELTA_NET: return cpu_gdn_forward(be, t);
+    case KEEL_OP_GATED_DELTA_NET_BACK: return cpu_gdn_backward(be, t);
+    case KEEL_OP_ADAMW:
+        keel_pool_for(pool, keel_nelements(t), adamw_task, &c);
+        return 0;
+    default:
+        return keel_fail("cpu: no kernel for %s", keel_op_get(t->op)->name);
+    }
+}

@@ -1,0 +1,29 @@
+/* keel: the cpu backend's float32 matrix product, C(m,n) (+)= sum_k A(m,k) B(k,n), for any byte
+ * strides. Packed, cache-blocked, AVX2/FMA micro-kernel when the CPU has it. Work is split over
+ * tiles of C only and K is blocked by a fixed KC, so every element is summed in the same order
+ * whatever the thread count. */
+#ifndef KEEL_CPU_GEMM_H
+#define KEEL_CPU_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backends/cpu/threadpool.h"
+
+typedef struct {
+    int64_t M, N, K;
+    const void *A;
+    int64_t a_m, a_k; /* byte strides of A(m,k) */
+    const void *B;
+    int64_t b_k, b_n; /* byte strides of B(k,n) */
+    float *C;
+    int64_t c_m, c_n; /* byte strides of C(m,n) */
+    bool accumulate;  /* C += A B instead of C = A B */
+} keel_gemm_args;
+
+/* Returns -1 (with an error) only when scratch memory cannot be had. */
+int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g);
+/* Which micro-kernel runs on this CPU ("avx2-fma 16x6" or "portable 16x6"). */
+const char *keel_cpu_gemm_kernel(void);
+
+#endif

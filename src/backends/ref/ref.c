@@ -1,0 +1,546 @@
+/* keel: the reference backend. Naive loops over any strides, every value through a float64
+ * accumulator: the oracle the other backends are checked against. Slow on purpose, obviously
+ * right; it never honours KEEL_FAULT. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/host_memory.h"
+#include "ops/ops.h"
+#include "util/error.h"
+
+static inline char *at(const keel_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    return (char *)t->data + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+
+static double get(const keel_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    const char *p = at(t, i0, i1, i2, i3);
+    switch (t->type) {
+    case KEEL_F32: { float v; memcpy(&v, p, 4); return v; }
+    case KEEL_F64: { double v; memcpy(&v, p, 8); return v; }
+    case KEEL_F16: { uint16_t v; memcpy(&v, p, 2); return keel_f16_to_f32(v); }
+    case KEEL_BF16: { uint16_t v; memcpy(&v, p, 2); return keel_bf16_to_f32(v); }
+    case KEEL_I32: { int32_t v; memcpy(&v, p, 4); return v; }
+    default: return NAN;
+    }
+}
+
+static void put(const keel_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3, double v) {
+    char *p = at(t, i0, i1, i2, i3);
+    switch (t->type) {
+    case KEEL_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
+    case KEEL_F64: memcpy(p, &v, 8); break;
+    case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
+    case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
+    case KEEL_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
+    default: break;
+    }
+}
+
+/* Flat (contiguous-order) element access, for tensors of any strides. */
+static void unflat(const keel_tensor *t, int64_t i, int64_t *c) {
+    c[0] = i % t->ne[0]; i /= t->ne[0];
+    c[1] = i % t->ne[1]; i /= t->ne[1];
+    c[2] = i % t->ne[2]; c[3] = i / t->ne[2];
+}
+static double getf(const keel_tensor *t, int64_t i) {
+    int64_t c[4];
+    unflat(t, i, c);
+    return get(t, c[0], c[1], c[2], c[3]);
+}
+static void putf(const keel_tensor *t, int64_t i, double v) {
+    int64_t c[4];
+    unflat(t, i, c);
+    put(t, c[0], c[1], c[2], c[3], v);
+}
+
+#define FOR4(t)                                          \
+    for (int64_t i3 = 0; i3 < (t)->ne[3]; i3++)          \
+        for (int64_t i2 = 0; i2 < (t)->ne[2]; i2++)      \
+            for (int64_t i1 = 0; i1 < (t)->ne[1]; i1++)  \
+                for (int64_t i0 = 0; i0 < (t)->ne[0]; i0++)
+
+/* THE copy routine of this backend. */
+static int ref_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate) {
+    (void)be;
+    if (!keel_same_shape(dst, src)) return keel_fail("ref copy: shapes differ ('%s' <- '%s')", dst->name, src->name);
+    FOR4(dst) {
+        double v = get(src, i0, i1, i2, i3);
+        if (accumulate) v += get(dst, i0, i1, i2, i3);
+        put(dst, i0, i1, i2, i3, v);
+    }
+    return 0;
+}
+
+/* The window of an ACC/SET result: src1's shape at the parameter strides and offset. */
+static keel_tensor window_of(const keel_tensor *t) {
+    keel_tensor w = *t->src[1];
+    w.type = t->type;
+    w.nb[0] = (int64_t)keel_type_size(t->type);
+    w.nb[1] = t->ip[0], w.nb[2] = t->ip[1], w.nb[3] = t->ip[2];
+    w.data = (char *)t->data + t->ip[3];
+    return w;
+}
+
+static double unary(int op, double x, const double *fp) {
+    switch (op) {
+    case KEEL_OP_SCALE: return fp[0] * x + fp[1];
+    case KEEL_OP_SQR: return x * x;
+    case KEEL_OP_SQRT: return sqrt(x);
+    case KEEL_OP_EXP: return exp(x);
+    case KEEL_OP_LOG: return log(x);
+    case KEEL_OP_NEG: return -x;
+    case KEEL_OP_SILU: return x / (1.0 + exp(-x));
+    case KEEL_OP_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case KEEL_OP_SOFTPLUS: return x > 20.0 ? x : log1p(exp(x));
+    default: return NAN;
+    }
+}
+
+static double binary(int op, double a, double b) {
+    switch (op) {
+    case KEEL_OP_ADD: return a + b;
+    case KEEL_OP_SUB: return a - b;
+    case KEEL_OP_MUL: return a * b;
+    case KEEL_OP_DIV: return a / b;
+    default: return NAN;
+    }
+}
+
+/* Gated delta rule, one (batch, value head) lane, forward; states[c] receives S before step
+ * c*chunk when states != NULL. */
+static void gdn_lane_forward(const keel_tensor *q, const keel_tensor *k, const keel_tensor *v, const keel_tensor *g,
+                             const keel_tensor *beta, int64_t b, int64_t hv, double *S, double *o_out) {
+    int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], Dv = v->ne[0], Hv = v->ne[1];
+    int64_t hk = hv / (Hv / Hk);
+    double *u = malloc((size_t)Dv * sizeof *u);
+    memset(S, 0, (size_t)(Dk * Dv) * sizeof *S);
+    for (int64_t t = 0; t < T; t++) {
+        double eg = exp(get(g, hv, t, b, 0)), bt = get(beta, hv, t, b, 0);
+        for (int64_t i = 0; i < Dk * Dv; i++) S[i] *= eg;
+        for (int64_t j = 0; j < Dv; j++) {
+            double s = 0;
+            for (int64_t i = 0; i < Dk; i++) s += S[i * Dv + j] * get(k, i, hk, t, b);
+            u[j] = bt * (get(v, j, hv, t, b) - s);
+        }
+        for (int64_t i = 0; i < Dk; i++) {
+            double ki = get(k, i, hk, t, b);
+            for (int64_t j = 0; j < Dv; j++) S[i * Dv + j] += ki * u[j];
+        }
+        for (int64_t j = 0; j < Dv; j++) {
+            double s = 0;
+            for (int64_t i = 0; i < Dk; i++) s += S[i * Dv + j] * get(q, i, hk, t, b);
+            o_out[t * Dv + j] = s;
+        }
+    }
+    free(u);
+}
+
+static int ref_gdn(const keel_tensor *t) {
+    const keel_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *g = t->src[3], *beta = t->src[4];
+    int64_t Dk = q->ne[0], T = q->ne[2], B = q->ne[3], Dv = v->ne[0], Hv = v->ne[1];
+    double *S = malloc((size_t)(Dk * Dv) * sizeof *S), *o = malloc((size_t)(T * Dv) * sizeof *o);
+    if (!S || !o) { free(S); free(o); return keel_fail("ref: out of memory in '%s'", t->name); }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t hv = 0; hv < Hv; hv++) {
+            gdn_lane_forward(q, k, v, g, beta, b, hv, S, o);
+            for (int64_t tt = 0; tt < T; tt++)
+                for (int64_t j = 0; j < Dv; j++) put(t, j, hv, tt, b, o[tt * Dv + j]);
+        }
+    free(S);
+    free(o);
+    return 0;
+}
+
+/* Backpropagation through the recurrence, one lane at a time, straight from the definition:
+ * keep every state (this is the oracle; memory is no concern at test sizes). */
+static int ref_gdn_back(const keel_tensor *t) {
+    const keel_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *g = t->src[3], *beta = t->src[4],
+                      *dO = t->src[5];
+    int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], B = q->ne[3], Dv = v->ne[0], Hv = v->ne[1];
+    int64_t r = Hv / Hk, n = Dk * Dv;
+    int64_t off_dq = 0, off_dk = Dk * Hv * T * B, off_dv = 2 * Dk * Hv * T * B, off_dg = off_dv + Dv * Hv * T * B,
+            off_db = off_dg + Hv * T * B;
+    double *Sall = malloc((size_t)((T + 1) * n) * sizeof(double));
+    double *dS = malloc((size_t)n * sizeof(double)), *dd = malloc((size_t)Dv * sizeof(double)),
+           *d = malloc((size_t)Dv * sizeof(double)), *du = malloc((size_t)Dv * sizeof(double));
+    if (!Sall || !dS || !dd || !d || !du) {
+        free(Sall), free(dS), free(dd), free(d), free(du);
+        return keel_fail("ref: out of memory in '%s'", t->name);
+    }
+    double *out = t->data; /* GATED_DELTA_NET_BACK results are contiguous; write through putf */
+    (void)out;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t hv = 0; hv < Hv; hv++) {
+            int64_t hk = hv / r;
+            /* forward, keeping S_t (after step t) in Sall[t+1] */
+            memset(Sall, 0, (size_t)n * sizeof(double));
+            for (int64_t tt = 0; tt < T; tt++) {
+                double *S0 = Sall + tt * n, *S1 = Sall + (tt + 1) * n;
+                double eg = exp(get(g, hv, tt, b, 0)), bt = get(beta, hv, tt, b, 0);
+                for (int64_t i = 0; i < n; i++) S1[i] = eg * S0[i];
+                for (int64_t j = 0; j < Dv; j++) {
+                    double s = 0;
+                    for (int64_t i = 0; i < Dk; i++) s += S1[i * Dv + j] * get(k, i, hk, tt, b);
+                    d[j] = bt * (get(v, j, hv, tt, b) - s);
+                }
+                for (int64_t i = 0; i < Dk; i++)
+                    for (int64_t j = 0; j < Dv; j++) S1[i * Dv + j] += get(k, i, hk, tt, b) * d[j];
+            }
+            memset(dS, 0, (size_t)n * sizeof(double));
+            for (int64_t tt = T - 1; tt >= 0; tt--) {
+                double *Sp = Sall + tt * n, *St = Sall + (tt + 1) * n;
+                double eg = exp(get(g, hv, tt, b, 0)), bt = get(beta, hv, tt, b, 0);
+                /* recompute u = (eg Sp)^T k and d */
+                for (int64_t j = 0; j < Dv; j++) {
+                    double s = 0;
+                    for (int64_t i = 0; i < Dk; i++) s += eg * Sp[i * Dv + j] * get(k, i, hk, tt, b);
+                    du[j] = s; /* u */
+                    d[j] = bt * (get(v, j, hv, tt, b) - s);
+                }
+                /* o = St^T q */
+                for (int64_t i = 0; i < Dk; i++) {
+                    double s = 0;
+                    for (int64_t j = 0; j < Dv; j++) s += St[i * Dv + j] * get(dO, j, hv, tt, b);
+                    putf(t, off_dq + ((b * T + tt) * Hv + hv) * Dk + i, s);
+                }
+                for (int64_t i = 0; i < Dk; i++)
+                    for (int64_t j = 0; j < Dv; j++) dS[i * Dv + j] += get(q, i, hk, tt, b) * get(dO, j, hv, tt, b);
+                /* St = Sa + k d^T */
+                double dbeta = 0;
+                for (int64_t j = 0; j < Dv; j++) {
+                    double s = 0;
+                    for (int64_t i = 0; i < Dk; i++) s += dS[i * Dv + j] * get(k, i, hk, tt, b);
+                    dd[j] = s;
+                    dbeta += s * (get(v, j, hv, tt, b) - du[j]);
+                    putf(t, off_dv + ((b * T + tt) * Hv + hv) * Dv + j, bt * s);
+                }
+                for (int64_t i = 0; i < Dk; i++) {
+                    double s1 = 0, s2 = 0;
+                    for (int64_t j = 0; j < Dv; j++) {
+                        s1 += dS[i * Dv + j] * d[j];
+                        s2 += eg * Sp[i * Dv + j] * (-bt * dd[j]);
+                    }
+                    putf(t, off_dk + ((b * T + tt) * Hv + hv) * Dk + i, s1 + s2);
+                }
+                /* u = Sa^T k: dSa += k du^T with du = -beta dd */
+                for (int64_t i = 0; i < Dk; i++)
+                    for (int64_t j = 0; j < Dv; j++) dS[i * Dv + j] += get(k, i, hk, tt, b) * (-bt * dd[j]);
+                /* Sa = eg Sp */
+                double dg = 0;
+                for (int64_t i = 0; i < n; i++) dg += eg * Sp[i] * dS[i];
+                for (int64_t i = 0; i < n; i++) dS[i] *= eg;
+                putf(t, off_dg + (b * T + tt) * Hv + hv, dg);
+                putf(t, off_db + (b * T + tt) * Hv + hv, dbeta);
+            }
+        }
+    (void)off_dq;
+    free(Sall), free(dS), free(dd), free(d), free(du);
+    return 0;
+}
+
+static int ref_node(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    switch (t->op) {
+    case KEEL_OP_CPY:
+    case KEEL_OP_CONT:
+    case KEEL_OP_DUP:
+        return ref_copy(be, t, a, false);
+    case KEEL_OP_GET_ROWS: {
+        for (int64_t n1 = 0; n1 < b->ne[1]; n1++)
+            for (int64_t n0 = 0; n0 < b->ne[0]; n0++) {
+                int64_t r = (int64_t)get(b, n0, n1, 0, 0);
+                if (r < 0 || r >= a->ne[1])
+                    return keel_fail("GET_ROWS '%s': id %lld at [%lld,%lld] outside [0,%lld)", t->name, (long long)r,
+                                     (long long)n0, (long long)n1, (long long)a->ne[1]);
+                keel_tensor d = *t, s = *a;
+                d.ne[1] = d.ne[2] = d.ne[3] = s.ne[1] = s.ne[2] = s.ne[3] = 1;
+                d.data = at(t, 0, n0, n1, 0);
+                s.data = at(a, 0, r, 0, 0);
+                int rc = ref_copy(be, &d, &s, false);
+                if (rc) return rc;
+            }
+        return 0;
+    }
+    case KEEL_OP_GET_ROWS_BACK:
+        FOR4(t) put(t, i0, i1, i2, i3, 0.0);
+        for (int64_t n1 = 0; n1 < b->ne[1]; n1++)
+            for (int64_t n0 = 0; n0 < b->ne[0]; n0++) {
+                int64_t r = (int64_t)get(b, n0, n1, 0, 0);
+                if (r < 0 || r >= t->ne[1])
+                    return keel_fail("GET_ROWS_BACK '%s': id %lld outside [0,%lld)", t->name, (long long)r,
+                                     (long long)t->ne[1]);
+                for (int64_t i = 0; i < t->ne[0]; i++) put(t, i, r, 0, 0, get(t, i, r, 0, 0) + get(a, i, n0, n1, 0));
+            }
+        return 0;
+    case KEEL_OP_ACC:
+    case KEEL_OP_SET: {
+        if (!t->ip[4]) {
+            int rc = ref_copy(be, t, a, false);
+            if (rc) return rc;
+        }
+        keel_tensor w = window_of(t);
+        return ref_copy(be, &w, b, t->op == KEEL_OP_ACC);
+    }
+    case KEEL_OP_FILL:
+        FOR4(t) put(t, i0, i1, i2, i3, t->fp[0]);
+        return 0;
+    case KEEL_OP_REPEAT:
+        FOR4(t) put(t, i0, i1, i2, i3, get(a, i0 % a->ne[0], i1 % a->ne[1], i2 % a->ne[2], i3 % a->ne[3]));
+        return 0;
+    case KEEL_OP_REPEAT_BACK:
+        FOR4(t) put(t, i0, i1, i2, i3, 0.0);
+        FOR4(a) {
+            int64_t j0 = i0 % t->ne[0], j1 = i1 % t->ne[1], j2 = i2 % t->ne[2], j3 = i3 % t->ne[3];
+            put(t, j0, j1, j2, j3, get(t, j0, j1, j2, j3) + get(a, i0, i1, i2, i3));
+        }
+        return 0;
+    case KEEL_OP_CONCAT: {
+        int d = (int)t->ip[0];
+        keel_tensor w = *t;
+        memcpy(w.ne, a->ne, sizeof w.ne);
+        int rc = ref_copy(be, &w, a, false);
+        if (rc) return rc;
+        memcpy(w.ne, b->ne, sizeof w.ne);
+        w.data = (char *)t->data + a->ne[d] * t->nb[d];
+        return ref_copy(be, &w, b, false);
+    }
+    case KEEL_OP_ADD:
+    case KEEL_OP_SUB:
+    case KEEL_OP_MUL:
+    case KEEL_OP_DIV:
+        FOR4(t) put(t, i0, i1, i2, i3,
+                    binary(t->op, get(a, i0, i1, i2, i3),
+                           get(b, i0 % b->ne[0], i1 % b->ne[1], i2 % b->ne[2], i3 % b->ne[3])));
+        return 0;
+    case KEEL_OP_SCALE:
+    case KEEL_OP_SQR:
+    case KEEL_OP_SQRT:
+    case KEEL_OP_EXP:
+    case KEEL_OP_LOG:
+    case KEEL_OP_NEG:
+    case KEEL_OP_SILU:
+    case KEEL_OP_SIGMOID:
+    case KEEL_OP_SOFTPLUS:
+        FOR4(t) put(t, i0, i1, i2, i3, unary(t->op, get(a, i0, i1, i2, i3), t->fp));
+        return 0;
+    case KEEL_OP_SILU_BACK:
+        FOR4(t) {
+            double x = get(a, i0, i1, i2, i3), s = 1.0 / (1.0 + exp(-x));
+            put(t, i0, i1, i2, i3, get(b, i0, i1, i2, i3) * s * (1.0 + x * (1.0 - s)));
+        }
+        return 0;
+    case KEEL_OP_SUM: {
+        double s = 0;
+        FOR4(a) s += get(a, i0, i1, i2, i3);
+        put(t, 0, 0, 0, 0, s);
+        return 0;
+    }
+    case KEEL_OP_SUM_ROWS:
+    case KEEL_OP_MEAN:
+    case KEEL_OP_RMS_NORM:
+    case KEEL_OP_L2_NORM:
+    case KEEL_OP_RMS_NORM_BACK:
+    case KEEL_OP_L2_NORM_BACK:
+    case KEEL_OP_SOFT_MAX:
+    case KEEL_OP_SOFT_MAX_BACK:
+        for (int64_t i3 = 0; i3 < a->ne[3]; i3++)
+            for (int64_t i2 = 0; i2 < a->ne[2]; i2++)
+                for (int64_t i1 = 0; i1 < a->ne[1]; i1++) {
+                    int64_t n = a->ne[0];
+                    double s = 0, sd = 0;
+                    for (int64_t i = 0; i < n; i++) {
+                        double x = get(a, i, i1, i2, i3);
+                        if (t->op == KEEL_OP_SUM_ROWS || t->op == KEEL_OP_MEAN) s += x;
+                        else s += x * x;
+                        if (t->op == KEEL_OP_RMS_NORM_BACK || t->op == KEEL_OP_L2_NORM_BACK || t->op == KEEL_OP_SOFT_MAX_BACK)
+                            sd += x * get(b, i, i1, i2, i3);
+                    }
+                    switch (t->op) {
+                    case KEEL_OP_SUM_ROWS: put(t, 0, i1, i2, i3, s); break;
+                    case KEEL_OP_MEAN: put(t, 0, i1, i2, i3, s / (double)n); break;
+                    case KEEL_OP_RMS_NORM:
+                    case KEEL_OP_L2_NORM: {
+                        double m = t->op == KEEL_OP_RMS_NORM ? s / (double)n : s, sc = 1.0 / sqrt(m + t->fp[0]);
+                        for (int64_t i = 0; i < n; i++) put(t, i, i1, i2, i3, get(a, i, i1, i2, i3) * sc);
+                        break;
+                    }
+                    case KEEL_OP_RMS_NORM_BACK:
+                    case KEEL_OP_L2_NORM_BACK: {
+                        double dn = t->op == KEEL_OP_RMS_NORM_BACK ? (double)n : 1.0;
+                        double sc = 1.0 / sqrt(s / dn + t->fp[0]);
+                        for (int64_t i = 0; i < n; i++)
+                            put(t, i, i1, i2, i3,
+                                sc * get(b, i, i1, i2, i3) - sc * sc * sc * get(a, i, i1, i2, i3) * sd / dn);
+                        break;
+                    }
+                    case KEEL_OP_SOFT_MAX: {
+                        /* causal: key i masked for query i1 when i > i1 + (n - ne1) */
+                        int64_t lim = t->ip[0] ? i1 + (n - a->ne[1]) : n - 1;
+                        double mx = -INFINITY, z = 0;
+                        for (int64_t i = 0; i <= lim && i < n; i++) mx = fmax(mx, t->fp[0] * get(a, i, i1, i2, i3));
+                        for (int64_t i = 0; i <= lim && i < n; i++) z += exp(t->fp[0] * get(a, i, i1, i2, i3) - mx);
+                        for (int64_t i = 0; i < n; i++)
+                            put(t, i, i1, i2, i3, i <= lim ? exp(t->fp[0] * get(a, i, i1, i2, i3) - mx) / z : 0.0);
+                        break;
+                    }
+                    case KEEL_OP_SOFT_MAX_BACK:
+                        for (int64_t i = 0; i < n; i++)
+                            put(t, i, i1, i2, i3, t->fp[0] * get(a, i, i1, i2, i3) * (get(b, i, i1, i2, i3) - sd));
+                        break;
+                    }
+                }
+        return 0;
+    case KEEL_OP_MUL_MAT: {
+        int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
+        FOR4(t) {
+            double s = 0;
+            for (int64_t k = 0; k < a->ne[0]; k++) s += get(a, k, i0, i2 / r2, i3 / r3) * get(b, k, i1, i2, i3);
+            put(t, i0, i1, i2, i3, s);
+        }
+        return 0;
+    }
+    case KEEL_OP_OUT_PROD: {
+        int64_t r2 = a->ne[2] / t->ne[2], r3 = a->ne[3] / t->ne[3];
+        FOR4(t) {
+            double s = 0;
+            for (int64_t g3 = 0; g3 < r3; g3++)
+                for (int64_t g2 = 0; g2 < r2; g2++)
+                    for (int64_t k = 0; k < a->ne[1]; k++)
+                        s += get(a, i0, k, i2 * r2 + g2, i3 * r3 + g3) * get(b, i1, k, i2 * r2 + g2, i3 * r3 + g3);
+            put(t, i0, i1, i2, i3, s);
+        }
+        return 0;
+    }
+    case KEEL_OP_ROPE:
+    case KEEL_OP_ROPE_BACK: {
+        int64_t nr = t->ip[0], h = nr / 2;
+        double dir = t->op == KEEL_OP_ROPE ? 1.0 : -1.0;
+        FOR4(t) {
+            double x = get(a, i0, i1, i2, i3);
+            if (i0 >= nr) { put(t, i0, i1, i2, i3, x); continue; }
+            int64_t f = i0 % h;
+            double ang = (double)(int32_t)get(b, i2, 0, 0, 0) * pow(t->fp[0], -2.0 * (double)f / (double)nr);
+            double c = cos(ang), s = dir * sin(ang);
+            double y = i0 < h ? x * c - get(a, i0 + h, i1, i2, i3) * s : x * c + get(a, i0 - h, i1, i2, i3) * s;
+            put(t, i0, i1, i2, i3, y);
+        }
+        return 0;
+    }
+    case KEEL_OP_CONV1D:
+    case KEEL_OP_CONV1D_BACK_INPUT: {
+        int64_t K = b->ne[0], T = a->ne[1];
+        FOR4(t) {
+            double s = 0;
+            for (int64_t j = 0; j < K; j++) {
+                int64_t tt = t->op == KEEL_OP_CONV1D ? i1 - (K - 1) + j : i1 + (K - 1) - j;
+                if (tt >= 0 && tt < T) s += get(b, j, i0, 0, 0) * get(a, i0, tt, i2, 0);
+            }
+            put(t, i0, i1, i2, i3, s);
+        }
+        return 0;
+    }
+    case KEEL_OP_CONV1D_BACK_WEIGHT: {
+        int64_t K = t->ne[0];
+        FOR4(t) {
+            double s = 0;
+            for (int64_t bb = 0; bb < a->ne[2]; bb++)
+                for (int64_t tt = 0; tt < a->ne[1]; tt++) {
+                    int64_t ts = tt - (K - 1) + i0;
+                    if (ts >= 0) s += get(b, i1, tt, bb, 0) * get(a, i1, ts, bb, 0);
+                }
+            put(t, i0, i1, i2, i3, s);
+        }
+        return 0;
+    }
+    case KEEL_OP_GATED_DELTA_NET: return ref_gdn(t);
+    case KEEL_OP_GATED_DELTA_NET_BACK: return ref_gdn_back(t);
+    case KEEL_OP_CROSS_ENTROPY_LOSS:
+    case KEEL_OP_CROSS_ENTROPY_LOSS_BACK: {
+        int64_t V = a->ne[0], N = keel_nrows(a);
+        double total = 0, dl = t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ? getf(t->src[2], 0) : 0;
+        for (int64_t r = 0; r < N; r++) {
+            int64_t c[4];
+            c[0] = 0, c[1] = r % a->ne[1], c[2] = (r / a->ne[1]) % a->ne[2], c[3] = r / (a->ne[1] * a->ne[2]);
+            int64_t y = (int64_t)getf(b, r);
+            if (y < 0 || y >= V)
+                return keel_fail("CROSS_ENTROPY_LOSS '%s': target %lld of row %lld outside [0,%lld)", t->name,
+                                 (long long)y, (long long)r, (long long)V);
+            double mx = -INFINITY, z = 0;
+            for (int64_t i = 0; i < V; i++) mx = fmax(mx, get(a, i, c[1], c[2], c[3]));
+            for (int64_t i = 0; i < V; i++) z += exp(get(a, i, c[1], c[2], c[3]) - mx);
+            if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS) {
+                total += log(z) + mx - get(a, y, c[1], c[2], c[3]);
+            } else {
+                for (int64_t i = 0; i < V; i++)
+                    put(t, i, c[1], c[2], c[3],
+                        (exp(get(a, i, c[1], c[2], c[3]) - mx) / z - (i == y ? 1.0 : 0.0)) * dl / (double)N);
+            }
+        }
+        if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS) put(t, 0, 0, 0, 0, total / (double)N);
+        return 0;
+    }
+    case KEEL_OP_ADAMW: {
+        const keel_tensor *gr = t->src[1], *m = t->src[2], *v = t->src[3];
+        double lr = t->fp[0], b1 = t->fp[1], b2 = t->fp[2], eps = t->fp[3], wd = t->fp[4];
+        double bc1 = 1.0 - pow(b1, (double)t->ip[0]), bc2 = 1.0 - pow(b2, (double)t->ip[0]);
+        FOR4(t) {
+            double gg = get(gr, i0, i1, i2, i3);
+            double mm = b1 * get(m, i0, i1, i2, i3) + (1 - b1) * gg;
+            double vv = b2 * get(v, i0, i1, i2, i3) + (1 - b2) * gg * gg;
+            double p = get(a, i0, i1, i2, i3);
+            p = p * (1 - lr * wd) - lr * (mm / bc1) / (sqrt(vv / bc2) + eps);
+            put(m, i0, i1, i2, i3, mm);
+            put(v, i0, i1, i2, i3, vv);
+            put(t, i0, i1, i2, i3, p);
+        }
+        return 0;
+    }
+    default:
+        return keel_fail("ref: no kernel for %s", keel_op_get(t->op)->name);
+    }
+}
+
+static bool ref_supports(keel_backend *be, const keel_tensor *t) {
+    (void)be;
+    (void)t;
+    return true; /* every op, every type */
+}
+
+static int ref_compute(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud) {
+    for (int64_t i = from; i < to; i++) {
+        const keel_tensor *t = g->nodes[i];
+        if (!(keel_op_get(t->op)->flags & OPF_VIEW)) {
+            int rc = ref_node(be, t);
+            if (rc) return rc;
+        }
+        if (cb && cb(be, t, i, ud)) return keel_fail("run stopped by the node callback at '%s'", t->name);
+    }
+    return 0;
+}
+
+static int ref_set_threads(keel_backend *be, int n) {
+    (void)be;
+    (void)n;
+    return 0;
+}
+
+static void ref_destroy(keel_backend *be) { free(be); }
+
+keel_backend *keel_backend_ref_new(void) {
+    keel_backend *be = calloc(1, sizeof *be);
+    if (!be) return NULL;
+    be->name = "ref";
+    be->n_threads = 1;
+    be->supports = ref_supports;
+    be->alloc = keel_host_alloc;
+    be->free = keel_host_free;
+    be->write = keel_host_write;
+    be->read = keel_host_read;
+    be->fill_bytes = keel_host_fill_bytes;
+    be->copy = ref_copy;
+    be->compute = ref_compute;
+    be->set_threads = ref_set_threads;
+    be->destroy = ref_destroy;
+    return be;
+}

@@ -1,0 +1,495 @@
+#include "ops/ops.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "util/error.h"
+
+/* Why an op has no gradient (ops with grad_srcs == 0). Checked by the op tests: every op either
+ * has a backward rule or a reason here. */
+static const char *nograd_reason(int op) {
+    switch (op) {
+    case KEEL_OP_NONE: return "leaf: a parameter's gradient is the result, not a rule";
+    case KEEL_OP_FILL: return "constant: no inputs";
+    case KEEL_OP_ADAMW: return "optimizer step: updates state in place, never differentiated";
+    default: return NULL;
+    }
+}
+
+static keel_op_info g_info[KEEL_OP_COUNT] = {
+#define KEEL_OP_INFO(id, arity, flags, grad, doc) {#id, arity, flags, grad, doc, NULL},
+    KEEL_OP_TABLE(KEEL_OP_INFO)
+#undef KEEL_OP_INFO
+};
+static int g_info_ready;
+
+const keel_op_info *keel_op_get(int op) {
+    if (op < 0 || op >= KEEL_OP_COUNT) return NULL;
+    if (!g_info_ready) { /* fill the derived column once; idempotent, so a race is harmless */
+        for (int i = 0; i < KEEL_OP_COUNT; i++) {
+            if (g_info[i].grad_srcs) continue;
+            g_info[i].nograd = nograd_reason(i);
+            if (!g_info[i].nograd && (g_info[i].flags & OPF_BACKWARD))
+                g_info[i].nograd = "backward-only op: keel computes first-order gradients";
+        }
+        g_info_ready = 1;
+    }
+    return &g_info[op];
+}
+
+int keel_op_from_name(const char *name) {
+    for (int i = 0; i < KEEL_OP_COUNT; i++)
+        if (strcasecmp(name, g_info[i].name) == 0) return i;
+    return -1;
+}
+
+int keel_op_alias_src(const keel_tensor *t) {
+    int f = keel_op_get(t->op)->flags;
+    if (f & (OPF_VIEW | OPF_INPLACE0)) return 0;
+    if ((f & OPF_INPLACE0_OPT) && t->ip[4]) return 0;
+    if (f & OPF_INPLACE1) return 1;
+    return -1;
+}
+
+/* ---- shape rules ---- */
+
+static int shape_fail(const keel_tensor *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int shape_fail(const keel_tensor *t, const char *fmt, ...) {
+    char msg[512], shapes[512] = "", buf[64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const keel_op_info *info = keel_op_get(t->op);
+    for (int i = 0; i < info->arity; i++) {
+        const keel_tensor *s = t->src[i];
+        size_t len = strlen(shapes);
+        snprintf(shapes + len, sizeof shapes - len, "%s src%d '%s' %s %s", i ? "," : "", i, s->name,
+                 keel_type_name(s->type), keel_shape_str(s->ne, buf, sizeof buf));
+    }
+    return keel_fail("%s: %s (%s)", info->name, msg, shapes);
+}
+
+#define REQ(cond, ...)                                                                             \
+    do {                                                                                           \
+        if (!(cond)) return shape_fail(t, __VA_ARGS__);                                            \
+    } while (0)
+
+static bool can_repeat(const keel_tensor *small, const int64_t *ne) {
+    for (int i = 0; i < 4; i++)
+        if (small->ne[i] <= 0 || ne[i] % small->ne[i] != 0) return false;
+    return true;
+}
+
+static void alias(keel_tensor *t, keel_tensor *s) {
+    t->view_src = keel_root(s);
+    t->view_offs = s->view_offs;
+    memcpy(t->nb, s->nb, sizeof t->nb);
+}
+
+static void set_shape(keel_tensor *t, keel_type type, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
+    t->type = type;
+    t->ne[0] = n0, t->ne[1] = n1, t->ne[2] = n2, t->ne[3] = n3;
+}
+
+static int check_window(keel_tensor *t) {
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    REQ(keel_is_contiguous(a), "src0 must be contiguous (the window strides are in its layout)");
+    REQ(a->type == b->type, "types differ");
+    REQ(t->ip[3] >= 0, "negative offset %lld", (long long)t->ip[3]);
+    int64_t last = t->ip[3] + (b->ne[0] - 1) * (int64_t)keel_type_size(a->type);
+    for (int i = 1; i < 4; i++) {
+        REQ(t->ip[i - 1] >= 0, "negative window stride nb%d", i);
+        last += (b->ne[i] - 1) * t->ip[i - 1];
+    }
+    REQ(last + (int64_t)keel_type_size(a->type) <= (int64_t)keel_nbytes(a),
+        "window (offset %lld, nb %lld,%lld,%lld) ends at byte %lld, past src0's %zu bytes", (long long)t->ip[3],
+        (long long)t->ip[0], (long long)t->ip[1], (long long)t->ip[2],
+        (long long)(last + (int64_t)keel_type_size(a->type)), keel_nbytes(a));
+    return 0;
+}
+
+static int shape_rule(keel_tensor *t) {
+    keel_tensor *a = t->src[0], *b = t->src[1];
+    const int op = t->op;
+    switch (op) {
+    case KEEL_OP_VIEW: {
+        int64_t ne[4], nb[4];
+        for (int i = 0; i < 4; i++) ne[i] = t->ip[i], nb[i] = t->ip[4 + i];
+        for (int i = 0; i < 4; i++) REQ(ne[i] > 0 && nb[i] >= 0, "ne[%d]=%lld nb[%d]=%lld invalid", i, (long long)ne[i], i, (long long)nb[i]);
+        REQ(nb[0] == (int64_t)keel_type_size(a->type), "nb[0] must be the element size");
+        keel_tensor *root = keel_root(a);
+        t->type = a->type;
+        memcpy(t->ne, ne, sizeof ne);
+        memcpy(t->nb, nb, sizeof nb);
+        REQ(t->ip[8] >= 0, "negative offset");
+        t->view_src = root;
+        t->view_offs = a->view_offs + t->ip[8];
+        REQ(t->view_offs + (int64_t)keel_nbytes(t) <= (int64_t)keel_nbytes(root),
+            "view [offset %lld, %zu bytes] is outside its root's %zu bytes", (long long)t->view_offs,
+            keel_nbytes(t), keel_nbytes(root));
+        return 0;
+    }
+    case KEEL_OP_RESHAPE: {
+        REQ(keel_is_contiguous(a), "src0 must be contiguous");
+        REQ(t->ip[0] * t->ip[1] * t->ip[2] * t->ip[3] == keel_nelements(a) && t->ip[0] > 0 && t->ip[1] > 0 &&
+                t->ip[2] > 0 && t->ip[3] > 0,
+            "element count %lld != [%lld,%lld,%lld,%lld]", (long long)keel_nelements(a), (long long)t->ip[0],
+            (long long)t->ip[1], (long long)t->ip[2], (long long)t->ip[3]);
+        set_shape(t, a->type, t->ip[0], t->ip[1], t->ip[2], t->ip[3]);
+        keel_set_contiguous_strides(t);
+        t->view_src = keel_root(a);
+        t->view_offs = a->view_offs;
+        return 0;
+    }
+    case KEEL_OP_PERMUTE: {
+        int seen = 0;
+        for (int i = 0; i < 4; i++) {
+            REQ(t->ip[i] >= 0 && t->ip[i] < 4 && !(seen & (1 << t->ip[i])), "axes are not a permutation of 0..3");
+            seen |= 1 << t->ip[i];
+        }
+        t->type = a->type;
+        for (int i = 0; i < 4; i++) t->ne[t->ip[i]] = a->ne[i], t->nb[t->ip[i]] = a->nb[i];
+        t->view_src = keel_root(a);
+        t->view_offs = a->view_offs;
+        return 0;
+    }
+    case KEEL_OP_TRANSPOSE:
+        alias(t, a);
+        set_shape(t, a->type, a->ne[1], a->ne[0], a->ne[2], a->ne[3]);
+        t->nb[0] = a->nb[1], t->nb[1] = a->nb[0];
+        return 0;
+    case KEEL_OP_CPY:
+        REQ(keel_same_shape(a, b), "shapes differ");
+        alias(t, b);
+        set_shape(t, b->type, b->ne[0], b->ne[1], b->ne[2], b->ne[3]);
+        return 0;
+    case KEEL_OP_CONT:
+    case KEEL_OP_DUP:
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
+    case KEEL_OP_GET_ROWS:
+        REQ(b->type == KEEL_I32, "ids must be i32");
+        REQ(a->ne[2] == 1 && a->ne[3] == 1 && b->ne[2] == 1 && b->ne[3] == 1, "src0 must be 2-D, ids at most 2-D");
+        set_shape(t, a->type, a->ne[0], b->ne[0], b->ne[1], 1);
+        return 0;
+    case KEEL_OP_GET_ROWS_BACK:
+        REQ(b->type == KEEL_I32, "ids must be i32");
+        REQ(a->ne[1] == b->ne[0] && a->ne[2] == b->ne[1] && a->ne[3] == 1, "dy rows do not match the ids");
+        REQ(t->ip[0] > 0, "row count must be positive");
+        set_shape(t, a->type, a->ne[0], t->ip[0], 1, 1);
+        return 0;
+    case KEEL_OP_ACC:
+    case KEEL_OP_SET: {
+        int r = check_window(t);
+        if (r) return r;
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        if (t->ip[4]) alias(t, a);
+        return 0;
+    }
+    case KEEL_OP_FILL:
+        for (int i = 0; i < 4; i++) REQ(t->ip[i] > 0, "ne[%d] must be positive", i);
+        t->ne[0] = t->ip[0], t->ne[1] = t->ip[1], t->ne[2] = t->ip[2], t->ne[3] = t->ip[3];
+        return 0; /* type set by keel_fill */
+    case KEEL_OP_REPEAT:
+        REQ(can_repeat(a, t->ip), "src0 does not tile [%lld,%lld,%lld,%lld]", (long long)t->ip[0],
+            (long long)t->ip[1], (long long)t->ip[2], (long long)t->ip[3]);
+        set_shape(t, a->type, t->ip[0], t->ip[1], t->ip[2], t->ip[3]);
+        return 0;
+    case KEEL_OP_REPEAT_BACK: {
+        keel_tensor tmp = {0};
+        for (int i = 0; i < 4; i++) tmp.ne[i] = t->ip[i];
+        REQ(can_repeat(&tmp, a->ne), "[%lld,%lld,%lld,%lld] does not tile src0", (long long)t->ip[0],
+            (long long)t->ip[1], (long long)t->ip[2], (long long)t->ip[3]);
+        set_shape(t, a->type, t->ip[0], t->ip[1], t->ip[2], t->ip[3]);
+        return 0;
+    }
+    case KEEL_OP_CONCAT: {
+        int d = (int)t->ip[0];
+        REQ(d >= 0 && d < 4, "dim %d out of range", d);
+        REQ(a->type == b->type, "types differ");
+        for (int i = 0; i < 4; i++) REQ(i == d || a->ne[i] == b->ne[i], "dim %d differs", i);
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        t->ne[d] += b->ne[d];
+        return 0;
+    }
+    case KEEL_OP_ADD:
+    case KEEL_OP_SUB:
+    case KEEL_OP_MUL:
+    case KEEL_OP_DIV:
+        REQ(a->type == b->type && keel_type_is_float(a->type), "types differ or are not real");
+        REQ(can_repeat(b, a->ne), "src1 does not broadcast over src0");
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
+    case KEEL_OP_SCALE:
+    case KEEL_OP_SQR:
+    case KEEL_OP_SQRT:
+    case KEEL_OP_EXP:
+    case KEEL_OP_LOG:
+    case KEEL_OP_NEG:
+    case KEEL_OP_SILU:
+    case KEEL_OP_SIGMOID:
+    case KEEL_OP_SOFTPLUS:
+    case KEEL_OP_RMS_NORM:
+    case KEEL_OP_L2_NORM:
+    case KEEL_OP_SOFT_MAX:
+        REQ(keel_type_is_float(a->type), "src0 must be real");
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
+    case KEEL_OP_SILU_BACK:
+    case KEEL_OP_RMS_NORM_BACK:
+    case KEEL_OP_L2_NORM_BACK:
+    case KEEL_OP_SOFT_MAX_BACK:
+        REQ(a->type == b->type && keel_same_shape(a, b), "src0 and src1 must have one type and shape");
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
+    case KEEL_OP_SUM:
+        set_shape(t, a->type, 1, 1, 1, 1);
+        return 0;
+    case KEEL_OP_SUM_ROWS:
+    case KEEL_OP_MEAN:
+        set_shape(t, a->type, 1, a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
+    case KEEL_OP_MUL_MAT:
+        REQ(a->type == b->type, "types differ");
+        REQ(a->ne[0] == b->ne[0], "inner dimensions differ (%lld vs %lld)", (long long)a->ne[0], (long long)b->ne[0]);
+        REQ(b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0, "src0 dims 2,3 do not broadcast over src1's");
+        set_shape(t, a->type, a->ne[1], b->ne[1], b->ne[2], b->ne[3]);
+        return 0;
+    case KEEL_OP_OUT_PROD:
+        REQ(a->type == b->type, "types differ");
+        REQ(a->ne[1] == b->ne[1] && a->ne[2] == b->ne[2] && a->ne[3] == b->ne[3], "dims 1..3 differ");
+        REQ(t->ip[0] > 0 && t->ip[1] > 0 && a->ne[2] % t->ip[0] == 0 && a->ne[3] % t->ip[1] == 0,
+            "result dims 2,3 (%lld,%lld) must divide the sources'", (long long)t->ip[0], (long long)t->ip[1]);
+        set_shape(t, a->type, a->ne[0], b->ne[0], t->ip[0], t->ip[1]);
+        return 0;
+    case KEEL_OP_ROPE:
+    case KEEL_OP_ROPE_BACK:
+        REQ(b->type == KEEL_I32 && b->ne[0] == a->ne[2] && keel_nelements(b) == b->ne[0],
+            "positions must be i32 [ne2 of src0 = %lld]", (long long)a->ne[2]);
+        REQ(t->ip[0] > 0 && t->ip[0] % 2 == 0 && t->ip[0] <= a->ne[0], "n_rot %lld must be even and <= %lld",
+            (long long)t->ip[0], (long long)a->ne[0]);
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
+    case KEEL_OP_CONV1D:
+        REQ(a->type == b->type, "types differ");
+        REQ(a->ne[3] == 1 && b->ne[1] == a->ne[0] && b->ne[2] == 1 && b->ne[3] == 1,
+            "want x [C,T,B] and w [K,C]");
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], 1);
+        return 0;
+    case KEEL_OP_CONV1D_BACK_INPUT:
+        REQ(a->type == b->type && a->ne[3] == 1 && b->ne[1] == a->ne[0], "want dy [C,T,B] and w [K,C]");
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], 1);
+        return 0;
+    case KEEL_OP_CONV1D_BACK_WEIGHT:
+        REQ(a->type == b->type && keel_same_shape(a, b) && a->ne[3] == 1, "want x and dy of one shape [C,T,B]");
+        REQ(t->ip[0] > 0, "kernel size must be positive");
+        set_shape(t, a->type, t->ip[0], a->ne[0], 1, 1);
+        return 0;
+    case KEEL_OP_GATED_DELTA_NET:
+    case KEEL_OP_GATED_DELTA_NET_BACK: {
+        keel_tensor *k = t->src[1], *v = t->src[2], *g = t->src[3], *be = t->src[4];
+        int64_t Dk = a->ne[0], Hk = a->ne[1], T = a->ne[2], B = a->ne[3], Dv = v->ne[0], Hv = v->ne[1];
+        REQ(keel_same_shape(a, k), "q and k shapes differ");
+        REQ(v->ne[2] == T && v->ne[3] == B, "v must be [Dv,Hv,%lld,%lld]", (long long)T, (long long)B);
+        REQ(Hv % Hk == 0, "value heads (%lld) must be a multiple of key heads (%lld)", (long long)Hv, (long long)Hk);
+        REQ(g->ne[0] == Hv && g->ne[1] == T && g->ne[2] == B && keel_same_shape(g, be), "g and beta must be [Hv,T,B]");
+        for (int i = 1; i < 5; i++) REQ(t->src[i]->type == a->type, "types differ");
+        if (op == KEEL_OP_GATED_DELTA_NET) {
+            set_shape(t, a->type, Dv, Hv, T, B);
+        } else {
+            REQ(keel_same_shape(t->src[5], v) && t->src[5]->type == a->type, "do must be shaped like v");
+            set_shape(t, a->type, (2 * Dk * Hv + Dv * Hv + 2 * Hv) * T * B, 1, 1, 1);
+        }
+        return 0;
+    }
+    case KEEL_OP_CROSS_ENTROPY_LOSS:
+    case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
+        REQ(b->type == KEEL_I32, "targets must be i32");
+        REQ(keel_nelements(b) == keel_nrows(a), "%lld targets for %lld rows of logits", (long long)keel_nelements(b),
+            (long long)keel_nrows(a));
+        if (op == KEEL_OP_CROSS_ENTROPY_LOSS) {
+            set_shape(t, a->type, 1, 1, 1, 1);
+        } else {
+            REQ(keel_nelements(t->src[2]) == 1 && t->src[2]->type == a->type, "dloss must be one element");
+            set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        }
+        return 0;
+    case KEEL_OP_ADAMW:
+        for (int i = 1; i < 4; i++)
+            REQ(keel_same_shape(a, t->src[i]) && t->src[i]->type == a->type, "p, g, m, v must share one shape and type");
+        REQ(keel_type_is_float(a->type) && keel_is_contiguous(a), "parameter must be contiguous and real");
+        REQ(t->ip[0] >= 1, "step must be >= 1");
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        alias(t, a);
+        return 0;
+    default:
+        return shape_fail(t, "no shape rule");
+    }
+}
+
+static void default_name(keel_tensor *t) {
+    const char *n = keel_op_get(t->op)->name;
+    size_t i = 0;
+    for (; n[i] && i < 40; i++) t->name[i] = (char)tolower((unsigned char)n[i]);
+    snprintf(t->name + i, sizeof t->name - i, "#%lld", (long long)t->id);
+}
+
+keel_tensor *keel_op_new(keel_ctx *ctx, int op, keel_tensor *const *src, int n_src, const int64_t *ip, int n_ip,
+                         const double *fp, int n_fp) {
+    const keel_op_info *info = keel_op_get(op);
+    if (!info || op == KEEL_OP_NONE) { keel_fail("keel_op_new: bad op %d", op); return NULL; }
+    if (n_src != info->arity) { keel_fail("%s: %d sources given, %d expected", info->name, n_src, info->arity); return NULL; }
+    if (n_ip > KEEL_MAX_IP || n_fp > KEEL_MAX_FP) { keel_fail("%s: too many parameters", info->name); return NULL; }
+    for (int i = 0; i < n_src; i++)
+        if (!src[i]) return NULL; /* an earlier constructor failed: its message stands */
+    keel_tensor *t = keel_tensor_alloc(ctx);
+    if (!t) return NULL;
+    t->op = op;
+    for (int i = 0; i < n_src; i++) t->src[i] = src[i];
+    for (int i = 0; i < n_ip; i++) t->ip[i] = ip[i];
+    for (int i = 0; i < n_fp; i++) t->fp[i] = fp[i];
+    t->type = n_src ? src[0]->type : KEEL_F32;
+    if (shape_rule(t) != 0) return NULL;
+    if (keel_op_alias_src(t) < 0) keel_set_contiguous_strides(t);
+    default_name(t);
+    return t;
+}
+
+#define SRCS(...) ((keel_tensor *const[]){__VA_ARGS__})
+#define IPS(...) ((const int64_t[]){__VA_ARGS__})
+#define FPS(...) ((const double[]){__VA_ARGS__})
+#define NARG(T, ...) (int)(sizeof((T[]){__VA_ARGS__}) / sizeof(T))
+#define OP(op, srcs, ...) keel_op_new(ctx, op, SRCS srcs, NARG(keel_tensor *, ECHO srcs), __VA_ARGS__)
+#define ECHO(...) __VA_ARGS__
+
+keel_tensor *keel_fill(keel_ctx *ctx, keel_type type, const int64_t ne[4], double value) {
+    keel_tensor *t = keel_op_new(ctx, KEEL_OP_FILL, NULL, 0, ne, 4, FPS(value), 1);
+    if (t) {
+        t->type = type;
+        keel_set_contiguous_strides(t);
+    }
+    return t;
+}
+
+keel_tensor *keel_zeros_like(keel_ctx *ctx, const keel_tensor *t) {
+    if (!t) return NULL;
+    return keel_fill(ctx, t->type, t->ne, 0.0);
+}
+
+keel_tensor *keel_view(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4], const int64_t nb[4], int64_t offset) {
+    int64_t ip[9] = {ne[0], ne[1], ne[2], ne[3], nb[0], nb[1], nb[2], nb[3], offset};
+    return OP(KEEL_OP_VIEW, (a), ip, 9, NULL, 0);
+}
+keel_tensor *keel_view_4d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
+                          int64_t nb1, int64_t nb2, int64_t nb3, int64_t offset) {
+    if (!a) return NULL;
+    return keel_view(ctx, a, IPS(ne0, ne1, ne2, ne3), IPS((int64_t)keel_type_size(a->type), nb1, nb2, nb3), offset);
+}
+keel_tensor *keel_view_3d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t nb1,
+                          int64_t nb2, int64_t offset) {
+    return keel_view_4d(ctx, a, ne0, ne1, ne2, 1, nb1, nb2, nb2 * ne2, offset);
+}
+keel_tensor *keel_view_2d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t nb1, int64_t offset) {
+    return keel_view_4d(ctx, a, ne0, ne1, 1, 1, nb1, nb1 * ne1, nb1 * ne1, offset);
+}
+keel_tensor *keel_view_1d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t offset) {
+    if (!a) return NULL;
+    int64_t es = (int64_t)keel_type_size(a->type);
+    return keel_view_4d(ctx, a, ne0, 1, 1, 1, es * ne0, es * ne0, es * ne0, offset);
+}
+keel_tensor *keel_reshape(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4]) {
+    return OP(KEEL_OP_RESHAPE, (a), ne, 4, NULL, 0);
+}
+keel_tensor *keel_reshape_2d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1) {
+    return keel_reshape(ctx, a, IPS(ne0, ne1, 1, 1));
+}
+keel_tensor *keel_reshape_3d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2) {
+    return keel_reshape(ctx, a, IPS(ne0, ne1, ne2, 1));
+}
+keel_tensor *keel_reshape_4d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    return keel_reshape(ctx, a, IPS(ne0, ne1, ne2, ne3));
+}
+keel_tensor *keel_permute(keel_ctx *ctx, keel_tensor *a, int ax0, int ax1, int ax2, int ax3) {
+    return OP(KEEL_OP_PERMUTE, (a), IPS(ax0, ax1, ax2, ax3), 4, NULL, 0);
+}
+keel_tensor *keel_transpose(keel_ctx *ctx, keel_tensor *a) { return OP(KEEL_OP_TRANSPOSE, (a), NULL, 0, NULL, 0); }
+keel_tensor *keel_cpy(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) { return OP(KEEL_OP_CPY, (a, b), NULL, 0, NULL, 0); }
+keel_tensor *keel_cont(keel_ctx *ctx, keel_tensor *a) { return OP(KEEL_OP_CONT, (a), NULL, 0, NULL, 0); }
+keel_tensor *keel_dup(keel_ctx *ctx, keel_tensor *a) { return OP(KEEL_OP_DUP, (a), NULL, 0, NULL, 0); }
+keel_tensor *keel_get_rows(keel_ctx *ctx, keel_tensor *a, keel_tensor *ids) {
+    return OP(KEEL_OP_GET_ROWS, (a, ids), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_get_rows_back(keel_ctx *ctx, keel_tensor *dy, keel_tensor *ids, int64_t n_rows) {
+    return OP(KEEL_OP_GET_ROWS_BACK, (dy, ids), IPS(n_rows), 1, NULL, 0);
+}
+keel_tensor *keel_acc(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t nb1, int64_t nb2, int64_t nb3,
+                      int64_t offset, bool inplace) {
+    return OP(KEEL_OP_ACC, (a, b), IPS(nb1, nb2, nb3, offset, inplace), 5, NULL, 0);
+}
+keel_tensor *keel_set(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t nb1, int64_t nb2, int64_t nb3,
+                      int64_t offset, bool inplace) {
+    return OP(KEEL_OP_SET, (a, b), IPS(nb1, nb2, nb3, offset, inplace), 5, NULL, 0);
+}
+keel_tensor *keel_repeat(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4]) {
+    return OP(KEEL_OP_REPEAT, (a), ne, 4, NULL, 0);
+}
+keel_tensor *keel_repeat_back(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4]) {
+    return OP(KEEL_OP_REPEAT_BACK, (a), ne, 4, NULL, 0);
+}
+keel_tensor *keel_concat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int dim) {
+    return OP(KEEL_OP_CONCAT, (a, b), IPS(dim), 1, NULL, 0);
+}
+keel_tensor *keel_add(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) { return OP(KEEL_OP_ADD, (a, b), NULL, 0, NULL, 0); }
+keel_tensor *keel_sub(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) { return OP(KEEL_OP_SUB, (a, b), NULL, 0, NULL, 0); }
+keel_tensor *keel_mul(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) { return OP(KEEL_OP_MUL, (a, b), NULL, 0, NULL, 0); }
+keel_tensor *keel_div(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) { return OP(KEEL_OP_DIV, (a, b), NULL, 0, NULL, 0); }
+keel_tensor *keel_scale(keel_ctx *ctx, keel_tensor *a, double s, double b) {
+    return OP(KEEL_OP_SCALE, (a), NULL, 0, FPS(s, b), 2);
+}
+keel_tensor *keel_unary(keel_ctx *ctx, int op, keel_tensor *a) { return OP(op, (a), NULL, 0, NULL, 0); }
+keel_tensor *keel_sqr(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SQR, a); }
+keel_tensor *keel_sqrt(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SQRT, a); }
+keel_tensor *keel_exp(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_EXP, a); }
+keel_tensor *keel_log(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_LOG, a); }
+keel_tensor *keel_neg(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_NEG, a); }
+keel_tensor *keel_silu(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SILU, a); }
+keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SIGMOID, a); }
+keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SOFTPLUS, a); }
+keel_tensor *keel_sum(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SUM, a); }
+keel_tensor *keel_sum_rows(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SUM_ROWS, a); }
+keel_tensor *keel_mean(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_MEAN, a); }
+keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
+    return OP(KEEL_OP_MUL_MAT, (a, b), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3) {
+    return OP(KEEL_OP_OUT_PROD, (a, b), IPS(ne2, ne3), 2, NULL, 0);
+}
+keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps) {
+    return OP(KEEL_OP_RMS_NORM, (a), NULL, 0, FPS(eps), 1);
+}
+keel_tensor *keel_l2_norm(keel_ctx *ctx, keel_tensor *a, double eps) {
+    return OP(KEEL_OP_L2_NORM, (a), NULL, 0, FPS(eps), 1);
+}
+keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale, bool causal) {
+    return OP(KEEL_OP_SOFT_MAX, (a), IPS(causal), 1, FPS(scale), 1);
+}
+keel_tensor *keel_rope(keel_ctx *ctx, keel_tensor *a, keel_tensor *pos, int64_t n_rot, double theta) {
+    return OP(KEEL_OP_ROPE, (a, pos), IPS(n_rot), 1, FPS(theta), 1);
+}
+keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w) {
+    return OP(KEEL_OP_CONV1D, (x, w), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
+                                  keel_tensor *beta) {
+    return OP(KEEL_OP_GATED_DELTA_NET, (q, k, v, g, beta), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_tensor *targets) {
+    return OP(KEEL_OP_CROSS_ENTROPY_LOSS, (logits, targets), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, double lr,
+                        double beta1, double beta2, double eps, double wd, int64_t step) {
+    return OP(KEEL_OP_ADAMW, (p, g, m, v), IPS(step), 1, FPS(lr, beta1, beta2, eps, wd), 5);
+}

@@ -1,0 +1,90 @@
+/* keel: op metadata and graph-building constructors. Constructors check shapes against the op's
+ * shape rule and return NULL (with keel_last_error() set) on a mismatch; a NULL source makes the
+ * result NULL too, so a whole builder can be checked once at the end. */
+#ifndef KEEL_OPS_H
+#define KEEL_OPS_H
+
+#include "ops/op_table.h"
+#include "tensor/tensor.h"
+
+typedef struct {
+    const char *name;     /* "MUL_MAT" */
+    int arity;
+    int flags;            /* OPF_* */
+    int grad_srcs;        /* bit i: src i receives a gradient */
+    const char *params;   /* parameter layout */
+    const char *nograd;   /* why the op has no gradient (NULL when it has one) */
+} keel_op_info;
+
+const keel_op_info *keel_op_get(int op);
+/* KEEL_OP_* for a name (case-insensitive) or -1. */
+int keel_op_from_name(const char *name);
+/* Index of the source whose bytes the result aliases, or -1 (not a view, not in place). */
+int keel_op_alias_src(const keel_tensor *t);
+
+/* The generic constructor: every typed one below calls it, and recompute clones nodes with it. */
+keel_tensor *keel_op_new(keel_ctx *ctx, int op, keel_tensor *const *src, int n_src, const int64_t *ip,
+                         int n_ip, const double *fp, int n_fp);
+/* FILL has no sources: its type and shape are parameters. */
+keel_tensor *keel_fill(keel_ctx *ctx, keel_type type, const int64_t ne[4], double value);
+keel_tensor *keel_zeros_like(keel_ctx *ctx, const keel_tensor *t);
+
+keel_tensor *keel_view(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4], const int64_t nb[4], int64_t offset);
+keel_tensor *keel_view_1d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t offset);
+keel_tensor *keel_view_2d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t nb1, int64_t offset);
+keel_tensor *keel_view_3d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t nb1,
+                          int64_t nb2, int64_t offset);
+keel_tensor *keel_view_4d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
+                          int64_t nb1, int64_t nb2, int64_t nb3, int64_t offset);
+keel_tensor *keel_reshape(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4]);
+keel_tensor *keel_reshape_2d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1);
+keel_tensor *keel_reshape_3d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2);
+keel_tensor *keel_reshape_4d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
+keel_tensor *keel_permute(keel_ctx *ctx, keel_tensor *a, int ax0, int ax1, int ax2, int ax3);
+keel_tensor *keel_transpose(keel_ctx *ctx, keel_tensor *a);
+
+keel_tensor *keel_cpy(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
+keel_tensor *keel_cont(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_dup(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_get_rows(keel_ctx *ctx, keel_tensor *a, keel_tensor *ids);
+keel_tensor *keel_get_rows_back(keel_ctx *ctx, keel_tensor *dy, keel_tensor *ids, int64_t n_rows);
+keel_tensor *keel_acc(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t nb1, int64_t nb2, int64_t nb3,
+                      int64_t offset, bool inplace);
+keel_tensor *keel_set(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t nb1, int64_t nb2, int64_t nb3,
+                      int64_t offset, bool inplace);
+keel_tensor *keel_repeat(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4]);
+keel_tensor *keel_repeat_back(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4]);
+keel_tensor *keel_concat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int dim);
+
+keel_tensor *keel_add(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
+keel_tensor *keel_sub(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
+keel_tensor *keel_mul(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
+keel_tensor *keel_div(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
+keel_tensor *keel_scale(keel_ctx *ctx, keel_tensor *a, double s, double b);
+keel_tensor *keel_unary(keel_ctx *ctx, int op, keel_tensor *a);
+keel_tensor *keel_sqr(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_sqrt(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_exp(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_log(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_neg(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_silu(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_sum(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_sum_rows(keel_ctx *ctx, keel_tensor *a);
+keel_tensor *keel_mean(keel_ctx *ctx, keel_tensor *a);
+
+keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
+keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3);
+keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps);
+keel_tensor *keel_l2_norm(keel_ctx *ctx, keel_tensor *a, double eps);
+keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale, bool causal);
+keel_tensor *keel_rope(keel_ctx *ctx, keel_tensor *a, keel_tensor *pos, int64_t n_rot, double theta);
+keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w);
+keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
+                                  keel_tensor *beta);
+keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_tensor *targets);
+keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, double lr,
+                        double beta1, double beta2, double eps, double wd, int64_t step);
+
+#endif

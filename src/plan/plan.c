@@ -1,0 +1,171 @@
+#include "plan/plan.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/ops.h"
+#include "util/error.h"
+
+typedef struct { size_t off, size; } block;
+
+typedef struct {
+    block *free;
+    int n, cap;
+    size_t top;
+} arena;
+
+static size_t align_up(size_t x) { return (x + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN; }
+
+/* Best fit among free blocks, else grow the top. Deterministic: ties go to the lowest offset. */
+static size_t arena_alloc(arena *a, size_t size) {
+    int best = -1;
+    for (int i = 0; i < a->n; i++)
+        if (a->free[i].size >= size && (best < 0 || a->free[i].size < a->free[best].size)) best = i;
+    if (best < 0) {
+        /* a free block touching the top can be extended */
+        if (a->n > 0 && a->free[a->n - 1].off + a->free[a->n - 1].size == a->top) {
+            size_t off = a->free[a->n - 1].off;
+            a->n--;
+            a->top = off + size;
+            return off;
+        }
+        size_t off = a->top;
+        a->top += size;
+        return off;
+    }
+    size_t off = a->free[best].off;
+    a->free[best].off += size;
+    a->free[best].size -= size;
+    if (a->free[best].size == 0) {
+        memmove(&a->free[best], &a->free[best + 1], (size_t)(a->n - best - 1) * sizeof(block));
+        a->n--;
+    }
+    return off;
+}
+
+static int arena_free(arena *a, size_t off, size_t size) {
+    int i = 0;
+    while (i < a->n && a->free[i].off < off) i++;
+    if (a->n == a->cap) {
+        int c = a->cap ? a->cap * 2 : 64;
+        block *nb = realloc(a->free, (size_t)c * sizeof *nb);
+        if (!nb) return keel_fail("out of memory in the memory plan");
+        a->free = nb;
+        a->cap = c;
+    }
+    memmove(&a->free[i + 1], &a->free[i], (size_t)(a->n - i) * sizeof(block));
+    a->free[i] = (block){off, size};
+    a->n++;
+    /* merge with the next, then the previous */
+    if (i + 1 < a->n && a->free[i].off + a->free[i].size == a->free[i + 1].off) {
+        a->free[i].size += a->free[i + 1].size;
+        memmove(&a->free[i + 1], &a->free[i + 2], (size_t)(a->n - i - 2) * sizeof(block));
+        a->n--;
+    }
+    if (i > 0 && a->free[i - 1].off + a->free[i - 1].size == a->free[i].off) {
+        a->free[i - 1].size += a->free[i].size;
+        memmove(&a->free[i], &a->free[i + 1], (size_t)(a->n - i - 1) * sizeof(block));
+        a->n--;
+    }
+    return 0;
+}
+
+static bool is_root(const keel_tensor *t) { return t->view_src == NULL; }
+
+keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
+    keel_plan_opts o = opts ? *opts : (keel_plan_opts){0};
+    int64_t n_ids = keel_ctx_count(g->ctx);
+    keel_plan *p = calloc(1, sizeof *p);
+    int64_t *last_use = malloc((size_t)n_ids * sizeof *last_use);
+    uint8_t *persist = calloc((size_t)n_ids, 1);
+    arena ar = {0};
+    if (!p || !last_use || !persist) goto oom;
+    p->offset = malloc((size_t)n_ids * sizeof *p->offset);
+    if (!p->offset) goto oom;
+    p->n_offset = n_ids;
+    p->guard_bytes = align_up(o.guard_bytes);
+    for (int64_t i = 0; i < n_ids; i++) p->offset[i] = SIZE_MAX, last_use[i] = -1;
+
+    /* Persistent roots: leaves, and the roots of anything flagged to survive the run. */
+    for (int64_t i = 0; i < g->n_leafs; i++) persist[g->leafs[i]->id] = 1;
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        keel_tensor *t = g->nodes[i];
+        if (t->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_PARAM | KEEL_FLAG_LOSS | KEEL_FLAG_INPUT))
+            persist[keel_root(t)->id] = 1;
+    }
+    /* Last use of each root: the last node that reads it or writes into it. */
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        keel_tensor *t = g->nodes[i];
+        int arity = keel_op_get(t->op)->arity;
+        for (int s = 0; s < arity; s++) last_use[keel_root(t->src[s])->id] = i;
+        last_use[keel_root(t)->id] = i;
+    }
+    size_t gb = p->guard_bytes;
+#define SIZE_OF(t) (align_up(keel_nbytes(t)) + 2 * gb)
+    for (int64_t i = 0; i < g->n_leafs; i++) {
+        keel_tensor *t = g->leafs[i];
+        p->offset[t->id] = arena_alloc(&ar, SIZE_OF(t)) + gb;
+        p->persistent_bytes += SIZE_OF(t);
+        p->n_roots++;
+    }
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        keel_tensor *t = g->nodes[i];
+        if (is_root(t) && persist[t->id]) {
+            p->offset[t->id] = arena_alloc(&ar, SIZE_OF(t)) + gb;
+            p->persistent_bytes += SIZE_OF(t);
+            p->n_roots++;
+        }
+    }
+    size_t base_top = ar.top;
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        keel_tensor *t = g->nodes[i];
+        if (is_root(t) && !persist[t->id]) {
+            p->offset[t->id] = arena_alloc(&ar, SIZE_OF(t)) + gb;
+            p->n_roots++;
+        }
+        if (ar.top - base_top > p->peak_activation_bytes) p->peak_activation_bytes = ar.top - base_top;
+        if (o.no_reuse) continue;
+        /* free what node i was the last to touch (its sources, and itself if nothing reads it) */
+        int arity = keel_op_get(t->op)->arity;
+        for (int s = -1; s < arity; s++) {
+            keel_tensor *r = keel_root(s < 0 ? t : t->src[s]);
+            if (persist[r->id] || last_use[r->id] != i || p->offset[r->id] == SIZE_MAX) continue;
+            last_use[r->id] = -2; /* freed once, even if it appears twice among the sources */
+            if (arena_free(&ar, p->offset[r->id] - gb, SIZE_OF(r))) goto fail;
+        }
+    }
+#undef SIZE_OF
+    p->total_bytes = ar.top;
+    free(ar.free);
+    free(last_use);
+    free(persist);
+    return p;
+oom:
+    keel_fail("out of memory making the memory plan");
+fail:
+    free(ar.free);
+    free(last_use);
+    free(persist);
+    keel_plan_free(p);
+    return NULL;
+}
+
+void keel_plan_free(keel_plan *p) {
+    if (!p) return;
+    free(p->offset);
+    free(p);
+}
+
+void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base) {
+    char *b = base;
+    for (int64_t i = 0; i < g->n_leafs; i++) g->leafs[i]->data = b + p->offset[g->leafs[i]->id];
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        keel_tensor *t = g->nodes[i];
+        if (is_root(t)) t->data = b + p->offset[t->id];
+    }
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        keel_tensor *t = g->nodes[i];
+        if (!is_root(t)) t->data = (char *)t->view_src->data + t->view_offs;
+    }
+}

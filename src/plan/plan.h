@@ -1,0 +1,31 @@
+/* keel: the memory plan. One plan serves every backend: it places each root tensor (a tensor that
+ * owns bytes) at an offset in one arena, reusing the space of activations after their last use.
+ * Views and in-place results take their root's bytes. Every placement is 256-byte aligned. */
+#ifndef KEEL_PLAN_H
+#define KEEL_PLAN_H
+
+#include "graph/graph.h"
+
+#define KEEL_ALIGN 256
+
+typedef struct {
+    size_t guard_bytes; /* extra bytes before and after every tensor (tests fill and check them) */
+    int no_reuse;       /* never reuse freed space (debugging) */
+} keel_plan_opts;
+
+typedef struct {
+    size_t *offset;          /* by tensor id: arena offset of a root, SIZE_MAX when not placed */
+    int64_t n_offset;
+    size_t total_bytes;      /* arena size: the planned peak */
+    size_t persistent_bytes; /* leaves and outputs (parameters, gradients, optimizer state, inputs) */
+    size_t peak_activation_bytes;
+    size_t guard_bytes;
+    int64_t n_roots;
+} keel_plan;
+
+keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts);
+void keel_plan_free(keel_plan *p);
+/* Set t->data for every tensor of the graph from the arena's base address. */
+void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base);
+
+#endif

@@ -1,0 +1,445 @@
+/* keel: the op test cases: shape families for every op of the table. Rows of 1, 31, 1024, 1025,
+ * 4096 and 4097 elements, more than 65535 rows, transposed, permuted and strided (offset) views. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/ops.h"
+#include "testops/testops.h"
+
+typedef struct {
+    op_case *v;
+    int n, cap;
+} case_list;
+
+static const int64_t WIDTHS[] = {1, 31, 1024, 1025, 4096, 4097};
+#define N_WIDTHS (int)(sizeof WIDTHS / sizeof WIDTHS[0])
+
+static op_case *C(case_list *l, int op) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 256;
+        l->v = realloc(l->v, (size_t)l->cap * sizeof *l->v);
+    }
+    op_case *c = &l->v[l->n++];
+    memset(c, 0, sizeof *c);
+    c->op = op;
+    return c;
+}
+
+static case_input *I(op_case *c, keel_type t, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
+    case_input *in = &c->in[c->n_in++];
+    memset(in, 0, sizeof *in);
+    in->type = t;
+    in->ne[0] = n0, in->ne[1] = n1, in->ne[2] = n2, in->ne[3] = n3;
+    return in;
+}
+
+static case_input *IDX(op_case *c, int64_t n0, int64_t n1, int64_t max) {
+    case_input *in = I(c, KEEL_I32, n0, n1, 1, 1);
+    in->dom = DOM_INDEX;
+    in->index_max = max;
+    return in;
+}
+
+static void P(op_case *c, int n_ip, const int64_t *ip, int n_fp, const double *fp) {
+    c->n_ip = n_ip;
+    c->n_fp = n_fp;
+    for (int i = 0; i < n_ip; i++) c->ip[i] = ip[i];
+    for (int i = 0; i < n_fp; i++) c->fp[i] = fp[i];
+}
+
+/* Unary and binary elementwise-style ops over the common families. */
+static void rows_family(case_list *l, int op, int n_in, case_domain dom, const int64_t *ip, int n_ip, const double *fp,
+                        int n_fp) {
+    for (int w = 0; w < N_WIDTHS; w++) {
+        op_case *c = C(l, op);
+        for (int i = 0; i < n_in; i++) I(c, KEEL_F32, WIDTHS[w], 3, 1, 1)->dom = dom;
+        P(c, n_ip, ip, n_fp, fp);
+    }
+    op_case *c = C(l, op); /* more than 65535 rows */
+    for (int i = 0; i < n_in; i++) I(c, KEEL_F32, 2, 65537, 1, 1)->dom = dom;
+    P(c, n_ip, ip, n_fp, fp);
+    static const case_view views[] = {VIEW_TRANSPOSED, VIEW_PERMUTED, VIEW_STRIDED};
+    static const int64_t shapes[][4] = {{33, 17, 1, 1}, {5, 7, 3, 2}, {31, 5, 2, 1}};
+    for (int v = 0; v < 3; v++) {
+        c = C(l, op);
+        for (int i = 0; i < n_in; i++) {
+            case_input *in = I(c, KEEL_F32, shapes[v][0], shapes[v][1], shapes[v][2], shapes[v][3]);
+            in->dom = dom;
+            in->view = (i == 0 || v == 2) ? views[v] : VIEW_NONE;
+        }
+        P(c, n_ip, ip, n_fp, fp);
+    }
+}
+
+static void binary_family(case_list *l, int op) {
+    case_domain d2 = op == KEEL_OP_DIV ? DOM_POSITIVE : DOM_NORMAL;
+    rows_family(l, op, 2, DOM_NORMAL, NULL, 0, NULL, 0);
+    for (int i = l->n - 10; i < l->n; i++) l->v[i].in[1].dom = d2;
+    static const int64_t bshape[][4] = {{31, 1, 1, 1}, {1, 6, 1, 1}, {31, 3, 1, 1}, {1, 1, 2, 1}, {4097, 1, 1, 1}};
+    static const int64_t ashape[][4] = {{31, 6, 2, 1}, {31, 6, 2, 1}, {31, 6, 2, 1}, {31, 6, 2, 2}, {4097, 3, 1, 1}};
+    for (int s = 0; s < 5; s++) {
+        op_case *c = C(l, op);
+        I(c, KEEL_F32, ashape[s][0], ashape[s][1], ashape[s][2], ashape[s][3]);
+        I(c, KEEL_F32, bshape[s][0], bshape[s][1], bshape[s][2], bshape[s][3])->dom = d2;
+    }
+}
+
+static void window_family(case_list *l, int op) {
+    /* b covers rows 1.. of a: ACC(type=f32,ne_a=[W,17],ne_b=[W,16]) */
+    for (int w = 0; w < N_WIDTHS; w++) {
+        int64_t W = WIDTHS[w], R = W >= 4096 ? 17 : 5;
+        for (int inplace = 0; inplace < 2; inplace++) {
+            if (inplace && w % 2) continue;
+            op_case *c = C(l, op);
+            I(c, KEEL_F32, W, R, 1, 1);
+            I(c, KEEL_F32, W, R - 1, 1, 1);
+            P(c, 5, (int64_t[]){W, W * R, W * R, W, inplace}, 0, NULL);
+            c->ip_elems = 0xf;
+        }
+    }
+    op_case *c = C(l, op); /* more than 65535 rows */
+    I(c, KEEL_F32, 2, 65540, 1, 1);
+    I(c, KEEL_F32, 2, 65537, 1, 1);
+    P(c, 5, (int64_t[]){2, 2 * 65540, 2 * 65540, 2 * 2, 0}, 0, NULL);
+    c->ip_elems = 0xf;
+    /* a strided window (every other row, offset) with a transposed b */
+    c = C(l, op);
+    I(c, KEEL_F32, 64, 10, 2, 1);
+    I(c, KEEL_F32, 31, 4, 2, 1)->view = VIEW_TRANSPOSED;
+    P(c, 5, (int64_t[]){64 * 2, 64 * 10, 64 * 20, 3 + 64, 0}, 0, NULL);
+    c->ip_elems = 0xf;
+    c = C(l, op); /* wide strided window */
+    I(c, KEEL_F32, 4100, 6, 1, 1);
+    I(c, KEEL_F32, 4097, 3, 1, 1)->view = VIEW_STRIDED;
+    P(c, 5, (int64_t[]){4100 * 2, 4100 * 6, 4100 * 6, 4100 + 3, 0}, 0, NULL);
+    c->ip_elems = 0xf;
+}
+
+static void copy_family(case_list *l, int op) {
+    static const keel_type types[] = {KEEL_F32, KEEL_F16, KEEL_BF16};
+    for (int w = 0; w < N_WIDTHS; w++) {
+        for (int ty = 0; ty < 3; ty++) {
+            if (ty && w != 1 && w != 5) continue;
+            op_case *c = C(l, op);
+            I(c, types[ty], WIDTHS[w], 3, 1, 1)->view = w % 2 ? VIEW_TRANSPOSED : VIEW_NONE;
+            c->keep_types = ty != 0;
+            if (op == KEEL_OP_CPY) { /* f32 -> each type, into a contiguous or strided target */
+                c->in[0].type = KEEL_F32;
+                I(c, types[ty], WIDTHS[w], 3, 1, 1)->view = w == 5 ? VIEW_STRIDED : VIEW_NONE;
+                c->no_grad_mask = 2;
+            }
+        }
+    }
+    op_case *c = C(l, op);
+    I(c, KEEL_F32, 3, 65537, 1, 1);
+    if (op == KEEL_OP_CPY) I(c, KEEL_F32, 3, 65537, 1, 1), c->no_grad_mask = 2;
+    c = C(l, op);
+    I(c, KEEL_F32, 5, 7, 3, 2)->view = VIEW_PERMUTED;
+    if (op == KEEL_OP_CPY) I(c, KEEL_F32, 5, 7, 3, 2)->view = VIEW_TRANSPOSED, c->no_grad_mask = 2;
+    c = C(l, op);
+    I(c, KEEL_F32, 4097, 3, 2, 1)->view = VIEW_STRIDED;
+    if (op == KEEL_OP_CPY) I(c, KEEL_F32, 4097, 3, 2, 1), c->no_grad_mask = 2;
+    if (op == KEEL_OP_CPY) { /* bf16 and f16 sources, i32 copies */
+        c = C(l, op);
+        I(c, KEEL_BF16, 1025, 3, 1, 1);
+        I(c, KEEL_F32, 1025, 3, 1, 1);
+        c->keep_types = true, c->no_grad_mask = 3;
+        c = C(l, op);
+        I(c, KEEL_F16, 31, 3, 1, 1)->view = VIEW_TRANSPOSED;
+        I(c, KEEL_F32, 31, 3, 1, 1);
+        c->keep_types = true, c->no_grad_mask = 3;
+        c = C(l, op);
+        IDX(c, 4097, 2, 1000);
+        IDX(c, 4097, 2, 1000);
+        c->keep_types = true;
+    }
+}
+
+/* Composite, model-shaped: one projection of width 2*W split per head into [q | gate] views,
+ * each used differently downstream (q through RMS_NORM, gate through SIGMOID), W = 2048. */
+static keel_tensor *build_qgate(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    int64_t hd = c->ip[0], H = c->ip[1], T = c->in[0].ne[1];
+    int64_t es = (int64_t)keel_type_size(x[0]->type);
+    keel_tensor *q = keel_view_3d(ctx, x[0], hd, H, T, 2 * hd * es, 2 * hd * H * es, 0);
+    keel_tensor *gate = keel_view_3d(ctx, x[0], hd, H, T, 2 * hd * es, 2 * hd * H * es, hd * es);
+    keel_tensor *qn = keel_rms_norm(ctx, q, 1e-6);
+    return keel_mul(ctx, qn, keel_sigmoid(ctx, gate));
+}
+
+int keel_cases_all(op_case **out) {
+    case_list l = {0};
+    op_case *c;
+    for (int op = 1; op < KEEL_OP_COUNT; op++) {
+        switch (op) {
+        case KEEL_OP_VIEW: {
+            /* strided windows, including a view of a view, narrow and wide */
+            c = C(&l, op);
+            I(c, KEEL_F32, 31, 6, 1, 1);
+            P(c, 9, (int64_t[]){20, 3, 1, 1, 1, 31 * 2, 31 * 2 * 3, 31 * 2 * 3, 31 + 2}, 0, NULL);
+            c->ip_elems = 0x1f0;
+            c = C(&l, op);
+            I(c, KEEL_F32, 8194, 5, 1, 1);
+            P(c, 9, (int64_t[]){4097, 5, 1, 1, 1, 8194, 8194 * 5, 8194 * 5, 4097}, 0, NULL);
+            c->ip_elems = 0x1f0;
+            c = C(&l, op);
+            I(c, KEEL_F32, 4096, 3, 1, 1);
+            P(c, 9, (int64_t[]){4096, 2, 1, 1, 1, 4096, 4096 * 2, 4096 * 2, 4096}, 0, NULL);
+            c->ip_elems = 0x1f0;
+            c = C(&l, op);
+            I(c, KEEL_F32, 2 * 2048, 5, 1, 1);
+            P(c, 2, (int64_t[]){256, 8}, 0, NULL);
+            c->build = build_qgate;
+            c->name = "VIEW([q|gate] per-head interleave, W=2048)";
+            c = C(&l, op);
+            I(c, KEEL_F32, 2 * 64, 3, 1, 1);
+            P(c, 2, (int64_t[]){16, 4}, 0, NULL);
+            c->build = build_qgate;
+            c->name = "VIEW([q|gate] per-head interleave, W=64)";
+            break;
+        }
+        case KEEL_OP_RESHAPE:
+            c = C(&l, op);
+            I(&l.v[l.n - 1], KEEL_F32, 4097, 6, 1, 1);
+            P(c, 4, (int64_t[]){4097 * 2, 3, 1, 1}, 0, NULL);
+            c = C(&l, op);
+            I(c, KEEL_F32, 31, 4, 3, 1);
+            P(c, 4, (int64_t[]){4, 31, 3, 1}, 0, NULL);
+            break;
+        case KEEL_OP_PERMUTE:
+            c = C(&l, op);
+            I(c, KEEL_F32, 5, 7, 3, 2);
+            P(c, 4, (int64_t[]){2, 0, 3, 1}, 0, NULL);
+            c = C(&l, op);
+            I(c, KEEL_F32, 4097, 3, 2, 1);
+            P(c, 4, (int64_t[]){1, 0, 2, 3}, 0, NULL);
+            break;
+        case KEEL_OP_TRANSPOSE:
+            c = C(&l, op);
+            I(c, KEEL_F32, 31, 17, 2, 1);
+            c = C(&l, op);
+            I(c, KEEL_F32, 4097, 3, 1, 1);
+            break;
+        case KEEL_OP_CPY:
+        case KEEL_OP_CONT:
+        case KEEL_OP_DUP:
+            copy_family(&l, op);
+            break;
+        case KEEL_OP_GET_ROWS:
+            for (int w = 0; w < N_WIDTHS; w++) {
+                c = C(&l, op);
+                I(c, KEEL_F32, WIDTHS[w], 11, 1, 1);
+                IDX(c, 7, 2, 11);
+            }
+            c = C(&l, op);
+            I(c, KEEL_F32, 2, 70000, 1, 1);
+            IDX(c, 65537, 1, 70000);
+            c = C(&l, op);
+            I(c, KEEL_BF16, 33, 9, 1, 1);
+            IDX(c, 5, 1, 9);
+            c->keep_types = true;
+            c = C(&l, op);
+            I(c, KEEL_F32, 31, 9, 1, 1)->view = VIEW_STRIDED;
+            IDX(c, 5, 1, 9);
+            break;
+        case KEEL_OP_GET_ROWS_BACK:
+            for (int w = 0; w < N_WIDTHS; w += 2) {
+                c = C(&l, op);
+                I(c, KEEL_F32, WIDTHS[w], 7, 2, 1);
+                IDX(c, 7, 2, 5);
+                P(c, 1, (int64_t[]){5}, 0, NULL);
+            }
+            c = C(&l, op);
+            I(c, KEEL_F32, 2, 65537, 1, 1);
+            IDX(c, 65537, 1, 70000);
+            P(c, 1, (int64_t[]){70000}, 0, NULL);
+            break;
+        case KEEL_OP_ACC:
+        case KEEL_OP_SET:
+            window_family(&l, op);
+            break;
+        case KEEL_OP_FILL:
+            for (int w = 0; w < N_WIDTHS; w++) {
+                c = C(&l, op);
+                P(c, 4, (int64_t[]){WIDTHS[w], 3, 1, 1}, 1, (double[]){-1.25});
+            }
+            c = C(&l, op);
+            P(c, 4, (int64_t[]){2, 65537, 1, 1}, 1, (double[]){0.5});
+            break;
+        case KEEL_OP_REPEAT:
+        case KEEL_OP_REPEAT_BACK: {
+            static const int64_t small[][4] = {{31, 1, 1, 1}, {1, 5, 1, 1}, {3, 2, 1, 1}, {4097, 1, 1, 1}, {2, 1, 1, 1}};
+            static const int64_t big[][4] = {{31, 4, 1, 1}, {31, 5, 1, 1}, {6, 4, 3, 2}, {4097, 3, 1, 1}, {2, 65537, 1, 1}};
+            for (int s = 0; s < 5; s++) {
+                c = C(&l, op);
+                const int64_t *in = op == KEEL_OP_REPEAT ? small[s] : big[s], *to = op == KEEL_OP_REPEAT ? big[s] : small[s];
+                I(c, KEEL_F32, in[0], in[1], in[2], in[3])->view = s == 2 ? VIEW_TRANSPOSED : VIEW_NONE;
+                P(c, 4, to, 0, NULL);
+            }
+            break;
+        }
+        case KEEL_OP_CONCAT:
+            for (int d = 0; d < 4; d++) {
+                c = C(&l, op);
+                int64_t a[4] = {5, 4, 3, 2}, b[4] = {5, 4, 3, 2};
+                b[d] = 2;
+                I(c, KEEL_F32, a[0], a[1], a[2], a[3])->view = d == 1 ? VIEW_PERMUTED : VIEW_NONE;
+                I(c, KEEL_F32, b[0], b[1], b[2], b[3]);
+                P(c, 1, (int64_t[]){d}, 0, NULL);
+            }
+            c = C(&l, op);
+            I(c, KEEL_F32, 4096, 3, 1, 1);
+            I(c, KEEL_F32, 1, 3, 1, 1);
+            P(c, 1, (int64_t[]){0}, 0, NULL);
+            break;
+        case KEEL_OP_ADD:
+        case KEEL_OP_SUB:
+        case KEEL_OP_MUL:
+        case KEEL_OP_DIV:
+            binary_family(&l, op);
+            break;
+        case KEEL_OP_SCALE:
+            rows_family(&l, op, 1, DOM_NORMAL, NULL, 0, (double[]){-1.5, 0.25}, 2);
+            break;
+        case KEEL_OP_SQRT:
+        case KEEL_OP_LOG:
+            rows_family(&l, op, 1, DOM_POSITIVE, NULL, 0, NULL, 0);
+            break;
+        case KEEL_OP_SQR:
+        case KEEL_OP_EXP:
+        case KEEL_OP_NEG:
+        case KEEL_OP_SILU:
+        case KEEL_OP_SIGMOID:
+        case KEEL_OP_SUM:
+        case KEEL_OP_SUM_ROWS:
+        case KEEL_OP_MEAN:
+        case KEEL_OP_SILU_BACK:
+            rows_family(&l, op, keel_op_get(op)->arity, DOM_NORMAL, NULL, 0, NULL, 0);
+            break;
+        case KEEL_OP_SOFTPLUS:
+            rows_family(&l, op, 1, DOM_NORMAL, NULL, 0, NULL, 0);
+            c = C(&l, op); /* both sides of torch's threshold (x > 20: x) */
+            I(c, KEEL_F32, 64, 2, 1, 1)->scale = 12.0;
+            break;
+        case KEEL_OP_RMS_NORM:
+        case KEEL_OP_L2_NORM:
+        case KEEL_OP_RMS_NORM_BACK:
+        case KEEL_OP_L2_NORM_BACK:
+            rows_family(&l, op, keel_op_get(op)->arity, DOM_NORMAL, NULL, 0, (double[]){1e-6}, 1);
+            break;
+        case KEEL_OP_SOFT_MAX:
+            rows_family(&l, op, 1, DOM_NORMAL, (int64_t[]){0}, 1, (double[]){0.7}, 1);
+            for (int w = 0; w < N_WIDTHS; w += 1) { /* causal: keys along dim 0, queries along dim 1 */
+                c = C(&l, op);
+                I(c, KEEL_F32, WIDTHS[w], WIDTHS[w] < 5 ? WIDTHS[w] : 5, 2, 1);
+                P(c, 1, (int64_t[]){1}, 1, (double[]){0.125});
+            }
+            c = C(&l, op);
+            I(c, KEEL_F32, 17, 17, 2, 1)->view = VIEW_TRANSPOSED;
+            P(c, 1, (int64_t[]){1}, 1, (double[]){1.0});
+            break;
+        case KEEL_OP_SOFT_MAX_BACK:
+            rows_family(&l, op, 2, DOM_NORMAL, NULL, 0, (double[]){0.7}, 1);
+            break;
+        case KEEL_OP_ROPE:
+        case KEEL_OP_ROPE_BACK: {
+            static const int64_t sh[][5] = {{32, 4, 7, 2, 32}, {256, 2, 5, 1, 64}, {4098, 1, 3, 1, 1024}, {4, 65537, 1, 1, 4}, {128, 2, 9, 1, 128}};
+            for (int s = 0; s < 5; s++) {
+                c = C(&l, op);
+                I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view = s == 4 ? VIEW_PERMUTED : VIEW_NONE;
+                IDX(c, sh[s][2], 1, s == 1 ? 20000 : 64);
+                P(c, 1, (int64_t[]){sh[s][4]}, 1, (double[]){s == 1 ? 1e7 : 10000.0});
+            }
+            break;
+        }
+        case KEEL_OP_MUL_MAT:
+        case KEEL_OP_OUT_PROD: {
+            /* a [K,M], b [K,N] (MUL_MAT); a [I,K], b [J,K] (OUT_PROD) */
+            static const int64_t mm[][8] = {
+                {1, 3, 1, 1, 1, 2, 1, 1},          {31, 5, 1, 1, 31, 3, 1, 1},   {1024, 7, 1, 1, 1024, 4, 1, 1},
+                {1025, 9, 1, 1, 1025, 3, 1, 1},   {4096, 3, 1, 1, 4096, 2, 1, 1}, {4097, 5, 1, 1, 4097, 3, 1, 1},
+                {300, 130, 1, 1, 300, 70, 1, 1}, {64, 96, 1, 1, 64, 80, 1, 1},   {16, 8, 2, 2, 16, 5, 6, 2},
+                {4, 3, 1, 1, 4, 65537, 1, 1},
+            };
+            for (int s = 0; s < 10; s++) {
+                c = C(&l, op);
+                const int64_t *x = mm[s];
+                if (op == KEEL_OP_MUL_MAT) {
+                    I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 7 ? VIEW_TRANSPOSED : VIEW_NONE;
+                    I(c, KEEL_F32, x[4], x[5], x[6], x[7])->view = s == 8 ? VIEW_PERMUTED : s == 1 ? VIEW_STRIDED : VIEW_NONE;
+                } else { /* same sizes, K moved to dim 1; groups of the broadcast case summed */
+                    I(c, KEEL_F32, x[1], x[0], x[6], x[7])->view = s == 7 ? VIEW_TRANSPOSED : VIEW_NONE;
+                    I(c, KEEL_F32, x[5], x[4], x[6], x[7])->view = s == 1 ? VIEW_STRIDED : VIEW_NONE;
+                    P(c, 2, (int64_t[]){x[2], x[3]}, 0, NULL);
+                }
+            }
+            break;
+        }
+        case KEEL_OP_CONV1D:
+        case KEEL_OP_CONV1D_BACK_INPUT:
+        case KEEL_OP_CONV1D_BACK_WEIGHT: {
+            static const int64_t sh[][3] = {{1, 5, 1}, {31, 9, 2}, {4097, 3, 1}, {8, 70, 2}, {3, 1, 1}};
+            for (int s = 0; s < 5; s++) {
+                c = C(&l, op);
+                I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], 1)->view = s == 3 ? VIEW_STRIDED : VIEW_NONE;
+                if (op == KEEL_OP_CONV1D_BACK_WEIGHT) {
+                    I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], 1);
+                    P(c, 1, (int64_t[]){4}, 0, NULL);
+                } else {
+                    I(c, KEEL_F32, 4, sh[s][0], 1, 1)->view = s == 1 ? VIEW_TRANSPOSED : VIEW_NONE;
+                }
+            }
+            break;
+        }
+        case KEEL_OP_GATED_DELTA_NET:
+        case KEEL_OP_GATED_DELTA_NET_BACK: {
+            /* Dk, Hk, T, B, Dv, Hv */
+            static const int64_t sh[][6] = {{4, 1, 5, 1, 3, 1}, {8, 2, 130, 2, 6, 4}, {16, 1, 65, 1, 16, 2}, {5, 2, 3, 1, 7, 2}};
+            for (int s = 0; s < 4; s++) {
+                const int64_t *x = sh[s];
+                c = C(&l, op);
+                case_input *q = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                case_input *k = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                q->scale = k->scale = 1.0 / (double)x[0];
+                q->view = s == 3 ? VIEW_PERMUTED : VIEW_NONE;
+                I(c, KEEL_F32, x[4], x[5], x[2], x[3])->view = s == 3 ? VIEW_STRIDED : VIEW_NONE;
+                I(c, KEEL_F32, x[5], x[2], x[3], 1)->dom = DOM_GATE;
+                I(c, KEEL_F32, x[5], x[2], x[3], 1)->dom = DOM_UNIT;
+                if (op == KEEL_OP_GATED_DELTA_NET_BACK) I(c, KEEL_F32, x[4], x[5], x[2], x[3]);
+            }
+            break;
+        }
+        case KEEL_OP_CROSS_ENTROPY_LOSS:
+        case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
+            for (int w = 1; w < N_WIDTHS; w++) {
+                c = C(&l, op);
+                I(c, KEEL_F32, WIDTHS[w], 3, 2, 1)->scale = 3.0;
+                IDX(c, 3, 2, WIDTHS[w]);
+                if (op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK) I(c, KEEL_F32, 1, 1, 1, 1)->dom = DOM_POSITIVE;
+            }
+            c = C(&l, op);
+            I(c, KEEL_F32, 3, 65537, 1, 1);
+            IDX(c, 65537, 1, 3);
+            if (op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK) I(c, KEEL_F32, 1, 1, 1, 1);
+            c = C(&l, op);
+            I(c, KEEL_F32, 33, 17, 1, 1)->view = VIEW_TRANSPOSED;
+            IDX(c, 17, 1, 33);
+            if (op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK) I(c, KEEL_F32, 1, 1, 1, 1);
+            break;
+        case KEEL_OP_ADAMW:
+            for (int w = 0; w < N_WIDTHS; w += 2) {
+                c = C(&l, op);
+                I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
+                I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
+                I(c, KEEL_F32, WIDTHS[w], 3, 1, 1)->scale = 0.1;
+                I(c, KEEL_F32, WIDTHS[w], 3, 1, 1)->dom = DOM_SMALL;
+                P(c, 1, (int64_t[]){3}, 5, (double[]){1e-3, 0.9, 0.999, 1e-8, 0.1});
+            }
+            break;
+        default:
+            break;
+        }
+    }
+    *out = l.v;
+    return l.n;
+}

@@ -1,0 +1,668 @@
+/* keel: the op test runner (see testops.h). The harness reads and writes tensor bytes itself
+ * (raw transfers plus its own host-side strided gather) so that the code under test, the copy
+ * path included, is never trusted to report on itself. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "autodiff/autodiff.h"
+#include "backend/backend.h"
+#include "ops/ops.h"
+#include "testops/testops.h"
+#include "util/error.h"
+
+#define GUARD_BYTES 256
+#define GUARD_BYTE 0xA5
+#define POISON_BYTE 0xFF /* NaN in every real type */
+#define DEFAULT_TOL 1e-7
+#define FD_REL_TOL 1e-6
+#define FD_FLOOR 1e-3 /* relative-error denominator floor, as a fraction of the tensor's largest |gradient| */
+#define FD_SAMPLES 64
+
+/* ---- values ---- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double uniform(uint64_t *s) { return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0); }
+static double normal(uint64_t *s) {
+    double u = uniform(s), v = uniform(s);
+    if (u < 1e-300) u = 1e-300;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* The value as stored in `type` (what both the oracle and the backend under test receive). */
+static double round_to(keel_type type, double v) {
+    switch (type) {
+    case KEEL_F32: return (float)v;
+    case KEEL_F16: return keel_f16_to_f32(keel_f32_to_f16((float)v));
+    case KEEL_BF16: return keel_bf16_to_f32(keel_f32_to_bf16((float)v));
+    case KEEL_I32: return (double)(int32_t)v;
+    default: return v;
+    }
+}
+
+static void leaf_shape(const case_input *in, int64_t ne[4]) {
+    memcpy(ne, in->ne, 4 * sizeof(int64_t));
+    switch (in->view) {
+    case VIEW_TRANSPOSED: ne[0] = in->ne[1], ne[1] = in->ne[0]; break;
+    case VIEW_PERMUTED: ne[0] = in->ne[1], ne[1] = in->ne[2], ne[2] = in->ne[0]; break;
+    case VIEW_STRIDED: ne[0] = in->ne[0] + 3, ne[1] = in->ne[1] + 1; break;
+    default: break;
+    }
+}
+
+static double *gen_values(const case_input *in, uint64_t seed, int64_t n) {
+    double *v = malloc((size_t)n * sizeof *v);
+    uint64_t s = seed;
+    double sc = in->scale ? in->scale : 1.0;
+    for (int64_t i = 0; i < n; i++) {
+        double x;
+        switch (in->dom) {
+        case DOM_POSITIVE: x = 0.5 + 1.5 * uniform(&s); break;
+        case DOM_INDEX: x = (double)(splitmix(&s) % (uint64_t)in->index_max); break;
+        case DOM_GATE: x = -0.01 - 1.5 * uniform(&s); break;
+        case DOM_UNIT: x = 0.05 + 0.9 * uniform(&s); break;
+        case DOM_SMALL: x = 1e-4 * uniform(&s); break;
+        default: x = normal(&s); break;
+        }
+        v[i] = round_to(in->type, in->dom == DOM_INDEX ? x : x * sc);
+    }
+    return v;
+}
+
+/* ---- host-side tensor access ---- */
+
+static double load(keel_type t, const unsigned char *p) {
+    switch (t) {
+    case KEEL_F32: { float f; memcpy(&f, p, 4); return f; }
+    case KEEL_F64: { double d; memcpy(&d, p, 8); return d; }
+    case KEEL_F16: { uint16_t h; memcpy(&h, p, 2); return keel_f16_to_f32(h); }
+    case KEEL_BF16: { uint16_t h; memcpy(&h, p, 2); return keel_bf16_to_f32(h); }
+    case KEEL_I32: { int32_t i; memcpy(&i, p, 4); return i; }
+    default: return NAN;
+    }
+}
+static void store(keel_type t, unsigned char *p, double v) {
+    switch (t) {
+    case KEEL_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
+    case KEEL_F64: memcpy(p, &v, 8); break;
+    case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
+    case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
+    case KEEL_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
+    default: break;
+    }
+}
+
+/* Whole tensor in flat order as f64, read with raw transfers and gathered here. */
+static double *host_read(keel_backend *be, const keel_tensor *t) {
+    size_t nb = keel_nbytes(t);
+    unsigned char *raw = malloc(nb);
+    int64_t n = keel_nelements(t);
+    double *out = malloc((size_t)n * sizeof *out);
+    if (!raw || !out || be->read(be, raw, t->data, nb)) { free(raw), free(out); return NULL; }
+    int64_t k = 0;
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+            for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
+                for (int64_t i0 = 0; i0 < t->ne[0]; i0++)
+                    out[k++] = load(t->type, raw + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
+    free(raw);
+    return out;
+}
+
+static int host_write_leaf(keel_backend *be, keel_tensor *leaf, const double *v) {
+    int64_t n = keel_nelements(leaf);
+    size_t es = keel_type_size(leaf->type);
+    unsigned char *raw = malloc((size_t)n * es);
+    if (!raw) return keel_fail("out of memory");
+    for (int64_t i = 0; i < n; i++) store(leaf->type, raw + i * es, v[i]);
+    int rc = be->write(be, leaf->data, raw, (size_t)n * es);
+    free(raw);
+    return rc;
+}
+
+/* ---- one instance of a case on one backend ---- */
+
+typedef struct {
+    keel_ctx *ctx;
+    keel_graph *g;
+    keel_session *s;
+    keel_tensor *out, *loss, *weights;
+    keel_tensor *leaf[CASE_MAX_IN];
+    double *val[CASE_MAX_IN], *wval;
+    int n_leaf;
+    int64_t width; /* widest row of any tensor of the forward graph */
+} inst;
+
+static void inst_free(inst *x) {
+    keel_session_free(x->s);
+    keel_graph_free(x->g);
+    keel_ctx_free(x->ctx);
+    for (int i = 0; i < CASE_MAX_IN; i++) free(x->val[i]);
+    free(x->wval);
+    memset(x, 0, sizeof *x);
+}
+
+static bool case_has_grad(const op_case *c) {
+    if (c->keep_types || c->op == KEEL_OP_FILL) return false;
+    if (c->build) return true;
+    return keel_op_get(c->op)->grad_srcs != 0;
+}
+
+static bool input_is_param(const op_case *c, int i) {
+    if (c->in[i].type == KEEL_I32 || (c->no_grad_mask >> i & 1)) return false;
+    return c->build || (keel_op_get(c->op)->grad_srcs >> i & 1);
+}
+
+static int inst_build(inst *x, keel_backend *be, const op_case *c, uint64_t seed, bool oracle, bool grad) {
+    memset(x, 0, sizeof *x);
+    x->ctx = keel_ctx_new();
+    keel_ctx *ctx = x->ctx;
+    keel_tensor *ins[CASE_MAX_IN];
+    for (int i = 0; i < c->n_in; i++) {
+        const case_input *in = &c->in[i];
+        keel_type ty = oracle && !c->keep_types && in->type != KEEL_I32 ? KEEL_F64 : in->type;
+        int64_t ne[4];
+        leaf_shape(in, ne);
+        keel_tensor *lf = keel_new(ctx, ty, 4, ne);
+        if (!lf) return -1;
+        keel_set_name(lf, "in%d", i);
+        lf->flags |= KEEL_FLAG_INPUT;
+        if (grad && input_is_param(c, i)) lf->flags |= KEEL_FLAG_PARAM;
+        x->leaf[i] = lf;
+        x->val[i] = gen_values(in, seed * 131 + (uint64_t)i, keel_nelements(lf));
+        switch (in->view) {
+        case VIEW_TRANSPOSED: ins[i] = keel_transpose(ctx, lf); break;
+        case VIEW_PERMUTED: ins[i] = keel_permute(ctx, lf, 1, 2, 0, 3); break;
+        case VIEW_STRIDED:
+            ins[i] = keel_view_4d(ctx, lf, in->ne[0], in->ne[1], in->ne[2], in->ne[3], lf->nb[1], lf->nb[2], lf->nb[3],
+                                  lf->nb[1] + 2 * lf->nb[0]);
+            break;
+        default: ins[i] = lf; break;
+        }
+        if (!ins[i]) return -1;
+    }
+    x->n_leaf = c->n_in;
+    if (c->build) {
+        x->out = c->build(ctx, c, ins);
+    } else if (c->op == KEEL_OP_FILL) {
+        x->out = keel_fill(ctx, oracle ? KEEL_F64 : KEEL_F32, c->ip, c->fp[0]);
+    } else {
+        int64_t ip[KEEL_MAX_IP];
+        int64_t es = c->n_in ? (int64_t)keel_type_size(ins[0]->type) : 4;
+        for (int i = 0; i < c->n_ip; i++) ip[i] = (c->ip_elems >> i & 1) ? c->ip[i] * es : c->ip[i];
+        x->out = keel_op_new(ctx, c->op, ins, c->n_in, ip, c->n_ip, c->fp, c->n_fp);
+    }
+    if (!x->out) return -1;
+    keel_tensor *outs[3] = {x->out, NULL, NULL};
+    int n_out = 1;
+    if (keel_op_get(c->op)->flags & OPF_SIDE_EFFECT) outs[n_out++] = ins[2], outs[n_out++] = ins[3];
+    if (grad) {
+        keel_type ty = x->out->type;
+        x->weights = keel_set_flags(keel_new(ctx, ty, 4, x->out->ne), KEEL_FLAG_INPUT);
+        case_input w = {.type = ty};
+        x->wval = gen_values(&w, seed * 131 + 99, keel_nelements(x->weights));
+        x->loss = keel_sum(ctx, keel_mul(ctx, x->out, x->weights));
+        if (!x->loss) return -1;
+        outs[0] = x->loss;
+        x->out->flags |= KEEL_FLAG_OUTPUT;
+    }
+    x->g = keel_graph_build(ctx, outs, n_out);
+    if (!x->g) return -1;
+    for (int64_t i = 0; i < x->g->n_nodes; i++)
+        if (x->g->nodes[i]->ne[0] > x->width) x->width = x->g->nodes[i]->ne[0];
+    for (int64_t i = 0; i < x->g->n_leafs; i++)
+        if (x->g->leafs[i]->ne[0] > x->width) x->width = x->g->leafs[i]->ne[0];
+    if (grad && keel_build_backward(x->g, x->loss)) return -1;
+    keel_plan_opts po = {.guard_bytes = GUARD_BYTES, .no_reuse = 1};
+    x->s = keel_session_new(be, x->g, &po);
+    return x->s ? 0 : -1;
+}
+
+/* Poison everything, lay guard bytes around every placed tensor, write the inputs. */
+static int inst_prepare(inst *x, keel_backend *be) {
+    keel_plan *p = x->s->plan;
+    if (be->fill_bytes(be, x->s->arena, POISON_BYTE, p->total_bytes)) return -1;
+    unsigned char guard[GUARD_BYTES];
+    memset(guard, GUARD_BYTE, sizeof guard);
+    for (int64_t id = 0; id < p->n_offset; id++) {
+        if (p->offset[id] == SIZE_MAX) continue;
+        keel_tensor *t = keel_ctx_tensor(x->ctx, id);
+        size_t sz = (keel_nbytes(t) + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
+        char *base = (char *)x->s->arena + p->offset[id];
+        if (be->write(be, base - GUARD_BYTES, guard, GUARD_BYTES)) return -1;
+        if (be->write(be, base + sz, guard, GUARD_BYTES)) return -1;
+    }
+    for (int i = 0; i < x->n_leaf; i++)
+        if (host_write_leaf(be, x->leaf[i], x->val[i])) return -1;
+    if (x->weights && host_write_leaf(be, x->weights, x->wval)) return -1;
+    return 0;
+}
+
+/* The name of the first tensor whose guard bytes were overwritten, or NULL. */
+static const char *inst_guards_broken(inst *x, keel_backend *be) {
+    keel_plan *p = x->s->plan;
+    unsigned char buf[GUARD_BYTES];
+    for (int64_t id = 0; id < p->n_offset; id++) {
+        if (p->offset[id] == SIZE_MAX) continue;
+        keel_tensor *t = keel_ctx_tensor(x->ctx, id);
+        size_t sz = (keel_nbytes(t) + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
+        char *base = (char *)x->s->arena + p->offset[id];
+        for (int side = 0; side < 2; side++) {
+            if (be->read(be, buf, side ? base + sz : base - GUARD_BYTES, GUARD_BYTES)) return "(read failed)";
+            for (int k = 0; k < GUARD_BYTES; k++)
+                if (buf[k] != GUARD_BYTE) return t->name;
+        }
+    }
+    return NULL;
+}
+
+/* ---- comparisons ---- */
+
+static double nmse(const double *x, const double *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(x[i]) && isfinite(ref[i])) return INFINITY;
+        double d = x[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+static int64_t first_diff(const double *x, const double *ref, int64_t n, double rel) {
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(x[i] - ref[i]);
+        if (!(d <= rel * fmax(1.0, fabs(ref[i])))) return i;
+    }
+    return -1;
+}
+
+/* ---- label ---- */
+
+static const char *view_name(case_view v) {
+    switch (v) {
+    case VIEW_TRANSPOSED: return "transposed";
+    case VIEW_PERMUTED: return "permuted";
+    case VIEW_STRIDED: return "strided";
+    default: return "";
+    }
+}
+
+static void make_label(op_case *c) {
+    if (c->name) {
+        snprintf(c->label, sizeof c->label, "%s", c->name);
+        return;
+    }
+    char *p = c->label;
+    size_t left = sizeof c->label;
+    int k = snprintf(p, left, "%s(type=", keel_op_get(c->op)->name);
+    p += k, left -= (size_t)k;
+    keel_type ty = c->n_in ? c->in[0].type : KEEL_F32;
+    if (c->op == KEEL_OP_CPY) k = snprintf(p, left, "%s->%s", keel_type_name(c->in[0].type), keel_type_name(c->in[1].type));
+    else k = snprintf(p, left, "%s", keel_type_name(ty));
+    p += k, left -= (size_t)k;
+    for (int i = 0; i < c->n_in; i++) {
+        char buf[64];
+        k = snprintf(p, left, ",ne_%c=%s", 'a' + i, keel_shape_str(c->in[i].ne, buf, sizeof buf));
+        p += k, left -= (size_t)k;
+        if (c->in[i].view) {
+            k = snprintf(p, left, ",%c=%s", 'a' + i, view_name(c->in[i].view));
+            p += k, left -= (size_t)k;
+        }
+    }
+    if (c->op == KEEL_OP_FILL) {
+        char buf[64];
+        k = snprintf(p, left, ",ne=%s", keel_shape_str(c->ip, buf, sizeof buf));
+        p += k, left -= (size_t)k;
+    }
+    if ((c->op == KEEL_OP_ACC || c->op == KEEL_OP_SET) && c->ip[4]) k = snprintf(p, left, ",inplace"), p += k, left -= (size_t)k;
+    if (c->op == KEEL_OP_SOFT_MAX && c->ip[0]) k = snprintf(p, left, ",causal"), p += k, left -= (size_t)k;
+    if (c->op == KEEL_OP_CONCAT) k = snprintf(p, left, ",dim=%lld", (long long)c->ip[0]), p += k, left -= (size_t)k;
+    snprintf(p, left, ")");
+}
+
+/* ---- the suite ---- */
+
+typedef struct {
+    int run, pass, fail, missing;
+} counts;
+
+typedef struct {
+    const keel_testops_opts *o;
+    keel_backend *ref;
+    keel_backend *be[4];
+    int n_be;
+    counts per_be[4];
+    counts per_op[KEEL_OP_COUNT][4];
+    bool present[KEEL_OP_COUNT][4];
+    int failures;
+    double worst_fd, worst_nmse[4];
+} suite;
+
+static bool listed(const char *list, const char *name) {
+    if (!list) return true;
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncasecmp(p, name, n) == 0) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
+
+/* Records an outcome; under an expected fault, a wide case must fail and a narrow one pass. */
+static void outcome(suite *S, int bi, int op, const char *label, int64_t width, bool ok, const char *detail) {
+    const keel_testops_opts *o = S->o;
+    bool faulted = o->expect_fault > 0 && strcmp(S->be[bi]->name, "ref") != 0;
+    bool expect_fail = faulted && width > o->expect_fault;
+    bool good = ok != expect_fail;
+    counts *pb = &S->per_be[bi], *po = &S->per_op[op][bi];
+    pb->run++, po->run++;
+    if (good) pb->pass++, po->pass++;
+    else pb->fail++, po->fail++, S->failures++;
+    const char *verdict = ok ? "OK" : "FAIL";
+    if (faulted)
+        printf("%s %s: %s (%s; row %lld %s fault limit %lld: %s)\n", label, S->be[bi]->name, verdict, detail,
+               (long long)width, width > o->expect_fault ? ">" : "<=", (long long)o->expect_fault,
+               good ? "as expected" : "UNEXPECTED");
+    else
+        printf("%s %s: %s (%s)\n", label, S->be[bi]->name, verdict, detail);
+}
+
+static int run_and_read(inst *x, keel_backend *be, double **out, double **side, char *err, size_t errn) {
+    if (inst_prepare(x, be) || keel_session_run(x->s, NULL, NULL)) {
+        snprintf(err, errn, "run failed: %s", keel_last_error());
+        return -1;
+    }
+    const char *broken = inst_guards_broken(x, be);
+    if (broken) {
+        snprintf(err, errn, "guard bytes around '%s' overwritten", broken);
+        return -1;
+    }
+    *out = host_read(be, x->out);
+    if (side) {
+        side[0] = side[1] = NULL;
+        if (keel_op_get(x->out->op)->flags & OPF_SIDE_EFFECT) {
+            side[0] = host_read(be, x->out->src[2]);
+            side[1] = host_read(be, x->out->src[3]);
+        }
+    }
+    return *out ? 0 : -1;
+}
+
+static void forward_case(suite *S, op_case *c, uint64_t seed) {
+    inst orc;
+    if (inst_build(&orc, S->ref, c, seed, true, false)) {
+        printf("%s ref(f64): HARNESS ERROR (%s)\n", c->label, keel_last_error());
+        S->failures++;
+        inst_free(&orc);
+        return;
+    }
+    double *ref_out = NULL, *ref_side[2] = {0};
+    char err[512];
+    if (run_and_read(&orc, S->ref, &ref_out, ref_side, err, sizeof err)) {
+        printf("%s ref(f64): ORACLE FAILED (%s)\n", c->label, err);
+        S->failures++;
+        inst_free(&orc);
+        return;
+    }
+    int64_t n = keel_nelements(orc.out);
+    for (int bi = 0; bi < S->n_be; bi++) {
+        keel_backend *be = S->be[bi];
+        inst x;
+        if (inst_build(&x, be, c, seed, false, false)) {
+            bool missing = strstr(keel_last_error(), "no kernel") != NULL;
+            if (missing) S->per_be[bi].missing++;
+            outcome(S, bi, c->op, c->label, orc.width, false, keel_last_error());
+            inst_free(&x);
+            continue;
+        }
+        S->present[c->op][bi] = true;
+        double *out = NULL, *side[2] = {0};
+        bool ok = run_and_read(&x, be, &out, side, err, sizeof err) == 0;
+        if (ok) {
+            double e = nmse(out, ref_out, n);
+            for (int k = 0; k < 2 && side[0]; k++) e = fmax(e, nmse(side[k], ref_side[k], keel_nelements(x.out)));
+            double tol = c->tol > 0 ? c->tol : DEFAULT_TOL;
+            ok = e <= tol;
+            if (ok && e > S->worst_nmse[bi]) S->worst_nmse[bi] = e;
+            if (ok) snprintf(err, sizeof err, "nmse=%.1e", e);
+            else snprintf(err, sizeof err, "nmse=%.3g > %.0e, first difference at flat index %lld", e, tol,
+                          (long long)first_diff(out, ref_out, n, 1e-3));
+            /* the cpu backend: bitwise identical with 1 and 2 threads */
+            if (ok && S->o->check_threads && strcmp(be->name, "cpu") == 0) {
+                double *out2 = NULL;
+                int saved = be->n_threads;
+                be->set_threads(be, saved == 1 ? 2 : 1);
+                char err2[512];
+                bool ok2 = run_and_read(&x, be, &out2, NULL, err2, sizeof err2) == 0;
+                be->set_threads(be, saved);
+                if (!ok2 || memcmp(out, out2, (size_t)n * sizeof(double)) != 0) {
+                    ok = false;
+                    snprintf(err, sizeof err, "1 and 2 threads give different bits");
+                } else {
+                    size_t len = strlen(err);
+                    snprintf(err + len, sizeof err - len, ", 1t==2t bitwise");
+                }
+                free(out2);
+            }
+        }
+        outcome(S, bi, c->op, c->label, orc.width, ok, err);
+        free(out), free(side[0]), free(side[1]);
+        inst_free(&x);
+    }
+    free(ref_out), free(ref_side[0]), free(ref_side[1]);
+    inst_free(&orc);
+}
+
+/* Reads the gradient of every parameter leaf. */
+static int read_grads(inst *x, keel_backend *be, double **g) {
+    for (int i = 0; i < x->n_leaf; i++) {
+        g[i] = NULL;
+        if (!(x->leaf[i]->flags & KEEL_FLAG_PARAM)) continue;
+        keel_tensor *gt = keel_graph_grad(x->g, x->leaf[i]);
+        if (!gt) return keel_fail("no gradient reached input %d", i);
+        g[i] = host_read(be, gt);
+        if (!g[i]) return -1;
+    }
+    return 0;
+}
+
+static void grad_case(suite *S, op_case *c, uint64_t seed) {
+    inst orc;
+    char err[512];
+    double *ga[CASE_MAX_IN] = {0};
+    /* Tier 1: analytic (ref, f64) against central differences (ref, f64). */
+    bool ok1 = inst_build(&orc, S->ref, c, seed, true, true) == 0;
+    if (!ok1) snprintf(err, sizeof err, "build: %s", keel_last_error());
+    if (ok1 && (inst_prepare(&orc, S->ref) || keel_session_run(orc.s, NULL, NULL) || read_grads(&orc, S->ref, ga))) {
+        ok1 = false;
+        snprintf(err, sizeof err, "run: %s", keel_last_error());
+    }
+    double worst = 0;
+    int64_t worst_at = -1;
+    int worst_in = -1;
+    for (int i = 0; i < c->n_in && ok1; i++) {
+        if (!ga[i]) continue;
+        keel_tensor *lf = orc.leaf[i];
+        int64_t n = keel_nelements(lf);
+        int64_t idx[FD_SAMPLES + 3];
+        int m = 0;
+        if (n <= FD_SAMPLES) {
+            for (int64_t j = 0; j < n; j++) idx[m++] = j;
+        } else { /* first and last element of the widest (first) row, the last element, random others */
+            idx[m++] = 0, idx[m++] = lf->ne[0] - 1, idx[m++] = n - 1;
+            uint64_t s = seed ^ 0x5eedull;
+            while (m < FD_SAMPLES) idx[m++] = (int64_t)(splitmix(&s) % (uint64_t)n);
+        }
+        /* Five-point central differences, h = 1e-3 max(1,|x|): truncation O(h^4), roundoff about
+         * 1e-16 |L| / h. Relative error per element, with the denominator floored at FD_FLOOR of the
+         * tensor's largest analytic |gradient| and at the differences' resolution 1e-6 max(1,|L|). */
+        double num[FD_SAMPLES + 3], gmax = 0, lmax = 1;
+        for (int64_t j = 0; j < n; j++) gmax = fmax(gmax, fabs(ga[i][j]));
+        static const double off[4] = {-2, -1, 1, 2}, wt[4] = {1, -8, 8, -1};
+        for (int j = 0; j < m && ok1; j++) {
+            double x0 = orc.val[i][idx[j]], h = 1e-3 * fmax(1.0, fabs(x0)), acc = 0;
+            for (int side = 0; side < 4 && ok1; side++) {
+                orc.val[i][idx[j]] = x0 + off[side] * h;
+                if (inst_prepare(&orc, S->ref) || S->ref->compute(S->ref, orc.g, 0, orc.g->n_forward, NULL, NULL)) {
+                    ok1 = false;
+                    snprintf(err, sizeof err, "fd run: %s", keel_last_error());
+                }
+                double *l = host_read(S->ref, orc.loss);
+                if (l) acc += wt[side] * l[0], lmax = fmax(lmax, fabs(l[0]));
+                free(l);
+            }
+            orc.val[i][idx[j]] = x0;
+            num[j] = acc / (12 * h);
+        }
+        for (int j = 0; j < m && ok1; j++) {
+            double a = ga[i][idx[j]], floor = fmax(FD_FLOOR * gmax, 1e-6 * lmax);
+            double e = fabs(a - num[j]) / fmax(fmax(fabs(a), fabs(num[j])), floor);
+            if (e > worst) worst = e, worst_at = idx[j], worst_in = i;
+            if (getenv("KEEL_FD_DEBUG") && e > 1e-6) fprintf(stderr, "fd: in%d[%lld] analytic %.17g numeric %.17g gmax %.3g\n", i, (long long)idx[j], a, num[j], gmax);
+        }
+    }
+    if (ok1) {
+        ok1 = worst <= FD_REL_TOL;
+        if (worst > S->worst_fd && ok1) S->worst_fd = worst;
+        if (ok1) snprintf(err, sizeof err, "analytic vs central differences: worst rel err %.1e", worst);
+        else snprintf(err, sizeof err, "analytic vs central differences: rel err %.3g at input %c flat index %lld", worst,
+                      'a' + worst_in, (long long)worst_at);
+    }
+    printf("%s grad ref(f64 vs finite differences): %s (%s)\n", c->label, ok1 ? "OK" : "FAIL", err);
+    if (!ok1) S->failures++;
+    /* Tier 2: each backend's backward graph against the ref backend's f64 one. */
+    for (int bi = 0; bi < S->n_be && ok1; bi++) {
+        keel_backend *be = S->be[bi];
+        inst x;
+        double *gb[CASE_MAX_IN] = {0};
+        bool ok = inst_build(&x, be, c, seed, false, true) == 0;
+        if (!ok) snprintf(err, sizeof err, "build: %s", keel_last_error());
+        else S->present[c->op][bi] = true;
+        if (ok) {
+            char e2[512];
+            double *dummy = NULL;
+            ok = run_and_read(&x, be, &dummy, NULL, e2, sizeof e2) == 0 && read_grads(&x, be, gb) == 0;
+            free(dummy);
+            if (!ok) snprintf(err, sizeof err, "%s", e2);
+        }
+        double worst_e = 0;
+        for (int i = 0; i < c->n_in && ok; i++) {
+            if (!ga[i] || !gb[i]) continue;
+            double e = nmse(gb[i], ga[i], keel_nelements(x.leaf[i]));
+            if (e > worst_e || isnan(e)) worst_e = isnan(e) ? INFINITY : e;
+        }
+        double tol = c->tol > 0 ? c->tol : DEFAULT_TOL;
+        if (ok) {
+            ok = worst_e <= tol;
+            snprintf(err, sizeof err, "gradient nmse=%.3g%s", worst_e, ok ? "" : " > tolerance");
+            if (ok && worst_e > S->worst_nmse[bi]) S->worst_nmse[bi] = worst_e;
+        }
+        if (ok && S->o->check_threads && strcmp(be->name, "cpu") == 0) {
+            double *g2[CASE_MAX_IN] = {0}, *dummy = NULL;
+            int saved = be->n_threads;
+            be->set_threads(be, saved == 1 ? 2 : 1);
+            char e2[512];
+            bool ok2 = run_and_read(&x, be, &dummy, NULL, e2, sizeof e2) == 0 && read_grads(&x, be, g2) == 0;
+            be->set_threads(be, saved);
+            for (int i = 0; i < c->n_in && ok2; i++)
+                if (gb[i] && memcmp(gb[i], g2[i], (size_t)keel_nelements(x.leaf[i]) * sizeof(double))) ok2 = false;
+            if (!ok2) ok = false, snprintf(err, sizeof err, "1 and 2 threads give different gradient bits");
+            else strncat(err, ", 1t==2t bitwise", sizeof err - strlen(err) - 1);
+            for (int i = 0; i < CASE_MAX_IN; i++) free(g2[i]);
+            free(dummy);
+        }
+        char label[400];
+        snprintf(label, sizeof label, "%s grad", c->label);
+        outcome(S, bi, c->op, label, orc.width, ok, err);
+        for (int i = 0; i < CASE_MAX_IN; i++) free(gb[i]);
+        inst_free(&x);
+    }
+    for (int i = 0; i < CASE_MAX_IN; i++) free(ga[i]);
+    inst_free(&orc);
+}
+
+int keel_test_ops(const keel_testops_opts *o) {
+    suite S = {.o = o};
+    S.ref = keel_backend_new("ref", 1);
+    const char *list = o->backends ? o->backends : keel_backend_list();
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *tok = strtok(buf, ","); tok && S.n_be < 4; tok = strtok(NULL, ",")) {
+        keel_backend *be = keel_backend_new(tok, 1);
+        if (!be) {
+            fprintf(stderr, "keel test-ops: %s\n", keel_last_error());
+            return -1;
+        }
+        S.be[S.n_be++] = be;
+    }
+    op_case *cases;
+    int n = keel_cases_all(&cases);
+    int n_sel = 0;
+    for (int i = 0; i < n; i++) {
+        op_case *c = &cases[i];
+        if (!listed(o->ops, keel_op_get(c->op)->name)) continue;
+        make_label(c);
+        n_sel++;
+        uint64_t seed = 1000003ull * (uint64_t)(i + 1);
+        if (o->grad) {
+            if (case_has_grad(c)) grad_case(&S, c, seed);
+        } else {
+            forward_case(&S, c, seed);
+        }
+        fflush(stdout);
+    }
+    /* coverage: op x backend */
+    printf("\n%s coverage (op x backend: %s, cases passed/run)\n", o->grad ? "gradient" : "forward",
+           o->grad ? "backward rule and backward graph" : "kernel present");
+    printf("%-26s", "op");
+    for (int b = 0; b < S.n_be; b++) printf(" %-18s", S.be[b]->name);
+    printf("\n");
+    for (int op = 1; op < KEEL_OP_COUNT; op++) {
+        const keel_op_info *info = keel_op_get(op);
+        if (!listed(o->ops, info->name)) continue;
+        printf("%-26s", info->name);
+        for (int b = 0; b < S.n_be; b++) {
+            counts *c = &S.per_op[op][b];
+            char cell[64];
+            if (o->grad && !info->grad_srcs) snprintf(cell, sizeof cell, "no gradient");
+            else if (info->flags & OPF_VIEW && !o->grad) snprintf(cell, sizeof cell, "view %d/%d", c->pass, c->run);
+            else if (c->run == 0) snprintf(cell, sizeof cell, "MISSING (no case)");
+            else snprintf(cell, sizeof cell, "%s %d/%d", S.present[op][b] ? (o->grad ? "rule" : "yes") : "MISSING", c->pass, c->run);
+            printf(" %-18s", cell);
+        }
+        if (o->grad && !info->grad_srcs) printf("  (%s)", info->nograd ? info->nograd : "?");
+        printf("\n");
+        if (!info->grad_srcs || !o->grad) {
+            /* every op has a kernel or is a view: a selected op with no case is a failure */
+            if (!o->grad) for (int b = 0; b < S.n_be; b++) if (S.per_op[op][b].run == 0) S.failures++;
+        } else {
+            if (!keel_grad_rule_of(op)) { printf("  %s: differentiable but no backward rule\n", info->name); S.failures++; }
+            for (int b = 0; b < S.n_be; b++) if (S.per_op[op][b].run == 0) S.failures++;
+        }
+        if (!info->grad_srcs && !info->nograd) { printf("  %s: no gradient and no reason given\n", info->name); S.failures++; }
+    }
+    printf("\n");
+    for (int b = 0; b < S.n_be; b++)
+        printf("%s: %d cases, %d as expected, %d not, %d without a kernel; worst passing nmse %.2e\n", S.be[b]->name,
+               S.per_be[b].run, S.per_be[b].pass, S.per_be[b].fail, S.per_be[b].missing, S.worst_nmse[b]);
+    if (o->grad) printf("worst passing relative error, analytic vs finite differences (ref, f64): %.2e\n", S.worst_fd);
+    if (n_sel == 0) {
+        printf("no case matched --op %s\n", o->ops ? o->ops : "");
+        S.failures++;
+    }
+    free(cases);
+    for (int b = 0; b < S.n_be; b++) keel_backend_free(S.be[b]);
+    keel_backend_free(S.ref);
+    return S.failures;
+}

@@ -1,0 +1,13 @@
+/* keel: the command-line tool's commands. Each returns the process exit status. */
+#ifndef KEEL_CLI_H
+#define KEEL_CLI_H
+
+int cmd_test_ops(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+int cmd_ops(int argc, char **argv);
+
+/* Parse a positive integer flag value; prints the error and returns -1 when it is not one. */
+long long cli_int(const char *flag, const char *value, long long min);
+
+#endif

@@ -1,0 +1,167 @@
+/* keel bench matmul: the cpu backend's float32 MUL_MAT, through a real graph run, next to OpenBLAS
+ * sgemm on the same operands in the same process, and next to this CPU's theoretical peak.
+ * OpenBLAS is loaded at run time (dlopen): it is a benchmark-only dependency. */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "backends/cpu/gemm.h"
+#include "cli.h"
+#include "ops/ops.h"
+#include "util/error.h"
+
+enum { CblasColMajor = 102, CblasNoTrans = 111, CblasTrans = 112 };
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double cpu_mhz(void) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[256];
+    double mhz = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "cpu MHz : %lf", &mhz) == 1) break;
+    if (f) fclose(f);
+    return mhz;
+}
+
+/* A kernel OpenBLAS has for this CPU, unless the user chose one. */
+static const char *choose_coretype(void) {
+    const char *set = getenv("OPENBLAS_CORETYPE");
+    if (set && *set) return set;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    const char *pick = NULL;
+    if (__builtin_cpu_supports("avx512f")) pick = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_is("amd")) pick = "Zen";
+    else if (__builtin_cpu_supports("avx2")) pick = "Haswell";
+    if (pick) setenv("OPENBLAS_CORETYPE", pick, 1);
+    return pick ? pick : "(OpenBLAS default)";
+#else
+    return "(OpenBLAS default)";
+#endif
+}
+
+static int bench_matmul(const long long *sizes, int n_sizes, int threads, int reps) {
+    const char *core = choose_coretype();
+    void *lib = dlopen("libopenblas.so.0", RTLD_NOW);
+    if (!lib) lib = dlopen("libopenblas.so", RTLD_NOW);
+    sgemm_fn sgemm = lib ? (sgemm_fn)dlsym(lib, "cblas_sgemm") : NULL;
+    void (*set_threads)(int) = lib ? (void (*)(int))dlsym(lib, "openblas_set_num_threads") : NULL;
+    char *(*corename)(void) = lib ? (char *(*)(void))dlsym(lib, "openblas_get_corename") : NULL;
+    if (set_threads) set_threads(threads);
+    double mhz = cpu_mhz(), peak = threads * mhz * 1e-3 * 32.0; /* AVX2: 2 FMA pipes x 8 floats x 2 flops */
+    printf("keel bench matmul: float32 C[M,N] = A[K,M]^T B[K,N], M=N=K, %d thread(s), median of %d runs\n", threads, reps);
+    printf("keel micro-kernel: %s\n", keel_cpu_gemm_kernel());
+    if (sgemm)
+        printf("peer: OpenBLAS cblas_sgemm, OPENBLAS_CORETYPE=%s, kernel in use: %s\n", core, corename ? corename() : "?");
+    else
+        printf("peer: OpenBLAS not found (install libopenblas0): %s\n", dlerror());
+    printf("peak: %d core(s) x %.2f GHz x 32 flop/cycle = %.1f GFLOP/s\n\n", threads, mhz * 1e-3, peak);
+    printf("%6s %12s %12s %10s %10s %12s\n", "size", "keel GF/s", "OpenBLAS", "keel/OB", "keel/peak", "max rel diff");
+    keel_backend *be = keel_backend_new("cpu", threads);
+    if (!be) { fprintf(stderr, "keel: %s\n", keel_last_error()); return 1; }
+    for (int s = 0; s < n_sizes; s++) {
+        int64_t n = sizes[s];
+        keel_ctx *ctx = keel_ctx_new();
+        keel_tensor *a = keel_set_flags(keel_new_2d(ctx, KEEL_F32, n, n), KEEL_FLAG_INPUT);
+        keel_tensor *b = keel_set_flags(keel_new_2d(ctx, KEEL_F32, n, n), KEEL_FLAG_INPUT);
+        keel_tensor *c = keel_mul_mat(ctx, a, b);
+        keel_graph *g = keel_graph_build(ctx, &c, 1);
+        keel_session *ses = g ? keel_session_new(be, g, NULL) : NULL;
+        if (!ses) { fprintf(stderr, "keel: %s\n", keel_last_error()); return 1; }
+        float *ha = malloc((size_t)(n * n) * 4), *hb = malloc((size_t)(n * n) * 4), *hc = malloc((size_t)(n * n) * 4),
+              *oc = malloc((size_t)(n * n) * 4);
+        uint64_t st = 42;
+        for (int64_t i = 0; i < n * n; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            ha[i] = (float)((double)(st >> 40) / 16777216.0 - 0.5);
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            hb[i] = (float)((double)(st >> 40) / 16777216.0 - 0.5);
+        }
+        keel_tensor_write(be, a, ha, KEEL_F32);
+        keel_tensor_write(be, b, hb, KEEL_F32);
+        double tk[16], to[16], flops = 2.0 * (double)n * (double)n * (double)n;
+        keel_session_run(ses, NULL, NULL); /* warm-up */
+        for (int r = 0; r < reps; r++) {
+            double t0 = now();
+            keel_session_run(ses, NULL, NULL);
+            tk[r] = now() - t0;
+        }
+        keel_tensor_read(be, c, hc, KEEL_F32);
+        double ob = 0, diff = NAN;
+        if (sgemm) {
+            sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f, oc, (int)n);
+            for (int r = 0; r < reps; r++) {
+                double t0 = now();
+                sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f, oc, (int)n);
+                to[r] = now() - t0;
+            }
+            qsort(to, (size_t)reps, sizeof(double), cmp_d);
+            ob = flops / to[reps / 2] * 1e-9;
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < n * n; i++) num += (double)(hc[i] - oc[i]) * (hc[i] - oc[i]), den += (double)oc[i] * oc[i];
+            diff = sqrt(num / den);
+        }
+        qsort(tk, (size_t)reps, sizeof(double), cmp_d);
+        double kg = flops / tk[reps / 2] * 1e-9;
+        printf("%6lld %12.1f %12.1f %10.2f %10.2f %12.1e\n", (long long)n, kg, ob, ob > 0 ? kg / ob : NAN, kg / peak, diff);
+        fflush(stdout);
+        free(ha), free(hb), free(hc), free(oc);
+        keel_session_free(ses);
+        keel_graph_free(g);
+        keel_ctx_free(ctx);
+    }
+    keel_backend_free(be);
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "matmul") != 0) {
+        fprintf(stderr, "usage: keel bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N]\n");
+        return 2;
+    }
+    long long sizes[16] = {512, 1024, 2048, 4096};
+    int n_sizes = 4, threads = 2, reps = 5;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--sizes") == 0 && v) {
+            n_sizes = 0;
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *t = strtok(buf, ","); t && n_sizes < 16; t = strtok(NULL, ",")) {
+                long long x = cli_int("--sizes", t, 1);
+                if (x < 0) return 2;
+                sizes[n_sizes++] = x;
+            }
+            i++;
+        } else if (strcmp(a, "--threads") == 0) {
+            long long x = cli_int(a, v, 1);
+            if (x < 0) return 2;
+            threads = (int)x;
+            i++;
+        } else if (strcmp(a, "--reps") == 0) {
+            long long x = cli_int(a, v, 1);
+            if (x < 0 || x > 16) { fprintf(stderr, "keel bench: --reps must be 1..16\n"); return 2; }
+            reps = (int)x;
+            i++;
+        } else {
+            fprintf(stderr, "keel bench matmul: unknown or incomplete option '%s'\n", a);
+            return 2;
+        }
+    }
+    return bench_matmul(sizes, n_sizes, threads, reps);
+}

@@ -1,0 +1,2 @@
+#include "cli.h"
+int cmd_demo(int argc, char **argv) { (void)argc; (void)argv; return 1; }
