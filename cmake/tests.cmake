@@ -1,1 +1,36 @@
+# keel's CPU tests. Labels: unit (cmocka), ops (forward op suite), grad (gradient tiers),
+# fault (the known-positive runs), sanitize (what the ASan/UBSan build runs again).
+find_path(CMOCKA_INCLUDE_DIR cmocka.h)
+find_library(CMOCKA_LIBRARY cmocka)
+if(NOT CMOCKA_INCLUDE_DIR OR NOT CMOCKA_LIBRARY)
+  message(FATAL_ERROR "cmocka not found: run scripts/setup-deps.sh (Debian package libcmocka-dev)")
+endif()
 
+foreach(t tensor plan graph autodiff threadpool)
+  add_executable(test_${t} tests/unit/test_${t}.c)
+  target_include_directories(test_${t} PRIVATE ${CMOCKA_INCLUDE_DIR})
+  target_link_libraries(test_${t} PRIVATE keelcore ${CMOCKA_LIBRARY})
+  add_test(NAME unit_${t} COMMAND test_${t})
+  set_tests_properties(unit_${t} PROPERTIES LABELS "unit;sanitize")
+endforeach()
+
+# Forward op suite: every op, ref and cpu, against the float64 reference.
+add_test(NAME ops_forward COMMAND keel test-ops)
+set_tests_properties(ops_forward PROPERTIES LABELS "ops;sanitize")
+
+# Gradient tiers: finite differences on ref, then cpu's backward graph against ref's.
+add_test(NAME ops_grad COMMAND keel test-ops --grad)
+set_tests_properties(ops_grad PROPERTIES LABELS "grad")
+
+# Known-positive: the row-limited copy must be caught (wide cases FAIL, narrow pass).
+add_test(NAME fault_copy_row_limit COMMAND keel test-ops --backend cpu --op ACC,SET,CPY,CONT --expect-fault 1024)
+set_tests_properties(fault_copy_row_limit PROPERTIES LABELS "fault" ENVIRONMENT "KEEL_FAULT=copy-row-limit:1024")
+add_test(NAME fault_copy_row_limit_grad COMMAND keel test-ops --grad --backend cpu --op ACC,SET,VIEW --expect-fault 1024)
+set_tests_properties(fault_copy_row_limit_grad PROPERTIES LABELS "fault" ENVIRONMENT "KEEL_FAULT=copy-row-limit:1024")
+# ... and the suite itself notices when a faulted run is not caught: without the fault, claiming
+# one must fail (the wide cases pass, which --expect-fault counts as unexpected).
+add_test(NAME fault_expectation_bites COMMAND keel test-ops --backend cpu --op CONT --expect-fault 1024)
+set_tests_properties(fault_expectation_bites PROPERTIES LABELS "fault" WILL_FAIL TRUE)
+
+add_test(NAME cli_bad_flag COMMAND keel test-ops --no-such-flag)
+set_tests_properties(cli_bad_flag PROPERTIES LABELS "unit" WILL_FAIL TRUE)

@@ -219,6 +219,7 @@ static int inst_build(inst *x, keel_backend *be, const op_case *c, uint64_t seed
         if (x->g->nodes[i]->ne[0] > x->width) x->width = x->g->nodes[i]->ne[0];
     for (int64_t i = 0; i < x->g->n_leafs; i++)
         if (x->g->leafs[i]->ne[0] > x->width) x->width = x->g->leafs[i]->ne[0];
+    if (c->width) x->width = c->width;
     if (grad && keel_build_backward(x->g, x->loss)) return -1;
     keel_plan_opts po = {.guard_bytes = GUARD_BYTES, .no_reuse = 1};
     x->s = keel_session_new(be, x->g, &po);

@@ -41,7 +41,8 @@ struct op_case {
     int no_grad_mask;     /* inputs never differentiated in this case */
     uint32_t ip_elems;    /* bit i: ip[i] counts elements; the harness turns it into bytes of the built type */
     double tol;           /* NMSE threshold for non-f64 results (0: the default 1e-7) */
-    int64_t width;        /* widest row the case copies: decides fault expectations */
+    int64_t width;        /* widest row the copy path moves, when not the widest row of the graph (composite cases):
+                             decides fault expectations */
     case_builder build;
     const char *name;     /* composite cases: their own label */
     char label[320];

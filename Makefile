@@ -1,0 +1,38 @@
+# keel: a thin wrapper over CMake. The two commands a new user runs:
+#   make demo    install what is missing, build, train a small model on the CPU
+#   make check   install what is missing, build, run every CPU test (ends with "N passed, N failed")
+JOBS ?= 2
+BUILD ?= build
+
+.PHONY: all deps build build-asan demo check bench cuda clean
+
+all: build
+
+deps:
+	@scripts/setup-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+build-asan: deps
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=ON >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+
+demo: build
+	./$(BUILD)/keel demo
+
+check: build build-asan
+	@scripts/run-checks.sh
+
+bench: build
+	@scripts/setup-deps.sh libopenblas0
+	./$(BUILD)/keel bench matmul
+
+cuda: deps
+	@command -v nvcc >/dev/null || { echo "make cuda: nvcc not found (install the CUDA toolkit)"; exit 1; }
+	@cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON >/dev/null
+	@cmake --build build-cuda -j $(JOBS)
+
+clean:
+	rm -rf build build-asan build-cuda

@@ -1,0 +1,193 @@
+#include "model/qwen35.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/ops.h"
+#include "util/error.h"
+
+int keel_qwen35_config_check(const keel_qwen35_config *c) {
+#define POS(f) if (c->f <= 0) return keel_fail("config: %s must be positive (got %lld)", #f, (long long)c->f)
+    POS(vocab); POS(hidden); POS(layers); POS(ffn); POS(heads); POS(kv_heads); POS(head_dim);
+    POS(lk_heads); POS(lv_heads); POS(lk_dim); POS(lv_dim); POS(conv_kernel);
+#undef POS
+    if (c->layers > KEEL_QWEN35_MAX_LAYERS) return keel_fail("config: %lld layers (keel supports up to %d)", (long long)c->layers, KEEL_QWEN35_MAX_LAYERS);
+    if (c->heads % c->kv_heads) return keel_fail("config: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", (long long)c->heads, (long long)c->kv_heads);
+    if (c->lv_heads % c->lk_heads) return keel_fail("config: linear_num_value_heads %lld is not a multiple of linear_num_key_heads %lld", (long long)c->lv_heads, (long long)c->lk_heads);
+    int64_t rot = (int64_t)(c->partial_rotary * (double)c->head_dim);
+    if (c->partial_rotary <= 0 || c->partial_rotary > 1 || rot % 2 || rot <= 0)
+        return keel_fail("config: partial_rotary_factor %g gives %lld rotary dims of head_dim %lld (need an even count > 0)", c->partial_rotary, (long long)rot, (long long)c->head_dim);
+    if (!(c->rope_theta > 0)) return keel_fail("config: rope_theta must be positive");
+    if (!(c->rms_eps > 0)) return keel_fail("config: rms_norm_eps must be positive");
+    return 0;
+}
+
+static keel_tensor *param(keel_qwen35 *m, keel_ctx *ctx, keel_type type, int64_t n0, int64_t n1, const char *fmt, int layer,
+                          const char *leaf) {
+    keel_tensor *t = n1 > 1 ? keel_new_2d(ctx, type, n0, n1) : keel_new_1d(ctx, type, n0);
+    if (!t) return NULL;
+    char name[KEEL_NAME_MAX];
+    snprintf(name, sizeof name, fmt, layer, leaf);
+    keel_set_name(t, "%s", name);
+    t->flags |= KEEL_FLAG_PARAM;
+    m->params[m->n_params++] = t;
+    return t;
+}
+
+keel_qwen35 *keel_qwen35_new(keel_ctx *ctx, const keel_qwen35_config *c, keel_type type) {
+    if (keel_qwen35_config_check(c)) return NULL;
+    keel_qwen35 *m = calloc(1, sizeof *m);
+    if (!m) { keel_fail("out of memory"); return NULL; }
+    m->cfg = *c;
+    m->params = calloc((size_t)(c->layers * 16 + 4), sizeof *m->params);
+    if (!m->params) { free(m); keel_fail("out of memory"); return NULL; }
+    int64_t D = c->hidden, kd = c->lk_heads * c->lk_dim, vd = c->lv_heads * c->lv_dim;
+    m->embed = param(m, ctx, type, D, c->vocab, "model.embed_tokens.weight%.0d%s", 0, "");
+    for (int i = 0; i < c->layers; i++) {
+        keel_qwen35_layer *L = &m->layer[i];
+        const char *f = "model.layers.%d.%s";
+        L->in_norm = param(m, ctx, type, D, 1, f, i, "input_layernorm.weight");
+        if (c->full_attention[i]) {
+            L->q = param(m, ctx, type, D, 2 * c->heads * c->head_dim, f, i, "self_attn.q_proj.weight");
+            L->k = param(m, ctx, type, D, c->kv_heads * c->head_dim, f, i, "self_attn.k_proj.weight");
+            L->v = param(m, ctx, type, D, c->kv_heads * c->head_dim, f, i, "self_attn.v_proj.weight");
+            L->o = param(m, ctx, type, c->heads * c->head_dim, D, f, i, "self_attn.o_proj.weight");
+            L->q_norm = param(m, ctx, type, c->head_dim, 1, f, i, "self_attn.q_norm.weight");
+            L->k_norm = param(m, ctx, type, c->head_dim, 1, f, i, "self_attn.k_norm.weight");
+        } else {
+            L->qkv = param(m, ctx, type, D, 2 * kd + vd, f, i, "linear_attn.in_proj_qkv.weight");
+            L->z = param(m, ctx, type, D, vd, f, i, "linear_attn.in_proj_z.weight");
+            L->b = param(m, ctx, type, D, c->lv_heads, f, i, "linear_attn.in_proj_b.weight");
+            L->a = param(m, ctx, type, D, c->lv_heads, f, i, "linear_attn.in_proj_a.weight");
+            /* checkpoint shape [C, 1, K]: ne [K, 1, C], kept here as [K, C] */
+            L->conv = param(m, ctx, type, c->conv_kernel, 2 * kd + vd, f, i, "linear_attn.conv1d.weight");
+            L->A_log = param(m, ctx, type, c->lv_heads, 1, f, i, "linear_attn.A_log");
+            L->dt_bias = param(m, ctx, type, c->lv_heads, 1, f, i, "linear_attn.dt_bias");
+            L->norm = param(m, ctx, type, c->lv_dim, 1, f, i, "linear_attn.norm.weight");
+            L->out = param(m, ctx, type, vd, D, f, i, "linear_attn.out_proj.weight");
+        }
+        L->post_norm = param(m, ctx, type, D, 1, f, i, "post_attention_layernorm.weight");
+        L->gate = param(m, ctx, type, D, c->ffn, f, i, "mlp.gate_proj.weight");
+        L->up = param(m, ctx, type, D, c->ffn, f, i, "mlp.up_proj.weight");
+        L->down = param(m, ctx, type, c->ffn, D, f, i, "mlp.down_proj.weight");
+    }
+    m->final_norm = param(m, ctx, type, D, 1, "model.norm.weight%.0d%s", 0, "");
+    m->lm_head = c->tied ? m->embed : param(m, ctx, type, D, c->vocab, "lm_head.weight%.0d%s", 0, "");
+    for (int i = 0; i < m->n_params; i++)
+        if (!m->params[i]) { keel_qwen35_free(m); return NULL; }
+    return m;
+}
+
+void keel_qwen35_free(keel_qwen35 *m) {
+    if (!m) return;
+    free(m->params);
+    free(m);
+}
+
+/* x * rsqrt(mean(x^2) + eps) * (1 + w) */
+static keel_tensor *norm1p(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps) {
+    return keel_mul(ctx, keel_rms_norm(ctx, x, eps), keel_scale(ctx, w, 1.0, 1.0));
+}
+
+static keel_tensor *linear(keel_ctx *ctx, keel_tensor *w, keel_tensor *x) { return keel_mul_mat(ctx, w, x); }
+
+static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L, keel_tensor *h,
+                                    keel_tensor *pos) {
+    int64_t hd = c->head_dim, H = c->heads, KV = c->kv_heads, T = h->ne[1], B = h->ne[2];
+    int64_t es = (int64_t)keel_type_size(h->type);
+    keel_tensor *qg = linear(ctx, L->q, h); /* per head [q | gate] */
+    keel_tensor *q = keel_view_4d(ctx, qg, hd, H, T, B, 2 * hd * es, 2 * hd * H * es, 2 * hd * H * T * es, 0);
+    keel_tensor *gate = keel_view_4d(ctx, qg, hd, H, T, B, 2 * hd * es, 2 * hd * H * es, 2 * hd * H * T * es, hd * es);
+    keel_tensor *k = keel_reshape_4d(ctx, linear(ctx, L->k, h), hd, KV, T, B);
+    keel_tensor *v = keel_reshape_4d(ctx, linear(ctx, L->v, h), hd, KV, T, B);
+    int64_t n_rot = (int64_t)(c->partial_rotary * (double)hd);
+    q = keel_rope(ctx, norm1p(ctx, q, L->q_norm, c->rms_eps), pos, n_rot, c->rope_theta);
+    k = keel_rope(ctx, norm1p(ctx, k, L->k_norm, c->rms_eps), pos, n_rot, c->rope_theta);
+    /* heads to dim 2: [hd, T, H, B]; scores [Tk, Tq, H, B]; query head h reads kv head h / (H/KV) */
+    keel_tensor *qp = keel_permute(ctx, q, 0, 2, 1, 3), *kp = keel_permute(ctx, k, 0, 2, 1, 3);
+    keel_tensor *p = keel_soft_max(ctx, keel_mul_mat(ctx, kp, qp), 1.0 / sqrt((double)hd), true);
+    keel_tensor *vt = keel_cont(ctx, keel_permute(ctx, v, 1, 2, 0, 3)); /* [T, hd, KV, B] */
+    keel_tensor *o = keel_mul_mat(ctx, vt, p);                          /* [hd, Tq, H, B] */
+    o = keel_cont(ctx, keel_permute(ctx, o, 0, 2, 1, 3));               /* [hd, H, T, B] */
+    o = keel_mul(ctx, o, keel_sigmoid(ctx, gate));
+    return linear(ctx, L->o, keel_reshape_3d(ctx, o, hd * H, T, B));
+}
+
+static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L, keel_tensor *h) {
+    int64_t Dk = c->lk_dim, Hk = c->lk_heads, Dv = c->lv_dim, Hv = c->lv_heads, T = h->ne[1], B = h->ne[2];
+    int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(h->type);
+    keel_tensor *mixed = keel_silu(ctx, keel_conv1d(ctx, linear(ctx, L->qkv, h), L->conv)); /* [C, T, B] */
+    keel_tensor *q = keel_view_4d(ctx, mixed, Dk, Hk, T, B, Dk * es, C * es, C * T * es, 0);
+    keel_tensor *k = keel_view_4d(ctx, mixed, Dk, Hk, T, B, Dk * es, C * es, C * T * es, kd * es);
+    keel_tensor *v = keel_view_4d(ctx, mixed, Dv, Hv, T, B, Dv * es, C * es, C * T * es, 2 * kd * es);
+    q = keel_scale(ctx, keel_l2_norm(ctx, q, 1e-6), 1.0 / sqrt((double)Dk), 0.0);
+    k = keel_l2_norm(ctx, k, 1e-6);
+    keel_tensor *beta = keel_sigmoid(ctx, linear(ctx, L->b, h)); /* [Hv, T, B] */
+    keel_tensor *g = keel_mul(ctx, keel_softplus(ctx, keel_add(ctx, linear(ctx, L->a, h), L->dt_bias)),
+                              keel_neg(ctx, keel_exp(ctx, L->A_log)));
+    keel_tensor *o = keel_gated_delta_net(ctx, q, k, v, g, beta); /* [Dv, Hv, T, B] */
+    keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, L->z, h), Dv, Hv, T, B);
+    o = keel_mul(ctx, keel_mul(ctx, keel_rms_norm(ctx, o, c->rms_eps), L->norm), keel_silu(ctx, z));
+    return linear(ctx, L->out, keel_reshape_3d(ctx, o, vd, T, B));
+}
+
+int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos, keel_tensor *targets,
+                        keel_qwen35_out *out) {
+    const keel_qwen35_config *c = &m->cfg;
+    memset(out, 0, sizeof *out);
+    keel_tensor *x = keel_get_rows(ctx, m->embed, ids); /* [D, T, B] */
+    out->hidden[0] = x;
+    for (int i = 0; i < c->layers; i++) {
+        const keel_qwen35_layer *L = &m->layer[i];
+        keel_tensor *h = norm1p(ctx, x, L->in_norm, c->rms_eps);
+        keel_tensor *mix = c->full_attention[i] ? gated_attention(ctx, c, L, h, pos) : gated_deltanet(ctx, c, L, h);
+        x = keel_add(ctx, x, mix);
+        keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps);
+        keel_tensor *mlp = linear(ctx, L->down, keel_mul(ctx, keel_silu(ctx, linear(ctx, L->gate, h2)), linear(ctx, L->up, h2)));
+        x = keel_add(ctx, x, mlp);
+        keel_set_name(x, "hidden.%d", i + 1);
+        out->hidden[i + 1] = x;
+    }
+    keel_tensor *xn = norm1p(ctx, x, m->final_norm, c->rms_eps);
+    out->logits = keel_set_name(keel_mul_mat(ctx, m->lm_head, xn), "logits");
+    if (targets) out->loss = keel_set_name(keel_cross_entropy_loss(ctx, out->logits, targets), "loss");
+    if (!out->logits || (targets && !out->loss)) return -1;
+    return 0;
+}
+
+static uint64_t mix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double unif(uint64_t *s) { return (double)(mix64(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed) {
+    double **v = calloc((size_t)m->n_params, sizeof *v);
+    if (!v) return NULL;
+    for (int i = 0; i < m->n_params; i++) {
+        const keel_tensor *p = m->params[i];
+        int64_t n = keel_nelements(p);
+        v[i] = malloc((size_t)n * sizeof(double));
+        if (!v[i]) { for (int j = 0; j < i; j++) free(v[j]); free(v); return NULL; }
+        uint64_t s = seed * 0x100000001b3ull + (uint64_t)i * 0x9e3779b97f4a7c15ull;
+        const char *nm = p->name;
+        bool norm1p_w = strstr(nm, "layernorm") || strstr(nm, "q_norm") || strstr(nm, "k_norm") || !strcmp(nm, "model.norm.weight");
+        for (int64_t j = 0; j < n; j++) {
+            double x;
+            if (norm1p_w) x = 0.0;
+            else if (strstr(nm, "linear_attn.norm.weight") || strstr(nm, "dt_bias")) x = 1.0;
+            else if (strstr(nm, "A_log")) x = log(1.0 + 15.0 * unif(&s));
+            else if (strstr(nm, "conv1d")) x = (2.0 * unif(&s) - 1.0) / sqrt((double)p->ne[0]);
+            else { /* normal(0, 0.02) by Box-Muller */
+                double a = unif(&s), b = unif(&s);
+                x = 0.02 * sqrt(-2.0 * log(a > 1e-300 ? a : 1e-300)) * cos(6.283185307179586 * b);
+            }
+            v[i][j] = x;
+        }
+    }
+    return v;
+}

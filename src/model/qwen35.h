@@ -1,0 +1,57 @@
+/* keel: the Qwen3.5 text model (DESIGN.md, "The model"): config -> parameters -> forward graph.
+ * Parameters are leaves flagged PARAM and named as in a text-layout Hugging Face checkpoint
+ * ("model.layers.3.self_attn.q_proj.weight"); shapes are the checkpoint's, reversed (dim 0 fastest). */
+#ifndef KEEL_QWEN35_H
+#define KEEL_QWEN35_H
+
+#include "tensor/tensor.h"
+
+#define KEEL_QWEN35_MAX_LAYERS 256
+
+typedef struct {
+    int64_t vocab, hidden, layers, ffn;
+    int64_t heads, kv_heads, head_dim;                 /* gated full attention */
+    int64_t lk_heads, lv_heads, lk_dim, lv_dim, conv_kernel; /* Gated DeltaNet */
+    double rope_theta, partial_rotary, rms_eps;
+    bool tied;
+    uint8_t full_attention[KEEL_QWEN35_MAX_LAYERS];    /* per layer: 1 gated attention, 0 DeltaNet */
+} keel_qwen35_config;
+
+typedef struct {
+    keel_tensor *in_norm, *post_norm, *gate, *up, *down;
+    /* gated attention */
+    keel_tensor *q, *k, *v, *o, *q_norm, *k_norm;
+    /* Gated DeltaNet */
+    keel_tensor *qkv, *z, *b, *a, *conv, *A_log, *dt_bias, *norm, *out;
+} keel_qwen35_layer;
+
+typedef struct {
+    keel_qwen35_config cfg;
+    keel_tensor *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
+    keel_qwen35_layer layer[KEEL_QWEN35_MAX_LAYERS];
+    keel_tensor **params; /* in checkpoint order */
+    int n_params;
+} keel_qwen35;
+
+/* Checks a config; -1 with a message naming the field. */
+int keel_qwen35_config_check(const keel_qwen35_config *c);
+/* Parameter leaves of the given type. NULL with an error. Free with keel_qwen35_free. */
+keel_qwen35 *keel_qwen35_new(keel_ctx *ctx, const keel_qwen35_config *c, keel_type type);
+void keel_qwen35_free(keel_qwen35 *m);
+
+typedef struct {
+    keel_tensor *logits;                          /* [V, T, B] */
+    keel_tensor *loss;                            /* [1], when targets were given */
+    keel_tensor *hidden[KEEL_QWEN35_MAX_LAYERS + 1]; /* hidden[0] embeddings, hidden[i] after layer i */
+} keel_qwen35_out;
+
+/* Forward graph for ids [T, B] (i32), positions [T] (i32), targets [T, B] (i32, or NULL). */
+int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos,
+                        keel_tensor *targets, keel_qwen35_out *out);
+
+/* Values for every parameter from a seed, shaped like transformers' initialisation (normal(0,
+ * 0.02) projections and embeddings, zero (1+w) norms, unit gated norm and dt_bias, A_log =
+ * log U(1,16), conv U(-1/sqrt(K), 1/sqrt(K))). vals[i] has keel_nelements(params[i]) values. */
+double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed);
+
+#endif

@@ -1,0 +1,78 @@
+#include "unit.h"
+
+/* The gradient through a VIEW is a real zero FILL plus an in-place ACC into the window; inf or NaN
+ * outside the window must not leak into the gradient (x*0 would turn inf into NaN). */
+static void view_gradient_is_fill_plus_acc(void **st) {
+    (void)st;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_tensor *x = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 8, 4), "x"), KEEL_FLAG_PARAM);
+    keel_tensor *v = keel_view_2d(ctx, x, 8, 2, x->nb[1], x->nb[1]); /* rows 1 and 2 */
+    keel_tensor *loss = keel_sum(ctx, keel_sqr(ctx, v));
+    keel_graph *g = keel_graph_build(ctx, &loss, 1);
+    assert_int_equal(keel_build_backward(g, loss), 0);
+    keel_tensor *gx = keel_graph_find(g, "grad.x");
+    assert_non_null(gx);
+    assert_ptr_equal(gx, keel_graph_grad(g, x));
+    assert_int_equal(gx->op, KEEL_OP_ACC);
+    assert_int_equal(gx->ip[4], 1); /* in place */
+    assert_int_equal(gx->src[0]->op, KEEL_OP_FILL);
+    double xv[32];
+    for (int i = 0; i < 32; i++) xv[i] = i < 8 || i >= 24 ? INFINITY : 0.5 * i;
+    double *vals[1] = {xv};
+    keel_tensor *leaves[1] = {x};
+    for (int b = 0; b < 2; b++) {
+        double *r = run_graph(b ? "ref" : "cpu", g, leaves, vals, 1, gx);
+        for (int i = 0; i < 32; i++) assert_true(r[i] == (i < 8 || i >= 24 ? 0.0 : 2 * xv[i]));
+        free(r);
+    }
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+}
+
+/* A tensor used several times sums its contributions: d/dx (x*x + x) = 2x + 1. */
+static void multiple_uses_sum(void **st) {
+    (void)st;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_tensor *x = keel_set_flags(keel_set_name(keel_new_1d(ctx, KEEL_F32, 5), "x"), KEEL_FLAG_PARAM);
+    keel_tensor *loss = keel_sum(ctx, keel_add(ctx, keel_mul(ctx, x, x), x));
+    keel_graph *g = keel_graph_build(ctx, &loss, 1);
+    assert_int_equal(keel_build_backward(g, loss), 0);
+    double xv[5] = {-2, -0.5, 0, 1.5, 3};
+    double *vals[1] = {xv};
+    keel_tensor *leaves[1] = {x};
+    double *r = run_graph("cpu", g, leaves, vals, 1, keel_graph_grad(g, x));
+    for (int i = 0; i < 5; i++) assert_true(r[i] == 2 * xv[i] + 1);
+    free(r);
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+}
+
+static void errors(void **st) {
+    (void)st;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_tensor *x = keel_new_1d(ctx, KEEL_F32, 5); /* not a parameter */
+    keel_tensor *loss = keel_sum(ctx, x);
+    keel_graph *g = keel_graph_build(ctx, &loss, 1);
+    assert_int_equal(keel_build_backward(g, loss), -1);
+    assert_non_null(strstr(keel_last_error(), "does not depend on any parameter"));
+    keel_graph_free(g);
+    /* a view of a non-contiguous tensor cannot take a window gradient: clear message */
+    keel_tensor *p = keel_set_flags(keel_new_2d(ctx, KEEL_F32, 4, 6), KEEL_FLAG_PARAM);
+    keel_tensor *tp = keel_transpose(ctx, p);
+    keel_tensor *v = keel_view_2d(ctx, tp, 2, 2, tp->nb[1], 0);
+    loss = keel_sum(ctx, keel_cont(ctx, v));
+    g = keel_graph_build(ctx, &loss, 1);
+    assert_int_equal(keel_build_backward(g, loss), -1);
+    assert_non_null(strstr(keel_last_error(), "non-contiguous"));
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(view_gradient_is_fill_plus_acc),
+        cmocka_unit_test(multiple_uses_sum),
+        cmocka_unit_test(errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
