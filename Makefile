@@ -20,6 +20,8 @@ build-asan: deps
 	@cmake --build build-asan -j $(JOBS)
 
 demo: build
+	@command -v npm >/dev/null || scripts/setup-deps.sh npm
+	@scripts/fetch-assets.sh
 	./$(BUILD)/keel demo
 
 check: build build-asan

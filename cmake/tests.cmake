@@ -34,3 +34,7 @@ set_tests_properties(fault_expectation_bites PROPERTIES LABELS "fault" WILL_FAIL
 
 add_test(NAME cli_bad_flag COMMAND keel test-ops --no-such-flag)
 set_tests_properties(cli_bad_flag PROPERTIES LABELS "unit" WILL_FAIL TRUE)
+
+# Whole-model gradient check: a Qwen3.5 layer pair, every parameter against finite differences.
+add_test(NAME model_layer_pair_grad COMMAND keel test-model)
+set_tests_properties(model_layer_pair_grad PROPERTIES LABELS "model;sanitize")

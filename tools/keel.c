@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  test-ops [--backend ref,cpu] [--op NAME,...] [--grad] [--expect-fault N]\n"
             "                 check every op (and with --grad, every gradient) against the float64 reference\n"
+            "  test-model     whole-model gradient check: a Qwen3.5 layer pair against finite differences\n"
             "  bench matmul [--sizes 512,1024,2048,4096] [--threads N]\n"
             "                 cpu float32 matrix product: GFLOP/s next to OpenBLAS and the CPU's peak\n"
             "  demo [--steps N] [--threads N] [--text FILE]\n"
@@ -59,6 +60,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "test-ops") == 0) return cmd_test_ops(argc - 1, argv + 1);
+    if (strcmp(cmd, "test-model") == 0) return cmd_test_model(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "demo") == 0) return cmd_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "ops") == 0) return cmd_ops(argc - 1, argv + 1);

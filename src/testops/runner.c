@@ -530,7 +530,6 @@ static void grad_case(suite *S, op_case *c, uint64_t seed) {
             double a = ga[i][idx[j]], floor = fmax(FD_FLOOR * gmax, 1e-6 * lmax);
             double e = fabs(a - num[j]) / fmax(fmax(fabs(a), fabs(num[j])), floor);
             if (e > worst) worst = e, worst_at = idx[j], worst_in = i;
-            if (getenv("KEEL_FD_DEBUG") && e > 1e-6) fprintf(stderr, "fd: in%d[%lld] analytic %.17g numeric %.17g gmax %.3g\n", i, (long long)idx[j], a, num[j], gmax);
         }
     }
     if (ok1) {
