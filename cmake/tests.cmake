@@ -38,3 +38,9 @@ set_tests_properties(cli_bad_flag PROPERTIES LABELS "unit" WILL_FAIL TRUE)
 # Whole-model gradient check: a Qwen3.5 layer pair, every parameter against finite differences.
 add_test(NAME model_layer_pair_grad COMMAND keel test-model)
 set_tests_properties(model_layer_pair_grad PROPERTIES LABELS "model;sanitize")
+
+# The model against transformers: both checkpoint layouts of the shared fixture, ref (f64) and cpu (f32).
+set(KEEL_FIXTURES "${CMAKE_SOURCE_DIR}/../shared/fixtures" CACHE PATH "the shared fixtures folder")
+add_test(NAME model_check_reference_ref COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --backend ref)
+add_test(NAME model_check_reference_cpu COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --backend cpu)
+set_tests_properties(model_check_reference_ref model_check_reference_cpu PROPERTIES LABELS "model;sanitize")

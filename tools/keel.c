@@ -15,6 +15,8 @@ static void usage(FILE *f) {
             "  test-ops [--backend ref,cpu] [--op NAME,...] [--grad] [--expect-fault N]\n"
             "                 check every op (and with --grad, every gradient) against the float64 reference\n"
             "  test-model     whole-model gradient check: a Qwen3.5 layer pair against finite differences\n"
+            "  check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR]\n"
+            "                 run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers\n"
             "  bench matmul [--sizes 512,1024,2048,4096] [--threads N]\n"
             "                 cpu float32 matrix product: GFLOP/s next to OpenBLAS and the CPU's peak\n"
             "  demo [--steps N] [--threads N] [--text FILE]\n"
@@ -61,6 +63,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "test-ops") == 0) return cmd_test_ops(argc - 1, argv + 1);
     if (strcmp(cmd, "test-model") == 0) return cmd_test_model(argc - 1, argv + 1);
+    if (strcmp(cmd, "check-reference") == 0) return cmd_check_reference(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "demo") == 0) return cmd_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "ops") == 0) return cmd_ops(argc - 1, argv + 1);

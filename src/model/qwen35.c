@@ -151,6 +151,7 @@ int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, k
         out->hidden[i + 1] = x;
     }
     keel_tensor *xn = norm1p(ctx, x, m->final_norm, c->rms_eps);
+    out->normed = xn;
     out->logits = keel_set_name(keel_mul_mat(ctx, m->lm_head, xn), "logits");
     if (targets) out->loss = keel_set_name(keel_cross_entropy_loss(ctx, out->logits, targets), "loss");
     if (!out->logits || (targets && !out->loss)) return -1;

@@ -43,6 +43,7 @@ typedef struct {
     keel_tensor *logits;                          /* [V, T, B] */
     keel_tensor *loss;                            /* [1], when targets were given */
     keel_tensor *hidden[KEEL_QWEN35_MAX_LAYERS + 1]; /* hidden[0] embeddings, hidden[i] after layer i */
+    keel_tensor *normed;                          /* after the final norm */
 } keel_qwen35_out;
 
 /* Forward graph for ids [T, B] (i32), positions [T] (i32), targets [T, B] (i32, or NULL). */

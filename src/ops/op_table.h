@@ -48,7 +48,7 @@
     X(L2_NORM_BACK, 2, OPF_BACKWARD, 0, "src0 x, src1 dy, fp0 eps")                                 \
     X(SOFT_MAX, 1, 0, 1, "fp0 scale, ip0 causal: softmax(scale*x [+ mask]) over dim 0")             \
     X(SOFT_MAX_BACK, 2, OPF_BACKWARD, 0, "src0 y, src1 dy, fp0 scale")                              \
-    X(ROPE, 2, 0, 1, "src0 [D,H,T,B], src1 i32 positions [T]; ip0 n_rot, fp0 theta (rotate-half)")  \
+    X(ROPE, 2, 0, 1, "src0 [D,H,T,B], src1 i32 positions [T]; ip0 n_rot, fp0 theta (rotate-half; float32 frequencies as transformers)")  \
     X(ROPE_BACK, 2, OPF_BACKWARD, 0, "src0 dy, src1 positions; ip0 n_rot, fp0 theta")               \
     X(SILU, 1, 0, 1, "")                                                                            \
     X(SILU_BACK, 2, OPF_BACKWARD, 0, "src0 x, src1 dy")                                             \

@@ -1,6 +1,7 @@
 #include "ops/ops.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -479,6 +480,11 @@ keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale, bool cau
 keel_tensor *keel_rope(keel_ctx *ctx, keel_tensor *a, keel_tensor *pos, int64_t n_rot, double theta) {
     return OP(KEEL_OP_ROPE, (a, pos), IPS(n_rot), 1, FPS(theta), 1);
 }
+double keel_rope_freq(double theta, int64_t n_rot, int64_t f) {
+    float e = (float)(2 * f) / (float)n_rot;
+    return (double)(1.0f / powf((float)theta, e));
+}
+
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w) {
     return OP(KEEL_OP_CONV1D, (x, w), NULL, 0, NULL, 0);
 }

@@ -80,6 +80,9 @@ keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps);
 keel_tensor *keel_l2_norm(keel_ctx *ctx, keel_tensor *a, double eps);
 keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale, bool causal);
 keel_tensor *keel_rope(keel_ctx *ctx, keel_tensor *a, keel_tensor *pos, int64_t n_rot, double theta);
+/* ROPE's frequency for pair f of n_rot rotary dims, as transformers computes it: in float32,
+ * 1 / theta^((2f)/n_rot). Part of the op's definition, shared by every backend. */
+double keel_rope_freq(double theta, int64_t n_rot, int64_t f);
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w);
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
                                   keel_tensor *beta);

@@ -167,7 +167,7 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
             memcpy(&pos, cpu_row(y, 0, 0, 0) + i2 * y->nb[0], 4);
             double dir = t->op == KEEL_OP_ROPE ? 1.0 : -1.0;
             for (int64_t f = 0; f < h; f++) {
-                double ang = (double)pos * pow(t->fp[0], -2.0 * (double)f / (double)nr);
+                double ang = (double)pos * keel_rope_freq(t->fp[0], nr, f);
                 float cs = (float)cos(ang), sn = (float)(dir * sin(ang));
                 float x1 = F(s + f * an), x2 = F(s + (f + h) * an);
                 W(d + 4 * f) = x1 * cs - x2 * sn;

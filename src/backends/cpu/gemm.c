@@ -10,7 +10,15 @@
 #define KEEL_X86 1
 #endif
 
-enum { MR = 16, NR = 6, KC = 256, MC = 128, NC = 384 };
+/* Blocking: an MC x KC block of A (256 KiB) stays in L2, a KC x NR micro-panel of B (12 KiB) in L1.
+ * KC is fixed (not derived from the thread count): it decides each element's summation order. */
+#ifndef KEEL_GEMM_KC
+#define KEEL_GEMM_KC 512
+#endif
+#ifndef KEEL_GEMM_MC
+#define KEEL_GEMM_MC 128
+#endif
+enum { MR = 16, NR = 6, KC = KEEL_GEMM_KC, MC = KEEL_GEMM_MC, NC = 384 };
 
 /* One MR x NR tile over kc steps: acc = Ap^T Bp, then C = acc (first) or C += acc. */
 typedef void (*tile_fn)(int64_t kc, const float *Ap, const float *Bp, float *acc);
@@ -69,6 +77,7 @@ typedef struct {
     float **Ap;      /* per thread: MC x kc, MR-row groups of kc x MR */
     int64_t n_mblk, n_nblk;
     tile_fn tile;
+    bool avx2;
 } gemm_ctx;
 
 static inline float ldf(const void *base, int64_t off) {
@@ -91,6 +100,40 @@ static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
+#ifdef KEEL_X86
+/* A(m,k) with k contiguous: 8 rows x 8 k at a time, transposed in registers into d[k*MR + i]. */
+__attribute__((target("avx2"))) static void pack_a_rows8(const char *A, int64_t a_m, int64_t kc, float *d) {
+    int64_t k = 0;
+    for (; k + 8 <= kc; k += 8) {
+        __m256 r0 = _mm256_loadu_ps((const float *)(const void *)(A + 0 * a_m) + k);
+        __m256 r1 = _mm256_loadu_ps((const float *)(const void *)(A + 1 * a_m) + k);
+        __m256 r2 = _mm256_loadu_ps((const float *)(const void *)(A + 2 * a_m) + k);
+        __m256 r3 = _mm256_loadu_ps((const float *)(const void *)(A + 3 * a_m) + k);
+        __m256 r4 = _mm256_loadu_ps((const float *)(const void *)(A + 4 * a_m) + k);
+        __m256 r5 = _mm256_loadu_ps((const float *)(const void *)(A + 5 * a_m) + k);
+        __m256 r6 = _mm256_loadu_ps((const float *)(const void *)(A + 6 * a_m) + k);
+        __m256 r7 = _mm256_loadu_ps((const float *)(const void *)(A + 7 * a_m) + k);
+        __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+               t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+               t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+        __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+               u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+               u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+               u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        _mm256_store_ps(d + (k + 0) * MR, _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_store_ps(d + (k + 1) * MR, _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_store_ps(d + (k + 2) * MR, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_store_ps(d + (k + 3) * MR, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_store_ps(d + (k + 4) * MR, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_store_ps(d + (k + 5) * MR, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_store_ps(d + (k + 6) * MR, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_store_ps(d + (k + 7) * MR, _mm256_permute2f128_ps(u3, u7, 0x31));
+    }
+    for (; k < kc; k++)
+        for (int i = 0; i < 8; i++) d[k * MR + i] = ((const float *)(const void *)(A + i * a_m))[k];
+}
+#endif
+
 static void pack_a(const gemm_ctx *c, float *dst, int64_t m0, int64_t mb) {
     const keel_gemm_args *g = c->g;
     for (int64_t ig = 0; ig < (mb + MR - 1) / MR; ig++) {
@@ -103,6 +146,14 @@ static void pack_a(const gemm_ctx *c, float *dst, int64_t m0, int64_t mb) {
                 for (int64_t i = ni; i < MR; i++) d[k * MR + i] = 0.0f;
             }
         } else {
+#ifdef KEEL_X86
+            if (g->a_k == 4 && ni == MR && c->avx2) {
+                const char *src = (const char *)g->A + i0 * g->a_m + c->pc * 4;
+                pack_a_rows8(src, g->a_m, c->kc, d);
+                pack_a_rows8(src + 8 * g->a_m, g->a_m, c->kc, d + 8);
+                continue;
+            }
+#endif
             for (int64_t i = 0; i < MR; i++) {
                 if (i >= ni) {
                     for (int64_t k = 0; k < c->kc; k++) d[k * MR + i] = 0.0f;
@@ -124,7 +175,8 @@ static void compute_blocks(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t task = begin; task < end; task++) {
         int64_t ib = task / c->n_nblk, jb = task % c->n_nblk;
         int64_t m0 = ib * MC, mb = g->M - m0 < MC ? g->M - m0 : MC;
-        int64_t n0 = jb * NC, nbk = g->N - n0 < NC ? g->N - n0 : NC;
+        int64_t ncol = c->n_nblk == 1 ? g->N : NC;
+        int64_t n0 = jb * ncol, nbk = g->N - n0 < ncol ? g->N - n0 : ncol;
         pack_a(c, Ap, m0, mb);
         for (int64_t jr = 0; jr < nbk; jr += NR) {
             const float *Bp = c->Bp + ((n0 + jr) / NR) * c->kc * NR;
@@ -163,8 +215,12 @@ int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g) {
     int64_t n_groups = (g->N + NR - 1) / NR;
     gemm_ctx c = {.g = g};
     c.tile = pick_tile(NULL);
+    c.avx2 = c.tile != tile_portable;
     c.n_mblk = (g->M + MC - 1) / MC;
-    c.n_nblk = (g->N + NC - 1) / NC;
+    /* Enough row blocks to share: each task packs its A block once and sweeps all of N (B is
+     * packed for the whole k-block). Otherwise split N too. Either way, no element's sum order
+     * changes. */
+    c.n_nblk = c.n_mblk >= 2 * nt ? 1 : (g->N + NC - 1) / NC;
     int64_t kc_max = g->K < KC ? g->K : KC;
     c.Bp = aligned_alloc(64, (size_t)(n_groups * NR * kc_max * 4 + 64) / 64 * 64);
     c.Ap = calloc((size_t)nt, sizeof *c.Ap);

@@ -420,7 +420,7 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
             double x = get(a, i0, i1, i2, i3);
             if (i0 >= nr) { put(t, i0, i1, i2, i3, x); continue; }
             int64_t f = i0 % h;
-            double ang = (double)(int32_t)get(b, i2, 0, 0, 0) * pow(t->fp[0], -2.0 * (double)f / (double)nr);
+            double ang = (double)(int32_t)get(b, i2, 0, 0, 0) * keel_rope_freq(t->fp[0], nr, f);
             double c = cos(ang), s = dir * sin(ang);
             double y = i0 < h ? x * c - get(a, i0 + h, i1, i2, i3) * s : x * c + get(a, i0 - h, i1, i2, i3) * s;
             put(t, i0, i1, i2, i3, y);

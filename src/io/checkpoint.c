@@ -1,0 +1,257 @@
+#include "io/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { keel_fail("%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        fclose(f);
+        keel_fail("%s: cannot read", path);
+        return NULL;
+    }
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+static cJSON *read_json(const char *path) {
+    char *s = read_text(path);
+    if (!s) return NULL;
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithOpts(s, &end, 0);
+    if (!j) keel_fail("%s: invalid JSON near byte %ld", path, end ? (long)(end - s) : -1L);
+    free(s);
+    return j;
+}
+
+static int get_int(const char *path, const cJSON *o, const char *key, int64_t *out, bool required) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return required ? keel_fail("%s: field \"%s\" is missing", path, key) : 1;
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble)
+        return keel_fail("%s: field \"%s\" must be an integer", path, key);
+    *out = (int64_t)v->valuedouble;
+    return 0;
+}
+
+static int get_num(const char *path, const cJSON *o, const char *key, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 1;
+    if (!cJSON_IsNumber(v)) return keel_fail("%s: field \"%s\" must be a number", path, key);
+    *out = v->valuedouble;
+    return 0;
+}
+
+int keel_hf_config_read(const char *dir, keel_qwen35_config *cfg, bool *multimodal) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *root = read_json(path);
+    if (!root) return -1;
+    memset(cfg, 0, sizeof *cfg);
+    int rc = 0;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    *multimodal = cJSON_IsObject(tc);
+    const cJSON *c = *multimodal ? tc : root;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(c, "model_type");
+    if (cJSON_IsString(mt) && strstr(mt->valuestring, "moe"))
+        rc = keel_fail("%s: model_type \"%s\": mixture-of-experts models are not supported", path, mt->valuestring);
+    int64_t experts = 0;
+    if (!rc && get_int(path, c, "num_experts", &experts, false) == 0 && experts > 0)
+        rc = keel_fail("%s: field \"num_experts\" = %lld: mixture-of-experts models are not supported", path, (long long)experts);
+    struct { const char *key; int64_t *dst; } ints[] = {
+        {"vocab_size", &cfg->vocab}, {"hidden_size", &cfg->hidden}, {"num_hidden_layers", &cfg->layers},
+        {"intermediate_size", &cfg->ffn}, {"num_attention_heads", &cfg->heads}, {"num_key_value_heads", &cfg->kv_heads},
+        {"head_dim", &cfg->head_dim}, {"linear_num_key_heads", &cfg->lk_heads}, {"linear_num_value_heads", &cfg->lv_heads},
+        {"linear_key_head_dim", &cfg->lk_dim}, {"linear_value_head_dim", &cfg->lv_dim},
+        {"linear_conv_kernel_dim", &cfg->conv_kernel},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && !rc; i++)
+        if (get_int(path, c, ints[i].key, ints[i].dst, true)) rc = -1;
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c, "rope_parameters");
+    cfg->rope_theta = 10000.0, cfg->partial_rotary = 1.0, cfg->rms_eps = 1e-6;
+    if (!rc && (get_num(path, c, "rope_theta", &cfg->rope_theta) < 0 || get_num(path, c, "partial_rotary_factor", &cfg->partial_rotary) < 0 ||
+                get_num(path, c, "rms_norm_eps", &cfg->rms_eps) < 0))
+        rc = -1;
+    if (!rc && cJSON_IsObject(rp)) {
+        const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
+        if (cJSON_IsString(rt) && strcmp(rt->valuestring, "default") != 0)
+            rc = keel_fail("%s: rope_parameters.rope_type \"%s\" is not supported (only \"default\")", path, rt->valuestring);
+        if (!rc && (get_num(path, rp, "rope_theta", &cfg->rope_theta) < 0 || get_num(path, rp, "partial_rotary_factor", &cfg->partial_rotary) < 0))
+            rc = -1;
+    }
+    /* tie_word_embeddings: the text config's, else the top level's (the multimodal release keeps it there) */
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(c, "tie_word_embeddings");
+    if (!tie) tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    cfg->tied = tie ? cJSON_IsTrue(tie) : false;
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c, "layer_types");
+    if (!rc && cfg->layers > KEEL_QWEN35_MAX_LAYERS) rc = keel_fail("%s: num_hidden_layers %lld exceeds %d", path, (long long)cfg->layers, KEEL_QWEN35_MAX_LAYERS);
+    if (!rc && cJSON_IsArray(lt)) {
+        if (cJSON_GetArraySize(lt) != cfg->layers)
+            rc = keel_fail("%s: layer_types has %d entries, num_hidden_layers is %lld", path, cJSON_GetArraySize(lt), (long long)cfg->layers);
+        int i = 0;
+        for (const cJSON *e = lt->child; e && !rc; e = e->next, i++) {
+            if (cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention")) cfg->full_attention[i] = 1;
+            else if (cJSON_IsString(e) && !strcmp(e->valuestring, "linear_attention")) cfg->full_attention[i] = 0;
+            else rc = keel_fail("%s: layer_types[%d] is \"%s\" (expected \"linear_attention\" or \"full_attention\")", path, i, cJSON_IsString(e) ? e->valuestring : "?");
+        }
+    } else if (!rc) { /* the family's default: every 4th layer is full attention */
+        int64_t every = 4;
+        get_int(path, c, "full_attention_interval", &every, false);
+        for (int64_t i = 0; i < cfg->layers; i++) cfg->full_attention[i] = every > 0 && (i + 1) % every == 0;
+    }
+    cJSON_Delete(root);
+    if (!rc && keel_qwen35_config_check(cfg)) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", keel_last_error());
+        rc = keel_fail("%s: %s", path, msg);
+    }
+    return rc;
+}
+
+keel_checkpoint *keel_checkpoint_open(const char *dir) {
+    keel_checkpoint *c = calloc(1, sizeof *c);
+    if (!c) { keel_fail("out of memory"); return NULL; }
+    c->dir = strdup(dir);
+    if (keel_hf_config_read(dir, &c->cfg, &c->multimodal)) { keel_checkpoint_close(c); return NULL; }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *probe = fopen(path, "rb");
+    if (probe) {
+        fclose(probe);
+        cJSON *idx = read_json(path);
+        const cJSON *wm = idx ? cJSON_GetObjectItemCaseSensitive(idx, "weight_map") : NULL;
+        if (!cJSON_IsObject(wm)) {
+            if (idx) keel_fail("%s: no \"weight_map\" object", path);
+            cJSON_Delete(idx);
+            keel_checkpoint_close(c);
+            return NULL;
+        }
+        int n = cJSON_GetArraySize(wm), nf = 0;
+        char **names = calloc((size_t)n, sizeof *names);
+        for (const cJSON *e = wm->child; e; e = e->next) { /* the distinct shard files, in first-seen order */
+            if (!cJSON_IsString(e)) continue;
+            int k = 0;
+            while (k < nf && strcmp(names[k], e->valuestring)) k++;
+            if (k == nf) names[nf++] = e->valuestring;
+        }
+        c->files = calloc((size_t)(nf ? nf : 1), sizeof *c->files);
+        for (int i = 0; i < nf; i++) {
+            char sp[4096];
+            snprintf(sp, sizeof sp, "%s/%s", dir, names[i]);
+            c->files[c->n_files] = keel_st_open(sp);
+            if (!c->files[c->n_files]) { free(names); cJSON_Delete(idx); keel_checkpoint_close(c); return NULL; }
+            c->n_files++;
+        }
+        /* every entry of the map must be in the shard it names */
+        for (const cJSON *e = wm->child; e; e = e->next) {
+            int k = 0;
+            while (k < nf && strcmp(names[k], e->valuestring)) k++;
+            if (k < nf && !keel_st_find(c->files[k], e->string)) {
+                keel_fail("%s: tensor '%s' is listed in %s but missing from it", path, e->string, names[k]);
+                free(names);
+                cJSON_Delete(idx);
+                keel_checkpoint_close(c);
+                return NULL;
+            }
+        }
+        free(names);
+        cJSON_Delete(idx);
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        c->files = calloc(1, sizeof *c->files);
+        c->files[0] = keel_st_open(path);
+        if (!c->files[0]) { keel_checkpoint_close(c); return NULL; }
+        c->n_files = 1;
+    }
+    const keel_st_tensor *e = keel_checkpoint_find(c, "model.embed_tokens.weight");
+    if (e) snprintf(c->dtype, sizeof c->dtype, "%s", e->dtype);
+    return c;
+}
+
+void keel_checkpoint_close(keel_checkpoint *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_files; i++) keel_st_close(c->files[i]);
+    free(c->files);
+    free(c->dir);
+    free(c);
+}
+
+/* "model.language_model.X" <-> "model.X" */
+static const char *text_name(const char *stored, char *buf, size_t n) {
+    if (strncmp(stored, "model.language_model.", 21) == 0) {
+        snprintf(buf, n, "model.%s", stored + 21);
+        return buf;
+    }
+    return stored;
+}
+
+static bool ignored(const char *stored) {
+    return strncmp(stored, "model.visual.", 13) == 0 || strncmp(stored, "mtp.", 4) == 0 || strncmp(stored, "visual.", 7) == 0;
+}
+
+const keel_st_tensor *keel_checkpoint_find(const keel_checkpoint *c, const char *name) {
+    char buf[512];
+    for (int f = 0; f < c->n_files; f++)
+        for (int i = 0; i < c->files[f]->n; i++) {
+            const char *stored = c->files[f]->t[i].name;
+            if (!ignored(stored) && strcmp(text_name(stored, buf, sizeof buf), name) == 0) return &c->files[f]->t[i];
+        }
+    return NULL;
+}
+
+int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_backend *be) {
+    char buf[512];
+    /* unexpected text tensors */
+    for (int f = 0; f < c->n_files; f++)
+        for (int i = 0; i < c->files[f]->n; i++) {
+            const char *stored = c->files[f]->t[i].name;
+            if (ignored(stored)) continue;
+            const char *nm = text_name(stored, buf, sizeof buf);
+            bool known = false;
+            for (int p = 0; p < m->n_params && !known; p++) known = strcmp(m->params[p]->name, nm) == 0;
+            if (!known && m->cfg.tied && strcmp(nm, "lm_head.weight") == 0) known = true; /* a tied head may be stored */
+            if (!known) return keel_fail("%s: unexpected tensor '%s' (not part of this config's model)", c->files[f]->path, stored);
+        }
+    for (int p = 0; p < m->n_params; p++) {
+        keel_tensor *t = m->params[p];
+        const keel_st_tensor *s = keel_checkpoint_find(c, t->name);
+        if (!s) return keel_fail("%s: tensor '%s' is missing", c->dir, t->name);
+        /* the stored shape reversed must be t's shape, ignoring unit dims (conv1d: [C,1,K] vs [K,C]) */
+        int64_t want[4], got[KEEL_ST_MAX_DIMS];
+        int nw = 0, ng = 0;
+        for (int d = 0; d < 4; d++) if (t->ne[d] != 1) want[nw++] = t->ne[d];
+        for (int d = s->n_dims - 1; d >= 0; d--) if (s->shape[d] != 1) got[ng++] = s->shape[d];
+        bool same = nw == ng;
+        for (int d = 0; d < nw && same; d++) same = want[d] == got[d];
+        if (!same) {
+            char sh[128] = "", ex[64];
+            for (int d = 0; d < s->n_dims; d++) snprintf(sh + strlen(sh), sizeof sh - strlen(sh), "%s%lld", d ? "," : "", (long long)s->shape[d]);
+            snprintf(ex, sizeof ex, "%lld,%lld", (long long)t->ne[1], (long long)t->ne[0]);
+            return keel_fail("%s: tensor '%s' has shape [%s], the config needs [%s]", c->dir, s->name, sh, t->ne[1] > 1 ? ex : ex + strcspn(ex, ",") + 1);
+        }
+        if (s->type < 0) return keel_fail("%s: tensor '%s' has dtype %s; keel reads F32, F16, BF16, F64", c->dir, s->name, s->dtype);
+        int64_t n = keel_nelements(t);
+        if (s->type == (int)t->type && keel_is_contiguous(t)) {
+            if (be->write(be, t->data, s->data, s->nbytes)) return -1;
+            continue;
+        }
+        double *v = malloc((size_t)n * sizeof *v);
+        if (!v) return keel_fail("out of memory loading '%s'", t->name);
+        for (int64_t i = 0; i < n; i++) v[i] = keel_st_get(s, i);
+        int rc = keel_tensor_write(be, t, v, KEEL_F64);
+        free(v);
+        if (rc) return rc;
+    }
+    return 0;
+}

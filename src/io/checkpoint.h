@@ -1,0 +1,32 @@
+/* keel: Hugging Face checkpoint folders for the Qwen3.5 family: config.json in either layout
+ * (text fields at top level, or under text_config in the multimodal release) and weights in one
+ * model.safetensors or shards listed by model.safetensors.index.json, with tensor names in either
+ * layout (model.layers.N... or model.language_model.layers.N...; model.visual.* and mtp.* are
+ * ignored). */
+#ifndef KEEL_CHECKPOINT_H
+#define KEEL_CHECKPOINT_H
+
+#include "backend/backend.h"
+#include "io/safetensors.h"
+#include "model/qwen35.h"
+
+typedef struct {
+    char *dir;
+    keel_qwen35_config cfg;
+    bool multimodal;          /* names under model.language_model. */
+    keel_st_file **files;
+    int n_files;
+    char dtype[8];            /* dtype of the first text weight ("BF16", "F32", ...) */
+} keel_checkpoint;
+
+/* Reads config.json of dir into cfg; -1 with a message naming the file and field. */
+int keel_hf_config_read(const char *dir, keel_qwen35_config *cfg, bool *multimodal);
+keel_checkpoint *keel_checkpoint_open(const char *dir);
+void keel_checkpoint_close(keel_checkpoint *c);
+/* The tensor stored for a text-layout name ("model.layers.0.mlp.up_proj.weight"), or NULL. */
+const keel_st_tensor *keel_checkpoint_find(const keel_checkpoint *c, const char *name);
+/* Writes every parameter of m from the checkpoint to backend be (types converted). Checks that
+ * each exists with the right shape and that the file holds no unexpected text tensor. */
+int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_backend *be);
+
+#endif

@@ -1,0 +1,204 @@
+/* keel check-reference: runs the inputs of DIR/reference.safetensors through each checkpoint in
+ * DIR, forward and backward, and compares logits, loss, every hidden state and every parameter
+ * gradient with the float64 values transformers computed: relative error ||x - ref|| / ||ref||. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "autodiff/autodiff.h"
+#include "backend/backend.h"
+#include "cli.h"
+#include "io/checkpoint.h"
+#include "ops/ops.h"
+#include "util/error.h"
+
+typedef struct {
+    int pass, fail;
+    double worst_value, worst_grad;
+} tally;
+
+static double rel_err(const double *x, const keel_st_tensor *r, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double v = keel_st_get(r, i), d = x[i] - v;
+        if (!isfinite(x[i])) return INFINITY;
+        num += d * d, den += v * v;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *ref, const char *name, double tol,
+                   tally *ty, bool is_grad) {
+    const keel_st_tensor *r = keel_st_find(ref, name);
+    if (!r) {
+        printf("  %-58s missing from the reference\n", name);
+        ty->fail++;
+        return -1;
+    }
+    if (keel_st_numel(r) != keel_nelements(t)) {
+        printf("  %-58s %lld elements, reference has %lld  FAIL\n", name, (long long)keel_nelements(t), (long long)keel_st_numel(r));
+        ty->fail++;
+        return -1;
+    }
+    double *x = keel_tensor_read_f64(be, t);
+    if (!x) return -1;
+    double e = rel_err(x, r, keel_nelements(t));
+    free(x);
+    bool ok = e <= tol;
+    printf("  %-58s rel err %.3e  (tol %.0e)  %s\n", name, e, tol, ok ? "PASS" : "FAIL");
+    if (ok) ty->pass++;
+    else ty->fail++;
+    if (is_grad) ty->worst_grad = fmax(ty->worst_grad, e);
+    else ty->worst_value = fmax(ty->worst_value, e);
+    return ok ? 0 : -1;
+}
+
+static int check_one(const char *ckpt_dir, const char *backend, int threads, const keel_st_file *ref, tally *ty) {
+    keel_checkpoint *ck = keel_checkpoint_open(ckpt_dir);
+    if (!ck) { fprintf(stderr, "keel check-reference: %s\n", keel_last_error()); return -1; }
+    const keel_st_tensor *ids_t = keel_st_find(ref, "input_ids"), *tgt_t = keel_st_find(ref, "targets");
+    if (!ids_t || !tgt_t || ids_t->n_dims != 2 || keel_st_numel(ids_t) != keel_st_numel(tgt_t)) {
+        fprintf(stderr, "keel check-reference: %s: needs input_ids and targets of one shape [B,T]\n", ref->path);
+        keel_checkpoint_close(ck);
+        return -1;
+    }
+    int64_t B = ids_t->shape[0], T = ids_t->shape[1];
+    keel_backend *be = keel_backend_new(backend, threads);
+    if (!be) { fprintf(stderr, "keel check-reference: %s\n", keel_last_error()); keel_checkpoint_close(ck); return -1; }
+    keel_type type = strcmp(backend, "ref") == 0 ? KEEL_F64 : KEEL_F32;
+    double tol_v = type == KEEL_F64 ? 1e-10 : 2e-5, tol_g = type == KEEL_F64 ? 1e-10 : 1e-4;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_qwen35 *m = keel_qwen35_new(ctx, &ck->cfg, type);
+    keel_tensor *ids = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
+    keel_tensor *tgt = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
+    keel_tensor *pos = keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT);
+    keel_qwen35_out out;
+    keel_graph *g = NULL;
+    keel_session *s = NULL;
+    int rc = -1;
+    if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) goto done;
+    keel_tensor *outs[KEEL_QWEN35_MAX_LAYERS + 4];
+    int n_out = 0;
+    outs[n_out++] = out.loss, outs[n_out++] = out.logits, outs[n_out++] = out.normed;
+    for (int i = 0; i <= ck->cfg.layers; i++) outs[n_out++] = out.hidden[i];
+    g = keel_graph_build(ctx, outs, n_out);
+    if (!g || keel_build_backward(g, out.loss)) goto done;
+    s = keel_session_new(be, g, NULL);
+    if (!s || keel_checkpoint_load(ck, m, be)) goto done;
+    {
+        int32_t *iv = malloc((size_t)(B * T) * 4), *tv = malloc((size_t)(B * T) * 4), *pv = malloc((size_t)T * 4);
+        for (int64_t i = 0; i < B * T; i++) iv[i] = (int32_t)keel_st_get(ids_t, i), tv[i] = (int32_t)keel_st_get(tgt_t, i);
+        for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
+        int w = keel_tensor_write(be, ids, iv, KEEL_I32) || keel_tensor_write(be, tgt, tv, KEEL_I32) || keel_tensor_write(be, pos, pv, KEEL_I32);
+        free(iv), free(tv), free(pv);
+        if (w || keel_session_run(s, NULL, NULL)) goto done;
+    }
+    printf("%s on %s (%s, %s weights, %lld layers, B=%lld T=%lld)\n", ckpt_dir, backend, keel_type_name(type), ck->dtype[0] ? ck->dtype : "stored",
+           (long long)ck->cfg.layers, (long long)B, (long long)T);
+    compare(be, out.logits, ref, "logits", tol_v, ty, false);
+    compare(be, out.loss, ref, "loss", tol_v, ty, false);
+    for (int i = 0; i < ck->cfg.layers; i++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "hidden.%d", i);
+        compare(be, out.hidden[i], ref, nm, tol_v, ty, false);
+    }
+    {   /* the last hidden state: transformers reports it after the final norm; say which matched */
+        char nm[32];
+        snprintf(nm, sizeof nm, "hidden.%lld", (long long)ck->cfg.layers);
+        const keel_st_tensor *r = keel_st_find(ref, nm);
+        double *pre = keel_tensor_read_f64(be, out.hidden[ck->cfg.layers]), *post = keel_tensor_read_f64(be, out.normed);
+        if (r && pre && post && keel_st_numel(r) == keel_nelements(out.normed)) {
+            double e_pre = rel_err(pre, r, keel_nelements(out.normed)), e_post = rel_err(post, r, keel_nelements(out.normed));
+            double e = fmin(e_pre, e_post);
+            printf("  %-58s rel err %.3e  (tol %.0e)  %s   [taken %s the final norm; the other side: %.1e]\n", nm, e, tol_v,
+                   e <= tol_v ? "PASS" : "FAIL", e_post <= e_pre ? "after" : "before", fmax(e_pre, e_post));
+            if (e <= tol_v) ty->pass++;
+            else ty->fail++;
+            ty->worst_value = fmax(ty->worst_value, e);
+        } else {
+            printf("  %-58s missing from the reference or of another size  FAIL\n", nm);
+            ty->fail++;
+        }
+        free(pre), free(post);
+    }
+    for (int p = 0; p < m->n_params; p++) {
+        char nm[KEEL_NAME_MAX + 8];
+        snprintf(nm, sizeof nm, "grad.%s", m->params[p]->name);
+        compare(be, keel_graph_grad(g, m->params[p]), ref, nm, tol_g, ty, true);
+    }
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "keel check-reference: %s: %s\n", ckpt_dir, keel_last_error());
+    keel_session_free(s);
+    keel_graph_free(g);
+    keel_qwen35_free(m);
+    keel_ctx_free(ctx);
+    keel_backend_free(be);
+    keel_checkpoint_close(ck);
+    return rc;
+}
+
+static int is_checkpoint(const char *dir) {
+    char p[4200];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    return stat(p, &st) == 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int cmd_check_reference(int argc, char **argv) {
+    const char *dir = NULL, *backends = "cpu", *only = NULL;
+    long long threads = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--backend") == 0 && v) backends = v, i++;
+        else if (strcmp(a, "--checkpoint") == 0 && v) only = v, i++;
+        else if (strcmp(a, "--threads") == 0) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
+        else if (a[0] != '-' && !dir) dir = a;
+        else {
+            fprintf(stderr, "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR] [--threads N]\n"
+                            "keel check-reference: unknown or incomplete option '%s'\n", a);
+            return 2;
+        }
+    }
+    if (!dir) { fprintf(stderr, "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR]\n"); return 2; }
+    char refp[4096];
+    snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
+    keel_st_file *ref = keel_st_open(refp);
+    if (!ref) { fprintf(stderr, "keel check-reference: %s\n", keel_last_error()); return 2; }
+    char *subs[64];
+    int n_sub = 0;
+    if (only) {
+        subs[n_sub++] = strdup(only);
+    } else {
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        while (d && (e = readdir(d)) && n_sub < 64) {
+            char p[4096];
+            if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue;
+            if (e->d_name[0] != '.' && is_checkpoint(p)) subs[n_sub++] = strdup(e->d_name);
+        }
+        if (d) closedir(d);
+        qsort(subs, (size_t)n_sub, sizeof *subs, cmp_str);
+    }
+    if (n_sub == 0) { fprintf(stderr, "keel check-reference: no checkpoint folder (with config.json) in %s\n", dir); keel_st_close(ref); return 2; }
+    tally ty = {0};
+    int errors = 0;
+    char bl[128];
+    snprintf(bl, sizeof bl, "%s", backends);
+    for (char *b = strtok(bl, ","); b; b = strtok(NULL, ","))
+        for (int i = 0; i < n_sub; i++) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
+            if (check_one(p, b, (int)threads, ref, &ty)) errors++;
+        }
+    for (int i = 0; i < n_sub; i++) free(subs[i]);
+    keel_st_close(ref);
+    printf("worst relative error: values %.3e, gradients %.3e\n", ty.worst_value, ty.worst_grad);
+    printf("%s: %d passed, %d failed%s\n", ty.fail || errors ? "FAIL" : "PASS", ty.pass, ty.fail, errors ? " (and errors above)" : "");
+    return ty.fail || errors ? 1 : 0;
+}
