@@ -6,7 +6,7 @@ if(NOT CMOCKA_INCLUDE_DIR OR NOT CMOCKA_LIBRARY)
   message(FATAL_ERROR "cmocka not found: run scripts/setup-deps.sh (Debian package libcmocka-dev)")
 endif()
 
-foreach(t tensor plan graph autodiff threadpool)
+foreach(t tensor plan graph autodiff threadpool safetensors)
   add_executable(test_${t} tests/unit/test_${t}.c)
   target_include_directories(test_${t} PRIVATE ${CMOCKA_INCLUDE_DIR})
   target_link_libraries(test_${t} PRIVATE keelcore ${CMOCKA_LIBRARY})
@@ -44,3 +44,11 @@ set(KEEL_FIXTURES "${CMAKE_SOURCE_DIR}/../shared/fixtures" CACHE PATH "the share
 add_test(NAME model_check_reference_ref COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --backend ref)
 add_test(NAME model_check_reference_cpu COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --backend cpu)
 set_tests_properties(model_check_reference_ref model_check_reference_cpu PROPERTIES LABELS "model;sanitize")
+
+# Fuzzing the safetensors header parser: 60 s under the "fuzz-long" label, 10 s in make check.
+add_executable(fuzz_safetensors tests/fuzz/fuzz_safetensors.c)
+target_link_libraries(fuzz_safetensors PRIVATE keelcore)
+add_test(NAME fuzz_safetensors COMMAND fuzz_safetensors 10)
+set_tests_properties(fuzz_safetensors PROPERTIES LABELS "fuzz;sanitize")
+add_test(NAME fuzz_safetensors_60s COMMAND fuzz_safetensors 60)
+set_tests_properties(fuzz_safetensors_60s PROPERTIES LABELS "fuzz-long")

@@ -2,6 +2,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,7 @@ static cJSON *read_json(const char *path) {
 static int get_int(const char *path, const cJSON *o, const char *key, int64_t *out, bool required) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!v || cJSON_IsNull(v)) return required ? keel_fail("%s: field \"%s\" is missing", path, key) : 1;
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble)
+    if (!cJSON_IsNumber(v) || !(fabs(v->valuedouble) <= 9e15) || v->valuedouble != (double)(int64_t)v->valuedouble)
         return keel_fail("%s: field \"%s\" must be an integer", path, key);
     *out = (int64_t)v->valuedouble;
     return 0;

@@ -97,7 +97,8 @@ int keel_st_parse(const void *buf, size_t size, const char *label, keel_st_file 
         double numel = 1;
         int d = 0;
         for (cJSON *s = sh->child; s; s = s->next, d++) {
-            if (!cJSON_IsNumber(s) || s->valuedouble < 0 || s->valuedouble != (double)(int64_t)s->valuedouble || s->valuedouble > 9e15) {
+            if (!cJSON_IsNumber(s) || !(s->valuedouble >= 0 && s->valuedouble <= 9e15) ||
+                s->valuedouble != (double)(int64_t)s->valuedouble) {
                 rc = keel_fail("%s: tensor '%s': shape entry %d is not a non-negative integer", label, nm, d);
                 break;
             }
@@ -106,7 +107,7 @@ int keel_st_parse(const void *buf, size_t size, const char *label, keel_st_file 
         }
         if (rc) break;
         if (cJSON_GetArraySize(of) != 2 || !cJSON_IsNumber(of->child) || !cJSON_IsNumber(of->child->next) ||
-            of->child->valuedouble < 0 || of->child->next->valuedouble < 0) {
+            !(of->child->valuedouble >= 0 && of->child->next->valuedouble >= 0)) {
             rc = keel_fail("%s: tensor '%s': data_offsets must be two non-negative integers", label, nm);
             break;
         }
