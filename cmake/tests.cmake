@@ -52,3 +52,16 @@ add_test(NAME fuzz_safetensors COMMAND fuzz_safetensors 10)
 set_tests_properties(fuzz_safetensors PROPERTIES LABELS "fuzz;sanitize")
 add_test(NAME fuzz_safetensors_60s COMMAND fuzz_safetensors 60)
 set_tests_properties(fuzz_safetensors_60s PROPERTIES LABELS "fuzz-long")
+
+# keel save: both fixture layouts written back (reloaded bitwise inside the command), then the
+# saved folders checked against transformers' reference again.
+foreach(ck causal-f32-sharded multimodal-bf16)
+  add_test(NAME save_${ck} COMMAND keel save ${KEEL_FIXTURES}/qwen35-tiny/${ck} ${CMAKE_BINARY_DIR}/saved-${ck})
+  set_tests_properties(save_${ck} PROPERTIES LABELS "model" FIXTURES_SETUP saved_${ck})
+  add_test(NAME save_${ck}_check COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --checkpoint ${CMAKE_BINARY_DIR}/saved-${ck} --backend ref,cpu)
+  set_tests_properties(save_${ck}_check PROPERTIES LABELS "model" FIXTURES_REQUIRED saved_${ck})
+endforeach()
+add_test(NAME save_as_bf16 COMMAND keel save ${KEEL_FIXTURES}/qwen35-tiny/causal-f32-sharded ${CMAKE_BINARY_DIR}/saved-bf16 --dtype bf16)
+set_tests_properties(save_as_bf16 PROPERTIES LABELS "model")
+add_test(NAME cli_missing_checkpoint COMMAND keel check-reference ${CMAKE_BINARY_DIR}/no-such-dir)
+set_tests_properties(cli_missing_checkpoint PROPERTIES LABELS "unit" WILL_FAIL TRUE)

@@ -193,7 +193,8 @@ int cmd_check_reference(int argc, char **argv) {
     for (char *b = strtok(bl, ","); b; b = strtok(NULL, ","))
         for (int i = 0; i < n_sub; i++) {
             char p[4096];
-            snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
+            if (subs[i][0] == '/') snprintf(p, sizeof p, "%s", subs[i]); /* an absolute --checkpoint */
+            else snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
             if (check_one(p, b, (int)threads, ref, &ty)) errors++;
         }
     for (int i = 0; i < n_sub; i++) free(subs[i]);

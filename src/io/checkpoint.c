@@ -3,7 +3,11 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -255,4 +259,149 @@ int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_ba
         if (rc) return rc;
     }
     return 0;
+}
+
+static char *text_config_json(const keel_qwen35_config *c, keel_type dtype) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen3_5ForCausalLM"));
+    cJSON_AddStringToObject(o, "model_type", "qwen3_5_text");
+    cJSON_AddStringToObject(o, "dtype", dtype == KEEL_BF16 ? "bfloat16" : dtype == KEEL_F16 ? "float16" : "float32");
+    cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab);
+    cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", (double)c->layers);
+    cJSON_AddNumberToObject(o, "intermediate_size", (double)c->ffn);
+    cJSON_AddNumberToObject(o, "num_attention_heads", (double)c->heads);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", (double)c->kv_heads);
+    cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
+    cJSON_AddNumberToObject(o, "linear_num_key_heads", (double)c->lk_heads);
+    cJSON_AddNumberToObject(o, "linear_num_value_heads", (double)c->lv_heads);
+    cJSON_AddNumberToObject(o, "linear_key_head_dim", (double)c->lk_dim);
+    cJSON_AddNumberToObject(o, "linear_value_head_dim", (double)c->lv_dim);
+    cJSON_AddNumberToObject(o, "linear_conv_kernel_dim", (double)c->conv_kernel);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", c->rms_eps);
+    cJSON_AddNumberToObject(o, "partial_rotary_factor", c->partial_rotary);
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied);
+    cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
+    for (int64_t i = 0; i < c->layers; i++)
+        cJSON_AddItemToArray(lt, cJSON_CreateString(c->full_attention[i] ? "full_attention" : "linear_attention"));
+    cJSON *rp = cJSON_AddObjectToObject(o, "rope_parameters");
+    cJSON_AddStringToObject(rp, "rope_type", "default");
+    cJSON_AddNumberToObject(rp, "rope_theta", c->rope_theta);
+    cJSON_AddNumberToObject(rp, "partial_rotary_factor", c->partial_rotary);
+    char *txt = cJSON_Print(o);
+    cJSON_Delete(o);
+    return txt;
+}
+
+static int write_file_synced(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return keel_fail("%s: cannot create: %s", path, strerror(errno));
+    size_t n = strlen(text), done = 0;
+    while (done < n) {
+        ssize_t w = write(fd, text + done, n - done);
+        if (w <= 0) { int e = errno; close(fd); return keel_fail("%s: write failed: %s", path, strerror(e)); }
+        done += (size_t)w;
+    }
+    if (fsync(fd) != 0) { int e = errno; close(fd); return keel_fail("%s: fsync failed: %s", path, strerror(e)); }
+    close(fd);
+    return 0;
+}
+
+static void remove_folder(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[4352];
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.' || (e->d_name[1] && (e->d_name[1] != '.' || e->d_name[2])))
+            if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p) unlink(p);
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+int keel_checkpoint_save(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
+                         const keel_checkpoint *src, bool multimodal) {
+    if (dtype != KEEL_F32 && dtype != KEEL_BF16 && dtype != KEEL_F16 && dtype != KEEL_F64)
+        return keel_fail("save: cannot store weights as %s", keel_type_name(dtype));
+    if (multimodal && !(src && src->multimodal))
+        return keel_fail("save: the multimodal layout needs a multimodal source checkpoint (its config and vision weights)");
+    char tmp[4096], path[4352];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out_dir, (long)getpid());
+    remove_folder(tmp);
+    if (mkdir(tmp, 0755) != 0) return keel_fail("%s: cannot create: %s", tmp, strerror(errno));
+    int n_max = m->n_params + 16, n = 0, rc = 0;
+    for (int f = 0; src && f < src->n_files; f++) n_max += src->files[f]->n;
+    keel_st_entry *e = calloc((size_t)n_max, sizeof *e);
+    char **names = calloc((size_t)n_max, sizeof *names);
+    void **bufs = calloc((size_t)n_max, sizeof *bufs);
+    if (!e || !names || !bufs) rc = keel_fail("out of memory");
+    static const char *dt_names[KEEL_TYPE_COUNT] = {[KEEL_F32] = "F32", [KEEL_F16] = "F16", [KEEL_BF16] = "BF16", [KEEL_F64] = "F64"};
+    for (int p = 0; p < m->n_params && !rc; p++) {
+        keel_tensor *t = m->params[p];
+        size_t bytes = (size_t)keel_nelements(t) * keel_type_size(dtype);
+        bufs[n] = malloc(bytes ? bytes : 1);
+        if (!bufs[n]) { rc = keel_fail("out of memory saving '%s'", t->name); break; }
+        if (keel_tensor_read(be, t, bufs[n], dtype)) { rc = -1; break; }
+        const char *nm = t->name;
+        char *full = malloc(strlen(nm) + 32);
+        if (multimodal && strncmp(nm, "model.", 6) == 0) sprintf(full, "model.language_model.%s", nm + 6);
+        else strcpy(full, nm);
+        names[n] = full;
+        e[n].name = full;
+        e[n].raw = bufs[n];
+        e[n].raw_dtype = dt_names[dtype];
+        /* the checkpoint's shape: keel's reversed; conv1d is [C, 1, K] */
+        if (strstr(nm, "conv1d.weight")) {
+            e[n].n_dims = 3, e[n].shape[0] = t->ne[1], e[n].shape[1] = 1, e[n].shape[2] = t->ne[0];
+        } else if (t->ne[1] > 1) {
+            e[n].n_dims = 2, e[n].shape[0] = t->ne[1], e[n].shape[1] = t->ne[0];
+        } else {
+            e[n].n_dims = 1, e[n].shape[0] = t->ne[0];
+        }
+        n++;
+    }
+    if (!rc && multimodal) /* vision and mtp tensors travel unchanged */
+        for (int f = 0; f < src->n_files; f++)
+            for (int i = 0; i < src->files[f]->n; i++) {
+                const keel_st_tensor *st = &src->files[f]->t[i];
+                if (!ignored(st->name)) continue;
+                e[n] = (keel_st_entry){.name = st->name, .n_dims = st->n_dims, .raw = st->data, .raw_dtype = st->dtype};
+                memcpy(e[n].shape, st->shape, sizeof st->shape);
+                n++;
+            }
+    if (!rc) {
+        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        rc = keel_st_write(path, e, n);
+    }
+    if (!rc) {
+        char *cfg = NULL;
+        if (src && src->multimodal == multimodal) {
+            snprintf(path, sizeof path, "%s/config.json", src->dir);
+            cfg = read_text(path);
+        } else {
+            cfg = text_config_json(&m->cfg, dtype);
+        }
+        snprintf(path, sizeof path, "%s/config.json", tmp);
+        rc = cfg ? write_file_synced(path, cfg) : -1;
+        free(cfg);
+    }
+    for (int i = 0; i < n_max; i++) free(names ? names[i] : NULL), free(bufs ? bufs[i] : NULL);
+    free(e), free(names), free(bufs);
+    if (!rc) { /* the folder itself, then the swap */
+        int dfd = open(tmp, O_RDONLY);
+        if (dfd >= 0) fsync(dfd), close(dfd);
+        char old[4352];
+        snprintf(old, sizeof old, "%s.old.%ld", out_dir, (long)getpid());
+        struct stat sb;
+        bool had = stat(out_dir, &sb) == 0;
+        if (had && rename(out_dir, old) != 0) rc = keel_fail("%s: cannot move the previous checkpoint aside: %s", out_dir, strerror(errno));
+        if (!rc && rename(tmp, out_dir) != 0) {
+            rc = keel_fail("%s: cannot rename %s into place: %s", out_dir, tmp, strerror(errno));
+            if (had) rename(old, out_dir);
+        }
+        if (!rc && had) remove_folder(old);
+    }
+    if (rc) remove_folder(tmp);
+    return rc;
 }

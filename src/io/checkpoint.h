@@ -29,4 +29,11 @@ const keel_st_tensor *keel_checkpoint_find(const keel_checkpoint *c, const char 
  * each exists with the right shape and that the file holds no unexpected text tensor. */
 int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_backend *be);
 
+/* Writes m's parameters (read from be) as a Hugging Face checkpoint folder: config.json and
+ * model.safetensors in `dtype`, in the text layout or (with a multimodal source, whose config and
+ * vision tensors are carried over unchanged) the multimodal one. Written to a temporary folder,
+ * fsynced, then renamed over out_dir. */
+int keel_checkpoint_save(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
+                         const keel_checkpoint *src, bool multimodal);
+
 #endif

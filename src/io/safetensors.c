@@ -211,13 +211,14 @@ int keel_st_write(const char *path, const keel_st_entry *e, int n) {
     cJSON_AddStringToObject(meta, "format", "pt");
     size_t off = 0;
     for (int i = 0; i < n; i++) {
-        const char *dt = st_dtype(e[i].type);
-        if (!dt) { cJSON_Delete(root); return keel_fail("%s: tensor '%s': cannot store type %d", path, e[i].name, (int)e[i].type); }
+        const char *dt = e[i].raw ? e[i].raw_dtype : st_dtype(e[i].type);
+        int di = dt ? dtype_index(dt) : -1;
+        if (di < 0) { cJSON_Delete(root); return keel_fail("%s: tensor '%s': cannot store type %s", path, e[i].name, dt ? dt : "?"); }
         int64_t numel = 1;
         cJSON *o = cJSON_AddObjectToObject(root, e[i].name), *sh = cJSON_AddArrayToObject(o, "shape"), *of;
         cJSON_AddStringToObject(o, "dtype", dt);
         for (int d = 0; d < e[i].n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e[i].shape[d])), numel *= e[i].shape[d];
-        size_t bytes = (size_t)numel * keel_type_size(e[i].type);
+        size_t bytes = (size_t)numel * DTYPES[di].size;
         of = cJSON_AddArrayToObject(o, "data_offsets");
         cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
         cJSON_AddItemToArray(of, cJSON_CreateNumber((double)(off + bytes)));
@@ -241,6 +242,11 @@ int keel_st_write(const char *path, const keel_st_entry *e, int n) {
     for (int i = 0; i < n && ok; i++) {
         int64_t numel = 1;
         for (int d = 0; d < e[i].n_dims; d++) numel *= e[i].shape[d];
+        if (e[i].raw) {
+            size_t bytes = (size_t)numel * DTYPES[dtype_index(e[i].raw_dtype)].size;
+            ok = bytes == 0 || fwrite(e[i].raw, 1, bytes, f) == bytes;
+            continue;
+        }
         size_t es = keel_type_size(e[i].type), k = 0;
         for (int64_t j = 0; j < numel && ok; j++) {
             double v = e[i].values[j];

@@ -45,7 +45,9 @@ typedef struct {
     keel_type type;      /* stored type */
     int n_dims;
     int64_t shape[KEEL_ST_MAX_DIMS];
-    const double *values; /* converted to `type` on write */
+    const double *values; /* converted to `type` on write, or: */
+    const void *raw;      /* bytes already in the stored dtype (values == NULL) */
+    const char *raw_dtype;/* the stored dtype of raw ("F32", "BF16", "I64", ...) */
 } keel_st_entry;
 
 int keel_st_write(const char *path, const keel_st_entry *e, int n);

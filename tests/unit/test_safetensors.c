@@ -66,7 +66,8 @@ static void write_read_truncate(void **st) {
     char path[256];
     snprintf(path, sizeof path, "%s/m.safetensors", dir);
     double a[6] = {1, -2.5, 3.25, 1e-3, 65504, -0.0}, b[3] = {7, 8, 9};
-    keel_st_entry e[2] = {{"a", KEEL_BF16, 2, {2, 3}, a}, {"b", KEEL_F32, 1, {3}, b}};
+    keel_st_entry e[2] = {{.name = "a", .type = KEEL_BF16, .n_dims = 2, .shape = {2, 3}, .values = a},
+                          {.name = "b", .type = KEEL_F32, .n_dims = 1, .shape = {3}, .values = b}};
     assert_int_equal(keel_st_write(path, e, 2), 0);
     keel_st_file *f = keel_st_open(path);
     assert_non_null(f);
@@ -123,13 +124,13 @@ static int make_ckpt(const char *dir, const char *extra_cfg, int drop, const cha
     for (int i = 0; i < m->n_params; i++) {
         if (i == drop) continue;
         keel_tensor *t = m->params[i];
-        e[n] = (keel_st_entry){t->name, KEEL_F32, t->ne[1] > 1 ? 2 : 1, {0}, v[i]};
+        e[n] = (keel_st_entry){.name = t->name, .type = KEEL_F32, .n_dims = t->ne[1] > 1 ? 2 : 1, .values = v[i]};
         if (t->ne[1] > 1 && i == bad_shape) e[n].shape[0] = t->ne[0], e[n].shape[1] = t->ne[1]; /* transposed */
         else if (t->ne[1] > 1) e[n].shape[0] = t->ne[1], e[n].shape[1] = t->ne[0];
         else e[n].shape[0] = t->ne[0];
         n++;
     }
-    if (extra_tensor) e[n++] = (keel_st_entry){extra_tensor, KEEL_F32, 1, {2}, v[0]};
+    if (extra_tensor) e[n++] = (keel_st_entry){.name = extra_tensor, .type = KEEL_F32, .n_dims = 1, .shape = {2}, .values = v[0]};
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     int rc = keel_st_write(p, e, n);
     for (int i = 0; i < m->n_params; i++) free(v[i]);

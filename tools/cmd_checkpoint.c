@@ -1,0 +1,245 @@
+/* keel save / init / info: checkpoint folders in and out, and what training one costs. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "autodiff/autodiff.h"
+#include "cli.h"
+#include "io/checkpoint.h"
+#include "ops/ops.h"
+#include "util/error.h"
+
+static int parse_dtype(const char *v, keel_type *out) {
+    int t = v ? keel_type_from_name(v) : -1;
+    if (t != KEEL_F32 && t != KEEL_BF16 && t != KEEL_F16) {
+        fprintf(stderr, "keel: --dtype expects f32, bf16 or f16, got '%s'\n", v ? v : "");
+        return -1;
+    }
+    *out = (keel_type)t;
+    return 0;
+}
+
+/* A model's parameters on a cpu session of their own (no graph beyond the leaves). */
+typedef struct {
+    keel_ctx *ctx;
+    keel_qwen35 *m;
+    keel_graph *g;
+    keel_session *s;
+} loaded;
+
+static int load_params(loaded *L, keel_backend *be, const keel_qwen35_config *cfg) {
+    memset(L, 0, sizeof *L);
+    L->ctx = keel_ctx_new();
+    L->m = keel_qwen35_new(L->ctx, cfg, KEEL_F32);
+    if (!L->m) return -1;
+    L->g = keel_graph_build(L->ctx, L->m->params, L->m->n_params);
+    L->s = L->g ? keel_session_new(be, L->g, NULL) : NULL;
+    return L->s ? 0 : -1;
+}
+
+static void unload(loaded *L) {
+    keel_session_free(L->s);
+    keel_graph_free(L->g);
+    keel_qwen35_free(L->m);
+    keel_ctx_free(L->ctx);
+}
+
+/* Re-open what was written and compare every parameter bitwise with the values in memory. */
+static int verify_saved(const char *dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype) {
+    keel_checkpoint *ck = keel_checkpoint_open(dir);
+    if (!ck) return -1;
+    int bad = 0;
+    for (int p = 0; p < m->n_params; p++) {
+        const keel_st_tensor *s = keel_checkpoint_find(ck, m->params[p]->name);
+        size_t bytes = (size_t)keel_nelements(m->params[p]) * keel_type_size(dtype);
+        void *buf = malloc(bytes ? bytes : 1);
+        if (!s || !buf || keel_tensor_read(be, m->params[p], buf, dtype) || s->nbytes != bytes || memcmp(buf, s->data, bytes)) {
+            fprintf(stderr, "keel save: '%s' does not read back identical\n", m->params[p]->name);
+            bad++;
+        }
+        free(buf);
+    }
+    keel_checkpoint_close(ck);
+    return bad ? keel_fail("%d tensors differ after reloading %s", bad, dir) : 0;
+}
+
+int cmd_save(int argc, char **argv) {
+    const char *src = NULL, *out = NULL, *layout = NULL, *dts = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--dtype") == 0 && v) dts = v, i++;
+        else if (strcmp(a, "--layout") == 0 && v) layout = v, i++;
+        else if (a[0] != '-' && !src) src = a;
+        else if (a[0] != '-' && !out) out = a;
+        else {
+            fprintf(stderr, "usage: keel save SRC_DIR OUT_DIR [--dtype f32|bf16|f16] [--layout text|multimodal]\n"
+                            "keel save: unknown or incomplete option '%s'\n", a);
+            return 2;
+        }
+    }
+    if (!src || !out) { fprintf(stderr, "usage: keel save SRC_DIR OUT_DIR [--dtype f32|bf16|f16] [--layout text|multimodal]\n"); return 2; }
+    if (layout && strcmp(layout, "text") && strcmp(layout, "multimodal")) { fprintf(stderr, "keel save: --layout expects text or multimodal\n"); return 2; }
+    keel_checkpoint *ck = keel_checkpoint_open(src);
+    if (!ck) { fprintf(stderr, "keel save: %s\n", keel_last_error()); return 1; }
+    keel_type dtype = KEEL_F32;
+    int st = keel_type_from_name(ck->dtype[0] ? (strcmp(ck->dtype, "BF16") == 0 ? "bf16" : strcmp(ck->dtype, "F16") == 0 ? "f16" : "f32") : "f32");
+    dtype = (keel_type)st;
+    if (dts && parse_dtype(dts, &dtype)) { keel_checkpoint_close(ck); return 2; }
+    bool mm = layout ? strcmp(layout, "multimodal") == 0 : ck->multimodal;
+    keel_backend *be = keel_backend_new("cpu", 2);
+    loaded L;
+    int rc = load_params(&L, be, &ck->cfg) || keel_checkpoint_load(ck, L.m, be) ||
+             keel_checkpoint_save(out, L.m, be, dtype, ck, mm) || verify_saved(out, L.m, be, dtype);
+    if (rc) fprintf(stderr, "keel save: %s\n", keel_last_error());
+    else printf("saved %s -> %s (%s layout, %s, %d tensors; reloaded bitwise identical)\n", src, out, mm ? "multimodal" : "text",
+                keel_type_name(dtype), L.m->n_params);
+    unload(&L);
+    keel_backend_free(be);
+    keel_checkpoint_close(ck);
+    return rc ? 1 : 0;
+}
+
+static int preset(const char *name, keel_qwen35_config *c) {
+    memset(c, 0, sizeof *c);
+    if (strcmp(name, "0.8b") == 0) { /* Qwen3.5-0.8B's shape */
+        *c = (keel_qwen35_config){.vocab = 248320, .hidden = 1024, .layers = 24, .ffn = 3584, .heads = 8, .kv_heads = 2,
+                                  .head_dim = 256, .lk_heads = 16, .lv_heads = 16, .lk_dim = 128, .lv_dim = 128,
+                                  .conv_kernel = 4, .rope_theta = 1e7, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
+    } else if (strcmp(name, "tiny") == 0) {
+        *c = (keel_qwen35_config){.vocab = 512, .hidden = 64, .layers = 4, .ffn = 160, .heads = 4, .kv_heads = 2,
+                                  .head_dim = 32, .lk_heads = 2, .lv_heads = 4, .lk_dim = 16, .lv_dim = 24,
+                                  .conv_kernel = 4, .rope_theta = 1e7, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
+    } else {
+        return keel_fail("unknown preset '%s' (tiny, 0.8b)", name);
+    }
+    for (int64_t i = 0; i < c->layers; i++) c->full_attention[i] = (i + 1) % 4 == 0;
+    return 0;
+}
+
+int cmd_init(int argc, char **argv) {
+    const char *pre = NULL, *out = NULL, *dts = "f32";
+    long long seed = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--preset") == 0 && v) pre = v, i++;
+        else if (strcmp(a, "--dtype") == 0 && v) dts = v, i++;
+        else if (strcmp(a, "--seed") == 0) { if ((seed = cli_int(a, v, 0)) < 0) return 2; i++; }
+        else if (a[0] != '-' && !out) out = a;
+        else { fprintf(stderr, "usage: keel init --preset tiny|0.8b OUT_DIR [--seed N] [--dtype f32|bf16]\nkeel init: unknown or incomplete option '%s'\n", a); return 2; }
+    }
+    keel_type dtype;
+    keel_qwen35_config c;
+    if (!pre || !out) { fprintf(stderr, "usage: keel init --preset tiny|0.8b OUT_DIR [--seed N] [--dtype f32|bf16]\n"); return 2; }
+    if (parse_dtype(dts, &dtype)) return 2;
+    if (preset(pre, &c)) { fprintf(stderr, "keel init: %s\n", keel_last_error()); return 2; }
+    keel_backend *be = keel_backend_new("cpu", 2);
+    loaded L;
+    int rc = load_params(&L, be, &c);
+    for (int p = 0; !rc && p < L.m->n_params; p++) { /* one tensor's values at a time */
+        keel_qwen35 one = *L.m;
+        one.params = &L.m->params[p];
+        one.n_params = 1;
+        double **v = keel_qwen35_init_values(&one, (uint64_t)seed * 1000003u + (uint64_t)p);
+        rc = !v || keel_tensor_write(be, L.m->params[p], v[0], KEEL_F64);
+        if (v) free(v[0]), free(v);
+    }
+    rc = rc || keel_checkpoint_save(out, L.m, be, dtype, NULL, false);
+    if (rc) fprintf(stderr, "keel init: %s\n", keel_last_error());
+    else printf("wrote %s: preset %s, %lld layers, %s, seed %lld\n", out, pre, (long long)c.layers, keel_type_name(dtype), seed);
+    unload(&L);
+    keel_backend_free(be);
+    return rc ? 1 : 0;
+}
+
+static long peak_rss_kib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+int cmd_info(int argc, char **argv) {
+    const char *dir = NULL;
+    long long B = 1, T = 1024, threads = 2;
+    bool run = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--batch") == 0) { if ((B = cli_int(a, v, 1)) < 0) return 2; i++; }
+        else if (strcmp(a, "--window") == 0) { if ((T = cli_int(a, v, 1)) < 0) return 2; i++; }
+        else if (strcmp(a, "--threads") == 0) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
+        else if (strcmp(a, "--run") == 0) run = true;
+        else if (a[0] != '-' && !dir) dir = a;
+        else { fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--run] [--threads N]\nkeel info: unknown or incomplete option '%s'\n", a); return 2; }
+    }
+    if (!dir) { fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--run] [--threads N]\n"); return 2; }
+    keel_checkpoint *ck = keel_checkpoint_open(dir);
+    if (!ck) { fprintf(stderr, "keel info: %s\n", keel_last_error()); return 1; }
+    const keel_qwen35_config *c = &ck->cfg;
+    int n_full = 0;
+    for (int64_t i = 0; i < c->layers; i++) n_full += c->full_attention[i];
+    keel_ctx *ctx = keel_ctx_new();
+    keel_qwen35 *m = keel_qwen35_new(ctx, c, KEEL_F32);
+    int64_t n_par = 0;
+    for (int p = 0; p < m->n_params; p++) n_par += keel_nelements(m->params[p]);
+    printf("%s: %s layout, weights %s\n", dir, ck->multimodal ? "multimodal" : "text", ck->dtype);
+    printf("layers %lld (%lld Gated DeltaNet, %d gated attention), hidden %lld, ffn %lld, vocab %lld, %s head\n",
+           (long long)c->layers, (long long)c->layers - n_full, n_full, (long long)c->hidden, (long long)c->ffn, (long long)c->vocab,
+           c->tied ? "tied" : "untied");
+    printf("parameters: %lld (%.3f B)\n", (long long)n_par, (double)n_par / 1e9);
+    keel_tensor *ids = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
+    keel_tensor *tgt = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
+    keel_tensor *pos = keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT);
+    keel_qwen35_out out;
+    keel_graph *g = NULL;
+    int rc = 1;
+    if (keel_qwen35_forward(ctx, m, ids, pos, tgt, &out) || !(g = keel_graph_build(ctx, &out.loss, 1)) || keel_build_backward(g, out.loss)) {
+        fprintf(stderr, "keel info: %s\n", keel_last_error());
+        goto done;
+    }
+    {
+        keel_plan *p = keel_plan_make(g, NULL);
+        double gib = 1024.0 * 1024 * 1024, pg = (double)n_par * 4 * 2 / gib, opt = (double)n_par * 4 * 2 / gib;
+        double act = (double)p->peak_activation_bytes / gib, planned = (double)p->total_bytes / gib;
+        printf("\ntraining step, float32, batch %lld x window %lld, planned by keel's memory plan:\n", B, T);
+        printf("%-10s %14s %28s %14s %18s\n", "recompute", "planned peak", "params+grads+AdamW moments", "activations", "+ moments = total");
+        printf("%-10s %11.2f GiB %24.2f GiB %10.2f GiB %14.2f GiB\n", "off", planned, pg + opt, act, planned + opt);
+        printf("(full, every:N and layers:... arrive with activation recompute)\n");
+        if (run) {
+            keel_backend *be = keel_backend_new("cpu", (int)threads);
+            keel_session *s = keel_session_new(be, g, NULL);
+            if (!s) { fprintf(stderr, "keel info: %s\n", keel_last_error()); keel_plan_free(p); keel_backend_free(be); goto done; }
+            for (int q = 0; q < m->n_params; q++) { /* weights from the checkpoint */
+                if (keel_checkpoint_load(ck, m, be)) { fprintf(stderr, "keel info: %s\n", keel_last_error()); break; }
+                break;
+            }
+            int32_t *iv = malloc((size_t)(B * T) * 4), *pv = malloc((size_t)T * 4);
+            for (long long i = 0; i < B * T; i++) iv[i] = (int32_t)((i * 2654435761u) % (uint64_t)c->vocab);
+            for (long long i = 0; i < T; i++) pv[i] = (int32_t)i;
+            keel_tensor_write(be, ids, iv, KEEL_I32), keel_tensor_write(be, tgt, iv, KEEL_I32), keel_tensor_write(be, pos, pv, KEEL_I32);
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            int r = keel_session_run(s, NULL, NULL);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            float loss = NAN;
+            keel_tensor_read(be, out.loss, &loss, KEEL_F32);
+            double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            printf("\nran one forward + backward on cpu (%lld threads): %s, loss %.4f, %.1f s, %.0f tokens/s\n", threads,
+                   r ? keel_last_error() : "ok", loss, secs, (double)(B * T) / secs);
+            printf("process peak RSS %.2f GiB (the plan for this graph: %.2f GiB; weights as loaded: %.2f GiB)\n",
+                   (double)peak_rss_kib() / (1024.0 * 1024), planned, (double)n_par * 4 / gib);
+            free(iv), free(pv);
+            keel_session_free(s);
+            keel_backend_free(be);
+        }
+        keel_plan_free(p);
+    }
+    rc = 0;
+done:
+    keel_graph_free(g);
+    keel_qwen35_free(m);
+    keel_ctx_free(ctx);
+    keel_checkpoint_close(ck);
+    return rc;
+}
