@@ -161,7 +161,7 @@ static long peak_rss_kib(void) {
 }
 
 int cmd_info(int argc, char **argv) {
-    const char *dir = NULL;
+    const char *dir = NULL, *dump = NULL;
     long long B = 1, T = 1024, threads = 2;
     bool run = false;
     for (int i = 1; i < argc; i++) {
@@ -170,8 +170,9 @@ int cmd_info(int argc, char **argv) {
         else if (strcmp(a, "--window") == 0) { if ((T = cli_int(a, v, 1)) < 0) return 2; i++; }
         else if (strcmp(a, "--threads") == 0) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
         else if (strcmp(a, "--run") == 0) run = true;
+        else if (strcmp(a, "--dump-logits") == 0 && v) dump = v, run = true, i++;
         else if (a[0] != '-' && !dir) dir = a;
-        else { fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--run] [--threads N]\nkeel info: unknown or incomplete option '%s'\n", a); return 2; }
+        else { fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--run] [--dump-logits FILE] [--threads N]\nkeel info: unknown or incomplete option '%s'\n", a); return 2; }
     }
     if (!dir) { fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--run] [--threads N]\n"); return 2; }
     keel_checkpoint *ck = keel_checkpoint_open(dir);
@@ -193,8 +194,13 @@ int cmd_info(int argc, char **argv) {
     keel_tensor *pos = keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT);
     keel_qwen35_out out;
     keel_graph *g = NULL;
-    int rc = 1;
-    if (keel_qwen35_forward(ctx, m, ids, pos, tgt, &out) || !(g = keel_graph_build(ctx, &out.loss, 1)) || keel_build_backward(g, out.loss)) {
+    int rc = 1, run_failed = 0;
+    if (keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) {
+        fprintf(stderr, "keel info: %s\n", keel_last_error());
+        goto done;
+    }
+    if (dump) out.logits->flags |= KEEL_FLAG_OUTPUT; /* keep them for the dump */
+    if (!(g = keel_graph_build(ctx, &out.loss, 1)) || keel_build_backward(g, out.loss)) {
         fprintf(stderr, "keel info: %s\n", keel_last_error());
         goto done;
     }
@@ -229,13 +235,23 @@ int cmd_info(int argc, char **argv) {
                    r ? keel_last_error() : "ok", loss, secs, (double)(B * T) / secs);
             printf("process peak RSS %.2f GiB (the plan for this graph: %.2f GiB; weights as loaded: %.2f GiB)\n",
                    (double)peak_rss_kib() / (1024.0 * 1024), planned, (double)n_par * 4 / gib);
+            if (dump && !r) { /* input ids [B,T] and logits [B,T,V], as a transformers run would name them */
+                double *lg = keel_tensor_read_f64(be, out.logits), *idd = malloc((size_t)(B * T) * sizeof(double));
+                for (long long i = 0; i < B * T; i++) idd[i] = iv[i];
+                keel_st_entry e[2] = {{.name = "input_ids", .type = KEEL_I32, .n_dims = 2, .shape = {B, T}, .values = idd},
+                                      {.name = "logits", .type = KEEL_F32, .n_dims = 3, .shape = {B, T, c->vocab}, .values = lg}};
+                if (!lg || keel_st_write(dump, e, 2)) fprintf(stderr, "keel info: %s\n", keel_last_error()), r = -1;
+                else printf("wrote input ids and logits to %s\n", dump);
+                free(lg), free(idd);
+            }
+            run_failed = r != 0;
             free(iv), free(pv);
             keel_session_free(s);
             keel_backend_free(be);
         }
         keel_plan_free(p);
     }
-    rc = 0;
+    rc = run_failed ? 1 : 0;
 done:
     keel_graph_free(g);
     keel_qwen35_free(m);

@@ -176,13 +176,17 @@ double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed) {
         if (!v[i]) { for (int j = 0; j < i; j++) free(v[j]); free(v); return NULL; }
         uint64_t s = seed * 0x100000001b3ull + (uint64_t)i * 0x9e3779b97f4a7c15ull;
         const char *nm = p->name;
-        bool norm1p_w = strstr(nm, "layernorm") || strstr(nm, "q_norm") || strstr(nm, "k_norm") || !strcmp(nm, "model.norm.weight");
+        enum { ZERO, ONE, ALOG, CONV, NORMAL } kind = NORMAL;
+        if (strstr(nm, "layernorm") || strstr(nm, "q_norm") || strstr(nm, "k_norm") || !strcmp(nm, "model.norm.weight")) kind = ZERO;
+        else if (strstr(nm, "linear_attn.norm.weight") || strstr(nm, "dt_bias")) kind = ONE;
+        else if (strstr(nm, "A_log")) kind = ALOG;
+        else if (strstr(nm, "conv1d")) kind = CONV;
         for (int64_t j = 0; j < n; j++) {
             double x;
-            if (norm1p_w) x = 0.0;
-            else if (strstr(nm, "linear_attn.norm.weight") || strstr(nm, "dt_bias")) x = 1.0;
-            else if (strstr(nm, "A_log")) x = log(1.0 + 15.0 * unif(&s));
-            else if (strstr(nm, "conv1d")) x = (2.0 * unif(&s) - 1.0) / sqrt((double)p->ne[0]);
+            if (kind == ZERO) x = 0.0;
+            else if (kind == ONE) x = 1.0;
+            else if (kind == ALOG) x = log(1.0 + 15.0 * unif(&s));
+            else if (kind == CONV) x = (2.0 * unif(&s) - 1.0) / sqrt((double)p->ne[0]);
             else { /* normal(0, 0.02) by Box-Muller */
                 double a = unif(&s), b = unif(&s);
                 x = 0.02 * sqrt(-2.0 * log(a > 1e-300 ? a : 1e-300)) * cos(6.283185307179586 * b);
