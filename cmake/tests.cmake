@@ -65,3 +65,9 @@ add_test(NAME save_as_bf16 COMMAND keel save ${KEEL_FIXTURES}/qwen35-tiny/causal
 set_tests_properties(save_as_bf16 PROPERTIES LABELS "model")
 add_test(NAME cli_missing_checkpoint COMMAND keel check-reference ${CMAKE_BINARY_DIR}/no-such-dir)
 set_tests_properties(cli_missing_checkpoint PROPERTIES LABELS "unit" WILL_FAIL TRUE)
+
+# Activation recompute: bitwise identical training in every mode (and thread count), and the
+# reference check with recompute on.
+add_test(NAME recompute_bitwise COMMAND keel test-recompute --fixture ${KEEL_FIXTURES}/qwen35-tiny/causal-f32-sharded)
+add_test(NAME recompute_check_reference COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --backend ref,cpu --recompute every:2)
+set_tests_properties(recompute_bitwise recompute_check_reference PROPERTIES LABELS "model;sanitize")

@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "cli.h"
 #include "io/checkpoint.h"
+#include "recompute/recompute.h"
 #include "ops/ops.h"
 #include "util/error.h"
 
@@ -56,7 +57,7 @@ static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *r
     return ok ? 0 : -1;
 }
 
-static int check_one(const char *ckpt_dir, const char *backend, int threads, const keel_st_file *ref, tally *ty) {
+static int check_one(const char *ckpt_dir, const char *backend, int threads, const keel_recompute_mode *rm, const keel_st_file *ref, tally *ty) {
     keel_checkpoint *ck = keel_checkpoint_open(ckpt_dir);
     if (!ck) { fprintf(stderr, "keel check-reference: %s\n", keel_last_error()); return -1; }
     const keel_st_tensor *ids_t = keel_st_find(ref, "input_ids"), *tgt_t = keel_st_find(ref, "targets");
@@ -85,7 +86,7 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
     outs[n_out++] = out.loss, outs[n_out++] = out.logits, outs[n_out++] = out.normed;
     for (int i = 0; i <= ck->cfg.layers; i++) outs[n_out++] = out.hidden[i];
     g = keel_graph_build(ctx, outs, n_out);
-    if (!g || keel_build_backward(g, out.loss)) goto done;
+    if (!g || keel_build_backward(g, out.loss) || keel_recompute_apply(g, &out.layers, rm) < 0) goto done;
     s = keel_session_new(be, g, NULL);
     if (!s || keel_checkpoint_load(ck, m, be)) goto done;
     {
@@ -96,8 +97,8 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
         free(iv), free(tv), free(pv);
         if (w || keel_session_run(s, NULL, NULL)) goto done;
     }
-    printf("%s on %s (%s, %s weights, %lld layers, B=%lld T=%lld)\n", ckpt_dir, backend, keel_type_name(type), ck->dtype[0] ? ck->dtype : "stored",
-           (long long)ck->cfg.layers, (long long)B, (long long)T);
+    printf("%s on %s (%s, %s weights, %lld layers, B=%lld T=%lld, recompute %s)\n", ckpt_dir, backend, keel_type_name(type),
+           ck->dtype[0] ? ck->dtype : "stored", (long long)ck->cfg.layers, (long long)B, (long long)T, rm->text);
     compare(be, out.logits, ref, "logits", tol_v, ty, false);
     compare(be, out.loss, ref, "loss", tol_v, ty, false);
     for (int i = 0; i < ck->cfg.layers; i++) {
@@ -151,21 +152,24 @@ static int is_checkpoint(const char *dir) {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int cmd_check_reference(int argc, char **argv) {
-    const char *dir = NULL, *backends = "cpu", *only = NULL;
+    const char *dir = NULL, *backends = "cpu", *only = NULL, *rmode = "off";
     long long threads = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--backend") == 0 && v) backends = v, i++;
         else if (strcmp(a, "--checkpoint") == 0 && v) only = v, i++;
+        else if (strcmp(a, "--recompute") == 0 && v) rmode = v, i++;
         else if (strcmp(a, "--threads") == 0) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
         else if (a[0] != '-' && !dir) dir = a;
         else {
-            fprintf(stderr, "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR] [--threads N]\n"
+            fprintf(stderr, "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR] [--recompute MODE] [--threads N]\n"
                             "keel check-reference: unknown or incomplete option '%s'\n", a);
             return 2;
         }
     }
     if (!dir) { fprintf(stderr, "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR]\n"); return 2; }
+    keel_recompute_mode rm;
+    if (keel_recompute_parse(rmode, &rm)) { fprintf(stderr, "keel check-reference: %s\n", keel_last_error()); return 2; }
     char refp[4096];
     snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
     keel_st_file *ref = keel_st_open(refp);
@@ -195,7 +199,7 @@ int cmd_check_reference(int argc, char **argv) {
             char p[4096];
             if (subs[i][0] == '/') snprintf(p, sizeof p, "%s", subs[i]); /* an absolute --checkpoint */
             else snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
-            if (check_one(p, b, (int)threads, ref, &ty)) errors++;
+            if (check_one(p, b, (int)threads, &rm, ref, &ty)) errors++;
         }
     for (int i = 0; i < n_sub; i++) free(subs[i]);
     keel_st_close(ref);

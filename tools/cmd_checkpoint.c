@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "io/checkpoint.h"
 #include "ops/ops.h"
+#include "recompute/recompute.h"
 #include "util/error.h"
 
 static int parse_dtype(const char *v, keel_type *out) {
@@ -161,7 +162,7 @@ static long peak_rss_kib(void) {
 }
 
 int cmd_info(int argc, char **argv) {
-    const char *dir = NULL, *dump = NULL;
+    const char *dir = NULL, *dump = NULL, *rmode = "off";
     long long B = 1, T = 1024, threads = 2;
     bool run = false;
     for (int i = 1; i < argc; i++) {
@@ -171,8 +172,9 @@ int cmd_info(int argc, char **argv) {
         else if (strcmp(a, "--threads") == 0) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
         else if (strcmp(a, "--run") == 0) run = true;
         else if (strcmp(a, "--dump-logits") == 0 && v) dump = v, run = true, i++;
+        else if (strcmp(a, "--recompute") == 0 && v) rmode = v, i++;
         else if (a[0] != '-' && !dir) dir = a;
-        else { fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--run] [--dump-logits FILE] [--threads N]\nkeel info: unknown or incomplete option '%s'\n", a); return 2; }
+        else { fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE] [--threads N]\nkeel info: unknown or incomplete option '%s'\n", a); return 2; }
     }
     if (!dir) { fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--run] [--threads N]\n"); return 2; }
     keel_checkpoint *ck = keel_checkpoint_open(dir);
@@ -189,36 +191,59 @@ int cmd_info(int argc, char **argv) {
            (long long)c->layers, (long long)c->layers - n_full, n_full, (long long)c->hidden, (long long)c->ffn, (long long)c->vocab,
            c->tied ? "tied" : "untied");
     printf("parameters: %lld (%.3f B)\n", (long long)n_par, (double)n_par / 1e9);
-    keel_tensor *ids = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
-    keel_tensor *tgt = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
-    keel_tensor *pos = keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT);
-    keel_qwen35_out out;
+    keel_recompute_mode run_mode;
+    if (keel_recompute_parse(rmode, &run_mode)) { fprintf(stderr, "keel info: %s\n", keel_last_error()); keel_qwen35_free(m); keel_ctx_free(ctx); keel_checkpoint_close(ck); return 2; }
+    keel_qwen35_free(m);
+    keel_ctx_free(ctx);
+    ctx = NULL, m = NULL;
+    double gib = 1024.0 * 1024 * 1024, moments = (double)n_par * 4 * 2 / gib;
+    printf("\ntraining step, float32, batch %lld x window %lld, planned by keel's memory plan (AdamW moments: %.2f GiB more):\n", B, T, moments);
+    printf("%-12s %14s %22s %14s %16s\n", "recompute", "planned peak", "params+grads+moments", "activations", "total");
+    const char *modes[] = {"off", "full", "every:2", "every:4", rmode};
+    int n_modes = 4 + (strcmp(rmode, "off") && strcmp(rmode, "full") && strcmp(rmode, "every:2") && strcmp(rmode, "every:4"));
+    keel_tensor *ids = NULL, *tgt = NULL, *pos = NULL;
+    keel_qwen35_out out = {0};
     keel_graph *g = NULL;
     int rc = 1, run_failed = 0;
-    if (keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) {
-        fprintf(stderr, "keel info: %s\n", keel_last_error());
-        goto done;
-    }
-    if (dump) out.logits->flags |= KEEL_FLAG_OUTPUT; /* keep them for the dump */
-    if (!(g = keel_graph_build(ctx, &out.loss, 1)) || keel_build_backward(g, out.loss)) {
-        fprintf(stderr, "keel info: %s\n", keel_last_error());
-        goto done;
+    for (int mi = 0; mi < n_modes; mi++) { /* build each mode's graph; keep the one --run uses */
+        bool keep = strcmp(modes[mi], rmode) == 0;
+        keel_recompute_mode rm;
+        keel_recompute_parse(modes[mi], &rm);
+        keel_ctx *cx = keel_ctx_new();
+        keel_qwen35 *mm = keel_qwen35_new(cx, c, KEEL_F32);
+        keel_tensor *i2 = keel_set_flags(keel_new_2d(cx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
+        keel_tensor *t2 = keel_set_flags(keel_new_2d(cx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
+        keel_tensor *p2 = keel_set_flags(keel_new_1d(cx, KEEL_I32, T), KEEL_FLAG_INPUT);
+        keel_qwen35_out o2;
+        keel_graph *g2 = NULL;
+        if (keel_qwen35_forward(cx, mm, i2, p2, t2, &o2)) { fprintf(stderr, "keel info: %s\n", keel_last_error()); keel_qwen35_free(mm); keel_ctx_free(cx); goto done; }
+        if (keep && dump) o2.logits->flags |= KEEL_FLAG_OUTPUT; /* keep them for the dump */
+        if (!(g2 = keel_graph_build(cx, &o2.loss, 1)) || keel_build_backward(g2, o2.loss) || keel_recompute_apply(g2, &o2.layers, &rm) < 0) {
+            fprintf(stderr, "keel info: %s\n", keel_last_error());
+            keel_graph_free(g2), keel_qwen35_free(mm), keel_ctx_free(cx);
+            goto done;
+        }
+        keel_plan *pl = keel_plan_make(g2, NULL);
+        double planned = (double)pl->total_bytes / gib, act = (double)pl->peak_activation_bytes / gib;
+        printf("%-12s %10.2f GiB %18.2f GiB %10.2f GiB %12.2f GiB\n", modes[mi], planned, (double)pl->persistent_bytes / gib + moments, act, planned + moments);
+        keel_plan_free(pl);
+        if (keep && !g) {
+            ctx = cx, m = mm, g = g2, out = o2, ids = i2, tgt = t2, pos = p2;
+        } else {
+            keel_graph_free(g2), keel_qwen35_free(mm), keel_ctx_free(cx);
+        }
     }
     {
         keel_plan *p = keel_plan_make(g, NULL);
-        double gib = 1024.0 * 1024 * 1024, pg = (double)n_par * 4 * 2 / gib, opt = (double)n_par * 4 * 2 / gib;
-        double act = (double)p->peak_activation_bytes / gib, planned = (double)p->total_bytes / gib;
-        printf("\ntraining step, float32, batch %lld x window %lld, planned by keel's memory plan:\n", B, T);
-        printf("%-10s %14s %28s %14s %18s\n", "recompute", "planned peak", "params+grads+AdamW moments", "activations", "+ moments = total");
-        printf("%-10s %11.2f GiB %24.2f GiB %10.2f GiB %14.2f GiB\n", "off", planned, pg + opt, act, planned + opt);
-        printf("(full, every:N and layers:... arrive with activation recompute)\n");
+        double planned = (double)p->total_bytes / gib;
         if (run) {
             keel_backend *be = keel_backend_new("cpu", (int)threads);
             keel_session *s = keel_session_new(be, g, NULL);
             if (!s) { fprintf(stderr, "keel info: %s\n", keel_last_error()); keel_plan_free(p); keel_backend_free(be); goto done; }
-            for (int q = 0; q < m->n_params; q++) { /* weights from the checkpoint */
-                if (keel_checkpoint_load(ck, m, be)) { fprintf(stderr, "keel info: %s\n", keel_last_error()); break; }
-                break;
+            if (keel_checkpoint_load(ck, m, be)) { /* the checkpoint's weights */
+                fprintf(stderr, "keel info: %s\n", keel_last_error());
+                keel_session_free(s), keel_plan_free(p), keel_backend_free(be);
+                goto done;
             }
             int32_t *iv = malloc((size_t)(B * T) * 4), *pv = malloc((size_t)T * 4);
             for (long long i = 0; i < B * T; i++) iv[i] = (int32_t)((i * 2654435761u) % (uint64_t)c->vocab);
@@ -231,7 +256,7 @@ int cmd_info(int argc, char **argv) {
             float loss = NAN;
             keel_tensor_read(be, out.loss, &loss, KEEL_F32);
             double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-            printf("\nran one forward + backward on cpu (%lld threads): %s, loss %.4f, %.1f s, %.0f tokens/s\n", threads,
+            printf("\nran one forward + backward on cpu (recompute %s, %lld threads): %s, loss %.4f, %.1f s, %.0f tokens/s\n", rmode, threads,
                    r ? keel_last_error() : "ok", loss, secs, (double)(B * T) / secs);
             printf("process peak RSS %.2f GiB (the plan for this graph: %.2f GiB; weights as loaded: %.2f GiB)\n",
                    (double)peak_rss_kib() / (1024.0 * 1024), planned, (double)n_par * 4 / gib);

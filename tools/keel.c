@@ -15,14 +15,16 @@ static void usage(FILE *f) {
             "  test-ops [--backend ref,cpu] [--op NAME,...] [--grad] [--expect-fault N]\n"
             "                 check every op (and with --grad, every gradient) against the float64 reference\n"
             "  test-model     whole-model gradient check: a Qwen3.5 layer pair against finite differences\n"
-            "  check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR]\n"
+            "  test-recompute [--fixture CHECKPOINT]\n"
+            "                 recompute modes off, full, every:2, layers:1,3 give bitwise identical training\n"
+            "  check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR] [--recompute MODE]\n"
             "                 run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers\n"
             "  save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal]\n"
             "                 write a checkpoint folder (as transformers does) and check it reloads bitwise\n"
             "  init --preset tiny|0.8b OUT [--seed N] [--dtype f32|bf16]\n"
             "                 a Qwen3.5-family checkpoint with random weights\n"
-            "  info CHECKPOINT [--batch B] [--window T] [--run]\n"
-            "                 layers, parameters, training memory; --run times one forward + backward\n"
+            "  info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE]\n"
+            "                 layers, parameters, training memory per recompute mode; --run times one forward + backward\n"
             "  bench matmul [--sizes 512,1024,2048,4096] [--threads N]\n"
             "                 cpu float32 matrix product: GFLOP/s next to OpenBLAS and the CPU's peak\n"
             "  demo [--steps N] [--threads N] [--text FILE]\n"
@@ -70,6 +72,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "test-ops") == 0) return cmd_test_ops(argc - 1, argv + 1);
     if (strcmp(cmd, "test-model") == 0) return cmd_test_model(argc - 1, argv + 1);
     if (strcmp(cmd, "check-reference") == 0) return cmd_check_reference(argc - 1, argv + 1);
+    if (strcmp(cmd, "test-recompute") == 0) return cmd_test_recompute(argc - 1, argv + 1);
     if (strcmp(cmd, "save") == 0) return cmd_save(argc - 1, argv + 1);
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);

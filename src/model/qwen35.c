@@ -139,8 +139,11 @@ int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, k
     memset(out, 0, sizeof *out);
     keel_tensor *x = keel_get_rows(ctx, m->embed, ids); /* [D, T, B] */
     out->hidden[0] = x;
+    out->layers.n_layers = (int)c->layers;
+    out->layers.boundary[0] = x;
     for (int i = 0; i < c->layers; i++) {
         const keel_qwen35_layer *L = &m->layer[i];
+        out->layers.first_id[i] = keel_ctx_count(ctx);
         keel_tensor *h = norm1p(ctx, x, L->in_norm, c->rms_eps);
         keel_tensor *mix = c->full_attention[i] ? gated_attention(ctx, c, L, h, pos) : gated_deltanet(ctx, c, L, h);
         x = keel_add(ctx, x, mix);
@@ -149,6 +152,8 @@ int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, k
         x = keel_add(ctx, x, mlp);
         keel_set_name(x, "hidden.%d", i + 1);
         out->hidden[i + 1] = x;
+        out->layers.end_id[i] = keel_ctx_count(ctx);
+        out->layers.boundary[i + 1] = x;
     }
     keel_tensor *xn = norm1p(ctx, x, m->final_norm, c->rms_eps);
     out->normed = xn;

@@ -4,6 +4,7 @@
 #ifndef KEEL_QWEN35_H
 #define KEEL_QWEN35_H
 
+#include "recompute/recompute.h"
 #include "tensor/tensor.h"
 
 #define KEEL_QWEN35_MAX_LAYERS 256
@@ -44,6 +45,7 @@ typedef struct {
     keel_tensor *loss;                            /* [1], when targets were given */
     keel_tensor *hidden[KEEL_QWEN35_MAX_LAYERS + 1]; /* hidden[0] embeddings, hidden[i] after layer i */
     keel_tensor *normed;                          /* after the final norm */
+    keel_layer_map layers;                        /* for activation recompute */
 } keel_qwen35_out;
 
 /* Forward graph for ids [T, B] (i32), positions [T] (i32), targets [T, B] (i32, or NULL). */
