@@ -1,3 +1,4 @@
+#define _DEFAULT_SOURCE /* wait4 */
 /* keel bench matmul: the cpu backend's float32 MUL_MAT, through a real graph run, next to OpenBLAS
  * sgemm on the same operands in the same process, and next to this CPU's theoretical peak.
  * OpenBLAS is loaded at run time (dlopen): it is a benchmark-only dependency. */
@@ -12,7 +13,13 @@
 #include "backends/cpu/gemm.h"
 #include "cli.h"
 #include "ops/ops.h"
+#include "autodiff/autodiff.h"
+#include "model/qwen35.h"
+#include "recompute/recompute.h"
 #include "util/error.h"
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 enum { CblasColMajor = 102, CblasNoTrans = 111, CblasTrans = 112 };
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
@@ -129,9 +136,111 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
     return 0;
 }
 
+/* One training step of a 12-layer Qwen3.5-family model per recompute mode, each mode in a child
+ * process so that its peak RSS is its own. */
+typedef struct {
+    double planned, activations, rss, step;
+} rc_result;
+
+static int recompute_child(const char *mode, int64_t T, int threads, int layers, rc_result *r) {
+    keel_qwen35_config c = {.vocab = 4096, .hidden = 512, .layers = layers, .ffn = 1536, .heads = 8, .kv_heads = 2,
+                            .head_dim = 64, .lk_heads = 4, .lv_heads = 8, .lk_dim = 64, .lv_dim = 64, .conv_kernel = 4,
+                            .rope_theta = 1e7, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
+    for (int i = 0; i < layers; i++) c.full_attention[i] = (i + 1) % 4 == 0;
+    keel_recompute_mode rm;
+    if (keel_recompute_parse(mode, &rm)) return -1;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_qwen35 *m = keel_qwen35_new(ctx, &c, KEEL_F32);
+    keel_tensor *ids = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, 1), KEEL_FLAG_INPUT);
+    keel_tensor *tgt = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, 1), KEEL_FLAG_INPUT);
+    keel_tensor *pos = keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT);
+    keel_qwen35_out out;
+    if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) return -1;
+    keel_graph *g = keel_graph_build(ctx, &out.loss, 1);
+    if (!g || keel_build_backward(g, out.loss) || keel_recompute_apply(g, &out.layers, &rm) < 0) return -1;
+    keel_backend *be = keel_backend_new("cpu", threads);
+    keel_session *s = keel_session_new(be, g, NULL);
+    if (!s) return -1;
+    for (int i = 0; i < m->n_params; i++) { /* one parameter's values at a time: they count in the peak RSS */
+        keel_qwen35 one = *m;
+        one.params = &m->params[i];
+        one.n_params = 1;
+        double **v = keel_qwen35_init_values(&one, 5 + (uint64_t)i);
+        int64_t n = keel_nelements(m->params[i]);
+        float *f = malloc((size_t)n * sizeof *f); /* f32 on the host: no staging copy on the backend */
+        for (int64_t j = 0; j < n; j++) f[j] = (float)v[0][j];
+        keel_tensor_write(be, m->params[i], f, KEEL_F32);
+        free(f), free(v[0]), free(v);
+    }
+    int32_t *iv = malloc((size_t)T * 4), *pv = malloc((size_t)T * 4);
+    for (int64_t i = 0; i < T; i++) iv[i] = (int32_t)((i * 2654435761u) % 4096), pv[i] = (int32_t)i;
+    keel_tensor_write(be, ids, iv, KEEL_I32), keel_tensor_write(be, tgt, iv, KEEL_I32), keel_tensor_write(be, pos, pv, KEEL_I32);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; rep++) { /* the first run also touches every page of the arena */
+        double t0 = now();
+        if (keel_session_run(s, NULL, NULL)) return -1;
+        double dt = now() - t0;
+        if (rep > 0 && dt < best) best = dt;
+    }
+    r->planned = (double)s->plan->total_bytes;
+    r->activations = (double)s->plan->peak_activation_bytes;
+    r->step = best;
+    return 0;
+}
+
+static int bench_recompute(int threads, int64_t T, int layers) {
+    static const char *modes[] = {"off", "full", "every:2", "layers:1,3"};
+    rc_result res[4];
+    printf("keel bench recompute: one training step (forward + backward) of a %d-layer Qwen3.5-family model\n", layers);
+    printf("(hidden 512, ffn 1536, 3 Gated DeltaNet + 1 gated attention per 4 layers, vocab 4096), batch 1, window %lld,\n", (long long)T);
+    printf("cpu backend, %d threads; each mode in its own process; step time: best of 2 after one warm-up\n\n", threads);
+    for (int i = 0; i < 4; i++) {
+        int fd[2];
+        if (pipe(fd)) return 1;
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fd[0]);
+            rc_result r = {0};
+            int ok = recompute_child(modes[i], T, threads, layers, &r) == 0;
+            if (!ok) fprintf(stderr, "keel bench recompute: %s: %s\n", modes[i], keel_last_error());
+            if (write(fd[1], &r, sizeof r) != (ssize_t)sizeof r) ok = 0;
+            _exit(ok ? 0 : 1);
+        }
+        close(fd[1]);
+        rc_result r = {0};
+        ssize_t got = read(fd[0], &r, sizeof r);
+        close(fd[0]);
+        int status;
+        struct rusage ru;
+        wait4(pid, &status, 0, &ru);
+        if (got != (ssize_t)sizeof r || !WIFEXITED(status) || WEXITSTATUS(status)) return 1;
+        r.rss = (double)ru.ru_maxrss * 1024.0;
+        res[i] = r;
+    }
+    double mib = 1048576.0;
+    printf("%-11s %12s %12s %14s %10s %10s %12s %12s\n", "recompute", "planned", "measured", "measured/plan", "activations", "act/off", "step (s)", "time/off");
+    for (int i = 0; i < 4; i++)
+        printf("%-11s %8.0f MiB %8.0f MiB %14.3f %6.0f MiB %10.2f %12.2f %12.2f\n", modes[i], res[i].planned / mib, res[i].rss / mib,
+               res[i].rss / res[i].planned, res[i].activations / mib, res[i].activations / res[0].activations, res[i].step,
+               res[i].step / res[0].step);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "recompute") == 0) {
+        long long threads = 2, T = 1024, layers = 12;
+        for (int i = 2; i < argc; i++) {
+            const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+            if (strcmp(a, "--threads") == 0) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
+            else if (strcmp(a, "--window") == 0) { if ((T = cli_int(a, v, 1)) < 0) return 2; i++; }
+            else if (strcmp(a, "--layers") == 0) { if ((layers = cli_int(a, v, 4)) < 0 || layers > 64) return 2; i++; }
+            else { fprintf(stderr, "usage: keel bench recompute [--threads N] [--window T] [--layers L]\n"); return 2; }
+        }
+        return bench_recompute((int)threads, T, (int)layers);
+    }
     if (argc < 2 || strcmp(argv[1], "matmul") != 0) {
-        fprintf(stderr, "usage: keel bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N]\n");
+        fprintf(stderr, "usage: keel bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N]\n"
+                        "       keel bench recompute [--threads N] [--window T] [--layers L]\n");
         return 2;
     }
     long long sizes[16] = {512, 1024, 2048, 4096};

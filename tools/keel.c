@@ -27,6 +27,8 @@ static void usage(FILE *f) {
             "                 layers, parameters, training memory per recompute mode; --run times one forward + backward\n"
             "  bench matmul [--sizes 512,1024,2048,4096] [--threads N]\n"
             "                 cpu float32 matrix product: GFLOP/s next to OpenBLAS and the CPU's peak\n"
+            "  bench recompute [--window T] [--layers L]\n"
+            "                 peak memory (planned and measured) and step time per recompute mode\n"
             "  demo [--steps N] [--threads N] [--text FILE]\n"
             "                 train a small character-level model with keel's autodiff and AdamW\n"
             "  ops            list the op table\n"
