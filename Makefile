@@ -4,7 +4,7 @@
 JOBS ?= 2
 BUILD ?= build
 
-.PHONY: all deps build build-asan demo check bench cuda clean
+.PHONY: all deps build build-asan assets demo check bench cuda clean
 
 all: build
 
@@ -19,12 +19,14 @@ build-asan: deps
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=ON >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 
-demo: build
-	@command -v npm >/dev/null || scripts/setup-deps.sh npm
-	@scripts/fetch-assets.sh
+demo: build assets
 	./$(BUILD)/keel demo
 
-check: build build-asan
+assets:
+	@command -v npm >/dev/null || scripts/setup-deps.sh npm
+	@scripts/fetch-assets.sh
+
+check: build build-asan assets
 	@scripts/run-checks.sh
 
 bench: build

