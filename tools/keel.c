@@ -31,6 +31,8 @@ static void usage(FILE *f) {
             "                 cpu float32 matrix product: GFLOP/s next to OpenBLAS and the CPU's peak\n"
             "  bench recompute [--window T] [--layers L]\n"
             "                 peak memory (planned and measured) and step time per recompute mode\n"
+            "  bench tokenize [--tokenizer FILE] [--text FILE]\n"
+            "                 MB/s next to the npm Qwen3 tokenizer (node) on the same text; ids compared\n"
             "  demo [--steps N] [--threads N] [--text FILE]\n"
             "                 train a small character-level model with keel's autodiff and AdamW\n"
             "  ops            list the op table\n"
