@@ -125,7 +125,6 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
         }
     }
     /* Name and keep parameter gradients; a parameter the loss does not reach gets none. */
-    int64_t n_params = 0;
     for (int64_t i = 0; i < g->n_leafs; i++) {
         keel_tensor *p = g->leafs[i];
         if (!(p->flags & KEEL_FLAG_PARAM) || !g->grads[p->id]) continue;
@@ -137,7 +136,6 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
         }
         keel_set_name(gr, "grad.%s", p->name);
         gr->flags |= KEEL_FLAG_OUTPUT;
-        n_params++;
     }
     /* Append what the parameter gradients need, in creation order: a valid topological order
      * that runs the backward pass from the last layer to the first. */
@@ -164,7 +162,6 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
     free(want);
     free(acc.needs);
     free(acc.owned);
-    (void)n_params;
     return 0;
 fail:
     free(acc.needs);

@@ -31,7 +31,7 @@ typedef struct { char *key; uint32_t len; int32_t *ids; uint32_t n; } cache_slot
 
 struct keel_tokenizer {
     vocab_slot *vmap; size_t vcap;        /* token string -> id */
-    char **tok; uint32_t *tok_len; int32_t n_tok; /* id -> string */
+    char **tok; uint32_t *tok_len; int32_t n_tok, cap_tok; /* id -> string */
     merge_slot *mmap; size_t mcap;        /* (left, right) -> rank, merged id */
     int32_t n_merges;
     int32_t byte_id[256];                 /* single-byte tokens */
@@ -137,14 +137,18 @@ static void mix_hash(keel_tokenizer *t, const void *p, size_t n) {
 static int add_token(keel_tokenizer *t, const char *path, const char *s, size_t len, int64_t id) {
     if (id < 0 || id > 100000000) return keel_fail("%s: token '%s' has id %lld out of range", path, s, (long long)id);
     if (id >= t->n_tok) {
-        int32_t n = (int32_t)id + 1;
-        char **nt = realloc(t->tok, (size_t)n * sizeof *nt);
-        uint32_t *nl = realloc(t->tok_len, (size_t)n * sizeof *nl);
-        if (nt) t->tok = nt;
-        if (nl) t->tok_len = nl;
-        if (!nt || !nl) return keel_fail("out of memory");
-        for (int32_t i = t->n_tok; i < n; i++) t->tok[i] = NULL, t->tok_len[i] = 0;
-        t->n_tok = n;
+        if (id >= t->cap_tok) { /* grow geometrically: ids mostly arrive in order */
+            int32_t cap = t->cap_tok ? t->cap_tok : 1024;
+            while (cap <= id) cap *= 2;
+            char **nt = realloc(t->tok, (size_t)cap * sizeof *nt);
+            uint32_t *nl = realloc(t->tok_len, (size_t)cap * sizeof *nl);
+            if (nt) t->tok = nt;
+            if (nl) t->tok_len = nl;
+            if (!nt || !nl) return keel_fail("out of memory");
+            t->cap_tok = cap;
+        }
+        for (int32_t i = t->n_tok; i <= id; i++) t->tok[i] = NULL, t->tok_len[i] = 0;
+        t->n_tok = (int32_t)id + 1;
     }
     int r = vmap_put(t, s, len, (int32_t)id);
     if (r < 0) return keel_fail("out of memory");

@@ -159,7 +159,7 @@ static int ref_gdn_back(const keel_tensor *t) {
                       *dO = t->src[5];
     int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], B = q->ne[3], Dv = v->ne[0], Hv = v->ne[1];
     int64_t r = Hv / Hk, n = Dk * Dv;
-    int64_t off_dq = 0, off_dk = Dk * Hv * T * B, off_dv = 2 * Dk * Hv * T * B, off_dg = off_dv + Dv * Hv * T * B,
+    int64_t off_dk = Dk * Hv * T * B, off_dv = 2 * Dk * Hv * T * B, off_dg = off_dv + Dv * Hv * T * B,
             off_db = off_dg + Hv * T * B;
     double *Sall = malloc((size_t)((T + 1) * n) * sizeof(double));
     double *dS = malloc((size_t)n * sizeof(double)), *dd = malloc((size_t)Dv * sizeof(double)),
@@ -168,8 +168,6 @@ static int ref_gdn_back(const keel_tensor *t) {
         free(Sall), free(dS), free(dd), free(d), free(du);
         return keel_fail("ref: out of memory in '%s'", t->name);
     }
-    double *out = t->data; /* GATED_DELTA_NET_BACK results are contiguous; write through putf */
-    (void)out;
     for (int64_t b = 0; b < B; b++)
         for (int64_t hv = 0; hv < Hv; hv++) {
             int64_t hk = hv / r;
@@ -202,7 +200,7 @@ static int ref_gdn_back(const keel_tensor *t) {
                 for (int64_t i = 0; i < Dk; i++) {
                     double s = 0;
                     for (int64_t j = 0; j < Dv; j++) s += St[i * Dv + j] * get(dO, j, hv, tt, b);
-                    putf(t, off_dq + ((b * T + tt) * Hv + hv) * Dk + i, s);
+                    putf(t, ((b * T + tt) * Hv + hv) * Dk + i, s); /* dq first in the packed result */
                 }
                 for (int64_t i = 0; i < Dk; i++)
                     for (int64_t j = 0; j < Dv; j++) dS[i * Dv + j] += get(q, i, hk, tt, b) * get(dO, j, hv, tt, b);
@@ -234,7 +232,6 @@ static int ref_gdn_back(const keel_tensor *t) {
                 putf(t, off_db + (b * T + tt) * Hv + hv, dbeta);
             }
         }
-    (void)off_dq;
     free(Sall), free(dS), free(dd), free(d), free(du);
     return 0;
 }
