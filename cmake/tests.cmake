@@ -78,3 +78,25 @@ set(KEEL_ASSETS "${CMAKE_SOURCE_DIR}/assets")
 add_test(NAME tokenizer_cases_qwen3 COMMAND keel tokenize --tokenizer ${KEEL_ASSETS}/qwen3/tokenizer.json --cases ${KEEL_FIXTURES}/tokenizer/qwen3-gpt2-cases.json --expect qwen3)
 add_test(NAME tokenizer_cases_gpt2 COMMAND keel tokenize --tokenizer ${KEEL_ASSETS}/gpt2 --cases ${KEEL_FIXTURES}/tokenizer/qwen3-gpt2-cases.json --expect gpt2)
 set_tests_properties(tokenizer_cases_qwen3 tokenizer_cases_gpt2 PROPERTIES LABELS "tokenizer;sanitize")
+
+# keel diff. Unfaulted runs agree; a fault applied to configuration B alone is found at exactly
+# the node it hits, with identical inputs, and the row-limited copy at the row limit.
+set(KEEL_TINY ${KEEL_FIXTURES}/qwen35-tiny)
+add_test(NAME diff_recompute_none COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --a recompute=off --b recompute=full)
+add_test(NAME diff_threads_none COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --a threads=1 --b threads=2,recompute=every:2)
+add_test(NAME diff_backends_within_tolerance COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --a backend=ref --b backend=cpu --tolerance 1e-8)
+add_test(NAME diff_finds_flipped_node COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --a recompute=off --b recompute=full,fault=flip:hidden.2)
+set_tests_properties(diff_finds_flipped_node PROPERTIES PASS_REGULAR_EXPRESSION "first divergence: node 'hidden.2' \\(ADD[^\n]*\n  its 2 input\\(s\\) are byte-identical")
+add_test(NAME diff_finds_faulty_acc COMMAND keel diff --case acc --a threads=1 --b fault=copy-row-limit:1024)
+set_tests_properties(diff_finds_faulty_acc PROPERTIES PASS_REGULAR_EXPRESSION "first divergence: node 'acc#[0-9]+' \\(ACC[^\n]*\n  its 2 input\\(s\\) are byte-identical[^\n]*\n[^\n]*\n  first differing flat index: 1024 ")
+add_test(NAME diff_finds_faulty_copy_in_model COMMAND keel diff --model ${KEEL_TINY}/multimodal-bf16 --data ${CMAKE_SOURCE_DIR}/README.md --a recompute=off --b fault=copy-row-limit:16)
+set_tests_properties(diff_finds_faulty_copy_in_model PROPERTIES PASS_REGULAR_EXPRESSION "first divergence: node 'get_rows#[0-9]+' \\(GET_ROWS[^\n]*\n  its 2 input\\(s\\) are byte-identical[^\n]*\n[^\n]*\n  first differing flat index: 16 ")
+# trace files: written by check-reference, compared by keel diff
+add_test(NAME trace_write_off COMMAND keel check-reference ${KEEL_TINY} --checkpoint causal-f32-sharded --trace ${CMAKE_BINARY_DIR}/trace-off.bin)
+add_test(NAME trace_write_full COMMAND keel check-reference ${KEEL_TINY} --checkpoint causal-f32-sharded --recompute full --trace ${CMAKE_BINARY_DIR}/trace-full.bin)
+set_tests_properties(trace_write_off PROPERTIES FIXTURES_SETUP trace_off)
+set_tests_properties(trace_write_full PROPERTIES FIXTURES_SETUP trace_full)
+add_test(NAME trace_diff_files COMMAND keel diff ${CMAKE_BINARY_DIR}/trace-off.bin ${CMAKE_BINARY_DIR}/trace-full.bin)
+set_tests_properties(trace_diff_files PROPERTIES FIXTURES_REQUIRED "trace_off;trace_full")
+set_tests_properties(diff_recompute_none diff_threads_none diff_backends_within_tolerance diff_finds_flipped_node diff_finds_faulty_acc
+  diff_finds_faulty_copy_in_model trace_write_off trace_write_full trace_diff_files PROPERTIES LABELS "trace")

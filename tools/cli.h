@@ -13,6 +13,7 @@ int cmd_init(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_test_recompute(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_diff(int argc, char **argv);
 
 /* Parse a positive integer flag value; prints the error and returns -1 when it is not one. */
 long long cli_int(const char *flag, const char *value, long long min);

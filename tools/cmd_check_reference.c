@@ -13,6 +13,7 @@
 #include "cli.h"
 #include "io/checkpoint.h"
 #include "recompute/recompute.h"
+#include "trace/trace.h"
 #include "ops/ops.h"
 #include "util/error.h"
 
@@ -57,7 +58,10 @@ static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *r
     return ok ? 0 : -1;
 }
 
-static int check_one(const char *ckpt_dir, const char *backend, int threads, const keel_recompute_mode *rm, const keel_st_file *ref, tally *ty) {
+typedef struct { const char *path; bool data; size_t max_bytes; } trace_opts;
+
+static int check_one(const char *ckpt_dir, const char *backend, int threads, const keel_recompute_mode *rm, const trace_opts *to,
+                     const keel_st_file *ref, tally *ty) {
     keel_checkpoint *ck = keel_checkpoint_open(ckpt_dir);
     if (!ck) { fprintf(stderr, "keel check-reference: %s\n", keel_last_error()); return -1; }
     const keel_st_tensor *ids_t = keel_st_find(ref, "input_ids"), *tgt_t = keel_st_find(ref, "targets");
@@ -95,7 +99,14 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
         for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
         int w = keel_tensor_write(be, ids, iv, KEEL_I32) || keel_tensor_write(be, tgt, tv, KEEL_I32) || keel_tensor_write(be, pos, pv, KEEL_I32);
         free(iv), free(tv), free(pv);
-        if (w || keel_session_run(s, NULL, NULL)) goto done;
+        keel_tracer *tr = to->path ? keel_tracer_new(to->data, to->max_bytes) : NULL;
+        if (w || (tr && keel_tracer_begin(tr, be, g)) || keel_session_run(s, tr ? keel_tracer_node : NULL, tr)) { keel_tracer_free(tr); goto done; }
+        if (tr) {
+            int wr = keel_trace_write(tr, to->path);
+            if (!wr) printf("trace of %lld nodes written to %s\n", (long long)tr->n, to->path);
+            keel_tracer_free(tr);
+            if (wr) goto done;
+        }
     }
     printf("%s on %s (%s, %s weights, %lld layers, B=%lld T=%lld, recompute %s)\n", ckpt_dir, backend, keel_type_name(type),
            ck->dtype[0] ? ck->dtype : "stored", (long long)ck->cfg.layers, (long long)B, (long long)T, rm->text);
@@ -153,16 +164,21 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 int cmd_check_reference(int argc, char **argv) {
     const char *dir = NULL, *backends = "cpu", *only = NULL, *rmode = "off";
+    trace_opts to = {.max_bytes = 256u << 20};
     long long threads = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--backend") == 0 && v) backends = v, i++;
         else if (strcmp(a, "--checkpoint") == 0 && v) only = v, i++;
         else if (strcmp(a, "--recompute") == 0 && v) rmode = v, i++;
+        else if (strcmp(a, "--trace") == 0 && v) to.path = v, i++;
+        else if (strcmp(a, "--trace-data") == 0) to.data = true;
+        else if (strcmp(a, "--trace-max-bytes") == 0) { long long b = cli_int(a, v, 0); if (b < 0) return 2; to.max_bytes = (size_t)b; i++; }
         else if (strcmp(a, "--threads") == 0) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
         else if (a[0] != '-' && !dir) dir = a;
         else {
             fprintf(stderr, "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR] [--recompute MODE] [--threads N]\n"
+                            "                            [--trace FILE [--trace-data] [--trace-max-bytes N]]\n"
                             "keel check-reference: unknown or incomplete option '%s'\n", a);
             return 2;
         }
@@ -190,6 +206,12 @@ int cmd_check_reference(int argc, char **argv) {
         qsort(subs, (size_t)n_sub, sizeof *subs, cmp_str);
     }
     if (n_sub == 0) { fprintf(stderr, "keel check-reference: no checkpoint folder (with config.json) in %s\n", dir); keel_st_close(ref); return 2; }
+    if (to.path && (n_sub != 1 || strchr(backends, ','))) {
+        fprintf(stderr, "keel check-reference: --trace needs one --checkpoint and one --backend\n");
+        for (int i = 0; i < n_sub; i++) free(subs[i]);
+        keel_st_close(ref);
+        return 2;
+    }
     tally ty = {0};
     int errors = 0;
     char bl[128];
@@ -199,7 +221,7 @@ int cmd_check_reference(int argc, char **argv) {
             char p[4096];
             if (subs[i][0] == '/') snprintf(p, sizeof p, "%s", subs[i]); /* an absolute --checkpoint */
             else snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
-            if (check_one(p, b, (int)threads, &rm, ref, &ty)) errors++;
+            if (check_one(p, b, (int)threads, &rm, &to, ref, &ty)) errors++;
         }
     for (int i = 0; i < n_sub; i++) free(subs[i]);
     keel_st_close(ref);

@@ -21,6 +21,8 @@ static void usage(FILE *f) {
             "                 run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers\n"
             "  tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]\n"
             "                 byte-level BPE, identical to Hugging Face tokenizers\n"
+            "  diff TRACE_A TRACE_B | diff --model DIR [--data FILE] --a CONFIG --b CONFIG | diff --case acc ...\n"
+            "                 the first node whose inputs agree but whose output does not\n"
             "  save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal]\n"
             "                 write a checkpoint folder (as transformers does) and check it reloads bitwise\n"
             "  init --preset tiny|0.8b OUT [--seed N] [--dtype f32|bf16]\n"
@@ -80,6 +82,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "check-reference") == 0) return cmd_check_reference(argc - 1, argv + 1);
     if (strcmp(cmd, "test-recompute") == 0) return cmd_test_recompute(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
+    if (strcmp(cmd, "diff") == 0) return cmd_diff(argc - 1, argv + 1);
     if (strcmp(cmd, "save") == 0) return cmd_save(argc - 1, argv + 1);
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);

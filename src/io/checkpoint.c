@@ -251,10 +251,21 @@ int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_ba
             if (be->write(be, t->data, s->data, s->nbytes)) return -1;
             continue;
         }
-        double *v = malloc((size_t)n * sizeof *v);
+        /* convert on the host into the parameter's own type, then one raw transfer */
+        size_t es = keel_type_size(t->type);
+        unsigned char *v = keel_is_contiguous(t) ? malloc((size_t)n * es) : NULL;
         if (!v) return keel_fail("out of memory loading '%s'", t->name);
-        for (int64_t i = 0; i < n; i++) v[i] = keel_st_get(s, i);
-        int rc = keel_tensor_write(be, t, v, KEEL_F64);
+        for (int64_t i = 0; i < n; i++) {
+            double x = keel_st_get(s, i);
+            switch (t->type) {
+            case KEEL_F64: memcpy(v + (size_t)i * 8, &x, 8); break;
+            case KEEL_F32: { float f = (float)x; memcpy(v + (size_t)i * 4, &f, 4); break; }
+            case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)x); memcpy(v + (size_t)i * 2, &h, 2); break; }
+            case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)x); memcpy(v + (size_t)i * 2, &h, 2); break; }
+            default: free(v); return keel_fail("'%s': cannot load into %s", t->name, keel_type_name(t->type));
+            }
+        }
+        int rc = be->write(be, t->data, v, (size_t)n * es);
         free(v);
         if (rc) return rc;
     }

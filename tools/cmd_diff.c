@@ -1,0 +1,215 @@
+/* keel diff: the first node where two runs part. Either two trace files, or the one-shot form
+ * that runs two configurations of one step in this process (--model DIR, or --case acc: the op
+ * case ACC(ne_a=[4096,17], ne_b=[4096,16])) and compares their traces. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autodiff/autodiff.h"
+#include "cli.h"
+#include "io/checkpoint.h"
+#include "ops/ops.h"
+#include "recompute/recompute.h"
+#include "tokenizer/tokenizer.h"
+#include "trace/trace.h"
+#include "util/error.h"
+
+typedef struct {
+    char recompute[64], backend[16], fault[160];
+    int threads;
+} run_config;
+
+static int parse_config(const char *s, run_config *c) {
+    snprintf(c->recompute, sizeof c->recompute, "off");
+    snprintf(c->backend, sizeof c->backend, "cpu");
+    c->fault[0] = 0;
+    c->threads = 2;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *kv = strtok(buf, ","); kv; kv = strtok(NULL, ",")) {
+        char *eq = strchr(kv, '=');
+        if (!eq) return keel_fail("config '%s': '%s' is not key=value", s, kv);
+        *eq = 0;
+        const char *v = eq + 1;
+        if (!strcmp(kv, "recompute")) snprintf(c->recompute, sizeof c->recompute, "%s", v);
+        else if (!strcmp(kv, "backend")) snprintf(c->backend, sizeof c->backend, "%s", v);
+        else if (!strcmp(kv, "fault")) snprintf(c->fault, sizeof c->fault, "%s", v);
+        else if (!strcmp(kv, "threads")) c->threads = atoi(v);
+        else return keel_fail("config '%s': unknown key '%s' (recompute, threads, backend, fault)", s, kv);
+        /* recompute layers:1,3 contains a comma: take the rest of a layers: list */
+        if (!strcmp(kv, "recompute") && !strncmp(v, "layers:", 7)) {
+            char *rest;
+            while ((rest = strtok(NULL, ",")) && !strchr(rest, '='))
+                snprintf(c->recompute + strlen(c->recompute), sizeof c->recompute - strlen(c->recompute), ",%s", rest);
+            if (rest) return keel_fail("config '%s': put recompute=layers:... last", s);
+            break;
+        }
+    }
+    if (c->threads < 1) return keel_fail("config '%s': threads must be >= 1", s);
+    return 0;
+}
+
+typedef struct {
+    const char *model_dir;
+    const int32_t *ids, *tgt;
+    int64_t T;
+    size_t max_bytes;
+} job;
+
+/* One configuration: build, fault, recompute, run with the tracer. */
+static keel_tracer *run_one(const job *j, const run_config *c) {
+    keel_recompute_mode rm;
+    if (keel_recompute_parse(c->recompute, &rm)) return NULL;
+    keel_backend *be = keel_backend_new(c->backend, c->threads);
+    if (!be) return NULL;
+    keel_tracer *tr = keel_tracer_new(true, j->max_bytes);
+    if (!strncmp(c->fault, "copy-row-limit:", 15)) {
+        be->fault_row_limit = atoll(c->fault + 15);
+        if (be->fault_row_limit <= 0 || !strcmp(be->name, "ref")) {
+            keel_fail("fault '%s': needs N > 0 and a backend other than ref (the oracle ignores faults)", c->fault);
+            keel_backend_free(be), keel_tracer_free(tr);
+            return NULL;
+        }
+    } else if (!strncmp(c->fault, "flip:", 5)) {
+        tr->flip = c->fault + 5;
+    } else if (c->fault[0]) {
+        keel_fail("fault '%s': expected copy-row-limit:N or flip:NODE", c->fault);
+        keel_backend_free(be), keel_tracer_free(tr);
+        return NULL;
+    }
+    keel_type type = strcmp(be->name, "ref") ? KEEL_F32 : KEEL_F64;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_graph *g = NULL;
+    keel_session *s = NULL;
+    keel_checkpoint *ck = NULL;
+    keel_qwen35 *m = NULL;
+    int rc = -1;
+    if (j->model_dir) {
+        ck = keel_checkpoint_open(j->model_dir);
+        if (!ck) goto done;
+        m = keel_qwen35_new(ctx, &ck->cfg, type);
+        keel_tensor *ids = keel_set_name(keel_set_flags(keel_new_2d(ctx, KEEL_I32, j->T, 1), KEEL_FLAG_INPUT), "input_ids");
+        keel_tensor *tgt = keel_set_name(keel_set_flags(keel_new_2d(ctx, KEEL_I32, j->T, 1), KEEL_FLAG_INPUT), "targets");
+        keel_tensor *pos = keel_set_name(keel_set_flags(keel_new_1d(ctx, KEEL_I32, j->T), KEEL_FLAG_INPUT), "positions");
+        keel_qwen35_out out;
+        if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) goto done;
+        g = keel_graph_build(ctx, &out.loss, 1);
+        if (!g || keel_build_backward(g, out.loss) || keel_recompute_apply(g, &out.layers, &rm) < 0) goto done;
+        if (!(s = keel_session_new(be, g, NULL)) || keel_checkpoint_load(ck, m, be)) goto done;
+        int32_t *pv = malloc((size_t)j->T * 4);
+        for (int64_t i = 0; i < j->T; i++) pv[i] = (int32_t)i;
+        int w = keel_tensor_write(be, ids, j->ids, KEEL_I32) || keel_tensor_write(be, tgt, j->tgt, KEEL_I32) || keel_tensor_write(be, pos, pv, KEEL_I32);
+        free(pv);
+        if (w) goto done;
+    } else { /* ACC(type=f32,ne_a=[4096,17,1,1],ne_b=[4096,16,1,1]): rows 1..16 of a get b added */
+        keel_tensor *a = keel_set_name(keel_set_flags(keel_new_2d(ctx, type, 4096, 17), KEEL_FLAG_INPUT), "a");
+        keel_tensor *b = keel_set_name(keel_set_flags(keel_new_2d(ctx, type, 4096, 16), KEEL_FLAG_INPUT), "b");
+        keel_tensor *out = keel_acc(ctx, a, b, a->nb[1], a->nb[2], a->nb[3], a->nb[1], false);
+        g = keel_graph_build(ctx, &out, 1);
+        if (!g || !(s = keel_session_new(be, g, NULL))) goto done;
+        /* values in the tensors' own type: a raw transfer, not the (possibly faulted) copy path */
+        size_t es = keel_type_size(type);
+        unsigned char *v = malloc(4096 * 17 * es);
+        uint64_t st = 99;
+        for (int i = 0; i < 4096 * 17; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            double x = (double)(int)(st >> 40) / 16777216.0 - 0.5;
+            float xf = (float)x;
+            if (type == KEEL_F32) memcpy(v + (size_t)i * 4, &xf, 4);
+            else memcpy(v + (size_t)i * 8, &x, 8);
+        }
+        int w = keel_tensor_write(be, a, v, type) || keel_tensor_write(be, b, v + 4096 * es, type);
+        free(v);
+        if (w) goto done;
+    }
+    if (keel_tracer_begin(tr, be, g) || keel_session_run(s, keel_tracer_node, tr)) goto done;
+    if (tr->flip && !tr->flipped) { keel_fail("fault flip:%s: no node of that name ran", tr->flip); goto done; }
+    rc = 0;
+done:
+    keel_session_free(s);
+    keel_graph_free(g);
+    keel_qwen35_free(m);
+    keel_checkpoint_close(ck);
+    keel_ctx_free(ctx);
+    keel_backend_free(be);
+    if (rc) { keel_tracer_free(tr); return NULL; }
+    return tr;
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: keel diff TRACE_A TRACE_B [--tolerance NMSE]\n"
+                    "       keel diff --model DIR [--data FILE] [--tokenizer FILE] [--window T] --a CONFIG --b CONFIG [--tolerance NMSE]\n"
+                    "       keel diff --case acc --a CONFIG --b CONFIG\n"
+                    "CONFIG: comma-separated recompute=MODE, threads=N, backend=ref|cpu, fault=copy-row-limit:N|flip:NODE\n");
+    return 2;
+}
+
+int cmd_diff(int argc, char **argv) {
+    const char *files[2] = {0}, *model = NULL, *data = NULL, *tok = NULL, *ca = NULL, *cb = NULL, *kase = NULL;
+    double tol = 0;
+    long long T = 32, max_bytes = 512ll << 20;
+    int nf = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--model") && v) model = v, i++;
+        else if (!strcmp(a, "--data") && v) data = v, i++;
+        else if (!strcmp(a, "--tokenizer") && v) tok = v, i++;
+        else if (!strcmp(a, "--case") && v) kase = v, i++;
+        else if (!strcmp(a, "--a") && v) ca = v, i++;
+        else if (!strcmp(a, "--b") && v) cb = v, i++;
+        else if (!strcmp(a, "--tolerance") && v) tol = atof(v), i++;
+        else if (!strcmp(a, "--window")) { if ((T = cli_int(a, v, 2)) < 0) return 2; i++; }
+        else if (!strcmp(a, "--trace-max-bytes")) { if ((max_bytes = cli_int(a, v, 0)) < 0) return 2; i++; }
+        else if (a[0] != '-' && nf < 2) files[nf++] = a;
+        else { fprintf(stderr, "keel diff: unknown or incomplete option '%s'\n", a); return usage(); }
+    }
+    if (nf == 2) {
+        keel_tracer *ta = keel_trace_read(files[0]), *tb = ta ? keel_trace_read(files[1]) : NULL;
+        if (!ta || !tb) { fprintf(stderr, "keel diff: %s\n", keel_last_error()); keel_tracer_free(ta); return 2; }
+        int r = keel_trace_diff(ta, tb, tol, stdout);
+        keel_tracer_free(ta), keel_tracer_free(tb);
+        return r;
+    }
+    if (nf || (!model && !kase) || (kase && strcmp(kase, "acc")) || !ca || !cb) return usage();
+    run_config A, B;
+    if (parse_config(ca, &A) || parse_config(cb, &B)) { fprintf(stderr, "keel diff: %s\n", keel_last_error()); return 2; }
+    job j = {.model_dir = model, .T = T, .max_bytes = (size_t)max_bytes};
+    int32_t *ids = NULL, *tgt = NULL;
+    if (model) { /* one window of the data: its tokens (or bytes) and the next ones */
+        keel_qwen35_config cfg;
+        bool mm;
+        if (keel_hf_config_read(model, &cfg, &mm)) { fprintf(stderr, "keel diff: %s\n", keel_last_error()); return 2; }
+        ids = malloc((size_t)T * 4), tgt = malloc((size_t)T * 4);
+        unsigned char *text = NULL;
+        size_t n = 0;
+        if (data) {
+            FILE *f = fopen(data, "rb");
+            if (!f) { fprintf(stderr, "keel diff: cannot read %s\n", data); return 2; }
+            text = malloc(1 << 20);
+            n = fread(text, 1, 1 << 20, f);
+            fclose(f);
+        }
+        int32_t *tk = NULL;
+        size_t nt = 0;
+        if (tok && data) {
+            keel_tokenizer *t = keel_tokenizer_load(tok);
+            if (!t || keel_tokenizer_encode(t, (char *)text, n, &tk, &nt)) { fprintf(stderr, "keel diff: %s\n", keel_last_error()); return 2; }
+            keel_tokenizer_free(t);
+        }
+        for (long long i = 0; i < T; i++) {
+            int64_t at = i, next = i + 1;
+            int32_t x = nt > (size_t)next ? tk[at] : n > (size_t)next ? text[at] : (int32_t)((at * 7919) % cfg.vocab);
+            int32_t y = nt > (size_t)next ? tk[next] : n > (size_t)next ? text[next] : (int32_t)((next * 7919) % cfg.vocab);
+            ids[i] = (int32_t)(x % cfg.vocab), tgt[i] = (int32_t)(y % cfg.vocab);
+        }
+        free(text), free(tk);
+        j.ids = ids, j.tgt = tgt;
+    }
+    keel_tracer *ta = run_one(&j, &A), *tb = ta ? run_one(&j, &B) : NULL;
+    if (!ta || !tb) { fprintf(stderr, "keel diff: %s\n", keel_last_error()); keel_tracer_free(ta); free(ids), free(tgt); return 2; }
+    printf("A: %s (%lld nodes traced)\nB: %s (%lld nodes traced)\n", ca, (long long)ta->n, cb, (long long)tb->n);
+    int r = keel_trace_diff(ta, tb, tol, stdout);
+    keel_tracer_free(ta), keel_tracer_free(tb);
+    free(ids), free(tgt);
+    return r;
+}
