@@ -19,8 +19,12 @@ build-asan: deps
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=ON >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 
+# The main job, small: a Qwen3.5-family model trained from scratch on Moby Dick, on the CPU.
 demo: build assets
-	./$(BUILD)/keel demo
+	./$(BUILD)/keel train --preset small --data assets/moby-dick.txt --out out/demo --steps 300 \
+	    --window 128 --batch 8 --lr 3e-3 --lr-min 3e-4 --warmup 20 --eval-every 100 --clip 1
+	./$(BUILD)/keel plot out/demo/metrics.jsonl -o out/demo/loss.svg
+	./$(BUILD)/keel generate --model out/demo/checkpoint --prompt "Call me Ishmael. " --max-tokens 160 --seed 1
 
 assets:
 	@command -v npm >/dev/null || scripts/setup-deps.sh npm

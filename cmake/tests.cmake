@@ -100,3 +100,30 @@ add_test(NAME trace_diff_files COMMAND keel diff ${CMAKE_BINARY_DIR}/trace-off.b
 set_tests_properties(trace_diff_files PROPERTIES FIXTURES_REQUIRED "trace_off;trace_full")
 set_tests_properties(diff_recompute_none diff_threads_none diff_backends_within_tolerance diff_finds_flipped_node diff_finds_faulty_acc
   diff_finds_faulty_copy_in_model trace_write_off trace_write_full trace_diff_files PROPERTIES LABELS "trace")
+
+# keel train: resume and repeat bitwise identical, eval loss falls; fine-tuning the shared
+# fixture's model on real text; bad input refused with a message and a non-zero exit.
+add_test(NAME train_resume_bitwise COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-train-resume.sh $<TARGET_FILE:keel> ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-resume)
+add_test(NAME train_finetune_fixture COMMAND keel train --model ${KEEL_TINY}/multimodal-bf16 --data ${KEEL_ASSETS}/moby-dick.txt
+  --out ${CMAKE_BINARY_DIR}/train-ft --steps 40 --window 64 --batch 4 --lr 3e-3 --eval-every 40 --recompute full)
+set_tests_properties(train_finetune_fixture PROPERTIES PASS_REGULAR_EXPRESSION "step +0  eval loss 6\\.[0-9]+.*step +40  eval loss [34]\\.")
+add_test(NAME train_plot COMMAND keel plot ${CMAKE_BINARY_DIR}/train-ft/metrics.jsonl -o ${CMAKE_BINARY_DIR}/train-ft/loss.svg)
+set_tests_properties(train_plot PROPERTIES DEPENDS train_finetune_fixture)
+file(WRITE ${CMAKE_BINARY_DIR}/empty.txt "")
+file(WRITE ${CMAKE_BINARY_DIR}/short.txt "tiny")
+foreach(bad
+    "unknown_flag|--preset small --data ${CMAKE_BINARY_DIR}/short.txt --out ${CMAKE_BINARY_DIR}/tb --bogus|unknown or incomplete option '--bogus'"
+    "missing_file|--preset small --data ${CMAKE_BINARY_DIR}/no-such.txt --out ${CMAKE_BINARY_DIR}/tb|--data .*no-such.txt: No such file"
+    "empty_data|--preset small --data ${CMAKE_BINARY_DIR}/empty.txt --out ${CMAKE_BINARY_DIR}/tb|no text \\(the files are empty\\)"
+    "window_too_long|--preset small --data ${CMAKE_BINARY_DIR}/short.txt --out ${CMAKE_BINARY_DIR}/tb --window 64|--window 64 is longer than the training data"
+    "two_models|--preset small --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_BINARY_DIR}/short.txt --out ${CMAKE_BINARY_DIR}/tb|give exactly one of"
+    "bad_recompute|--preset small --data ${KEEL_ASSETS}/moby-dick.txt --out ${CMAKE_BINARY_DIR}/tb --recompute sometimes|--recompute 'sometimes'"
+    "nan_loss|--preset small --data ${KEEL_ASSETS}/moby-dick.txt --out ${CMAKE_BINARY_DIR}/tb-nan --steps 5 --window 32 --batch 2 --lr 1e9 --clip 0 --warmup 0|first non-finite gradient: model\\.")
+  string(REPLACE "|" ";" parts "${bad}")
+  list(GET parts 0 name)
+  list(GET parts 1 args)
+  list(GET parts 2 msg)
+  separate_arguments(args)
+  add_test(NAME train_bad_${name} COMMAND ${CMAKE_SOURCE_DIR}/scripts/expect-failure.sh "${msg}" $<TARGET_FILE:keel> train ${args})
+endforeach()
+set_tests_properties(train_resume_bitwise train_finetune_fixture train_plot PROPERTIES LABELS "train")

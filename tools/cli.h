@@ -4,7 +4,6 @@
 
 int cmd_test_ops(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
-int cmd_demo(int argc, char **argv);
 int cmd_ops(int argc, char **argv);
 int cmd_test_model(int argc, char **argv);
 int cmd_check_reference(int argc, char **argv);
@@ -14,6 +13,9 @@ int cmd_info(int argc, char **argv);
 int cmd_test_recompute(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
+int cmd_train(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 
 /* Parse a positive integer flag value; prints the error and returns -1 when it is not one. */
 long long cli_int(const char *flag, const char *value, long long min);

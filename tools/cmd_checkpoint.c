@@ -103,23 +103,6 @@ int cmd_save(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
-static int preset(const char *name, keel_qwen35_config *c) {
-    memset(c, 0, sizeof *c);
-    if (strcmp(name, "0.8b") == 0) { /* Qwen3.5-0.8B's shape */
-        *c = (keel_qwen35_config){.vocab = 248320, .hidden = 1024, .layers = 24, .ffn = 3584, .heads = 8, .kv_heads = 2,
-                                  .head_dim = 256, .lk_heads = 16, .lv_heads = 16, .lk_dim = 128, .lv_dim = 128,
-                                  .conv_kernel = 4, .rope_theta = 1e7, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
-    } else if (strcmp(name, "tiny") == 0) {
-        *c = (keel_qwen35_config){.vocab = 512, .hidden = 64, .layers = 4, .ffn = 160, .heads = 4, .kv_heads = 2,
-                                  .head_dim = 32, .lk_heads = 2, .lv_heads = 4, .lk_dim = 16, .lv_dim = 24,
-                                  .conv_kernel = 4, .rope_theta = 1e7, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
-    } else {
-        return keel_fail("unknown preset '%s' (tiny, 0.8b)", name);
-    }
-    for (int64_t i = 0; i < c->layers; i++) c->full_attention[i] = (i + 1) % 4 == 0;
-    return 0;
-}
-
 int cmd_init(int argc, char **argv) {
     const char *pre = NULL, *out = NULL, *dts = "f32";
     long long seed = 0;
@@ -129,13 +112,13 @@ int cmd_init(int argc, char **argv) {
         else if (strcmp(a, "--dtype") == 0 && v) dts = v, i++;
         else if (strcmp(a, "--seed") == 0) { if ((seed = cli_int(a, v, 0)) < 0) return 2; i++; }
         else if (a[0] != '-' && !out) out = a;
-        else { fprintf(stderr, "usage: keel init --preset tiny|0.8b OUT_DIR [--seed N] [--dtype f32|bf16]\nkeel init: unknown or incomplete option '%s'\n", a); return 2; }
+        else { fprintf(stderr, "usage: keel init --preset tiny|small|0.8b OUT_DIR [--seed N] [--dtype f32|bf16]\nkeel init: unknown or incomplete option '%s'\n", a); return 2; }
     }
     keel_type dtype;
     keel_qwen35_config c;
-    if (!pre || !out) { fprintf(stderr, "usage: keel init --preset tiny|0.8b OUT_DIR [--seed N] [--dtype f32|bf16]\n"); return 2; }
+    if (!pre || !out) { fprintf(stderr, "usage: keel init --preset tiny|small|0.8b OUT_DIR [--seed N] [--dtype f32|bf16]\n"); return 2; }
     if (parse_dtype(dts, &dtype)) return 2;
-    if (preset(pre, &c)) { fprintf(stderr, "keel init: %s\n", keel_last_error()); return 2; }
+    if (keel_qwen35_preset(pre, &c)) { fprintf(stderr, "keel init: %s\n", keel_last_error()); return 2; }
     keel_backend *be = keel_backend_new("cpu", 2);
     loaded L;
     int rc = load_params(&L, be, &c);

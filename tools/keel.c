@@ -12,6 +12,12 @@ static void usage(FILE *f) {
             "usage: keel <command> [options]\n"
             "\n"
             "commands:\n"
+            "  train (--model DIR | --preset NAME | --init CONFIG.json | --resume DIR) --data PATH... --out DIR [...]\n"
+            "                 train or fine-tune a Qwen3.5-family model (keel train --help)\n"
+            "  generate --model DIR --prompt TEXT [--max-tokens N] [--temperature X] [--top-p P] [--seed N]\n"
+            "                 sample from a checkpoint (recomputes the prefix per token for now)\n"
+            "  plot METRICS.jsonl -o loss.svg\n"
+            "                 train and eval loss against tokens seen\n"
             "  test-ops [--backend ref,cpu] [--op NAME,...] [--grad] [--expect-fault N]\n"
             "                 check every op (and with --grad, every gradient) against the float64 reference\n"
             "  test-model     whole-model gradient check: a Qwen3.5 layer pair against finite differences\n"
@@ -35,8 +41,7 @@ static void usage(FILE *f) {
             "                 peak memory (planned and measured) and step time per recompute mode\n"
             "  bench tokenize [--tokenizer FILE] [--text FILE]\n"
             "                 MB/s next to the npm Qwen3 tokenizer (node) on the same text; ids compared\n"
-            "  demo [--steps N] [--threads N] [--text FILE]\n"
-            "                 train a small character-level model with keel's autodiff and AdamW\n"
+
             "  ops            list the op table\n"
             "\n"
             "environment: KEEL_FAULT=copy-row-limit:N makes the cpu copy path copy only N elements per row\n"
@@ -82,12 +87,14 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "check-reference") == 0) return cmd_check_reference(argc - 1, argv + 1);
     if (strcmp(cmd, "test-recompute") == 0) return cmd_test_recompute(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
+    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "plot") == 0) return cmd_plot(argc - 1, argv + 1);
     if (strcmp(cmd, "diff") == 0) return cmd_diff(argc - 1, argv + 1);
     if (strcmp(cmd, "save") == 0) return cmd_save(argc - 1, argv + 1);
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
-    if (strcmp(cmd, "demo") == 0) return cmd_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "ops") == 0) return cmd_ops(argc - 1, argv + 1);
     fprintf(stderr, "keel: unknown command '%s'\n\n", cmd);
     usage(stderr);

@@ -61,6 +61,10 @@ static int get_num(const char *path, const cJSON *o, const char *key, double *ou
 int keel_hf_config_read(const char *dir, keel_qwen35_config *cfg, bool *multimodal) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
+    return keel_hf_config_read_file(path, cfg, multimodal);
+}
+
+int keel_hf_config_read_file(const char *path, keel_qwen35_config *cfg, bool *multimodal) {
     cJSON *root = read_json(path);
     if (!root) return -1;
     memset(cfg, 0, sizeof *cfg);
@@ -333,6 +337,11 @@ static void remove_folder(const char *dir) {
 
 int keel_checkpoint_save(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
                          const keel_checkpoint *src, bool multimodal) {
+    return keel_checkpoint_save_ex(out_dir, m, be, dtype, src, multimodal, NULL, NULL);
+}
+
+int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
+                            const keel_checkpoint *src, bool multimodal, int (*extra)(const char *tmp_dir, void *ud), void *ud) {
     if (dtype != KEEL_F32 && dtype != KEEL_BF16 && dtype != KEEL_F16 && dtype != KEEL_F64)
         return keel_fail("save: cannot store weights as %s", keel_type_name(dtype));
     if (multimodal && !(src && src->multimodal))
@@ -397,6 +406,7 @@ int keel_checkpoint_save(const char *out_dir, const keel_qwen35 *m, keel_backend
         rc = cfg ? write_file_synced(path, cfg) : -1;
         free(cfg);
     }
+    if (!rc && extra) rc = extra(tmp, ud);
     for (int i = 0; i < n_max; i++) free(names ? names[i] : NULL), free(bufs ? bufs[i] : NULL);
     free(e), free(names), free(bufs);
     if (!rc) { /* the folder itself, then the swap */

@@ -21,6 +21,8 @@ typedef struct {
 
 /* Reads config.json of dir into cfg; -1 with a message naming the file and field. */
 int keel_hf_config_read(const char *dir, keel_qwen35_config *cfg, bool *multimodal);
+/* The same for a config.json at any path. */
+int keel_hf_config_read_file(const char *path, keel_qwen35_config *cfg, bool *multimodal);
 keel_checkpoint *keel_checkpoint_open(const char *dir);
 void keel_checkpoint_close(keel_checkpoint *c);
 /* The tensor stored for a text-layout name ("model.layers.0.mlp.up_proj.weight"), or NULL. */
@@ -35,5 +37,9 @@ int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_ba
  * fsynced, then renamed over out_dir. */
 int keel_checkpoint_save(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
                          const keel_checkpoint *src, bool multimodal);
+/* The same, calling extra(tmp_dir, ud) to add files (a trainer's state) before the folder is
+ * swapped into place, so that they land, or not, together. */
+int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
+                            const keel_checkpoint *src, bool multimodal, int (*extra)(const char *tmp_dir, void *ud), void *ud);
 
 #endif

@@ -8,6 +8,27 @@
 #include "ops/ops.h"
 #include "util/error.h"
 
+int keel_qwen35_preset(const char *name, keel_qwen35_config *c) {
+    memset(c, 0, sizeof *c);
+    if (strcmp(name, "0.8b") == 0) {
+        *c = (keel_qwen35_config){.vocab = 248320, .hidden = 1024, .layers = 24, .ffn = 3584, .heads = 8, .kv_heads = 2,
+                                  .head_dim = 256, .lk_heads = 16, .lv_heads = 16, .lk_dim = 128, .lv_dim = 128,
+                                  .conv_kernel = 4, .rope_theta = 1e7, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
+    } else if (strcmp(name, "tiny") == 0) {
+        *c = (keel_qwen35_config){.vocab = 512, .hidden = 64, .layers = 4, .ffn = 160, .heads = 4, .kv_heads = 2,
+                                  .head_dim = 32, .lk_heads = 2, .lv_heads = 4, .lk_dim = 16, .lv_dim = 24,
+                                  .conv_kernel = 4, .rope_theta = 1e7, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
+    } else if (strcmp(name, "small") == 0) {
+        *c = (keel_qwen35_config){.vocab = 256, .hidden = 128, .layers = 4, .ffn = 320, .heads = 4, .kv_heads = 2,
+                                  .head_dim = 32, .lk_heads = 2, .lv_heads = 4, .lk_dim = 32, .lv_dim = 32,
+                                  .conv_kernel = 4, .rope_theta = 10000.0, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
+    } else {
+        return keel_fail("unknown preset '%s' (tiny, small, 0.8b)", name);
+    }
+    for (int64_t i = 0; i < c->layers; i++) c->full_attention[i] = (i + 1) % 4 == 0;
+    return 0;
+}
+
 int keel_qwen35_config_check(const keel_qwen35_config *c) {
 #define POS(f) if (c->f <= 0) return keel_fail("config: %s must be positive (got %lld)", #f, (long long)c->f)
     POS(vocab); POS(hidden); POS(layers); POS(ffn); POS(heads); POS(kv_heads); POS(head_dim);

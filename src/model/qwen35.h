@@ -34,6 +34,9 @@ typedef struct {
     int n_params;
 } keel_qwen35;
 
+/* Named configurations: "tiny" (the shared fixture's shape), "small" (the demo's: 4 layers of
+ * hidden 128, byte vocabulary), "0.8b" (Qwen3.5-0.8B's shape). -1 for an unknown name. */
+int keel_qwen35_preset(const char *name, keel_qwen35_config *c);
 /* Checks a config; -1 with a message naming the field. */
 int keel_qwen35_config_check(const keel_qwen35_config *c);
 /* Parameter leaves of the given type. NULL with an error. Free with keel_qwen35_free. */

@@ -61,7 +61,7 @@
     X(GATED_DELTA_NET_BACK, 6, OPF_BACKWARD, 0, "q,k,v,g,beta,do -> packed [dq|dk (per value head)|dv|dg|dbeta]") \
     X(CROSS_ENTROPY_LOSS, 2, 0, 1, "src0 logits [V,N..], src1 i32 targets [N..] -> mean loss [1]")  \
     X(CROSS_ENTROPY_LOSS_BACK, 3, OPF_BACKWARD, 0, "logits, targets, dloss [1] -> dlogits")         \
-    X(ADAMW, 4, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0, "p,g,m,v; fp0 lr fp1 beta1 fp2 beta2 fp3 eps fp4 wd; ip0 step (1-based)")
+    X(ADAMW, 4, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0, "p,g,m,v; fp0 lr fp1 beta1 fp2 beta2 fp3 eps fp4 wd fp5 gradient scale; ip0 step (1-based)")
 
 enum {
     OPF_LEAF = 1 << 0,          /* no computation */

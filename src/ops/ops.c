@@ -497,5 +497,5 @@ keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_te
 }
 keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, double lr,
                         double beta1, double beta2, double eps, double wd, int64_t step) {
-    return OP(KEEL_OP_ADAMW, (p, g, m, v), IPS(step), 1, FPS(lr, beta1, beta2, eps, wd), 5);
+    return OP(KEEL_OP_ADAMW, (p, g, m, v), IPS(step), 1, FPS(lr, beta1, beta2, eps, wd, 1.0), 6);
 }

@@ -87,6 +87,8 @@ keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w);
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
                                   keel_tensor *beta);
 keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_tensor *targets);
+/* AdamW, in place on p, m and v. The gradient is used multiplied by fp[5] (1 here; set it per
+ * step for clipping or gradient accumulation). */
 keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, double lr,
                         double beta1, double beta2, double eps, double wd, int64_t step);
 

@@ -435,7 +435,7 @@ int keel_cases_all(op_case **out) {
                 I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
                 I(c, KEEL_F32, WIDTHS[w], 3, 1, 1)->scale = 0.1;
                 I(c, KEEL_F32, WIDTHS[w], 3, 1, 1)->dom = DOM_SMALL;
-                P(c, 1, (int64_t[]){3}, 5, (double[]){1e-3, 0.9, 0.999, 1e-8, 0.1});
+                P(c, 1, (int64_t[]){3}, 6, (double[]){1e-3, 0.9, 0.999, 1e-8, 0.1, w == 0 ? 1.0 : 0.37});
             }
             break;
         default:

@@ -305,11 +305,11 @@ static void adamw_task(void *arg, int64_t b, int64_t e, int th) {
     float *p = t->data;
     const float *g = t->src[1]->data;
     float *m = t->src[2]->data, *v = t->src[3]->data;
-    float lr = (float)t->fp[0], b1 = (float)t->fp[1], b2 = (float)t->fp[2], eps = (float)t->fp[3];
+    float lr = (float)t->fp[0], b1 = (float)t->fp[1], b2 = (float)t->fp[2], eps = (float)t->fp[3], gs = (float)t->fp[5];
     float decay = (float)(1.0 - t->fp[0] * t->fp[4]);
     float bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])), bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
     for (int64_t i = b; i < e; i++) {
-        float gi = g[i];
+        float gi = g[i] * gs;
         float mi = b1 * m[i] + (1.0f - b1) * gi;
         float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi;

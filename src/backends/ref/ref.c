@@ -482,7 +482,7 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         double lr = t->fp[0], b1 = t->fp[1], b2 = t->fp[2], eps = t->fp[3], wd = t->fp[4];
         double bc1 = 1.0 - pow(b1, (double)t->ip[0]), bc2 = 1.0 - pow(b2, (double)t->ip[0]);
         FOR4(t) {
-            double gg = get(gr, i0, i1, i2, i3);
+            double gg = get(gr, i0, i1, i2, i3) * t->fp[5];
             double mm = b1 * get(m, i0, i1, i2, i3) + (1 - b1) * gg;
             double vv = b2 * get(v, i0, i1, i2, i3) + (1 - b2) * gg * gg;
             double p = get(a, i0, i1, i2, i3);

@@ -1,0 +1,264 @@
+#define _DEFAULT_SOURCE /* d_type */
+#include "train/data.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "util/error.h"
+
+typedef struct { char **path; int n, cap; } file_list;
+
+static int add_path(file_list *l, const char *p) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        char **np = realloc(l->path, (size_t)l->cap * sizeof *np);
+        if (!np) return keel_fail("out of memory");
+        l->path = np;
+    }
+    l->path[l->n++] = strdup(p);
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int collect(file_list *l, const char *p) {
+    struct stat st;
+    if (stat(p, &st) != 0) return keel_fail("--data %s: %s", p, strerror(errno));
+    if (S_ISREG(st.st_mode)) return add_path(l, p);
+    if (!S_ISDIR(st.st_mode)) return keel_fail("--data %s: not a file or folder", p);
+    DIR *d = opendir(p);
+    if (!d) return keel_fail("--data %s: cannot open: %s", p, strerror(errno));
+    file_list sub = {0};
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d)) && !rc) {
+        if (e->d_name[0] == '.') continue;
+        char q[4096];
+        snprintf(q, sizeof q, "%s/%s", p, e->d_name);
+        rc = add_path(&sub, q);
+    }
+    closedir(d);
+    qsort(sub.path, (size_t)sub.n, sizeof *sub.path, cmp_str); /* a fixed order, whatever readdir says */
+    for (int i = 0; i < sub.n && !rc; i++) rc = collect(l, sub.path[i]);
+    for (int i = 0; i < sub.n; i++) free(sub.path[i]);
+    free(sub.path);
+    return rc;
+}
+
+static char *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { keel_fail("%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (!s || fread(s, 1, (size_t)len, f) != (size_t)len) { free(s); fclose(f); keel_fail("%s: cannot read", path); return NULL; }
+    s[len] = 0;
+    fclose(f);
+    *n = (size_t)len;
+    return s;
+}
+
+typedef struct { int32_t *v; int64_t n, cap; } tokvec;
+
+static int push(tokvec *t, const int32_t *ids, int64_t n) {
+    if (t->n + n > t->cap) {
+        int64_t c = t->cap ? t->cap : 1 << 16;
+        while (c < t->n + n) c *= 2;
+        int32_t *nv = realloc(t->v, (size_t)c * sizeof *nv);
+        if (!nv) return keel_fail("out of memory for token ids");
+        t->v = nv, t->cap = c;
+    }
+    memcpy(t->v + t->n, ids, (size_t)n * sizeof *ids);
+    t->n += n;
+    return 0;
+}
+
+static int encode_doc(keel_tokenizer *tok, const char *text, size_t n, const char *where, tokvec *out, int32_t eot) {
+    if (tok) {
+        int32_t *ids;
+        size_t ni;
+        if (keel_tokenizer_encode(tok, text, n, &ids, &ni)) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", keel_last_error());
+            return keel_fail("%s: %s", where, msg);
+        }
+        int rc = push(out, ids, (int64_t)ni);
+        free(ids);
+        if (rc) return rc;
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            int32_t b = (unsigned char)text[i];
+            if (b == 0) continue; /* byte 0 is the end-of-text token */
+            if (push(out, &b, 1)) return -1;
+        }
+    }
+    return push(out, &eot, 1);
+}
+
+static uint64_t mix(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static bool eval_doc(uint64_t seed, int64_t i, double fraction) {
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i * 0xbf58476d1ce4e5b9ull;
+    z ^= z >> 31, z *= 0x94d049bb133111ebull, z ^= z >> 29;
+    return (double)(z % 1000000) / 1e6 < fraction;
+}
+
+int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, keel_tokenizer *tok, double eval_fraction,
+                      uint64_t seed, const char *cache_path) {
+    memset(d, 0, sizeof *d);
+    d->eot = tok ? keel_tokenizer_added_id(tok, "<|endoftext|>") : 0;
+    if (tok && d->eot < 0) return keel_fail("the tokenizer has no <|endoftext|> token to join documents with");
+    file_list files = {0};
+    int rc = 0;
+    for (int i = 0; i < n_paths && !rc; i++) rc = collect(&files, paths[i]);
+    if (!rc && files.n == 0) rc = keel_fail("--data: no files found");
+    /* the cache key: tokenizer, files (name, size, time), split */
+    uint64_t key = mix(0xcbf29ce484222325ull, "keel-data-1", 11);
+    uint64_t th = tok ? keel_tokenizer_hash(tok) : 0;
+    key = mix(key, &th, 8);
+    key = mix(key, &eval_fraction, 8);
+    key = mix(key, &seed, 8);
+    for (int i = 0; i < files.n && !rc; i++) {
+        struct stat st;
+        stat(files.path[i], &st);
+        key = mix(key, files.path[i], strlen(files.path[i]));
+        key = mix(key, &st.st_size, sizeof st.st_size);
+        key = mix(key, &st.st_mtime, sizeof st.st_mtime);
+    }
+    if (!rc && cache_path) {
+        FILE *f = fopen(cache_path, "rb");
+        uint64_t hdr[6];
+        if (f && fread(hdr, 8, 6, f) == 6 && hdr[0] == 0x314b4f544c45454bull && hdr[1] == key) {
+            d->n_train = (int64_t)hdr[2], d->n_eval = (int64_t)hdr[3], d->n_docs = (int64_t)hdr[4], d->n_eval_docs = (int64_t)hdr[5];
+            d->train = malloc((size_t)(d->n_train + 1) * 4), d->eval = malloc((size_t)(d->n_eval + 1) * 4);
+            if (d->train && d->eval && fread(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
+                fread(d->eval, 4, (size_t)d->n_eval, f) == (size_t)d->n_eval) {
+                fclose(f);
+                d->cached = true;
+                for (int i = 0; i < files.n; i++) free(files.path[i]);
+                free(files.path);
+                return 0;
+            }
+            free(d->train), free(d->eval);
+            d->train = d->eval = NULL;
+        }
+        if (f) fclose(f);
+    }
+    tokvec tr = {0}, ev = {0};
+    for (int i = 0; i < files.n && !rc; i++) {
+        size_t n;
+        char *text = read_file(files.path[i], &n);
+        if (!text) { rc = -1; break; }
+        size_t len = strlen(files.path[i]);
+        bool jsonl = len > 6 && !strcmp(files.path[i] + len - 6, ".jsonl");
+        if (jsonl) {
+            int64_t line_no = 0;
+            for (char *line = text, *next; line && *line && !rc; line = next) {
+                next = strchr(line, '\n');
+                if (next) *next++ = 0;
+                line_no++;
+                if (!*line) continue;
+                cJSON *o = cJSON_Parse(line);
+                const cJSON *t = o ? cJSON_GetObjectItemCaseSensitive(o, "text") : NULL;
+                if (!cJSON_IsString(t)) {
+                    rc = keel_fail("%s:%lld: not a JSON object with a \"text\" string", files.path[i], (long long)line_no);
+                } else {
+                    char where[4200];
+                    snprintf(where, sizeof where, "%s:%lld", files.path[i], (long long)line_no);
+                    rc = encode_doc(tok, t->valuestring, strlen(t->valuestring), where, eval_doc(seed, d->n_docs, eval_fraction) ? &ev : &tr, d->eot);
+                    d->n_eval_docs += eval_doc(seed, d->n_docs, eval_fraction);
+                    d->n_docs++;
+                }
+                cJSON_Delete(o);
+            }
+        } else if (n > 0) {
+            bool to_eval = eval_doc(seed, d->n_docs, eval_fraction);
+            rc = encode_doc(tok, text, n, files.path[i], to_eval ? &ev : &tr, d->eot);
+            d->n_eval_docs += to_eval;
+            d->n_docs++;
+        }
+        free(text);
+    }
+    if (!rc && d->n_docs == 0) rc = keel_fail("--data: no text (the files are empty)");
+    if (!rc && (tr.n == 0 || (ev.n == 0 && eval_fraction > 0))) {
+        /* one document (or an unlucky draw): hold out the last fraction of the token stream */
+        tokvec all = {0};
+        rc = push(&all, tr.v ? tr.v : ev.v, tr.n ? tr.n : ev.n);
+        if (!rc && tr.n && ev.n) rc = push(&all, ev.v, ev.n);
+        free(tr.v), free(ev.v);
+        int64_t n_ev = (int64_t)((double)all.n * eval_fraction);
+        tr = (tokvec){0}, ev = (tokvec){0};
+        if (!rc) rc = push(&tr, all.v, all.n - n_ev);
+        if (!rc && n_ev) rc = push(&ev, all.v + all.n - n_ev, n_ev);
+        free(all.v);
+        d->n_eval_docs = 0;
+    }
+    for (int i = 0; i < files.n; i++) free(files.path[i]);
+    free(files.path);
+    if (rc) { free(tr.v), free(ev.v); return rc; }
+    d->train = tr.v, d->n_train = tr.n, d->eval = ev.v ? ev.v : malloc(4), d->n_eval = ev.n;
+    if (cache_path) { /* written whole, then renamed */
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", cache_path);
+        FILE *f = fopen(tmp, "wb");
+        uint64_t hdr[6] = {0x314b4f544c45454bull, key, (uint64_t)d->n_train, (uint64_t)d->n_eval, (uint64_t)d->n_docs, (uint64_t)d->n_eval_docs};
+        bool ok = f && fwrite(hdr, 8, 6, f) == 6 && fwrite(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
+                  fwrite(d->eval, 4, (size_t)d->n_eval, f) == (size_t)d->n_eval;
+        if (f) ok = fclose(f) == 0 && ok;
+        if (!ok || rename(tmp, cache_path)) remove(tmp); /* a cache is an optimisation: failing to write one is not an error */
+    }
+    return 0;
+}
+
+void keel_dataset_free(keel_dataset *d) {
+    free(d->train), free(d->eval);
+    memset(d, 0, sizeof *d);
+}
+
+int64_t keel_dataset_windows(const keel_dataset *d, int64_t T) { return d->n_train > T ? (d->n_train - 1) / T : 0; }
+
+static uint64_t rng(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The window of sample p: a fresh Fisher-Yates permutation of the windows for each epoch. */
+static int64_t window_of(int64_t W, uint64_t seed, int64_t p) {
+    static _Thread_local int64_t *perm, cached_epoch = -1, cached_W;
+    static _Thread_local uint64_t cached_seed;
+    int64_t epoch = p / W;
+    if (epoch != cached_epoch || W != cached_W || seed != cached_seed) {
+        int64_t *np = realloc(perm, (size_t)W * sizeof *np);
+        if (!np) return p % W;
+        perm = np;
+        for (int64_t i = 0; i < W; i++) perm[i] = i;
+        uint64_t s = seed * 1000003u + (uint64_t)epoch;
+        for (int64_t i = W - 1; i > 0; i--) {
+            int64_t j = (int64_t)(rng(&s) % (uint64_t)(i + 1)), t = perm[i];
+            perm[i] = perm[j], perm[j] = t;
+        }
+        cached_epoch = epoch, cached_W = W, cached_seed = seed;
+    }
+    return perm[p % W];
+}
+
+void keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids, int32_t *tgt) {
+    int64_t W = keel_dataset_windows(d, T);
+    for (int64_t b = 0; b < B; b++) {
+        int64_t start = window_of(W, seed, p + b) * T;
+        memcpy(ids + b * T, d->train + start, (size_t)T * 4);
+        memcpy(tgt + b * T, d->train + start + 1, (size_t)T * 4);
+    }
+}

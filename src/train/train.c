@@ -1,0 +1,446 @@
+#define _DEFAULT_SOURCE /* isatty, fileno */
+#include "train/train.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "autodiff/autodiff.h"
+#include "io/checkpoint.h"
+#include "ops/ops.h"
+#include "recompute/recompute.h"
+#include "tokenizer/tokenizer.h"
+#include "trace/trace.h"
+#include "train/data.h"
+#include "util/error.h"
+
+volatile sig_atomic_t keel_train_stop = 0;
+
+void keel_train_defaults(keel_train_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->backend = "cpu", o->recompute = "off";
+    o->steps = 100, o->window = 128, o->batch = 8, o->accum = 1, o->warmup = 10, o->eval_every = 50, o->save_every = 0;
+    o->threads = 2, o->trace_step = 1, o->eval_batches = 8;
+    o->lr = 1e-3, o->lr_min = 1e-4, o->weight_decay = 0.1, o->clip = 1.0, o->eval_fraction = 0.05;
+    o->seed = 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct {
+    const keel_train_opts *o;
+    keel_ctx *ctx;
+    keel_qwen35 *m;
+    keel_backend *be;
+    keel_graph *g;
+    keel_session *s;
+    keel_tensor *ids, *tgt, *pos, *loss, *sumsq;
+    keel_tensor **train_p, **grad, **acc, **mom, **opt; /* per trainable parameter */
+    int n_train;
+    int64_t end_fb, end_norm; /* node ranges: [0,end_fb) forward+backward(+accumulate), then the norm, then AdamW */
+    int64_t step, position, tokens;
+    keel_checkpoint *src;
+} trainer;
+
+static double lr_at(const keel_train_opts *o, int64_t step) {
+    if (o->warmup > 0 && step <= o->warmup) return o->lr * (double)step / (double)o->warmup;
+    double span = (double)(o->steps - o->warmup), prog = span > 0 ? (double)(step - o->warmup) / span : 1.0;
+    return o->lr_min + 0.5 * (o->lr - o->lr_min) * (1.0 + cos(3.141592653589793 * fmin(1.0, prog)));
+}
+
+/* ---- the trainer's state beside the checkpoint ---- */
+
+static int write_state(const char *tmp_dir, void *ud) {
+    trainer *t = ud;
+    char path[4400];
+    keel_st_entry *e = calloc((size_t)(2 * t->n_train), sizeof *e);
+    char **names = calloc((size_t)(2 * t->n_train), sizeof *names);
+    void **bufs = calloc((size_t)(2 * t->n_train), sizeof *bufs);
+    int rc = 0;
+    for (int i = 0; i < 2 * t->n_train && !rc; i++) {
+        keel_tensor *mv = t->mom[i];
+        size_t bytes = (size_t)keel_nelements(mv) * 4;
+        bufs[i] = malloc(bytes);
+        names[i] = malloc(KEEL_NAME_MAX + 8);
+        if (!bufs[i] || !names[i] || keel_tensor_read(t->be, mv, bufs[i], KEEL_F32)) { rc = -1; break; }
+        snprintf(names[i], KEEL_NAME_MAX + 8, "%s.%s", i % 2 ? "v" : "m", t->train_p[i / 2]->name);
+        e[i] = (keel_st_entry){.name = names[i], .n_dims = 1, .shape = {keel_nelements(mv)}, .raw = bufs[i], .raw_dtype = "F32"};
+    }
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp_dir);
+    if (!rc) rc = keel_st_write(path, e, 2 * t->n_train);
+    for (int i = 0; i < 2 * t->n_train; i++) free(bufs[i]), free(names[i]);
+    free(e), free(names), free(bufs);
+    if (rc) return rc;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "step", (double)t->step);
+    cJSON_AddNumberToObject(j, "position", (double)t->position);
+    cJSON_AddNumberToObject(j, "tokens", (double)t->tokens);
+    cJSON_AddNumberToObject(j, "seed", (double)t->o->seed);
+    cJSON_AddNumberToObject(j, "window", (double)t->o->window);
+    cJSON_AddNumberToObject(j, "batch", (double)t->o->batch);
+    cJSON_AddNumberToObject(j, "accum", (double)t->o->accum);
+    char *txt = cJSON_Print(j);
+    cJSON_Delete(j);
+    snprintf(path, sizeof path, "%s/trainer_state.json", tmp_dir);
+    FILE *f = fopen(path, "w");
+    bool ok = f && txt && fputs(txt, f) >= 0;
+    if (f) ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok, ok = fclose(f) == 0 && ok;
+    free(txt);
+    return ok ? 0 : keel_fail("%s: cannot write the trainer state", path);
+}
+
+static int save(trainer *t) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/checkpoint", t->o->out_dir);
+    return keel_checkpoint_save_ex(dir, t->m, t->be, KEEL_F32, NULL, false, write_state, t);
+}
+
+static int read_state(trainer *t, const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return keel_fail("--resume %s: no trainer_state.json (is it a checkpoint keel train wrote?)", dir);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    if (!j) return keel_fail("%s: invalid JSON", path);
+    struct { const char *k; int64_t *dst; int64_t want; const char *flag; } f2[] = {
+        {"step", &t->step, -1, NULL}, {"position", &t->position, -1, NULL}, {"tokens", &t->tokens, -1, NULL},
+        {"window", NULL, t->o->window, "--window"}, {"batch", NULL, t->o->batch, "--batch"}, {"accum", NULL, t->o->accum, "--accum"},
+        {"seed", NULL, (int64_t)t->o->seed, "--seed"},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof f2 / sizeof f2[0] && !rc; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, f2[i].k);
+        if (!cJSON_IsNumber(v)) { rc = keel_fail("%s: \"%s\" missing", path, f2[i].k); break; }
+        if (f2[i].dst) *f2[i].dst = (int64_t)v->valuedouble;
+        else if ((int64_t)v->valuedouble != f2[i].want)
+            rc = keel_fail("--resume %s: the run used %s %lld, this one %lld (a resumed run must match)", dir, f2[i].flag,
+                           (long long)v->valuedouble, (long long)f2[i].want);
+    }
+    cJSON_Delete(j);
+    if (rc) return rc;
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    keel_st_file *st = keel_st_open(path);
+    if (!st) return -1;
+    for (int i = 0; i < 2 * t->n_train && !rc; i++) {
+        char nm[KEEL_NAME_MAX + 8];
+        snprintf(nm, sizeof nm, "%s.%s", i % 2 ? "v" : "m", t->train_p[i / 2]->name);
+        const keel_st_tensor *x = keel_st_find(st, nm);
+        if (!x || strcmp(x->dtype, "F32") || x->nbytes != (size_t)keel_nelements(t->mom[i]) * 4)
+            rc = keel_fail("%s: optimizer state '%s' missing or of the wrong size (--freeze must match the run)", path, nm);
+        else rc = t->be->write(t->be, t->mom[i]->data, x->data, x->nbytes);
+    }
+    keel_st_close(st);
+    return rc;
+}
+
+/* ---- building ---- */
+
+static int build(trainer *t, const keel_qwen35_config *cfg) {
+    const keel_train_opts *o = t->o;
+    keel_recompute_mode rm;
+    if (keel_recompute_parse(o->recompute, &rm)) return -1;
+    t->ctx = keel_ctx_new();
+    t->m = keel_qwen35_new(t->ctx, cfg, KEEL_F32);
+    if (!t->m) return -1;
+    regex_t re;
+    if (o->freeze) {
+        int e = regcomp(&re, o->freeze, REG_EXTENDED | REG_NOSUB);
+        if (e) { char msg[256]; regerror(e, &re, msg, sizeof msg); return keel_fail("--freeze '%s': %s", o->freeze, msg); }
+    }
+    int frozen = 0;
+    for (int i = 0; i < t->m->n_params; i++)
+        if (o->freeze && regexec(&re, t->m->params[i]->name, 0, NULL, 0) == 0) t->m->params[i]->flags &= ~(uint32_t)KEEL_FLAG_PARAM, frozen++;
+    if (o->freeze) {
+        regfree(&re);
+        if (frozen == 0) return keel_fail("--freeze '%s' matches no parameter", o->freeze);
+        printf("frozen: %d parameter tensors match '%s'\n", frozen, o->freeze);
+    }
+    int64_t T = o->window, B = o->batch;
+    t->ids = keel_set_name(keel_set_flags(keel_new_2d(t->ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), "input_ids");
+    t->tgt = keel_set_name(keel_set_flags(keel_new_2d(t->ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), "targets");
+    t->pos = keel_set_name(keel_set_flags(keel_new_1d(t->ctx, KEEL_I32, T), KEEL_FLAG_INPUT), "positions");
+    keel_qwen35_out out;
+    if (keel_qwen35_forward(t->ctx, t->m, t->ids, t->pos, t->tgt, &out)) return -1;
+    t->loss = out.loss;
+    t->g = keel_graph_build(t->ctx, &out.loss, 1);
+    if (!t->g || keel_build_backward(t->g, out.loss) || keel_recompute_apply(t->g, &out.layers, &rm) < 0) return -1;
+    int n = t->m->n_params;
+    t->train_p = calloc((size_t)n, sizeof *t->train_p), t->grad = calloc((size_t)n, sizeof *t->grad);
+    t->acc = calloc((size_t)n, sizeof *t->acc), t->mom = calloc((size_t)(2 * n), sizeof *t->mom), t->opt = calloc((size_t)n, sizeof *t->opt);
+    for (int i = 0; i < n; i++) {
+        keel_tensor *p = t->m->params[i];
+        if (!(p->flags & KEEL_FLAG_PARAM)) continue;
+        keel_tensor *gr = keel_graph_grad(t->g, p);
+        if (!gr) return keel_fail("parameter '%s' gets no gradient", p->name);
+        t->train_p[t->n_train] = p, t->grad[t->n_train] = gr, t->n_train++;
+    }
+    if (t->n_train == 0) return keel_fail("every parameter is frozen: nothing to train");
+    keel_tensor **G = t->grad;
+    if (o->accum > 1) { /* micro-batch gradients summed in place into persistent buffers */
+        for (int i = 0; i < t->n_train; i++) {
+            keel_tensor *p = t->train_p[i];
+            t->acc[i] = keel_set_name(keel_set_flags(keel_new(t->ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT), "accum.%s", p->name);
+            keel_tensor *a = keel_acc(t->ctx, t->acc[i], t->grad[i], t->acc[i]->nb[1], t->acc[i]->nb[2], t->acc[i]->nb[3], 0, true);
+            if (!a || keel_graph_expand(t->g, a)) return -1;
+            a->flags |= KEEL_FLAG_OUTPUT;
+        }
+        G = t->acc;
+    }
+    t->end_fb = t->g->n_nodes;
+    for (int i = 0; i < t->n_train; i++) { /* the global gradient norm, summed in parameter order */
+        keel_tensor *sq = keel_sum(t->ctx, keel_sqr(t->ctx, G[i]));
+        t->sumsq = i ? keel_add(t->ctx, t->sumsq, sq) : sq;
+    }
+    if (!t->sumsq || keel_graph_expand(t->g, t->sumsq)) return -1;
+    t->sumsq->flags |= KEEL_FLAG_OUTPUT;
+    t->end_norm = t->g->n_nodes;
+    for (int i = 0; i < t->n_train; i++) {
+        keel_tensor *p = t->train_p[i];
+        t->mom[2 * i] = keel_set_name(keel_set_flags(keel_new(t->ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT), "m.%s", p->name);
+        t->mom[2 * i + 1] = keel_set_name(keel_set_flags(keel_new(t->ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT), "v.%s", p->name);
+        double wd = p->ne[1] > 1 ? o->weight_decay : 0.0; /* no decay on norms, gates and biases */
+        t->opt[i] = keel_adamw(t->ctx, p, G[i], t->mom[2 * i], t->mom[2 * i + 1], o->lr, 0.9, 0.95, 1e-8, wd, 1);
+        if (!t->opt[i] || keel_graph_expand(t->g, t->opt[i])) return -1;
+        t->opt[i]->flags |= KEEL_FLAG_OUTPUT;
+    }
+    t->s = keel_session_new(t->be, t->g, NULL);
+    return t->s ? 0 : -1;
+}
+
+static int init_weights(trainer *t) {
+    if (t->src) return keel_checkpoint_load(t->src, t->m, t->be);
+    for (int i = 0; i < t->m->n_params; i++) { /* seeded, one tensor at a time */
+        keel_qwen35 one = *t->m;
+        one.params = &t->m->params[i];
+        one.n_params = 1;
+        double **v = keel_qwen35_init_values(&one, t->o->seed * 1000003u + (uint64_t)i);
+        if (!v) return keel_fail("out of memory");
+        int64_t n = keel_nelements(t->m->params[i]);
+        float *f = malloc((size_t)n * sizeof *f);
+        for (int64_t j = 0; f && j < n; j++) f[j] = (float)v[0][j];
+        int rc = !f || keel_tensor_write(t->be, t->m->params[i], f, KEEL_F32);
+        free(f), free(v[0]), free(v);
+        if (rc) return keel_fail("cannot write initial weights");
+    }
+    return 0;
+}
+
+static int zero(keel_backend *be, keel_tensor *x) { return be->fill_bytes(be, x->data, 0, keel_nbytes(x)); }
+
+static double eval_loss(trainer *t, const keel_dataset *d) {
+    int64_t T = t->o->window, B = t->o->batch, W = d->n_eval > T ? (d->n_eval - 1) / T : 0;
+    if (W < B) return NAN;
+    int32_t *ids = malloc((size_t)(T * B) * 4), *tgt = malloc((size_t)(T * B) * 4);
+    double sum = 0;
+    int64_t nb = 0;
+    for (int64_t w = 0; w + B <= W && nb < t->o->eval_batches; w += B, nb++) {
+        for (int64_t b = 0; b < B; b++) {
+            memcpy(ids + b * T, d->eval + (w + b) * T, (size_t)T * 4);
+            memcpy(tgt + b * T, d->eval + (w + b) * T + 1, (size_t)T * 4);
+        }
+        float l = NAN;
+        if (keel_tensor_write(t->be, t->ids, ids, KEEL_I32) || keel_tensor_write(t->be, t->tgt, tgt, KEEL_I32) ||
+            t->be->compute(t->be, t->g, 0, t->g->n_forward, NULL, NULL) || keel_tensor_read(t->be, t->loss, &l, KEEL_F32))
+            break;
+        sum += l;
+    }
+    free(ids), free(tgt);
+    return nb ? sum / (double)nb : NAN;
+}
+
+/* The first parameter whose gradient holds a NaN or an infinity. */
+static const char *first_nonfinite(trainer *t) {
+    for (int i = 0; i < t->n_train; i++) {
+        keel_tensor *g = t->o->accum > 1 ? t->acc[i] : t->grad[i];
+        double *v = keel_tensor_read_f64(t->be, g);
+        bool bad = false;
+        for (int64_t j = 0; v && j < keel_nelements(g) && !bad; j++) bad = !isfinite(v[j]);
+        free(v);
+        if (bad) return t->train_p[i]->name;
+    }
+    return NULL;
+}
+
+int keel_train_run(const keel_train_opts *o) {
+    trainer t = {.o = o};
+    keel_tokenizer *tok = NULL;
+    keel_dataset d = {0};
+    FILE *metrics = NULL;
+    int result = 1;
+    keel_qwen35_config cfg;
+    bool mm;
+    const char *from = o->resume_dir ? o->resume_dir : o->model_dir;
+    if (!o->out_dir) { keel_fail("--out DIR is required"); goto fail; }
+    if (!o->n_data) { keel_fail("--data PATH is required"); goto fail; }
+    if (!!o->model_dir + !!o->preset + !!o->init_config + !!o->resume_dir != 1) {
+        keel_fail("give exactly one of --model DIR, --preset NAME, --init CONFIG.json, --resume DIR");
+        goto fail;
+    }
+    if (from) {
+        if (!(t.src = keel_checkpoint_open(from))) goto fail;
+        cfg = t.src->cfg;
+    } else if (o->preset ? keel_qwen35_preset(o->preset, &cfg) : keel_hf_config_read_file(o->init_config, &cfg, &mm)) {
+        goto fail;
+    }
+    { /* --out and its parents */
+        char pth[4096];
+        snprintf(pth, sizeof pth, "%s", o->out_dir);
+        for (char *q = pth + 1; *q; q++)
+            if (*q == '/') { *q = 0; mkdir(pth, 0755); *q = '/'; }
+        if (mkdir(pth, 0755) && errno != EEXIST) { keel_fail("--out %s: %s", o->out_dir, strerror(errno)); goto fail; }
+    }
+    /* the tokenizer: given, or the model folder's, or bytes */
+    char tp[4200];
+    if (!o->tokenizer && from) {
+        snprintf(tp, sizeof tp, "%s/tokenizer.json", from);
+        struct stat st;
+        if (stat(tp, &st) == 0) tok = keel_tokenizer_load(tp);
+    } else if (o->tokenizer) {
+        tok = keel_tokenizer_load(o->tokenizer);
+        if (!tok) goto fail;
+    }
+    if (tok && keel_tokenizer_vocab_size(tok) > cfg.vocab) {
+        keel_fail("the tokenizer has %d tokens, the model's vocabulary only %lld", keel_tokenizer_vocab_size(tok), (long long)cfg.vocab);
+        goto fail;
+    }
+    if (!tok && cfg.vocab < 256) { keel_fail("byte-level data needs a vocabulary of at least 256 (the model has %lld)", (long long)cfg.vocab); goto fail; }
+    char cache[4200];
+    snprintf(cache, sizeof cache, "%s/tokens.cache", o->out_dir);
+    if (keel_dataset_load(&d, o->data, o->n_data, tok, o->eval_fraction, o->seed, cache)) goto fail;
+    int64_t W = keel_dataset_windows(&d, o->window);
+    if (W < 1) {
+        keel_fail("--window %lld is longer than the training data (%lld tokens)", (long long)o->window, (long long)d.n_train);
+        goto fail;
+    }
+    if (W < o->batch) {
+        keel_fail("the training data has %lld windows of %lld tokens, fewer than --batch %lld", (long long)W, (long long)o->window, (long long)o->batch);
+        goto fail;
+    }
+    printf("data: %lld documents, %lld training tokens (%lld windows), %lld held out (%lld documents)%s; %s\n", (long long)d.n_docs,
+           (long long)d.n_train, (long long)W, (long long)d.n_eval, (long long)d.n_eval_docs, d.cached ? " (cached)" : "",
+           tok ? "model tokenizer" : "byte vocabulary");
+    t.be = keel_backend_new(o->backend, (int)o->threads);
+    if (!t.be || build(&t, &cfg) || init_weights(&t)) goto fail;
+    for (int i = 0; i < 2 * t.n_train; i++) if (zero(t.be, t.mom[i])) goto fail;
+    if (o->resume_dir && read_state(&t, o->resume_dir)) goto fail;
+    int64_t n_par = 0, n_tr = 0;
+    for (int i = 0; i < t.m->n_params; i++) n_par += keel_nelements(t.m->params[i]);
+    for (int i = 0; i < t.n_train; i++) n_tr += keel_nelements(t.train_p[i]);
+    printf("model: %lld layers, %lld parameters (%lld trained), %s backend, %lld threads, recompute %s, plan %.1f MiB\n",
+           (long long)cfg.layers, (long long)n_par, (long long)n_tr, t.be->name, (long long)o->threads, o->recompute,
+           (double)t.s->plan->total_bytes / 1048576.0);
+    if (t.step >= o->steps) { keel_fail("the checkpoint is at step %lld already; --steps %lld is the total", (long long)t.step, (long long)o->steps); goto fail; }
+    char mp[4200];
+    snprintf(mp, sizeof mp, "%s/metrics.jsonl", o->out_dir);
+    metrics = fopen(mp, t.step ? "a" : "w");
+    if (!metrics) { keel_fail("%s: %s", mp, strerror(errno)); goto fail; }
+    int32_t *ids = malloc((size_t)(o->window * o->batch) * 4), *tgt = malloc((size_t)(o->window * o->batch) * 4), *pv = malloc((size_t)o->window * 4);
+    for (int64_t i = 0; i < o->window; i++) pv[i] = (int32_t)i;
+    keel_tensor_write(t.be, t.pos, pv, KEEL_I32);
+    free(pv);
+    bool tty = isatty(fileno(stdout));
+    if (t.step == 0 && d.n_eval > o->window) {
+        double el = eval_loss(&t, &d);
+        if (isfinite(el)) {
+            printf("step %6lld  eval loss %.4f  perplexity %.2f\n", 0LL, el, exp(el));
+            fprintf(metrics, "{\"step\": 0, \"tokens\": 0, \"eval_loss\": %.9g, \"eval_ppl\": %.9g}\n", el, exp(el));
+        }
+    }
+    double t0 = now_s();
+    int64_t start_step = t.step, tokens_per_step = o->window * o->batch * o->accum;
+    result = 0;
+    for (int64_t step = t.step + 1; step <= o->steps; step++) {
+        if (o->accum > 1)
+            for (int i = 0; i < t.n_train; i++) if (zero(t.be, t.acc[i])) { result = 1; break; }
+        double loss = 0;
+        for (int64_t micro = 0; micro < o->accum && !result; micro++) {
+            keel_dataset_batch(&d, o->window, o->batch, o->seed, t.position, ids, tgt);
+            t.position += o->batch;
+            keel_tracer *tr = o->trace && step == o->trace_step && micro == 0 ? keel_tracer_new(false, 0) : NULL;
+            float l = NAN;
+            if (keel_tensor_write(t.be, t.ids, ids, KEEL_I32) || keel_tensor_write(t.be, t.tgt, tgt, KEEL_I32) || (tr && keel_tracer_begin(tr, t.be, t.g)) ||
+                t.be->compute(t.be, t.g, 0, t.end_fb, tr ? keel_tracer_node : NULL, tr) || keel_tensor_read(t.be, t.loss, &l, KEEL_F32))
+                result = 1;
+            if (tr && !result) {
+                if (keel_trace_write(tr, o->trace)) result = 1;
+                else printf("trace of step %lld (%lld nodes) written to %s\n", (long long)step, (long long)tr->n, o->trace);
+            }
+            keel_tracer_free(tr);
+            loss += l;
+        }
+        if (result) break;
+        loss /= (double)o->accum;
+        float sumsq = NAN;
+        if (t.be->compute(t.be, t.g, t.end_fb, t.end_norm, NULL, NULL) || keel_tensor_read(t.be, t.sumsq, &sumsq, KEEL_F32)) { result = 1; break; }
+        double norm = sqrt((double)sumsq) / (double)o->accum;
+        if (!isfinite(loss) || !isfinite(norm)) {
+            const char *bad = first_nonfinite(&t);
+            keel_fail("step %lld: the loss is %g and the gradient norm %g; first non-finite gradient: %s (no checkpoint written for this step)",
+                      (long long)step, loss, norm, bad ? bad : "(none: the loss itself)");
+            result = 1;
+            break;
+        }
+        double clip_f = o->clip > 0 && norm > o->clip ? o->clip / norm : 1.0, lr = lr_at(o, step);
+        for (int i = 0; i < t.n_train; i++) t.opt[i]->fp[0] = lr, t.opt[i]->ip[0] = step, t.opt[i]->fp[5] = clip_f / (double)o->accum;
+        if (t.be->compute(t.be, t.g, t.end_norm, t.g->n_nodes, NULL, NULL)) { result = 1; break; }
+        t.step = step;
+        t.tokens += tokens_per_step;
+        double el = now_s() - t0, tps = (double)((step - start_step) * tokens_per_step) / el, eta = el / (double)(step - start_step) * (double)(o->steps - step);
+        fprintf(metrics, "{\"step\": %lld, \"tokens\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.2f}\n",
+                (long long)step, (long long)t.tokens, loss, lr, norm, tps, el);
+        if (tty) printf("\rstep %6lld/%lld  loss %.4f  lr %.2e  %7.0f tok/s  elapsed %6.1fs  eta %6.1fs ", (long long)step, (long long)o->steps, loss, lr, tps, el, eta);
+        else if (step % 10 == 0 || step == o->steps || step == start_step + 1)
+            printf("step %6lld/%lld  loss %.4f  lr %.2e  grad norm %.3f  %7.0f tok/s  elapsed %.1fs  eta %.1fs\n", (long long)step, (long long)o->steps, loss, lr, norm, tps, el, eta);
+        fflush(stdout);
+        bool last = step == o->steps, stop = keel_train_stop || (o->stop_at > 0 && step == o->stop_at);
+        if ((o->eval_every > 0 && step % o->eval_every == 0) || last) {
+            double ev = eval_loss(&t, &d);
+            if (isfinite(ev)) {
+                if (tty) printf("\n");
+                printf("step %6lld  eval loss %.4f  perplexity %.2f\n", (long long)step, ev, exp(ev));
+                fprintf(metrics, "{\"step\": %lld, \"tokens\": %lld, \"eval_loss\": %.9g, \"eval_ppl\": %.9g}\n", (long long)step, (long long)t.tokens, ev, exp(ev));
+            }
+        }
+        fflush(metrics);
+        if ((o->save_every > 0 && step % o->save_every == 0) || last || stop) {
+            if (save(&t)) { result = 1; break; }
+            if (tty) printf("\n");
+            printf("saved %s/checkpoint (step %lld)\n", o->out_dir, (long long)step);
+        }
+        if (stop && !last) {
+            printf("%s after step %lld; resume with --resume %s/checkpoint\n", keel_train_stop ? "interrupted: stopped" : "stopped (--stop-at)",
+                   (long long)step, o->out_dir);
+            result = keel_train_stop ? 3 : 0;
+            break;
+        }
+    }
+    free(ids), free(tgt);
+fail:
+    if (result == 1) fprintf(stderr, "keel train: %s\n", keel_last_error());
+    if (metrics) fclose(metrics);
+    keel_dataset_free(&d);
+    keel_tokenizer_free(tok);
+    keel_session_free(t.s);
+    keel_graph_free(t.g);
+    keel_qwen35_free(t.m);
+    keel_ctx_free(t.ctx);
+    keel_backend_free(t.be);
+    keel_checkpoint_close(t.src);
+    free(t.train_p), free(t.grad), free(t.acc), free(t.mom), free(t.opt);
+    return result;
+}
