@@ -127,3 +127,10 @@ foreach(bad
   add_test(NAME train_bad_${name} COMMAND ${CMAKE_SOURCE_DIR}/scripts/expect-failure.sh "${msg}" $<TARGET_FILE:keel> train ${args})
 endforeach()
 set_tests_properties(train_resume_bitwise train_finetune_fixture train_plot PROPERTIES LABELS "train")
+
+# keel generate: incremental decoding (KV cache, DeltaNet states) gives the logits of the full
+# forward pass; keel eval.
+add_test(NAME generate_incremental_greedy COMMAND keel generate --model ${KEEL_TINY}/multimodal-bf16 --prompt "Call me Ishmael." --max-tokens 24 --temperature 0 --verify)
+add_test(NAME generate_incremental_sampled COMMAND keel generate --model ${KEEL_TINY}/causal-f32-sharded --prompt "a" --max-tokens 24 --temperature 1.0 --top-p 0.9 --seed 3 --verify)
+add_test(NAME eval_fixture COMMAND keel eval --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --window 64 --batch 4)
+set_tests_properties(generate_incremental_greedy generate_incremental_sampled eval_fixture PROPERTIES LABELS "train")

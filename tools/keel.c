@@ -14,8 +14,10 @@ static void usage(FILE *f) {
             "commands:\n"
             "  train (--model DIR | --preset NAME | --init CONFIG.json | --resume DIR) --data PATH... --out DIR [...]\n"
             "                 train or fine-tune a Qwen3.5-family model (keel train --help)\n"
-            "  generate --model DIR --prompt TEXT [--max-tokens N] [--temperature X] [--top-p P] [--seed N]\n"
-            "                 sample from a checkpoint (recomputes the prefix per token for now)\n"
+            "  generate --model DIR --prompt TEXT [--max-tokens N] [--temperature X] [--top-p P] [--seed N] [--verify]\n"
+            "                 sample from a checkpoint, incrementally (KV cache, DeltaNet states)\n"
+            "  eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B]\n"
+            "                 loss and perplexity of a checkpoint on text\n"
             "  plot METRICS.jsonl -o loss.svg\n"
             "                 train and eval loss against tokens seen\n"
             "  test-ops [--backend ref,cpu] [--op NAME,...] [--grad] [--expect-fault N]\n"
@@ -89,6 +91,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 1, argv + 1);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 1, argv + 1);
     if (strcmp(cmd, "plot") == 0) return cmd_plot(argc - 1, argv + 1);
     if (strcmp(cmd, "diff") == 0) return cmd_diff(argc - 1, argv + 1);
     if (strcmp(cmd, "save") == 0) return cmd_save(argc - 1, argv + 1);

@@ -115,7 +115,7 @@ static keel_tensor *norm1p(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double
 static keel_tensor *linear(keel_ctx *ctx, keel_tensor *w, keel_tensor *x) { return keel_mul_mat(ctx, w, x); }
 
 static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L, keel_tensor *h,
-                                    keel_tensor *pos) {
+                                    keel_tensor *pos, keel_tensor *kin, keel_tensor *vin, keel_tensor **kout, keel_tensor **vout) {
     int64_t hd = c->head_dim, H = c->heads, KV = c->kv_heads, T = h->ne[1], B = h->ne[2];
     int64_t es = (int64_t)keel_type_size(h->type);
     keel_tensor *qg = linear(ctx, L->q, h); /* per head [q | gate] */
@@ -126,6 +126,8 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35_config *c, 
     int64_t n_rot = (int64_t)(c->partial_rotary * (double)hd);
     q = keel_rope(ctx, norm1p(ctx, q, L->q_norm, c->rms_eps), pos, n_rot, c->rope_theta);
     k = keel_rope(ctx, norm1p(ctx, k, L->k_norm, c->rms_eps), pos, n_rot, c->rope_theta);
+    if (kin) k = keel_concat(ctx, kin, k, 2), v = keel_concat(ctx, vin, v, 2); /* the cache, then the new tokens */
+    if (kout) *kout = k, *vout = v;
     /* heads to dim 2: [hd, T, H, B]; scores [Tk, Tq, H, B]; query head h reads kv head h / (H/KV) */
     keel_tensor *qp = keel_permute(ctx, q, 0, 2, 1, 3), *kp = keel_permute(ctx, k, 0, 2, 1, 3);
     keel_tensor *p = keel_soft_max(ctx, keel_mul_mat(ctx, kp, qp), 1.0 / sqrt((double)hd), true);
@@ -136,10 +138,19 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35_config *c, 
     return linear(ctx, L->o, keel_reshape_3d(ctx, o, hd * H, T, B));
 }
 
-static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L, keel_tensor *h) {
+static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L, keel_tensor *h,
+                                   keel_tensor *S_in, keel_tensor *conv_in, keel_tensor **S_out, keel_tensor **conv_out) {
     int64_t Dk = c->lk_dim, Hk = c->lk_heads, Dv = c->lv_dim, Hv = c->lv_heads, T = h->ne[1], B = h->ne[2];
-    int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(h->type);
-    keel_tensor *mixed = keel_silu(ctx, keel_conv1d(ctx, linear(ctx, L->qkv, h), L->conv)); /* [C, T, B] */
+    int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(h->type), K = c->conv_kernel;
+    keel_tensor *pre = linear(ctx, L->qkv, h), *conv;
+    if (conv_in) { /* decoding: the last K-1 inputs come first; keep the outputs of the new tokens */
+        keel_tensor *cat = keel_concat(ctx, conv_in, pre, 1);
+        conv = keel_view_3d(ctx, keel_conv1d(ctx, cat, L->conv), C, T, B, C * es, C * (T + K - 1) * es, (K - 1) * C * es);
+        *conv_out = keel_cont(ctx, keel_view_3d(ctx, cat, C, K - 1, B, C * es, C * (T + K - 1) * es, T * C * es));
+    } else {
+        conv = keel_conv1d(ctx, pre, L->conv);
+    }
+    keel_tensor *mixed = keel_silu(ctx, conv); /* [C, T, B] */
     keel_tensor *q = keel_view_4d(ctx, mixed, Dk, Hk, T, B, Dk * es, C * es, C * T * es, 0);
     keel_tensor *k = keel_view_4d(ctx, mixed, Dk, Hk, T, B, Dk * es, C * es, C * T * es, kd * es);
     keel_tensor *v = keel_view_4d(ctx, mixed, Dv, Hv, T, B, Dv * es, C * es, C * T * es, 2 * kd * es);
@@ -148,14 +159,21 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35_config *c, c
     keel_tensor *beta = keel_sigmoid(ctx, linear(ctx, L->b, h)); /* [Hv, T, B] */
     keel_tensor *g = keel_mul(ctx, keel_softplus(ctx, keel_add(ctx, linear(ctx, L->a, h), L->dt_bias)),
                               keel_neg(ctx, keel_exp(ctx, L->A_log)));
-    keel_tensor *o = keel_gated_delta_net(ctx, q, k, v, g, beta); /* [Dv, Hv, T, B] */
+    keel_tensor *o;
+    if (S_in) { /* decoding: start from S_in, keep the final state */
+        keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_STATE, (keel_tensor *const[]){q, k, v, g, beta, S_in}, 6, NULL, 0, NULL, 0);
+        o = keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, Dv * Hv * es, Dv * Hv * T * es, 0);
+        *S_out = keel_cont(ctx, keel_view_4d(ctx, pk, Dv, Dk, Hv, B, Dv * es, Dv * Dk * es, Dv * Dk * Hv * es, Dv * Hv * T * B * es));
+    } else {
+        o = keel_gated_delta_net(ctx, q, k, v, g, beta); /* [Dv, Hv, T, B] */
+    }
     keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, L->z, h), Dv, Hv, T, B);
     o = keel_mul(ctx, keel_mul(ctx, keel_rms_norm(ctx, o, c->rms_eps), L->norm), keel_silu(ctx, z));
     return linear(ctx, L->out, keel_reshape_3d(ctx, o, vd, T, B));
 }
 
-int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos, keel_tensor *targets,
-                        keel_qwen35_out *out) {
+static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos, keel_tensor *targets,
+                   keel_qwen35_out *out, const keel_qwen35_cache *cin, keel_qwen35_cache *cout) {
     const keel_qwen35_config *c = &m->cfg;
     memset(out, 0, sizeof *out);
     keel_tensor *x = keel_get_rows(ctx, m->embed, ids); /* [D, T, B] */
@@ -166,7 +184,11 @@ int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, k
         const keel_qwen35_layer *L = &m->layer[i];
         out->layers.first_id[i] = keel_ctx_count(ctx);
         keel_tensor *h = norm1p(ctx, x, L->in_norm, c->rms_eps);
-        keel_tensor *mix = c->full_attention[i] ? gated_attention(ctx, c, L, h, pos) : gated_deltanet(ctx, c, L, h);
+        keel_tensor *mix = c->full_attention[i]
+                               ? gated_attention(ctx, c, L, h, pos, cin ? cin->k[i] : NULL, cin ? cin->v[i] : NULL,
+                                                 cout ? &cout->k[i] : NULL, cout ? &cout->v[i] : NULL)
+                               : gated_deltanet(ctx, c, L, h, cin ? cin->S[i] : NULL, cin ? cin->conv[i] : NULL,
+                                                cout ? &cout->S[i] : NULL, cout ? &cout->conv[i] : NULL);
         x = keel_add(ctx, x, mix);
         keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps);
         keel_tensor *mlp = linear(ctx, L->down, keel_mul(ctx, keel_silu(ctx, linear(ctx, L->gate, h2)), linear(ctx, L->up, h2)));
@@ -182,6 +204,19 @@ int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, k
     if (targets) out->loss = keel_set_name(keel_cross_entropy_loss(ctx, out->logits, targets), "loss");
     if (!out->logits || (targets && !out->loss)) return -1;
     return 0;
+}
+
+int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos, keel_tensor *targets,
+                        keel_qwen35_out *out) {
+    return forward(ctx, m, ids, pos, targets, out, NULL, NULL);
+}
+
+keel_tensor *keel_qwen35_forward_cached(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos,
+                                        const keel_qwen35_cache *in, keel_qwen35_cache *out) {
+    keel_qwen35_out o;
+    memset(out, 0, sizeof *out);
+    if (forward(ctx, m, ids, pos, NULL, &o, in, out)) return NULL;
+    return o.logits;
 }
 
 static uint64_t mix64(uint64_t *s) {

@@ -55,6 +55,20 @@ typedef struct {
 int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos,
                         keel_tensor *targets, keel_qwen35_out *out);
 
+/* Decoding state per layer: attention layers k, v [head_dim, kv_heads, T_seen, 1] (after the
+ * norms and RoPE); DeltaNet layers S [Dv, Dk, Hv, 1] and conv [C, K-1, 1] (the last K-1 inputs
+ * of the causal convolution). */
+typedef struct {
+    keel_tensor *k[KEEL_QWEN35_MAX_LAYERS], *v[KEEL_QWEN35_MAX_LAYERS];
+    keel_tensor *S[KEEL_QWEN35_MAX_LAYERS], *conv[KEEL_QWEN35_MAX_LAYERS];
+} keel_qwen35_cache;
+
+/* Forward for decoding (batch 1): ids [T,1] at positions pos [T], continuing from `in` (attention
+ * k/v NULL when nothing was seen yet; DeltaNet S and conv always given, zeros at the start).
+ * Fills `out` with the state after these tokens and returns the logits [V,T,1]. */
+keel_tensor *keel_qwen35_forward_cached(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos,
+                                        const keel_qwen35_cache *in, keel_qwen35_cache *out);
+
 /* Values for every parameter from a seed, shaped like transformers' initialisation (normal(0,
  * 0.02) projections and embeddings, zero (1+w) norms, unit gated norm and dt_bias, A_log =
  * log U(1,16), conv U(-1/sqrt(K), 1/sqrt(K))). vals[i] has keel_nelements(params[i]) values. */

@@ -59,6 +59,7 @@
     X(CONV1D_BACK_WEIGHT, 2, OPF_BACKWARD, 0, "src0 x [C,T,B], src1 dy, ip0 K -> dw [K,C]")         \
     X(GATED_DELTA_NET, 5, 0, 31, "q,k [Dk,Hk,T,B], v [Dv,Hv,T,B], g,beta [Hv,T,B] -> o [Dv,Hv,T,B]") \
     X(GATED_DELTA_NET_BACK, 6, OPF_BACKWARD, 0, "q,k,v,g,beta,do -> packed [dq|dk (per value head)|dv|dg|dbeta]") \
+    X(GATED_DELTA_NET_STATE, 6, 0, 0, "q,k,v,g,beta as GATED_DELTA_NET, S0 [Dv,Dk,Hv,B] -> packed [o | final state] (decoding)") \
     X(CROSS_ENTROPY_LOSS, 2, 0, 1, "src0 logits [V,N..], src1 i32 targets [N..] -> mean loss [1]")  \
     X(CROSS_ENTROPY_LOSS_BACK, 3, OPF_BACKWARD, 0, "logits, targets, dloss [1] -> dlogits")         \
     X(ADAMW, 4, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0, "p,g,m,v; fp0 lr fp1 beta1 fp2 beta2 fp3 eps fp4 wd fp5 gradient scale; ip0 step (1-based)")

@@ -15,6 +15,7 @@ static const char *nograd_reason(int op) {
     case KEEL_OP_NONE: return "leaf: a parameter's gradient is the result, not a rule";
     case KEEL_OP_FILL: return "constant: no inputs";
     case KEEL_OP_ADAMW: return "optimizer step: updates state in place, never differentiated";
+    case KEEL_OP_GATED_DELTA_NET_STATE: return "decoding with a carried state: training uses GATED_DELTA_NET";
     default: return NULL;
     }
 }
@@ -290,6 +291,7 @@ static int shape_rule(keel_tensor *t) {
         set_shape(t, a->type, t->ip[0], a->ne[0], 1, 1);
         return 0;
     case KEEL_OP_GATED_DELTA_NET:
+    case KEEL_OP_GATED_DELTA_NET_STATE:
     case KEEL_OP_GATED_DELTA_NET_BACK: {
         keel_tensor *k = t->src[1], *v = t->src[2], *g = t->src[3], *be = t->src[4];
         int64_t Dk = a->ne[0], Hk = a->ne[1], T = a->ne[2], B = a->ne[3], Dv = v->ne[0], Hv = v->ne[1];
@@ -300,6 +302,10 @@ static int shape_rule(keel_tensor *t) {
         for (int i = 1; i < 5; i++) REQ(t->src[i]->type == a->type, "types differ");
         if (op == KEEL_OP_GATED_DELTA_NET) {
             set_shape(t, a->type, Dv, Hv, T, B);
+        } else if (op == KEEL_OP_GATED_DELTA_NET_STATE) {
+            const keel_tensor *s0 = t->src[5];
+            REQ(s0->type == a->type && s0->ne[0] == Dv && s0->ne[1] == Dk && s0->ne[2] == Hv && s0->ne[3] == B, "S0 must be [Dv,Dk,Hv,B]");
+            set_shape(t, a->type, Dv * Hv * T * B + Dv * Dk * Hv * B, 1, 1, 1);
         } else {
             REQ(keel_same_shape(t->src[5], v) && t->src[5]->type == a->type, "do must be shaped like v");
             set_shape(t, a->type, (2 * Dk * Hv + Dv * Hv + 2 * Hv) * T * B, 1, 1, 1);

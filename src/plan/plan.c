@@ -105,6 +105,7 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
 #define SIZE_OF(t) (align_up(keel_nbytes(t)) + 2 * gb)
     for (int64_t i = 0; i < g->n_leafs; i++) {
         keel_tensor *t = g->leafs[i];
+        if ((t->flags & KEEL_FLAG_BOUND) && t->data) continue; /* already placed by another session */
         p->offset[t->id] = arena_alloc(&ar, SIZE_OF(t)) + gb;
         p->persistent_bytes += SIZE_OF(t);
         p->n_roots++;
@@ -159,7 +160,8 @@ void keel_plan_free(keel_plan *p) {
 
 void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base) {
     char *b = base;
-    for (int64_t i = 0; i < g->n_leafs; i++) g->leafs[i]->data = b + p->offset[g->leafs[i]->id];
+    for (int64_t i = 0; i < g->n_leafs; i++)
+        if (p->offset[g->leafs[i]->id] != SIZE_MAX) g->leafs[i]->data = b + p->offset[g->leafs[i]->id];
     for (int64_t i = 0; i < g->n_nodes; i++) {
         keel_tensor *t = g->nodes[i];
         if (is_root(t)) t->data = b + p->offset[t->id];

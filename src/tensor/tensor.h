@@ -21,6 +21,7 @@ enum {
     KEEL_FLAG_OUTPUT = 1u << 2,     /* read back after a run: the plan keeps it alive */
     KEEL_FLAG_LOSS = 1u << 3,       /* scalar the backward pass starts from */
     KEEL_FLAG_CHECKPOINT = 1u << 4, /* recompute keeps this activation */
+    KEEL_FLAG_BOUND = 1u << 5,      /* a leaf whose bytes another session placed: plans leave it where it is */
 };
 
 #define KEEL_MAX_DIMS 4

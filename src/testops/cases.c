@@ -394,6 +394,7 @@ int keel_cases_all(op_case **out) {
             break;
         }
         case KEEL_OP_GATED_DELTA_NET:
+        case KEEL_OP_GATED_DELTA_NET_STATE:
         case KEEL_OP_GATED_DELTA_NET_BACK: {
             /* Dk, Hk, T, B, Dv, Hv */
             static const int64_t sh[][6] = {{4, 1, 5, 1, 3, 1}, {8, 2, 130, 2, 6, 4}, {16, 1, 65, 1, 16, 2}, {5, 2, 3, 1, 7, 2}};
@@ -408,6 +409,7 @@ int keel_cases_all(op_case **out) {
                 I(c, KEEL_F32, x[5], x[2], x[3], 1)->dom = DOM_GATE;
                 I(c, KEEL_F32, x[5], x[2], x[3], 1)->dom = DOM_UNIT;
                 if (op == KEEL_OP_GATED_DELTA_NET_BACK) I(c, KEEL_F32, x[4], x[5], x[2], x[3]);
+                if (op == KEEL_OP_GATED_DELTA_NET_STATE) I(c, KEEL_F32, x[4], x[0], x[5], x[3])->scale = 0.3;
             }
             break;
         }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "backends/cpu/cpu_internal.h"
+#include "ops/ops.h"
 #include "util/error.h"
 
 #define GDN_CHUNK 64
@@ -83,7 +84,10 @@ static void forward_task(void *arg, int64_t begin, int64_t end, int th) {
     for (int64_t lane = begin; lane < end; lane++) {
         int64_t b = lane / c->Hv, hv = lane % c->Hv;
         gather(c, b, hv, &L, false);
-        for (int64_t i = 0; i < Dk * Dv; i++) S[i] = 0.0f;
+        const keel_tensor *s0 = c->t->op == KEEL_OP_GATED_DELTA_NET_STATE ? c->t->src[5] : NULL;
+        for (int64_t i = 0; i < Dk; i++)
+            for (int64_t j = 0; j < Dv; j++)
+                S[i * Dv + j] = s0 ? cpu_ldf(cpu_row(s0, i, hv, b) + j * s0->nb[0]) : 0.0f;
         for (int64_t t = 0; t < c->T; t++) {
             step(S, L.k + t * Dk, L.v + t * Dv, L.g[t], L.beta[t], Dk, Dv, u, d);
             const float *q = L.q + t * Dk;
@@ -92,9 +96,15 @@ static void forward_task(void *arg, int64_t begin, int64_t end, int th) {
                 const float *Si = S + i * Dv;
                 for (int64_t j = 0; j < Dv; j++) u[j] += Si[j] * q[i];
             }
-            char *o = cpu_row(c->t, hv, t, b);
-            for (int64_t j = 0; j < Dv; j++) cpu_stf(o + j * c->t->nb[0], u[j]);
+            if (s0) { /* packed result: o [Dv,Hv,T,B], then the final states [Dv,Dk,Hv,B] */
+                float *o = (float *)c->t->data + ((b * c->T + t) * c->Hv + hv) * Dv;
+                for (int64_t j = 0; j < Dv; j++) o[j] = u[j];
+            } else {
+                char *o = cpu_row(c->t, hv, t, b);
+                for (int64_t j = 0; j < Dv; j++) cpu_stf(o + j * c->t->nb[0], u[j]);
+            }
         }
+        if (s0) memcpy((float *)c->t->data + Dv * c->Hv * c->T * c->B + (b * c->Hv + hv) * Dk * Dv, S, (size_t)(Dk * Dv) * sizeof(float));
     }
     free(mem);
     free(S);

@@ -490,7 +490,8 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         keel_pool_for(pool, t->ne[1], conv_task, &c);
         return 0;
-    case KEEL_OP_GATED_DELTA_NET: return cpu_gdn_forward(be, t);
+    case KEEL_OP_GATED_DELTA_NET:
+    case KEEL_OP_GATED_DELTA_NET_STATE: return cpu_gdn_forward(be, t);
     case KEEL_OP_GATED_DELTA_NET_BACK: return cpu_gdn_backward(be, t);
     case KEEL_OP_ADAMW:
         keel_pool_for(pool, keel_nelements(t), adamw_task, &c);

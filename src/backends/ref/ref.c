@@ -110,11 +110,12 @@ static double binary(int op, double a, double b) {
 /* Gated delta rule, one (batch, value head) lane, forward; states[c] receives S before step
  * c*chunk when states != NULL. */
 static void gdn_lane_forward(const keel_tensor *q, const keel_tensor *k, const keel_tensor *v, const keel_tensor *g,
-                             const keel_tensor *beta, int64_t b, int64_t hv, double *S, double *o_out) {
+                             const keel_tensor *beta, const keel_tensor *s0, int64_t b, int64_t hv, double *S, double *o_out) {
     int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], Dv = v->ne[0], Hv = v->ne[1];
     int64_t hk = hv / (Hv / Hk);
     double *u = malloc((size_t)Dv * sizeof *u);
-    memset(S, 0, (size_t)(Dk * Dv) * sizeof *S);
+    for (int64_t i = 0; i < Dk; i++)
+        for (int64_t j = 0; j < Dv; j++) S[i * Dv + j] = s0 ? get(s0, j, i, hv, b) : 0.0;
     for (int64_t t = 0; t < T; t++) {
         double eg = exp(get(g, hv, t, b, 0)), bt = get(beta, hv, t, b, 0);
         for (int64_t i = 0; i < Dk * Dv; i++) S[i] *= eg;
@@ -143,7 +144,15 @@ static int ref_gdn(const keel_tensor *t) {
     if (!S || !o) { free(S); free(o); return keel_fail("ref: out of memory in '%s'", t->name); }
     for (int64_t b = 0; b < B; b++)
         for (int64_t hv = 0; hv < Hv; hv++) {
-            gdn_lane_forward(q, k, v, g, beta, b, hv, S, o);
+            if (t->op == KEEL_OP_GATED_DELTA_NET_STATE) { /* packed: o, then the final state */
+                gdn_lane_forward(q, k, v, g, beta, t->src[5], b, hv, S, o);
+                for (int64_t tt = 0; tt < T; tt++)
+                    for (int64_t j = 0; j < Dv; j++) putf(t, ((b * T + tt) * Hv + hv) * Dv + j, o[tt * Dv + j]);
+                for (int64_t i = 0; i < Dk; i++)
+                    for (int64_t j = 0; j < Dv; j++) putf(t, Dv * Hv * T * B + ((b * Hv + hv) * Dk + i) * Dv + j, S[i * Dv + j]);
+                continue;
+            }
+            gdn_lane_forward(q, k, v, g, beta, NULL, b, hv, S, o);
             for (int64_t tt = 0; tt < T; tt++)
                 for (int64_t j = 0; j < Dv; j++) put(t, j, hv, tt, b, o[tt * Dv + j]);
         }
@@ -450,7 +459,8 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         }
         return 0;
     }
-    case KEEL_OP_GATED_DELTA_NET: return ref_gdn(t);
+    case KEEL_OP_GATED_DELTA_NET:
+    case KEEL_OP_GATED_DELTA_NET_STATE: return ref_gdn(t);
     case KEEL_OP_GATED_DELTA_NET_BACK: return ref_gdn_back(t);
     case KEEL_OP_CROSS_ENTROPY_LOSS:
     case KEEL_OP_CROSS_ENTROPY_LOSS_BACK: {

@@ -1,0 +1,80 @@
+/* keel eval: loss and perplexity of a checkpoint on text, over every whole window of it. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "io/checkpoint.h"
+#include "ops/ops.h"
+#include "train/data.h"
+#include "util/error.h"
+
+int cmd_eval(int argc, char **argv) {
+    const char *model = NULL, *tokp = NULL, *data[64];
+    int n_data = 0;
+    long long T = 128, B = 8, threads = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--model") && v) model = v, i++;
+        else if (!strcmp(a, "--tokenizer") && v) tokp = v, i++;
+        else if (!strcmp(a, "--data")) { while (i + 1 < argc && argv[i + 1][0] != '-' && n_data < 64) data[n_data++] = argv[++i]; }
+        else if (!strcmp(a, "--window")) { if ((T = cli_int(a, v, 1)) < 0) return 2; i++; }
+        else if (!strcmp(a, "--batch")) { if ((B = cli_int(a, v, 1)) < 0) return 2; i++; }
+        else if (!strcmp(a, "--threads")) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
+        else { fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B]\nkeel eval: unknown or incomplete option '%s'\n", a); return 2; }
+    }
+    if (!model || !n_data) { fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B]\n"); return 2; }
+    keel_checkpoint *ck = keel_checkpoint_open(model);
+    if (!ck) { fprintf(stderr, "keel eval: %s\n", keel_last_error()); return 1; }
+    char tp[4200];
+    struct stat st;
+    snprintf(tp, sizeof tp, "%s/tokenizer.json", model);
+    bool has_tok = tokp || stat(tp, &st) == 0;
+    keel_tokenizer *tok = has_tok ? keel_tokenizer_load(tokp ? tokp : tp) : NULL;
+    keel_dataset d = {0};
+    int rc = 1;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_backend *be = keel_backend_new("cpu", (int)threads);
+    keel_graph *g = NULL;
+    keel_session *s = NULL;
+    if ((has_tok && !tok) || keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL)) goto done;
+    if (tok && keel_tokenizer_vocab_size(tok) > ck->cfg.vocab) { keel_fail("the tokenizer has more tokens than the model's vocabulary"); goto done; }
+    int64_t W = keel_dataset_windows(&d, T);
+    if (W < 1) { keel_fail("--window %lld is longer than the data (%lld tokens)", T, (long long)d.n_train); goto done; }
+    if (B > W) B = W;
+    keel_qwen35 *m = keel_qwen35_new(ctx, &ck->cfg, KEEL_F32);
+    keel_tensor *ids = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), *tgt = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
+    keel_tensor *pos = keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT);
+    keel_qwen35_out out;
+    if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out) || !(g = keel_graph_build(ctx, &out.loss, 1)) || !(s = keel_session_new(be, g, NULL)) ||
+        keel_checkpoint_load(ck, m, be)) { keel_qwen35_free(m); goto done; }
+    int32_t *iv = malloc((size_t)(T * B) * 4), *tv = malloc((size_t)(T * B) * 4), *pv = malloc((size_t)T * 4);
+    for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
+    keel_tensor_write(be, pos, pv, KEEL_I32);
+    double sum = 0;
+    int64_t nb = 0;
+    for (int64_t w = 0; w + B <= W; w += B, nb++) { /* every whole batch of consecutive windows */
+        for (int64_t b = 0; b < B; b++) memcpy(iv + b * T, d.train + (w + b) * T, (size_t)T * 4), memcpy(tv + b * T, d.train + (w + b) * T + 1, (size_t)T * 4);
+        float l;
+        if (keel_tensor_write(be, ids, iv, KEEL_I32) || keel_tensor_write(be, tgt, tv, KEEL_I32) || keel_session_run(s, NULL, NULL) || keel_tensor_read(be, out.loss, &l, KEEL_F32)) break;
+        sum += l;
+    }
+    free(iv), free(tv), free(pv);
+    keel_qwen35_free(m);
+    if (nb) {
+        printf("%s on %lld windows of %lld tokens (%lld tokens): loss %.4f, perplexity %.2f\n", model, (long long)(nb * B), T, (long long)(nb * B * T), sum / (double)nb, exp(sum / (double)nb));
+        rc = 0;
+    }
+done:
+    if (rc) fprintf(stderr, "keel eval: %s\n", keel_last_error());
+    keel_session_free(s);
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+    keel_backend_free(be);
+    keel_dataset_free(&d);
+    keel_tokenizer_free(tok);
+    keel_checkpoint_close(ck);
+    return rc;
+}
