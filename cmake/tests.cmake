@@ -126,7 +126,8 @@ foreach(bad
   separate_arguments(args)
   add_test(NAME train_bad_${name} COMMAND ${CMAKE_SOURCE_DIR}/scripts/expect-failure.sh "${msg}" $<TARGET_FILE:keel> train ${args})
 endforeach()
-set_tests_properties(train_resume_bitwise train_finetune_fixture train_plot PROPERTIES LABELS "train")
+add_test(NAME train_full_disk COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-train-full-disk.sh $<TARGET_FILE:keel> ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-full-disk)
+set_tests_properties(train_resume_bitwise train_finetune_fixture train_plot train_full_disk PROPERTIES LABELS "train")
 
 # keel generate: incremental decoding (KV cache, DeltaNet states) gives the logits of the full
 # forward pass; keel eval.

@@ -425,7 +425,7 @@ int keel_train_run(const keel_train_opts *o) {
         if (stop && !last) {
             printf("%s after step %lld; resume with --resume %s/checkpoint\n", keel_train_stop ? "interrupted: stopped" : "stopped (--stop-at)",
                    (long long)step, o->out_dir);
-            result = keel_train_stop ? 3 : 0;
+            result = keel_train_stop ? 130 : 0;
             break;
         }
     }

@@ -17,7 +17,7 @@ typedef struct {
 } keel_train_opts;
 
 void keel_train_defaults(keel_train_opts *o);
-/* 0: done; 1: failed (message printed); 3: interrupted, checkpoint saved. */
+/* 0: done; 1: failed (message printed); 130: interrupted by Ctrl-C, checkpoint saved. */
 int keel_train_run(const keel_train_opts *o);
 /* Set by the CLI's SIGINT handler: the loop saves a checkpoint after the current step and stops. */
 extern volatile sig_atomic_t keel_train_stop;
