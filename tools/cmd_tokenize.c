@@ -9,24 +9,12 @@
 #include "cli.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/file.h"
 
-static char *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    if (s && fread(s, 1, (size_t)len, f) != (size_t)len) { free(s); s = NULL; }
-    if (s) s[len] = 0;
-    fclose(f);
-    *n = s ? (size_t)len : 0;
-    return s;
-}
 
 static int run_cases(keel_tokenizer *t, const char *path, const char *expect) {
     size_t n;
-    char *s = read_all(path, &n);
+    char *s = keel_read_file(path, &n);
     if (!s) { fprintf(stderr, "keel tokenize: cannot read %s\n", path); return 2; }
     cJSON *arr = cJSON_Parse(s);
     free(s);
@@ -105,7 +93,7 @@ int cmd_tokenize(int argc, char **argv) {
         rc = run_cases(t, cases, expect);
     } else {
         size_t n = text ? strlen(text) : 0;
-        char *buf = file ? read_all(file, &n) : NULL;
+        char *buf = file ? keel_read_file(file, &n) : NULL;
         if (file && !buf) { fprintf(stderr, "keel tokenize: cannot read %s\n", file); keel_tokenizer_free(t); return 2; }
         int32_t *ids;
         size_t ni;

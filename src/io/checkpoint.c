@@ -12,27 +12,11 @@
 #include <string.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { keel_fail("%s: cannot open: %s", path, strerror(errno)); return NULL; }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        fclose(f);
-        keel_fail("%s: cannot read", path);
-        return NULL;
-    }
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 static cJSON *read_json(const char *path) {
-    char *s = read_text(path);
+    char *s = keel_read_file(path, NULL);
     if (!s) return NULL;
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithOpts(s, &end, 0);
@@ -259,16 +243,8 @@ int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_ba
         size_t es = keel_type_size(t->type);
         unsigned char *v = keel_is_contiguous(t) ? malloc((size_t)n * es) : NULL;
         if (!v) return keel_fail("out of memory loading '%s'", t->name);
-        for (int64_t i = 0; i < n; i++) {
-            double x = keel_st_get(s, i);
-            switch (t->type) {
-            case KEEL_F64: memcpy(v + (size_t)i * 8, &x, 8); break;
-            case KEEL_F32: { float f = (float)x; memcpy(v + (size_t)i * 4, &f, 4); break; }
-            case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)x); memcpy(v + (size_t)i * 2, &h, 2); break; }
-            case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)x); memcpy(v + (size_t)i * 2, &h, 2); break; }
-            default: free(v); return keel_fail("'%s': cannot load into %s", t->name, keel_type_name(t->type));
-            }
-        }
+        if (!keel_type_is_float(t->type)) { free(v); return keel_fail("'%s': cannot load into %s", t->name, keel_type_name(t->type)); }
+        for (int64_t i = 0; i < n; i++) keel_store_value(t->type, v + (size_t)i * es, keel_st_get(s, i));
         int rc = be->write(be, t->data, v, (size_t)n * es);
         free(v);
         if (rc) return rc;
@@ -398,7 +374,7 @@ int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_back
         char *cfg = NULL;
         if (src && src->multimodal == multimodal) {
             snprintf(path, sizeof path, "%s/config.json", src->dir);
-            cfg = read_text(path);
+            cfg = keel_read_file(path, NULL);
         } else {
             cfg = text_config_json(&m->cfg, dtype);
         }

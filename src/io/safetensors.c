@@ -185,13 +185,9 @@ int64_t keel_st_numel(const keel_st_tensor *t) {
 
 double keel_st_get(const keel_st_tensor *t, int64_t i) {
     const unsigned char *p = t->data;
-    if (!strcmp(t->dtype, "F32")) { float v; memcpy(&v, p + 4 * i, 4); return v; }
-    if (!strcmp(t->dtype, "F64")) { double v; memcpy(&v, p + 8 * i, 8); return v; }
-    if (!strcmp(t->dtype, "F16")) { uint16_t v; memcpy(&v, p + 2 * i, 2); return keel_f16_to_f32(v); }
-    if (!strcmp(t->dtype, "BF16")) { uint16_t v; memcpy(&v, p + 2 * i, 2); return keel_bf16_to_f32(v); }
-    if (!strcmp(t->dtype, "I32")) { int32_t v; memcpy(&v, p + 4 * i, 4); return v; }
     if (!strcmp(t->dtype, "I64")) { int64_t v; memcpy(&v, p + 8 * i, 8); return (double)v; }
-    return 0;
+    if (t->type < 0) return 0;
+    return keel_load_value((keel_type)t->type, p + (size_t)i * keel_type_size((keel_type)t->type));
 }
 
 static const char *st_dtype(keel_type t) {
@@ -249,16 +245,7 @@ int keel_st_write(const char *path, const keel_st_entry *e, int n) {
         }
         size_t es = keel_type_size(e[i].type), k = 0;
         for (int64_t j = 0; j < numel && ok; j++) {
-            double v = e[i].values[j];
-            unsigned char *p = buf + k;
-            switch (e[i].type) {
-            case KEEL_F32: { float x = (float)v; memcpy(p, &x, 4); break; }
-            case KEEL_F64: memcpy(p, &v, 8); break;
-            case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
-            case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
-            case KEEL_I32: { int32_t x = (int32_t)v; memcpy(p, &x, 4); break; }
-            default: break;
-            }
+            keel_store_value(e[i].type, buf + k, e[i].values[j]);
             k += es;
             if (k + 8 > sizeof buf || j + 1 == numel) {
                 ok = fwrite(buf, 1, k, f) == k;

@@ -337,6 +337,16 @@ static int shape_rule(keel_tensor *t) {
     }
 }
 
+keel_tensor keel_acc_window(const keel_tensor *t) {
+    keel_tensor w = *t->src[1];
+    w.type = t->type;
+    w.nb[0] = (int64_t)keel_type_size(t->type);
+    w.nb[1] = t->ip[0], w.nb[2] = t->ip[1], w.nb[3] = t->ip[2];
+    w.data = (char *)t->data + t->ip[3];
+    w.view_src = NULL;
+    return w;
+}
+
 static void default_name(keel_tensor *t) {
     const char *n = keel_op_get(t->op)->name;
     size_t i = 0;

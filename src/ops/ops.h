@@ -22,6 +22,10 @@ int keel_op_from_name(const char *name);
 /* Index of the source whose bytes the result aliases, or -1 (not a view, not in place). */
 int keel_op_alias_src(const keel_tensor *t);
 
+/* The window of an ACC or SET result t: src1's shape at t's data + offset, with the parameter
+ * strides (a transient tensor for kernels; never part of a graph). */
+keel_tensor keel_acc_window(const keel_tensor *t);
+
 /* The generic constructor: every typed one below calls it, and recompute clones nodes with it. */
 keel_tensor *keel_op_new(keel_ctx *ctx, int op, keel_tensor *const *src, int n_src, const int64_t *ip,
                          int n_ip, const double *fp, int n_fp);

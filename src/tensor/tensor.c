@@ -205,3 +205,25 @@ uint16_t keel_f32_to_bf16(float f) {
     x += 0x7fff + ((x >> 16) & 1);
     return (uint16_t)(x >> 16);
 }
+
+double keel_load_value(keel_type t, const void *p) {
+    switch (t) {
+    case KEEL_F32: { float f; memcpy(&f, p, 4); return f; }
+    case KEEL_F64: { double d; memcpy(&d, p, 8); return d; }
+    case KEEL_F16: { uint16_t h; memcpy(&h, p, 2); return keel_f16_to_f32(h); }
+    case KEEL_BF16: { uint16_t h; memcpy(&h, p, 2); return keel_bf16_to_f32(h); }
+    case KEEL_I32: { int32_t i; memcpy(&i, p, 4); return i; }
+    default: return NAN;
+    }
+}
+
+void keel_store_value(keel_type t, void *p, double v) {
+    switch (t) {
+    case KEEL_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
+    case KEEL_F64: memcpy(p, &v, 8); break;
+    case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
+    case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
+    case KEEL_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
+    default: break;
+    }
+}

@@ -84,6 +84,10 @@ void keel_set_contiguous_strides(keel_tensor *t);
 /* "[4096,17,1,1]" into buf. */
 const char *keel_shape_str(const int64_t ne[4], char *buf, size_t n);
 
+/* One element of type t at p, as float64; and the reverse (rounding to nearest even). */
+double keel_load_value(keel_type t, const void *p);
+void keel_store_value(keel_type t, void *p, double v);
+
 /* Scalar conversions shared by every backend (round to nearest even). */
 float keel_f16_to_f32(uint16_t h);
 uint16_t keel_f32_to_f16(float f);

@@ -78,27 +78,6 @@ static double *gen_values(const case_input *in, uint64_t seed, int64_t n) {
 
 /* ---- host-side tensor access ---- */
 
-static double load(keel_type t, const unsigned char *p) {
-    switch (t) {
-    case KEEL_F32: { float f; memcpy(&f, p, 4); return f; }
-    case KEEL_F64: { double d; memcpy(&d, p, 8); return d; }
-    case KEEL_F16: { uint16_t h; memcpy(&h, p, 2); return keel_f16_to_f32(h); }
-    case KEEL_BF16: { uint16_t h; memcpy(&h, p, 2); return keel_bf16_to_f32(h); }
-    case KEEL_I32: { int32_t i; memcpy(&i, p, 4); return i; }
-    default: return NAN;
-    }
-}
-static void store(keel_type t, unsigned char *p, double v) {
-    switch (t) {
-    case KEEL_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
-    case KEEL_F64: memcpy(p, &v, 8); break;
-    case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
-    case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
-    case KEEL_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
-    default: break;
-    }
-}
-
 /* Whole tensor in flat order as f64, read with raw transfers and gathered here. */
 static double *host_read(keel_backend *be, const keel_tensor *t) {
     size_t nb = keel_nbytes(t);
@@ -111,7 +90,7 @@ static double *host_read(keel_backend *be, const keel_tensor *t) {
         for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
             for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
                 for (int64_t i0 = 0; i0 < t->ne[0]; i0++)
-                    out[k++] = load(t->type, raw + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
+                    out[k++] = keel_load_value(t->type, raw + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
     free(raw);
     return out;
 }
@@ -121,7 +100,7 @@ static int host_write_leaf(keel_backend *be, keel_tensor *leaf, const double *v)
     size_t es = keel_type_size(leaf->type);
     unsigned char *raw = malloc((size_t)n * es);
     if (!raw) return keel_fail("out of memory");
-    for (int64_t i = 0; i < n; i++) store(leaf->type, raw + i * es, v[i]);
+    for (int64_t i = 0; i < n; i++) keel_store_value(leaf->type, raw + i * es, v[i]);
     int rc = be->write(be, leaf->data, raw, (size_t)n * es);
     free(raw);
     return rc;

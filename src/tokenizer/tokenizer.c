@@ -12,6 +12,7 @@
 #include <utf8proc.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
 /* GPT-2's pre-tokenizer, used by the encoder.json + vocab.bpe pair and ByteLevel(use_regex). */
 static const char *GPT2_REGEX = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -211,22 +212,9 @@ static int compile_regex(keel_tokenizer *t, const char *path, const char *patter
     return t->md ? 0 : keel_fail("out of memory");
 }
 
-static char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { keel_fail("%s: cannot open: %s", path, strerror(errno)); return NULL; }
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    if (!s || fread(s, 1, (size_t)len, f) != (size_t)len) { free(s); fclose(f); keel_fail("%s: cannot read", path); return NULL; }
-    s[len] = 0;
-    fclose(f);
-    if (n) *n = (size_t)len;
-    return s;
-}
 
 static cJSON *read_json(const char *path) {
-    char *s = slurp(path, NULL);
+    char *s = keel_read_file(path, NULL);
     if (!s) return NULL;
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithOpts(s, &end, 0);
@@ -364,7 +352,7 @@ keel_tokenizer *keel_tokenizer_load_gpt2(const char *encoder_json, const char *v
     cJSON *enc = read_json(encoder_json);
     if (!enc) return NULL;
     size_t n;
-    char *bpe = slurp(vocab_bpe, &n);
+    char *bpe = keel_read_file(vocab_bpe, &n);
     keel_tokenizer *t = NULL;
     if (!bpe) goto fail;
     if (!cJSON_IsObject(enc)) { keel_fail("%s: not a JSON object of token ids", encoder_json); goto fail; }

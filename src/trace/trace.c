@@ -22,17 +22,6 @@ void keel_tracer_free(keel_tracer *t) {
     free(t);
 }
 
-static double load(keel_type ty, const unsigned char *p) {
-    switch (ty) {
-    case KEEL_F32: { float f; memcpy(&f, p, 4); return f; }
-    case KEEL_F64: { double d; memcpy(&d, p, 8); return d; }
-    case KEEL_F16: { uint16_t h; memcpy(&h, p, 2); return keel_f16_to_f32(h); }
-    case KEEL_BF16: { uint16_t h; memcpy(&h, p, 2); return keel_bf16_to_f32(h); }
-    case KEEL_I32: { int32_t i; memcpy(&i, p, 4); return i; }
-    default: return NAN;
-    }
-}
-
 /* The tensor's contents in flat order, read with a raw transfer and gathered here: the tracer
  * must not depend on the copy path it is meant to judge. */
 static unsigned char *gather(keel_backend *be, const keel_tensor *t, size_t *n_bytes) {
@@ -96,12 +85,12 @@ static int record(keel_tracer *tr, keel_backend *be, const keel_tensor *x, bool 
     bool keep = tr->keep_data && tr->data_bytes + (size_t)n * 8 <= tr->max_data_bytes;
     if (keep) r->data = malloc((size_t)n * sizeof(double)), r->n_data = n, tr->data_bytes += (size_t)n * 8;
     for (int64_t i = 0; i < n; i++) {
-        double v = load(x->type, bytes + (size_t)i * es);
+        double v = keel_load_value(x->type, bytes + (size_t)i * es);
         r->nnz += v != 0;
         r->sumsq += v * v;
         if (r->data) r->data[i] = v;
     }
-    r->first = load(x->type, bytes), r->last = load(x->type, bytes + (size_t)(n - 1) * es);
+    r->first = keel_load_value(x->type, bytes), r->last = keel_load_value(x->type, bytes + (size_t)(n - 1) * es);
     free(bytes);
     if (ensure_ids(tr, x->id)) return -1;
     tr->hash_by_id[x->id] = r->hash;

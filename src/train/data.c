@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
 typedef struct { char **path; int n, cap; } file_list;
 
@@ -50,19 +51,6 @@ static int collect(file_list *l, const char *p) {
     return rc;
 }
 
-static char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { keel_fail("%s: cannot open: %s", path, strerror(errno)); return NULL; }
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    if (!s || fread(s, 1, (size_t)len, f) != (size_t)len) { free(s); fclose(f); keel_fail("%s: cannot read", path); return NULL; }
-    s[len] = 0;
-    fclose(f);
-    *n = (size_t)len;
-    return s;
-}
 
 typedef struct { int32_t *v; int64_t n, cap; } tokvec;
 
@@ -157,7 +145,7 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
     tokvec tr = {0}, ev = {0};
     for (int i = 0; i < files.n && !rc; i++) {
         size_t n;
-        char *text = read_file(files.path[i], &n);
+        char *text = keel_read_file(files.path[i], &n);
         if (!text) { rc = -1; break; }
         size_t len = strlen(files.path[i]);
         bool jsonl = len > 6 && !strcmp(files.path[i] + len - 6, ".jsonl");

@@ -11,28 +11,6 @@ int64_t cpu_copy_row_len(const keel_backend *be, int64_t ne0) {
     return ne0;
 }
 
-static inline double load_any(keel_type type, const char *p) {
-    switch (type) {
-    case KEEL_F32: return cpu_ldf(p);
-    case KEEL_F64: { double v; memcpy(&v, p, 8); return v; }
-    case KEEL_F16: { uint16_t h; memcpy(&h, p, 2); return keel_f16_to_f32(h); }
-    case KEEL_BF16: { uint16_t h; memcpy(&h, p, 2); return keel_bf16_to_f32(h); }
-    case KEEL_I32: { int32_t v; memcpy(&v, p, 4); return v; }
-    default: return 0;
-    }
-}
-
-static inline void store_any(keel_type type, char *p, double v) {
-    switch (type) {
-    case KEEL_F32: cpu_stf(p, (float)v); break;
-    case KEEL_F64: memcpy(p, &v, 8); break;
-    case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
-    case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
-    case KEEL_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
-    default: break;
-    }
-}
-
 void cpu_copy_row(const keel_tensor *dst, char *d, const keel_tensor *src, const char *s, int64_t n, bool accumulate) {
     int64_t dn = dst->nb[0], sn = src->nb[0];
     size_t es = keel_type_size(dst->type);
@@ -55,9 +33,9 @@ void cpu_copy_row(const keel_tensor *dst, char *d, const keel_tensor *src, const
         return;
     }
     for (int64_t i = 0; i < n; i++) {
-        double v = load_any(src->type, s + i * sn);
-        if (accumulate) v += load_any(dst->type, d + i * dn);
-        store_any(dst->type, d + i * dn, v);
+        double v = keel_load_value(src->type, s + i * sn);
+        if (accumulate) v += keel_load_value(dst->type, d + i * dn);
+        keel_store_value(dst->type, d + i * dn, v);
     }
 }
 

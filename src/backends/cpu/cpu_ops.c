@@ -367,15 +367,6 @@ static int out_prod(keel_backend *be, const keel_tensor *t) {
     return 0;
 }
 
-static keel_tensor window_of(const keel_tensor *t) {
-    keel_tensor w = *t->src[1];
-    w.type = t->type;
-    w.nb[0] = (int64_t)keel_type_size(t->type);
-    w.nb[1] = t->ip[0], w.nb[2] = t->ip[1], w.nb[3] = t->ip[2];
-    w.data = (char *)t->data + t->ip[3];
-    w.view_src = NULL;
-    return w;
-}
 
 int cpu_node(keel_backend *be, const keel_tensor *t) {
     node_ctx c = {.be = be, .t = t};
@@ -415,7 +406,7 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_ACC:
     case KEEL_OP_SET: {
         if (!t->ip[4] && cpu_copy(be, t, a, false)) return -1;
-        keel_tensor w = window_of(t);
+        keel_tensor w = keel_acc_window(t);
         return cpu_copy(be, &w, b, t->op == KEEL_OP_ACC);
     }
     case KEEL_OP_FILL:

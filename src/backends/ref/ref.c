@@ -14,27 +14,11 @@ static inline char *at(const keel_tensor *t, int64_t i0, int64_t i1, int64_t i2,
 }
 
 static double get(const keel_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
-    const char *p = at(t, i0, i1, i2, i3);
-    switch (t->type) {
-    case KEEL_F32: { float v; memcpy(&v, p, 4); return v; }
-    case KEEL_F64: { double v; memcpy(&v, p, 8); return v; }
-    case KEEL_F16: { uint16_t v; memcpy(&v, p, 2); return keel_f16_to_f32(v); }
-    case KEEL_BF16: { uint16_t v; memcpy(&v, p, 2); return keel_bf16_to_f32(v); }
-    case KEEL_I32: { int32_t v; memcpy(&v, p, 4); return v; }
-    default: return NAN;
-    }
+    return keel_load_value(t->type, at(t, i0, i1, i2, i3));
 }
 
 static void put(const keel_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3, double v) {
-    char *p = at(t, i0, i1, i2, i3);
-    switch (t->type) {
-    case KEEL_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
-    case KEEL_F64: memcpy(p, &v, 8); break;
-    case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
-    case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
-    case KEEL_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
-    default: break;
-    }
+    keel_store_value(t->type, at(t, i0, i1, i2, i3), v);
 }
 
 /* Flat (contiguous-order) element access, for tensors of any strides. */
@@ -73,14 +57,6 @@ static int ref_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor 
 }
 
 /* The window of an ACC/SET result: src1's shape at the parameter strides and offset. */
-static keel_tensor window_of(const keel_tensor *t) {
-    keel_tensor w = *t->src[1];
-    w.type = t->type;
-    w.nb[0] = (int64_t)keel_type_size(t->type);
-    w.nb[1] = t->ip[0], w.nb[2] = t->ip[1], w.nb[3] = t->ip[2];
-    w.data = (char *)t->data + t->ip[3];
-    return w;
-}
 
 static double unary(int op, double x, const double *fp) {
     switch (op) {
@@ -285,7 +261,7 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
             int rc = ref_copy(be, t, a, false);
             if (rc) return rc;
         }
-        keel_tensor w = window_of(t);
+        keel_tensor w = keel_acc_window(t);
         return ref_copy(be, &w, b, t->op == KEEL_OP_ACC);
     }
     case KEEL_OP_FILL:

@@ -1,0 +1,25 @@
+#include "util/file.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+char *keel_read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { keel_fail("%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *s = len >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)len + 1) : NULL;
+    if (!s || fread(s, 1, (size_t)len, f) != (size_t)len) {
+        free(s);
+        fclose(f);
+        keel_fail("%s: cannot read", path);
+        return NULL;
+    }
+    s[len] = 0;
+    fclose(f);
+    if (n) *n = (size_t)len;
+    return s;
+}
