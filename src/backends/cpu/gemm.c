@@ -35,7 +35,9 @@ static void tile_portable(int64_t kc, const float *Ap, const float *Bp, float *a
 __attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const float *Ap, const float *Bp, float *acc) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
            c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+#pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++, Ap += MR, Bp += NR) {
+        _mm_prefetch((const char *)(Ap + 8 * MR), _MM_HINT_T0);
         __m256 a0 = _mm256_load_ps(Ap), a1 = _mm256_load_ps(Ap + 8), b;
         b = _mm256_broadcast_ss(Bp + 0); c00 = _mm256_fmadd_ps(a0, b, c00); c01 = _mm256_fmadd_ps(a1, b, c01);
         b = _mm256_broadcast_ss(Bp + 1); c10 = _mm256_fmadd_ps(a0, b, c10); c11 = _mm256_fmadd_ps(a1, b, c11);
