@@ -46,6 +46,8 @@ static void help(const keel_train_opts *d) {
            "  --threads N            cpu threads (default %lld)\n"
            "  --recompute MODE       off, full, every:N, layers:i,j (default %s; bitwise the same results)\n"
            "  --trace FILE           trace step --trace-step (default %lld) for keel diff\n"
+           "  --trace-data           store each node's output in the trace (for --tolerance), up to\n"
+           "  --trace-max-bytes N    bytes of such data (default 256 MiB)\n"
            "Ctrl-C saves a checkpoint after the current step and stops.\n",
            d->eval_fraction, (long long)d->window, (long long)d->batch, (long long)d->accum, (long long)d->steps, d->lr, d->lr_min,
            (long long)d->warmup, d->weight_decay, d->clip, (unsigned long long)d->seed, (long long)d->eval_every,
@@ -72,7 +74,8 @@ int cmd_train(int argc, char **argv) {
         STR("--freeze", freeze) STR("--trace", trace)
         INT("--steps", steps, 1) INT("--stop-at", stop_at, 1) INT("--window", window, 1) INT("--batch", batch, 1) INT("--accum", accum, 1)
         INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT("--save-every", save_every, 0)
-        INT("--threads", threads, 1) INT("--trace-step", trace_step, 1) INT("--eval-batches", eval_batches, 1)
+        INT("--threads", threads, 1) INT("--trace-step", trace_step, 1) INT("--trace-max-bytes", trace_max_bytes, 0)
+        if (!strcmp(a, "--trace-data")) { o.trace_data = true; continue; } INT("--eval-batches", eval_batches, 1)
         DBL("--lr", lr) DBL("--lr-min", lr_min) DBL("--weight-decay", weight_decay) DBL("--clip", clip) DBL("--eval-fraction", eval_fraction)
         if (!strcmp(a, "--seed")) { if ((x = cli_int(a, v, 0)) < 0) return 2; o.seed = (uint64_t)x; i++; continue; }
         fprintf(stderr, "keel train: unknown or incomplete option '%s' (see keel train --help)\n", a);

@@ -246,7 +246,7 @@ double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed) {
             double x;
             if (kind == ZERO) x = 0.0;
             else if (kind == ONE) x = 1.0;
-            else if (kind == ALOG) x = log(1.0 + 15.0 * unif(&s));
+            else if (kind == ALOG) x = log(16.0 * (1.0 - unif(&s))); /* log U(0,16], as transformers */
             else if (kind == CONV) x = (2.0 * unif(&s) - 1.0) / sqrt((double)p->ne[0]);
             else { /* normal(0, 0.02) by Box-Muller */
                 double a = unif(&s), b = unif(&s);

@@ -71,7 +71,7 @@ keel_tensor *keel_qwen35_forward_cached(keel_ctx *ctx, const keel_qwen35 *m, kee
 
 /* Values for every parameter from a seed, shaped like transformers' initialisation (normal(0,
  * 0.02) projections and embeddings, zero (1+w) norms, unit gated norm and dt_bias, A_log =
- * log U(1,16), conv U(-1/sqrt(K), 1/sqrt(K))). vals[i] has keel_nelements(params[i]) values. */
+ * log U(0,16], conv U(-1/sqrt(K), 1/sqrt(K)) as PyTorch's Conv1d default). vals[i] has keel_nelements(params[i]) values. */
 double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed);
 
 #endif

@@ -27,7 +27,7 @@ void keel_train_defaults(keel_train_opts *o) {
     memset(o, 0, sizeof *o);
     o->backend = "cpu", o->recompute = "off";
     o->steps = 100, o->window = 128, o->batch = 8, o->accum = 1, o->warmup = 10, o->eval_every = 50, o->save_every = 0;
-    o->threads = 2, o->trace_step = 1, o->eval_batches = 8;
+    o->threads = 2, o->trace_step = 1, o->eval_batches = 8, o->trace_max_bytes = 256ll << 20;
     o->lr = 1e-3, o->lr_min = 1e-4, o->weight_decay = 0.1, o->clip = 1.0, o->eval_fraction = 0.05;
     o->seed = 1;
 }
@@ -371,7 +371,7 @@ int keel_train_run(const keel_train_opts *o) {
         for (int64_t micro = 0; micro < o->accum && !result; micro++) {
             keel_dataset_batch(&d, o->window, o->batch, o->seed, t.position, ids, tgt);
             t.position += o->batch;
-            keel_tracer *tr = o->trace && step == o->trace_step && micro == 0 ? keel_tracer_new(false, 0) : NULL;
+            keel_tracer *tr = o->trace && step == o->trace_step && micro == 0 ? keel_tracer_new(o->trace_data, (size_t)o->trace_max_bytes) : NULL;
             float l = NAN;
             if (keel_tensor_write(t.be, t.ids, ids, KEEL_I32) || keel_tensor_write(t.be, t.tgt, tgt, KEEL_I32) || (tr && keel_tracer_begin(tr, t.be, t.g)) ||
                 t.be->compute(t.be, t.g, 0, t.end_fb, tr ? keel_tracer_node : NULL, tr) || keel_tensor_read(t.be, t.loss, &l, KEEL_F32))

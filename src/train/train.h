@@ -13,6 +13,8 @@ typedef struct {
     int n_data;
     int64_t steps, stop_at, window, batch, accum, warmup, eval_every, save_every, threads, trace_step, eval_batches;
     double lr, lr_min, weight_decay, clip, eval_fraction;
+    bool trace_data;
+    int64_t trace_max_bytes;
     uint64_t seed;
 } keel_train_opts;
 
