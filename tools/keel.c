@@ -33,7 +33,7 @@ static void usage(FILE *f) {
             "                 the first node whose inputs agree but whose output does not\n"
             "  save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal]\n"
             "                 write a checkpoint folder (as transformers does) and check it reloads bitwise\n"
-            "  init --preset tiny|0.8b OUT [--seed N] [--dtype f32|bf16]\n"
+            "  init --preset tiny|small|0.8b OUT [--seed N] [--dtype f32|bf16]\n"
             "                 a Qwen3.5-family checkpoint with random weights\n"
             "  info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE]\n"
             "                 layers, parameters, training memory per recompute mode; --run times one forward + backward\n"
