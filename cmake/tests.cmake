@@ -135,3 +135,8 @@ add_test(NAME generate_incremental_greedy COMMAND keel generate --model ${KEEL_T
 add_test(NAME generate_incremental_sampled COMMAND keel generate --model ${KEEL_TINY}/causal-f32-sharded --prompt "a" --max-tokens 24 --temperature 1.0 --top-p 0.9 --seed 3 --verify)
 add_test(NAME eval_fixture COMMAND keel eval --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --window 64 --batch 4)
 set_tests_properties(generate_incremental_greedy generate_incremental_sampled eval_fixture PROPERTIES LABELS "train")
+
+# Data-parallel training on CPUs: ranks on loopback with the TCP all-reduce behind the collective
+# interface: bitwise equal to one process at the same global batch; failures stop every rank.
+add_test(NAME train_data_parallel COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-train-dist.sh $<TARGET_FILE:keel> ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-dist)
+set_tests_properties(train_data_parallel PROPERTIES LABELS "train;dist")

@@ -1,5 +1,11 @@
 /* keel train: flags -> keel_train_run. */
+#define _DEFAULT_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +51,10 @@ static void help(const keel_train_opts *d) {
            "  --backend B            ref or cpu (default %s)\n"
            "  --threads N            cpu threads (default %lld)\n"
            "  --recompute MODE       off, full, every:N, layers:i,j (default %s; bitwise the same results)\n"
+           "  --nproc N              data-parallel processes on this host (one per GPU); --batch is per process.\n"
+           "                         Several hosts: start one process per rank with KEEL_RANK, KEEL_WORLD_SIZE,\n"
+           "                         KEEL_MASTER_ADDR, KEEL_MASTER_PORT set (as mpirun or srun would)\n"
+           "  --dist-timeout S       seconds a rank waits for another before giving up (default 60)\n"
            "  --trace FILE           trace step --trace-step (default %lld) for keel diff\n"
            "  --trace-data           store each node's output in the trace (for --tolerance), up to\n"
            "  --trace-max-bytes N    bytes of such data (default 256 MiB)\n"
@@ -74,6 +84,8 @@ int cmd_train(int argc, char **argv) {
         STR("--freeze", freeze) STR("--trace", trace)
         INT("--steps", steps, 1) INT("--stop-at", stop_at, 1) INT("--window", window, 1) INT("--batch", batch, 1) INT("--accum", accum, 1)
         INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT("--save-every", save_every, 0)
+        INT("--nproc", nproc, 1)
+        if (!strcmp(a, "--dist-timeout") && v) { o.dist_timeout = atof(v); if (o.dist_timeout <= 0) { fprintf(stderr, "keel train: --dist-timeout must be positive\n"); return 2; } i++; continue; }
         INT("--threads", threads, 1) INT("--trace-step", trace_step, 1) INT("--trace-max-bytes", trace_max_bytes, 0)
         if (!strcmp(a, "--trace-data")) { o.trace_data = true; continue; } INT("--eval-batches", eval_batches, 1)
         DBL("--lr", lr) DBL("--lr-min", lr_min) DBL("--weight-decay", weight_decay) DBL("--clip", clip) DBL("--eval-fraction", eval_fraction)
@@ -86,6 +98,47 @@ int cmd_train(int argc, char **argv) {
     }
     if (o.eval_fraction >= 1) { fprintf(stderr, "keel train: --eval-fraction must be below 1\n"); return 2; }
     signal(SIGINT, on_sigint);
+    if (o.nproc > 1 && !getenv("KEEL_WORLD_SIZE")) { /* start the ranks here, on loopback */
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof sa;
+        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) || getsockname(fd, (struct sockaddr *)&sa, &len)) {
+            fprintf(stderr, "keel train: --nproc: cannot find a free port\n");
+            return 1;
+        }
+        close(fd);
+        char port[16], world[16];
+        snprintf(port, sizeof port, "%d", ntohs(sa.sin_port));
+        snprintf(world, sizeof world, "%lld", (long long)o.nproc);
+        pid_t *pids = calloc((size_t)o.nproc, sizeof *pids);
+        for (int r = 0; r < o.nproc; r++) {
+            pid_t pid = fork();
+            if (pid == 0) {
+                char rank[16];
+                snprintf(rank, sizeof rank, "%d", r);
+                setenv("KEEL_RANK", rank, 1), setenv("KEEL_WORLD_SIZE", world, 1), setenv("KEEL_MASTER_ADDR", "127.0.0.1", 1), setenv("KEEL_MASTER_PORT", port, 1);
+                _exit(keel_train_run(&o));
+            }
+            pids[r] = pid;
+        }
+        int result = 0, left = (int)o.nproc;
+        while (left > 0) { /* the first failure stops the rest */
+            int status;
+            pid_t pid = wait(&status);
+            if (pid < 0) break;
+            left--;
+            int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            if (code && !result) {
+                int r = 0;
+                while (r < o.nproc && pids[r] != pid) r++;
+                fprintf(stderr, "keel train: rank %d exited with status %d; stopping the other ranks\n", r, code);
+                result = code;
+                for (int k = 0; k < o.nproc; k++) if (pids[k] != pid) kill(pids[k], SIGTERM);
+            }
+        }
+        free(pids);
+        return result;
+    }
     int r = keel_train_run(&o);
     return r;
 }

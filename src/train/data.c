@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "util/error.h"
 #include "util/file.h"
@@ -197,7 +198,7 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
     d->train = tr.v, d->n_train = tr.n, d->eval = ev.v ? ev.v : malloc(4), d->n_eval = ev.n;
     if (cache_path) { /* written whole, then renamed */
         char tmp[4200];
-        snprintf(tmp, sizeof tmp, "%s.tmp", cache_path);
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", cache_path, (long)getpid()); /* ranks may write at once */
         FILE *f = fopen(tmp, "wb");
         uint64_t hdr[6] = {0x314b4f544c45454bull, key, (uint64_t)d->n_train, (uint64_t)d->n_eval, (uint64_t)d->n_docs, (uint64_t)d->n_eval_docs};
         bool ok = f && fwrite(hdr, 8, 6, f) == 6 && fwrite(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "autodiff/autodiff.h"
+#include "dist/collective.h"
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
@@ -27,7 +28,7 @@ void keel_train_defaults(keel_train_opts *o) {
     memset(o, 0, sizeof *o);
     o->backend = "cpu", o->recompute = "off";
     o->steps = 100, o->window = 128, o->batch = 8, o->accum = 1, o->warmup = 10, o->eval_every = 50, o->save_every = 0;
-    o->threads = 2, o->trace_step = 1, o->eval_batches = 8, o->trace_max_bytes = 256ll << 20;
+    o->threads = 2, o->trace_step = 1, o->eval_batches = 8, o->trace_max_bytes = 256ll << 20, o->nproc = 1, o->dist_timeout = 60;
     o->lr = 1e-3, o->lr_min = 1e-4, o->weight_decay = 0.1, o->clip = 1.0, o->eval_fraction = 0.05;
     o->seed = 1;
 }
@@ -51,7 +52,33 @@ typedef struct {
     int64_t end_fb, end_norm; /* node ranges: [0,end_fb) forward+backward(+accumulate), then the norm, then AdamW */
     int64_t step, position, tokens;
     keel_checkpoint *src;
+    keel_coll *coll; /* NULL: one process */
+    int rank, world;
 } trainer;
+
+/* Data parallelism: sum the gradients of every rank, bucket by bucket (parameter order), in rank
+ * order. The CPU collective works on host memory; the bucket is staged through it. */
+static int allreduce_grads(trainer *t, keel_tensor **G) {
+    enum { BUCKET = 1 << 22 };
+    float *buf = malloc((size_t)BUCKET * sizeof *buf);
+    if (!buf) return keel_fail("out of memory for a gradient bucket");
+    int rc = 0, first = 0;
+    while (first < t->n_train && !rc) {
+        int last = first;
+        int64_t n = 0;
+        while (last < t->n_train && (n == 0 || n + keel_nelements(G[last]) <= BUCKET)) n += keel_nelements(G[last++]);
+        float *b = n <= BUCKET ? buf : malloc((size_t)n * sizeof *b); /* one tensor larger than a bucket */
+        int64_t at = 0;
+        for (int i = first; i < last && !rc; i++) rc = keel_tensor_read(t->be, G[i], b + at, KEEL_F32), at += keel_nelements(G[i]);
+        if (!rc) rc = keel_coll_allreduce_sum(t->coll, b, (size_t)n);
+        at = 0;
+        for (int i = first; i < last && !rc; i++) rc = keel_tensor_write(t->be, G[i], b + at, KEEL_F32), at += keel_nelements(G[i]);
+        if (b != buf) free(b);
+        first = last;
+    }
+    free(buf);
+    return rc;
+}
 
 static double lr_at(const keel_train_opts *o, int64_t step) {
     if (o->warmup > 0 && step <= o->warmup) return o->lr * (double)step / (double)o->warmup;
@@ -90,6 +117,7 @@ static int write_state(const char *tmp_dir, void *ud) {
     cJSON_AddNumberToObject(j, "window", (double)t->o->window);
     cJSON_AddNumberToObject(j, "batch", (double)t->o->batch);
     cJSON_AddNumberToObject(j, "accum", (double)t->o->accum);
+    cJSON_AddNumberToObject(j, "world", (double)t->world);
     char *txt = cJSON_Print(j);
     cJSON_Delete(j);
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp_dir);
@@ -120,7 +148,7 @@ static int read_state(trainer *t, const char *dir) {
     struct { const char *k; int64_t *dst; int64_t want; const char *flag; } f2[] = {
         {"step", &t->step, -1, NULL}, {"position", &t->position, -1, NULL}, {"tokens", &t->tokens, -1, NULL},
         {"window", NULL, t->o->window, "--window"}, {"batch", NULL, t->o->batch, "--batch"}, {"accum", NULL, t->o->accum, "--accum"},
-        {"seed", NULL, (int64_t)t->o->seed, "--seed"},
+        {"seed", NULL, (int64_t)t->o->seed, "--seed"}, {"world", NULL, t->world, "--nproc (ranks)"},
     };
     int rc = 0;
     for (size_t i = 0; i < sizeof f2 / sizeof f2[0] && !rc; i++) {
@@ -285,6 +313,12 @@ int keel_train_run(const keel_train_opts *o) {
     keel_qwen35_config cfg;
     bool mm;
     const char *from = o->resume_dir ? o->resume_dir : o->model_dir;
+    int coll_failed = 0;
+    t.coll = keel_coll_from_env(o->dist_timeout, &coll_failed);
+    if (coll_failed) goto fail;
+    t.rank = keel_coll_rank(t.coll), t.world = keel_coll_size(t.coll);
+    bool lead = t.rank == 0; /* only rank 0 prints, evaluates, writes metrics and checkpoints */
+    if (!lead && !freopen("/dev/null", "w", stdout)) goto fail;
     if (!o->out_dir) { keel_fail("--out DIR is required"); goto fail; }
     if (!o->n_data) { keel_fail("--data PATH is required"); goto fail; }
     if (!!o->model_dir + !!o->preset + !!o->init_config + !!o->resume_dir != 1) {
@@ -344,17 +378,20 @@ int keel_train_run(const keel_train_opts *o) {
     printf("model: %lld layers, %lld parameters (%lld trained), %s backend, %lld threads, recompute %s, plan %.1f MiB\n",
            (long long)cfg.layers, (long long)n_par, (long long)n_tr, t.be->name, (long long)o->threads, o->recompute,
            (double)t.s->plan->total_bytes / 1048576.0);
+    if (t.world > 1)
+        printf("data parallel: %d ranks, batch %lld per rank, global batch %lld x %lld tokens per step\n", t.world, (long long)o->batch,
+               (long long)(o->batch * t.world * o->accum), (long long)o->window);
     if (t.step >= o->steps) { keel_fail("the checkpoint is at step %lld already; --steps %lld is the total", (long long)t.step, (long long)o->steps); goto fail; }
     char mp[4200];
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", o->out_dir);
-    metrics = fopen(mp, t.step ? "a" : "w");
+    metrics = fopen(lead ? mp : "/dev/null", t.step ? "a" : "w");
     if (!metrics) { keel_fail("%s: %s", mp, strerror(errno)); goto fail; }
     int32_t *ids = malloc((size_t)(o->window * o->batch) * 4), *tgt = malloc((size_t)(o->window * o->batch) * 4), *pv = malloc((size_t)o->window * 4);
     for (int64_t i = 0; i < o->window; i++) pv[i] = (int32_t)i;
     keel_tensor_write(t.be, t.pos, pv, KEEL_I32);
     free(pv);
     bool tty = isatty(fileno(stdout));
-    if (t.step == 0 && d.n_eval > o->window) {
+    if (lead && t.step == 0 && d.n_eval > o->window) {
         double el = eval_loss(&t, &d);
         if (isfinite(el)) {
             printf("step %6lld  eval loss %.4f  perplexity %.2f\n", 0LL, el, exp(el));
@@ -362,15 +399,17 @@ int keel_train_run(const keel_train_opts *o) {
         }
     }
     double t0 = now_s();
-    int64_t start_step = t.step, tokens_per_step = o->window * o->batch * o->accum;
+    int64_t start_step = t.step, tokens_per_step = o->window * o->batch * o->accum * t.world;
     result = 0;
     for (int64_t step = t.step + 1; step <= o->steps; step++) {
         if (o->accum > 1)
             for (int i = 0; i < t.n_train; i++) if (zero(t.be, t.acc[i])) { result = 1; break; }
         double loss = 0;
         for (int64_t micro = 0; micro < o->accum && !result; micro++) {
-            keel_dataset_batch(&d, o->window, o->batch, o->seed, t.position, ids, tgt);
-            t.position += o->batch;
+            /* rank r takes the r-th share of the global micro-batch: the samples of one process with
+             * --accum world, so the sum over ranks equals its accumulated gradient bit for bit */
+            keel_dataset_batch(&d, o->window, o->batch, o->seed, t.position + (int64_t)t.rank * o->batch, ids, tgt);
+            t.position += o->batch * t.world;
             keel_tracer *tr = o->trace && step == o->trace_step && micro == 0 ? keel_tracer_new(o->trace_data, (size_t)o->trace_max_bytes) : NULL;
             float l = NAN;
             if (keel_tensor_write(t.be, t.ids, ids, KEEL_I32) || keel_tensor_write(t.be, t.tgt, tgt, KEEL_I32) || (tr && keel_tracer_begin(tr, t.be, t.g)) ||
@@ -384,10 +423,24 @@ int keel_train_run(const keel_train_opts *o) {
             loss += l;
         }
         if (result) break;
-        loss /= (double)o->accum;
+        const char *df = getenv("KEEL_DIST_FAULT"); /* exit:RANK:STEP or hang:RANK:STEP: the other ranks must notice */
+        if (df && t.world > 1) {
+            int fr = -1;
+            long long fs = -1;
+            char kind[8] = "";
+            if (sscanf(df, "%4[a-z]:%d:%lld", kind, &fr, &fs) == 3 && fr == t.rank && fs == step) {
+                fprintf(stderr, "keel train: rank %d: KEEL_DIST_FAULT: %s at step %lld\n", t.rank, kind, fs);
+                if (!strcmp(kind, "hang")) for (;;) pause();
+                _exit(9);
+            }
+        }
+        if (t.world > 1) {
+            if (allreduce_grads(&t, o->accum > 1 ? t.acc : t.grad) || keel_coll_allreduce_sum_f64(t.coll, &loss, 1)) { result = 1; break; }
+        }
+        loss /= (double)(o->accum * t.world);
         float sumsq = NAN;
         if (t.be->compute(t.be, t.g, t.end_fb, t.end_norm, NULL, NULL) || keel_tensor_read(t.be, t.sumsq, &sumsq, KEEL_F32)) { result = 1; break; }
-        double norm = sqrt((double)sumsq) / (double)o->accum;
+        double norm = sqrt((double)sumsq) / (double)(o->accum * t.world);
         if (!isfinite(loss) || !isfinite(norm)) {
             const char *bad = first_nonfinite(&t);
             keel_fail("step %lld: the loss is %g and the gradient norm %g; first non-finite gradient: %s (no checkpoint written for this step)",
@@ -396,7 +449,7 @@ int keel_train_run(const keel_train_opts *o) {
             break;
         }
         double clip_f = o->clip > 0 && norm > o->clip ? o->clip / norm : 1.0, lr = lr_at(o, step);
-        for (int i = 0; i < t.n_train; i++) t.opt[i]->fp[0] = lr, t.opt[i]->ip[0] = step, t.opt[i]->fp[5] = clip_f / (double)o->accum;
+        for (int i = 0; i < t.n_train; i++) t.opt[i]->fp[0] = lr, t.opt[i]->ip[0] = step, t.opt[i]->fp[5] = clip_f / (double)(o->accum * t.world);
         if (t.be->compute(t.be, t.g, t.end_norm, t.g->n_nodes, NULL, NULL)) { result = 1; break; }
         t.step = step;
         t.tokens += tokens_per_step;
@@ -408,7 +461,7 @@ int keel_train_run(const keel_train_opts *o) {
             printf("step %6lld/%lld  loss %.4f  lr %.2e  grad norm %.3f  %7.0f tok/s  elapsed %.1fs  eta %.1fs\n", (long long)step, (long long)o->steps, loss, lr, norm, tps, el, eta);
         fflush(stdout);
         bool last = step == o->steps, stop = keel_train_stop || (o->stop_at > 0 && step == o->stop_at);
-        if ((o->eval_every > 0 && step % o->eval_every == 0) || last) {
+        if (lead && ((o->eval_every > 0 && step % o->eval_every == 0) || last)) {
             double ev = eval_loss(&t, &d);
             if (isfinite(ev)) {
                 if (tty) printf("\n");
@@ -417,7 +470,7 @@ int keel_train_run(const keel_train_opts *o) {
             }
         }
         fflush(metrics);
-        if ((o->save_every > 0 && step % o->save_every == 0) || last || stop) {
+        if (lead && ((o->save_every > 0 && step % o->save_every == 0) || last || stop)) {
             if (save(&t)) { result = 1; break; }
             if (tty) printf("\n");
             printf("saved %s/checkpoint (step %lld)\n", o->out_dir, (long long)step);
@@ -441,6 +494,7 @@ fail:
     keel_ctx_free(t.ctx);
     keel_backend_free(t.be);
     keel_checkpoint_close(t.src);
+    keel_coll_free(t.coll);
     free(t.train_p), free(t.grad), free(t.acc), free(t.mom), free(t.opt);
     return result;
 }

@@ -14,6 +14,8 @@ typedef struct {
     int64_t steps, stop_at, window, batch, accum, warmup, eval_every, save_every, threads, trace_step, eval_batches;
     double lr, lr_min, weight_decay, clip, eval_fraction;
     bool trace_data;
+    int64_t nproc;          /* --nproc: processes on this host (the CLI starts them) */
+    double dist_timeout;    /* seconds any rank waits for another */
     int64_t trace_max_bytes;
     uint64_t seed;
 } keel_train_opts;
