@@ -15,16 +15,6 @@
 #include "util/file.h"
 
 
-static cJSON *read_json(const char *path) {
-    char *s = keel_read_file(path, NULL);
-    if (!s) return NULL;
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithOpts(s, &end, 0);
-    if (!j) keel_fail("%s: invalid JSON near byte %ld", path, end ? (long)(end - s) : -1L);
-    free(s);
-    return j;
-}
-
 static int get_int(const char *path, const cJSON *o, const char *key, int64_t *out, bool required) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!v || cJSON_IsNull(v)) return required ? keel_fail("%s: field \"%s\" is missing", path, key) : 1;
@@ -49,7 +39,7 @@ int keel_hf_config_read(const char *dir, keel_qwen35_config *cfg, bool *multimod
 }
 
 int keel_hf_config_read_file(const char *path, keel_qwen35_config *cfg, bool *multimodal) {
-    cJSON *root = read_json(path);
+    cJSON *root = keel_read_json(path);
     if (!root) return -1;
     memset(cfg, 0, sizeof *cfg);
     int rc = 0;
@@ -122,7 +112,7 @@ keel_checkpoint *keel_checkpoint_open(const char *dir) {
     FILE *probe = fopen(path, "rb");
     if (probe) {
         fclose(probe);
-        cJSON *idx = read_json(path);
+        cJSON *idx = keel_read_json(path);
         const cJSON *wm = idx ? cJSON_GetObjectItemCaseSensitive(idx, "weight_map") : NULL;
         if (!cJSON_IsObject(wm)) {
             if (idx) keel_fail("%s: no \"weight_map\" object", path);

@@ -213,16 +213,6 @@ static int compile_regex(keel_tokenizer *t, const char *path, const char *patter
 }
 
 
-static cJSON *read_json(const char *path) {
-    char *s = keel_read_file(path, NULL);
-    if (!s) return NULL;
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithOpts(s, &end, 0);
-    if (!j) keel_fail("%s: invalid JSON near byte %ld", path, end ? (long)(end - s) : -1L);
-    free(s);
-    return j;
-}
-
 /* The pre-tokenizer: Split(regex) and/or ByteLevel, possibly in a Sequence. */
 static int read_pretokenizer(keel_tokenizer *t, const char *path, const cJSON *pt) {
     if (!pt || cJSON_IsNull(pt)) return keel_fail("%s: no pre_tokenizer (byte-level BPE needs ByteLevel)", path);
@@ -283,7 +273,7 @@ keel_tokenizer *keel_tokenizer_load(const char *path) {
         snprintf(v, sizeof v, "%s/vocab.bpe", path);
         return keel_tokenizer_load_gpt2(e, v);
     }
-    cJSON *root = read_json(path);
+    cJSON *root = keel_read_json(path);
     if (!root) return NULL;
     keel_tokenizer *t = NULL;
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -349,7 +339,7 @@ fail:
 }
 
 keel_tokenizer *keel_tokenizer_load_gpt2(const char *encoder_json, const char *vocab_bpe) {
-    cJSON *enc = read_json(encoder_json);
+    cJSON *enc = keel_read_json(encoder_json);
     if (!enc) return NULL;
     size_t n;
     char *bpe = keel_read_file(vocab_bpe, &n);

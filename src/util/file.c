@@ -1,5 +1,7 @@
 #include "util/file.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,4 +24,14 @@ char *keel_read_file(const char *path, size_t *n) {
     fclose(f);
     if (n) *n = (size_t)len;
     return s;
+}
+
+cJSON *keel_read_json(const char *path) {
+    char *s = keel_read_file(path, NULL);
+    if (!s) return NULL;
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithOpts(s, &end, 0);
+    if (!j) keel_fail("%s: invalid JSON near byte %ld", path, end ? (long)(end - s) : -1L);
+    free(s);
+    return j;
 }

@@ -7,4 +7,7 @@
 /* The file's bytes plus a terminating NUL (malloc'd); NULL with a message naming the file. */
 char *keel_read_file(const char *path, size_t *n);
 
+/* A JSON file, parsed (cJSON); NULL with a message naming the file and the byte of the error. */
+struct cJSON *keel_read_json(const char *path);
+
 #endif
