@@ -121,19 +121,27 @@ int cmd_train(int argc, char **argv) {
             }
             pids[r] = pid;
         }
-        int result = 0, left = (int)o.nproc;
-        while (left > 0) { /* the first failure stops the rest */
+        /* The first failure stops the rest: they get a few seconds to notice on their own (and
+         * say so), then SIGTERM. */
+        int result = 0, left = (int)o.nproc, waited_ms = 0;
+        while (left > 0) {
             int status;
-            pid_t pid = wait(&status);
+            pid_t pid = waitpid(-1, &status, result ? WNOHANG : 0);
             if (pid < 0) break;
+            if (pid == 0) { /* a failure happened; the others are still running */
+                usleep(50000);
+                if ((waited_ms += 50) == 5000)
+                    for (int k = 0; k < o.nproc; k++) if (pids[k] > 0) kill(pids[k], SIGTERM);
+                continue;
+            }
             left--;
+            int r = 0;
+            while (r < o.nproc && pids[r] != pid) r++;
+            if (r < o.nproc) pids[r] = -1;
             int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
             if (code && !result) {
-                int r = 0;
-                while (r < o.nproc && pids[r] != pid) r++;
                 fprintf(stderr, "keel train: rank %d exited with status %d; stopping the other ranks\n", r, code);
                 result = code;
-                for (int k = 0; k < o.nproc; k++) if (pids[k] != pid) kill(pids[k], SIGTERM);
             }
         }
         free(pids);
