@@ -152,9 +152,8 @@ static int recompute_child(const char *mode, int64_t T, int threads, int layers,
     if (keel_recompute_parse(mode, &rm)) return -1;
     keel_ctx *ctx = keel_ctx_new();
     keel_qwen35 *m = keel_qwen35_new(ctx, &c, KEEL_F32);
-    keel_tensor *ids = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, 1), KEEL_FLAG_INPUT);
-    keel_tensor *tgt = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, 1), KEEL_FLAG_INPUT);
-    keel_tensor *pos = keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT);
+    keel_tensor *ids, *tgt, *pos;
+    keel_qwen35_inputs(ctx, T, 1, &ids, &tgt, &pos);
     keel_qwen35_out out;
     if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) return -1;
     keel_graph *g = keel_graph_build(ctx, &out.loss, 1);

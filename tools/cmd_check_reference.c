@@ -77,9 +77,8 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
     double tol_v = type == KEEL_F64 ? 1e-10 : 2e-5, tol_g = type == KEEL_F64 ? 1e-10 : 1e-4;
     keel_ctx *ctx = keel_ctx_new();
     keel_qwen35 *m = keel_qwen35_new(ctx, &ck->cfg, type);
-    keel_tensor *ids = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
-    keel_tensor *tgt = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
-    keel_tensor *pos = keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT);
+    keel_tensor *ids, *tgt, *pos;
+    keel_qwen35_inputs(ctx, T, B, &ids, &tgt, &pos);
     keel_qwen35_out out;
     keel_graph *g = NULL;
     keel_session *s = NULL;

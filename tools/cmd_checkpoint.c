@@ -194,9 +194,8 @@ int cmd_info(int argc, char **argv) {
         keel_recompute_parse(modes[mi], &rm);
         keel_ctx *cx = keel_ctx_new();
         keel_qwen35 *mm = keel_qwen35_new(cx, c, KEEL_F32);
-        keel_tensor *i2 = keel_set_flags(keel_new_2d(cx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
-        keel_tensor *t2 = keel_set_flags(keel_new_2d(cx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
-        keel_tensor *p2 = keel_set_flags(keel_new_1d(cx, KEEL_I32, T), KEEL_FLAG_INPUT);
+        keel_tensor *i2, *t2, *p2;
+        keel_qwen35_inputs(cx, T, B, &i2, &t2, &p2);
         keel_qwen35_out o2;
         keel_graph *g2 = NULL;
         if (keel_qwen35_forward(cx, mm, i2, p2, t2, &o2)) { fprintf(stderr, "keel info: %s\n", keel_last_error()); keel_qwen35_free(mm); keel_ctx_free(cx); goto done; }

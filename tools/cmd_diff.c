@@ -88,9 +88,8 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
         ck = keel_checkpoint_open(j->model_dir);
         if (!ck) goto done;
         m = keel_qwen35_new(ctx, &ck->cfg, type);
-        keel_tensor *ids = keel_set_name(keel_set_flags(keel_new_2d(ctx, KEEL_I32, j->T, 1), KEEL_FLAG_INPUT), "input_ids");
-        keel_tensor *tgt = keel_set_name(keel_set_flags(keel_new_2d(ctx, KEEL_I32, j->T, 1), KEEL_FLAG_INPUT), "targets");
-        keel_tensor *pos = keel_set_name(keel_set_flags(keel_new_1d(ctx, KEEL_I32, j->T), KEEL_FLAG_INPUT), "positions");
+        keel_tensor *ids, *tgt, *pos;
+        keel_qwen35_inputs(ctx, j->T, 1, &ids, &tgt, &pos);
         keel_qwen35_out out;
         if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) goto done;
         g = keel_graph_build(ctx, &out.loss, 1);

@@ -28,25 +28,22 @@ int cmd_eval(int argc, char **argv) {
     if (!model || !n_data) { fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B]\n"); return 2; }
     keel_checkpoint *ck = keel_checkpoint_open(model);
     if (!ck) { fprintf(stderr, "keel eval: %s\n", keel_last_error()); return 1; }
-    char tp[4200];
-    struct stat st;
-    snprintf(tp, sizeof tp, "%s/tokenizer.json", model);
-    bool has_tok = tokp || stat(tp, &st) == 0;
-    keel_tokenizer *tok = has_tok ? keel_tokenizer_load(tokp ? tokp : tp) : NULL;
+    bool tok_failed;
+    keel_tokenizer *tok = keel_tokenizer_for(tokp, model, &tok_failed);
     keel_dataset d = {0};
     int rc = 1;
     keel_ctx *ctx = keel_ctx_new();
     keel_backend *be = keel_backend_new("cpu", (int)threads);
     keel_graph *g = NULL;
     keel_session *s = NULL;
-    if ((has_tok && !tok) || keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL)) goto done;
+    if (tok_failed || keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL)) goto done;
     if (tok && keel_tokenizer_vocab_size(tok) > ck->cfg.vocab) { keel_fail("the tokenizer has more tokens than the model's vocabulary"); goto done; }
     int64_t W = keel_dataset_windows(&d, T);
     if (W < 1) { keel_fail("--window %lld is longer than the data (%lld tokens)", T, (long long)d.n_train); goto done; }
     if (B > W) B = W;
     keel_qwen35 *m = keel_qwen35_new(ctx, &ck->cfg, KEEL_F32);
-    keel_tensor *ids = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), *tgt = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
-    keel_tensor *pos = keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT);
+    keel_tensor *ids, *tgt, *pos;
+    keel_qwen35_inputs(ctx, T, B, &ids, &tgt, &pos);
     keel_qwen35_out out;
     if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out) || !(g = keel_graph_build(ctx, &out.loss, 1)) || !(s = keel_session_new(be, g, NULL)) ||
         keel_checkpoint_load(ck, m, be)) { keel_qwen35_free(m); goto done; }

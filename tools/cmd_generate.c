@@ -158,12 +158,9 @@ int cmd_generate(int argc, char **argv) {
     if (!model || temp < 0 || top_p <= 0 || top_p > 1) { fprintf(stderr, "keel generate: --model DIR is required; --temperature >= 0; 0 < --top-p <= 1\n"); return 2; }
     keel_checkpoint *ck = keel_checkpoint_open(model);
     if (!ck) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); return 1; }
-    char tp[4200];
-    struct stat st;
-    snprintf(tp, sizeof tp, "%s/tokenizer.json", model);
-    bool has_tok = tokp || stat(tp, &st) == 0;
-    keel_tokenizer *tok = has_tok ? keel_tokenizer_load(tokp ? tokp : tp) : NULL;
-    if (has_tok && !tok) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); keel_checkpoint_close(ck); return 1; }
+    bool tok_failed;
+    keel_tokenizer *tok = keel_tokenizer_for(tokp, model, &tok_failed);
+    if (tok_failed) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); keel_checkpoint_close(ck); return 1; }
     int32_t *pids = NULL;
     size_t np = 0;
     if (tok) {

@@ -39,9 +39,7 @@ static int build(model_run *r, keel_backend *be, const keel_qwen35_config *c, ke
     r->ctx = keel_ctx_new();
     r->m = keel_qwen35_new(r->ctx, c, type);
     if (!r->m) return -1;
-    r->ids = keel_set_flags(keel_set_name(keel_new_2d(r->ctx, KEEL_I32, T, B), "ids"), KEEL_FLAG_INPUT);
-    r->tgt = keel_set_flags(keel_set_name(keel_new_2d(r->ctx, KEEL_I32, T, B), "targets"), KEEL_FLAG_INPUT);
-    r->pos = keel_set_flags(keel_set_name(keel_new_1d(r->ctx, KEEL_I32, T), "positions"), KEEL_FLAG_INPUT);
+    keel_qwen35_inputs(r->ctx, T, B, &r->ids, &r->tgt, &r->pos);
     if (keel_qwen35_forward(r->ctx, r->m, r->ids, r->pos, r->tgt, &r->out)) return -1;
     r->g = keel_graph_build(r->ctx, &r->out.loss, 1);
     if (!r->g || keel_build_backward(r->g, r->out.loss)) return -1;

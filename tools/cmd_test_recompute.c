@@ -44,9 +44,8 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
     enum { T = 33, B = 2 };
     keel_ctx *ctx = keel_ctx_new();
     keel_qwen35 *m = keel_qwen35_new(ctx, cfg, KEEL_F32);
-    keel_tensor *ids = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
-    keel_tensor *tgt = keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT);
-    keel_tensor *pos = keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT);
+    keel_tensor *ids, *tgt, *pos;
+    keel_qwen35_inputs(ctx, T, B, &ids, &tgt, &pos);
     keel_qwen35_out out;
     keel_backend *be = keel_backend_new("cpu", threads);
     keel_graph *g = NULL;

@@ -206,6 +206,13 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
     return 0;
 }
 
+int keel_qwen35_inputs(keel_ctx *ctx, int64_t T, int64_t B, keel_tensor **ids, keel_tensor **tgt, keel_tensor **pos) {
+    *ids = keel_set_name(keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), "input_ids");
+    if (tgt) *tgt = keel_set_name(keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), "targets");
+    *pos = keel_set_name(keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT), "positions");
+    return *ids && *pos && (!tgt || *tgt) ? 0 : -1;
+}
+
 int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos, keel_tensor *targets,
                         keel_qwen35_out *out) {
     return forward(ctx, m, ids, pos, targets, out, NULL, NULL);

@@ -51,6 +51,10 @@ typedef struct {
     keel_layer_map layers;                        /* for activation recompute */
 } keel_qwen35_out;
 
+/* The input leaves of a forward graph: ids and targets [T, B] and positions [T] (i32), named
+ * input_ids, targets and positions; tgt may be NULL when no loss is wanted. */
+int keel_qwen35_inputs(keel_ctx *ctx, int64_t T, int64_t B, keel_tensor **ids, keel_tensor **tgt, keel_tensor **pos);
+
 /* Forward graph for ids [T, B] (i32), positions [T] (i32), targets [T, B] (i32, or NULL). */
 int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos,
                         keel_tensor *targets, keel_qwen35_out *out);

@@ -377,6 +377,21 @@ fail:
     return NULL;
 }
 
+keel_tokenizer *keel_tokenizer_for(const char *given, const char *model_dir, bool *failed) {
+    char path[4200];
+    struct stat st;
+    *failed = false;
+    if (!given && model_dir) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+        if (stat(path, &st) != 0) return NULL;
+        given = path;
+    }
+    if (!given) return NULL;
+    keel_tokenizer *t = keel_tokenizer_load(given);
+    *failed = t == NULL;
+    return t;
+}
+
 void keel_tokenizer_free(keel_tokenizer *t) {
     if (!t) return;
     for (size_t i = 0; t->vmap && i < t->vcap; i++) free(t->vmap[i].s);

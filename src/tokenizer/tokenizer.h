@@ -6,6 +6,7 @@
 #ifndef KEEL_TOKENIZER_H
 #define KEEL_TOKENIZER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,6 +16,10 @@ typedef struct keel_tokenizer keel_tokenizer;
 keel_tokenizer *keel_tokenizer_load(const char *path);
 keel_tokenizer *keel_tokenizer_load_gpt2(const char *encoder_json, const char *vocab_bpe);
 void keel_tokenizer_free(keel_tokenizer *t);
+/* The tokenizer to use with a model: `given` when set, else model_dir/tokenizer.json when it
+ * exists, else none (NULL with *failed false: bytes). *failed is set when one should load but
+ * cannot (the error says why). */
+keel_tokenizer *keel_tokenizer_for(const char *given, const char *model_dir, bool *failed);
 
 /* Encodes len bytes of UTF-8 text; *ids is malloc'd. -1 with a message (invalid UTF-8 names the
  * byte offset). */

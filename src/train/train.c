@@ -199,9 +199,7 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
         printf("frozen: %d parameter tensors match '%s'\n", frozen, o->freeze);
     }
     int64_t T = o->window, B = o->batch;
-    t->ids = keel_set_name(keel_set_flags(keel_new_2d(t->ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), "input_ids");
-    t->tgt = keel_set_name(keel_set_flags(keel_new_2d(t->ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), "targets");
-    t->pos = keel_set_name(keel_set_flags(keel_new_1d(t->ctx, KEEL_I32, T), KEEL_FLAG_INPUT), "positions");
+    if (keel_qwen35_inputs(t->ctx, T, B, &t->ids, &t->tgt, &t->pos)) return -1;
     keel_qwen35_out out;
     if (keel_qwen35_forward(t->ctx, t->m, t->ids, t->pos, t->tgt, &out)) return -1;
     t->loss = out.loss;
@@ -339,15 +337,9 @@ int keel_train_run(const keel_train_opts *o) {
         if (mkdir(pth, 0755) && errno != EEXIST) { keel_fail("--out %s: %s", o->out_dir, strerror(errno)); goto fail; }
     }
     /* the tokenizer: given, or the model folder's, or bytes */
-    char tp[4200];
-    if (!o->tokenizer && from) {
-        snprintf(tp, sizeof tp, "%s/tokenizer.json", from);
-        struct stat st;
-        if (stat(tp, &st) == 0) tok = keel_tokenizer_load(tp);
-    } else if (o->tokenizer) {
-        tok = keel_tokenizer_load(o->tokenizer);
-        if (!tok) goto fail;
-    }
+    bool tok_failed;
+    tok = keel_tokenizer_for(o->tokenizer, from, &tok_failed);
+    if (tok_failed) goto fail;
     if (tok && keel_tokenizer_vocab_size(tok) > cfg.vocab) {
         keel_fail("the tokenizer has %d tokens, the model's vocabulary only %lld", keel_tokenizer_vocab_size(tok), (long long)cfg.vocab);
         goto fail;
