@@ -7,6 +7,7 @@
 
 #include "ops/ops.h"
 #include "util/error.h"
+#include "util/rng.h"
 
 int keel_qwen35_preset(const char *name, keel_qwen35_config *c) {
     memset(c, 0, sizeof *c);
@@ -226,13 +227,6 @@ keel_tensor *keel_qwen35_forward_cached(keel_ctx *ctx, const keel_qwen35 *m, kee
     return o.logits;
 }
 
-static uint64_t mix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double unif(uint64_t *s) { return (double)(mix64(s) >> 11) * (1.0 / 9007199254740992.0); }
 
 double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed) {
     double **v = calloc((size_t)m->n_params, sizeof *v);
@@ -253,10 +247,10 @@ double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed) {
             double x;
             if (kind == ZERO) x = 0.0;
             else if (kind == ONE) x = 1.0;
-            else if (kind == ALOG) x = log(16.0 * (1.0 - unif(&s))); /* log U(0,16], as transformers */
-            else if (kind == CONV) x = (2.0 * unif(&s) - 1.0) / sqrt((double)p->ne[0]);
+            else if (kind == ALOG) x = log(16.0 * (1.0 - keel_uniform01(&s))); /* log U(0,16], as transformers */
+            else if (kind == CONV) x = (2.0 * keel_uniform01(&s) - 1.0) / sqrt((double)p->ne[0]);
             else { /* normal(0, 0.02) by Box-Muller */
-                double a = unif(&s), b = unif(&s);
+                double a = keel_uniform01(&s), b = keel_uniform01(&s);
                 x = 0.02 * sqrt(-2.0 * log(a > 1e-300 ? a : 1e-300)) * cos(6.283185307179586 * b);
             }
             v[i][j] = x;

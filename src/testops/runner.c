@@ -12,6 +12,7 @@
 #include "ops/ops.h"
 #include "testops/testops.h"
 #include "util/error.h"
+#include "util/rng.h"
 
 #define GUARD_BYTES 256
 #define GUARD_BYTE 0xA5
@@ -23,15 +24,8 @@
 
 /* ---- values ---- */
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double uniform(uint64_t *s) { return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0); }
 static double normal(uint64_t *s) {
-    double u = uniform(s), v = uniform(s);
+    double u = keel_uniform01(s), v = keel_uniform01(s);
     if (u < 1e-300) u = 1e-300;
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
@@ -64,11 +58,11 @@ static double *gen_values(const case_input *in, uint64_t seed, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         double x;
         switch (in->dom) {
-        case DOM_POSITIVE: x = 0.5 + 1.5 * uniform(&s); break;
-        case DOM_INDEX: x = (double)(splitmix(&s) % (uint64_t)in->index_max); break;
-        case DOM_GATE: x = -0.01 - 1.5 * uniform(&s); break;
-        case DOM_UNIT: x = 0.05 + 0.9 * uniform(&s); break;
-        case DOM_SMALL: x = 1e-4 * uniform(&s); break;
+        case DOM_POSITIVE: x = 0.5 + 1.5 * keel_uniform01(&s); break;
+        case DOM_INDEX: x = (double)(keel_splitmix64(&s) % (uint64_t)in->index_max); break;
+        case DOM_GATE: x = -0.01 - 1.5 * keel_uniform01(&s); break;
+        case DOM_UNIT: x = 0.05 + 0.9 * keel_uniform01(&s); break;
+        case DOM_SMALL: x = 1e-4 * keel_uniform01(&s); break;
         default: x = normal(&s); break;
         }
         v[i] = round_to(in->type, in->dom == DOM_INDEX ? x : x * sc);
@@ -482,7 +476,7 @@ static void grad_case(suite *S, op_case *c, uint64_t seed) {
         } else { /* first and last element of the widest (first) row, the last element, random others */
             idx[m++] = 0, idx[m++] = lf->ne[0] - 1, idx[m++] = n - 1;
             uint64_t s = seed ^ 0x5eedull;
-            while (m < FD_SAMPLES) idx[m++] = (int64_t)(splitmix(&s) % (uint64_t)n);
+            while (m < FD_SAMPLES) idx[m++] = (int64_t)(keel_splitmix64(&s) % (uint64_t)n);
         }
         /* Five-point central differences, h = 1e-3 max(1,|x|): truncation O(h^4), roundoff about
          * 1e-16 |L| / h. Relative error per element, with the denominator floored at FD_FLOOR of the

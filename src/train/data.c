@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "util/error.h"
+#include "util/rng.h"
 #include "util/file.h"
 
 typedef struct { char **path; int n, cap; } file_list;
@@ -216,12 +217,6 @@ void keel_dataset_free(keel_dataset *d) {
 
 int64_t keel_dataset_windows(const keel_dataset *d, int64_t T) { return d->n_train > T ? (d->n_train - 1) / T : 0; }
 
-static uint64_t rng(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 /* The window of sample p: a fresh Fisher-Yates permutation of the windows for each epoch. */
 static int64_t window_of(int64_t W, uint64_t seed, int64_t p) {
@@ -235,7 +230,7 @@ static int64_t window_of(int64_t W, uint64_t seed, int64_t p) {
         for (int64_t i = 0; i < W; i++) perm[i] = i;
         uint64_t s = seed * 1000003u + (uint64_t)epoch;
         for (int64_t i = W - 1; i > 0; i--) {
-            int64_t j = (int64_t)(rng(&s) % (uint64_t)(i + 1)), t = perm[i];
+            int64_t j = (int64_t)(keel_splitmix64(&s) % (uint64_t)(i + 1)), t = perm[i];
             perm[i] = perm[j], perm[j] = t;
         }
         cached_epoch = epoch, cached_W = W, cached_seed = seed;
