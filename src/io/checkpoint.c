@@ -5,6 +5,7 @@
 #include <math.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,20 @@
 #include "util/error.h"
 #include "util/file.h"
 
+
+/* The integer fields of config.json, read and written from this one list. */
+static const struct {
+    const char *key;
+    size_t off;
+} INT_FIELDS[] = {
+    {"vocab_size", offsetof(keel_qwen35_config, vocab)}, {"hidden_size", offsetof(keel_qwen35_config, hidden)},
+    {"num_hidden_layers", offsetof(keel_qwen35_config, layers)}, {"intermediate_size", offsetof(keel_qwen35_config, ffn)},
+    {"num_attention_heads", offsetof(keel_qwen35_config, heads)}, {"num_key_value_heads", offsetof(keel_qwen35_config, kv_heads)},
+    {"head_dim", offsetof(keel_qwen35_config, head_dim)}, {"linear_num_key_heads", offsetof(keel_qwen35_config, lk_heads)},
+    {"linear_num_value_heads", offsetof(keel_qwen35_config, lv_heads)}, {"linear_key_head_dim", offsetof(keel_qwen35_config, lk_dim)},
+    {"linear_value_head_dim", offsetof(keel_qwen35_config, lv_dim)}, {"linear_conv_kernel_dim", offsetof(keel_qwen35_config, conv_kernel)},
+};
+#define N_INT_FIELDS (sizeof INT_FIELDS / sizeof INT_FIELDS[0])
 
 static int get_int(const char *path, const cJSON *o, const char *key, int64_t *out, bool required) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -52,15 +67,8 @@ int keel_hf_config_read_file(const char *path, keel_qwen35_config *cfg, bool *mu
     int64_t experts = 0;
     if (!rc && get_int(path, c, "num_experts", &experts, false) == 0 && experts > 0)
         rc = keel_fail("%s: field \"num_experts\" = %lld: mixture-of-experts models are not supported", path, (long long)experts);
-    struct { const char *key; int64_t *dst; } ints[] = {
-        {"vocab_size", &cfg->vocab}, {"hidden_size", &cfg->hidden}, {"num_hidden_layers", &cfg->layers},
-        {"intermediate_size", &cfg->ffn}, {"num_attention_heads", &cfg->heads}, {"num_key_value_heads", &cfg->kv_heads},
-        {"head_dim", &cfg->head_dim}, {"linear_num_key_heads", &cfg->lk_heads}, {"linear_num_value_heads", &cfg->lv_heads},
-        {"linear_key_head_dim", &cfg->lk_dim}, {"linear_value_head_dim", &cfg->lv_dim},
-        {"linear_conv_kernel_dim", &cfg->conv_kernel},
-    };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && !rc; i++)
-        if (get_int(path, c, ints[i].key, ints[i].dst, true)) rc = -1;
+    for (size_t i = 0; i < N_INT_FIELDS && !rc; i++)
+        if (get_int(path, c, INT_FIELDS[i].key, (int64_t *)((char *)cfg + INT_FIELDS[i].off), true)) rc = -1;
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c, "rope_parameters");
     cfg->rope_theta = 10000.0, cfg->partial_rotary = 1.0, cfg->rms_eps = 1e-6;
     if (!rc && (get_num(path, c, "rope_theta", &cfg->rope_theta) < 0 || get_num(path, c, "partial_rotary_factor", &cfg->partial_rotary) < 0 ||
@@ -248,18 +256,8 @@ static char *text_config_json(const keel_qwen35_config *c, keel_type dtype) {
     cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen3_5ForCausalLM"));
     cJSON_AddStringToObject(o, "model_type", "qwen3_5_text");
     cJSON_AddStringToObject(o, "dtype", dtype == KEEL_BF16 ? "bfloat16" : dtype == KEEL_F16 ? "float16" : "float32");
-    cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab);
-    cJSON_AddNumberToObject(o, "hidden_size", (double)c->hidden);
-    cJSON_AddNumberToObject(o, "num_hidden_layers", (double)c->layers);
-    cJSON_AddNumberToObject(o, "intermediate_size", (double)c->ffn);
-    cJSON_AddNumberToObject(o, "num_attention_heads", (double)c->heads);
-    cJSON_AddNumberToObject(o, "num_key_value_heads", (double)c->kv_heads);
-    cJSON_AddNumberToObject(o, "head_dim", (double)c->head_dim);
-    cJSON_AddNumberToObject(o, "linear_num_key_heads", (double)c->lk_heads);
-    cJSON_AddNumberToObject(o, "linear_num_value_heads", (double)c->lv_heads);
-    cJSON_AddNumberToObject(o, "linear_key_head_dim", (double)c->lk_dim);
-    cJSON_AddNumberToObject(o, "linear_value_head_dim", (double)c->lv_dim);
-    cJSON_AddNumberToObject(o, "linear_conv_kernel_dim", (double)c->conv_kernel);
+    for (size_t i = 0; i < N_INT_FIELDS; i++)
+        cJSON_AddNumberToObject(o, INT_FIELDS[i].key, (double)*(const int64_t *)((const char *)c + INT_FIELDS[i].off));
     cJSON_AddNumberToObject(o, "rms_norm_eps", c->rms_eps);
     cJSON_AddNumberToObject(o, "partial_rotary_factor", c->partial_rotary);
     cJSON_AddStringToObject(o, "hidden_act", "silu");

@@ -13,4 +13,3 @@ int keel_fail(const char *fmt, ...) {
 }
 
 const char *keel_last_error(void) { return g_err; }
-void keel_clear_error(void) { g_err[0] = 0; }

@@ -9,6 +9,5 @@
 int keel_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The calling thread's last error message ("" when none). */
 const char *keel_last_error(void);
-void keel_clear_error(void);
 
 #endif

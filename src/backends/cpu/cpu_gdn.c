@@ -62,13 +62,12 @@ static void step(float *S, const float *k, const float *v, float g, float beta, 
     }
 }
 
-static float *lane_alloc(const gdn_ctx *c, lane_in *L, bool with_do) {
+static float *lane_alloc(const gdn_ctx *c, lane_in *L) {
     int64_t per = c->T * (2 * c->Dk + 2 * c->Dv + 2);
     float *m = malloc((size_t)per * sizeof(float));
     if (!m) return NULL;
     L->q = m, L->k = L->q + c->T * c->Dk, L->v = L->k + c->T * c->Dk, L->dO = L->v + c->T * c->Dv;
     L->g = L->dO + c->T * c->Dv, L->beta = L->g + c->T;
-    (void)with_do;
     return m;
 }
 
@@ -77,7 +76,7 @@ static void forward_task(void *arg, int64_t begin, int64_t end, int th) {
     gdn_ctx *c = arg;
     int64_t Dk = c->Dk, Dv = c->Dv;
     lane_in L;
-    float *mem = lane_alloc(c, &L, false);
+    float *mem = lane_alloc(c, &L);
     float *S = malloc((size_t)(Dk * Dv + 2 * Dv) * sizeof(float));
     if (!mem || !S) { free(mem), free(S); __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED); return; }
     float *u = S + Dk * Dv, *d = u + Dv;
@@ -116,7 +115,7 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
     int64_t Dk = c->Dk, Dv = c->Dv, T = c->T, Hv = c->Hv, B = c->B, n = Dk * Dv;
     int64_t n_chunks = (T + GDN_CHUNK - 1) / GDN_CHUNK;
     lane_in L;
-    float *mem = lane_alloc(c, &L, true);
+    float *mem = lane_alloc(c, &L);
     /* chunk-start states, the states of one chunk, dS, and vectors */
     float *Sck = malloc((size_t)(n_chunks * n) * sizeof(float));
     float *Sl = malloc((size_t)((GDN_CHUNK + 1) * n) * sizeof(float));
