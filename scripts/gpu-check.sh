@@ -1,17 +1,87 @@
 #!/usr/bin/env bash
-# The GPU tier, run on a machine with an NVIDIA GPU and no network (see README). Today it checks
-# that transformers (on that machine) loads the checkpoints keel writes with the same logits; the
-# CUDA backend's suites join it when that backend exists. Carry .gpu-data (scripts/prepare-gpu-data.sh).
+# The GPU tier, on a machine with an NVIDIA GPU and no network: builds keel with the CUDA backend
+# (sm_90) and runs the GPU checks, then prints one summary table. Needs, carried from the
+# development machine: .gpu-debs (the Debian -dev packages keel builds against, from
+# `scripts/gpu-prepare.sh`) and .gpu-data (the fixture and checkpoints, same script).
+#   scripts/gpu-check.sh            every stage
+#   scripts/gpu-check.sh ops grad   only those stages (build always runs)
+# Stages: ops grad fault reference recompute hf cross bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())'
+out=${OUT:-/tmp/keel-gpu-out}
+mkdir -p "$out"
+stages=${*:-ops grad fault reference recompute hf cross bench}
+want() { [[ " $stages " == *" $1 "* ]]; }
+declare -a rows
+record() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); [ "$2" = PASS ] || status=1; }
 status=0
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
-python3 scripts/hf_load_check.py .gpu-data 2>&1 | tee "$out/hf_load_check.log" || status=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+nproc
+
+# -- build: the -dev packages unpacked into a private prefix
+deps=/tmp/keel-deps
+mkdir -p $deps
+for f in .gpu-debs/*.deb; do dpkg -x "$f" $deps; done
+lib=$deps/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+t0=$(date +%s)
+if cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" \
+      -DCMAKE_PREFIX_PATH=$deps/usr -DCMAKE_LIBRARY_PATH=$lib -DCMAKE_INCLUDE_PATH=$deps/usr/include >"$out/build.log" 2>&1 &&
+   cmake --build build-gpu -j "$(nproc)" >>"$out/build.log" 2>&1; then
+    record "build (CUDA backend, sm_90 + PTX)" PASS "$(( $(date +%s) - t0 )) s"
+else
+    tail -40 "$out/build.log"
+    record "build (CUDA backend, sm_90 + PTX)" FAIL "see build.log"
+    printf '%s\n' "${rows[@]}"
+    exit 1
+fi
+keel=./build-gpu/keel
+fx=.gpu-data/fixture
+
+# run NAME LOGFILE CMD...: PASS when the command exits 0; the log's last line is the detail
+run() {
+    local name=$1 log=$2; shift 2
+    local t=$(date +%s)
+    "$@" >"$out/$log" 2>&1
+    local rc=$?
+    local tail_line
+    tail_line=$(grep -v '^$' "$out/$log" | tail -n 1 | cut -c1-90)
+    if [ $rc -eq 0 ]; then record "$name" PASS "$tail_line ($(( $(date +%s) - t ))s)"; else record "$name" FAIL "rc=$rc: $tail_line"; tail -25 "$out/$log"; fi
+}
+
+if want ops; then
+    run "test-ops --backend cuda (forward)" ops.log $keel test-ops --backend ref,cuda
+    grep "^cuda:" "$out/ops.log"
+fi
+if want grad; then
+    run "test-ops --backend cuda --grad" grad.log $keel test-ops --grad --backend cuda
+    grep "^cuda:\|worst passing" "$out/grad.log"
+fi
+if want fault; then
+    run "fault copy-row-limit:1024 ACC,SET,CPY,CONT" fault.log env KEEL_FAULT=copy-row-limit:1024 $keel test-ops --backend cuda --op ACC,SET,CPY,CONT --expect-fault 1024
+    run "fault copy-row-limit:1024 gradients" fault-grad.log env KEEL_FAULT=copy-row-limit:1024 $keel test-ops --grad --backend cuda --op ACC,SET,VIEW --expect-fault 1024
+fi
+if want reference; then
+    run "check-reference --backend cuda" reference.log $keel check-reference $fx --backend cuda
+    grep -i "worst\|max\|passed" "$out/reference.log" | tail -5
+fi
+if want recompute; then
+    run "test-recompute --backend cuda (bitwise)" recompute.log $keel test-recompute --backend cuda --fixture $fx/causal-f32-sharded
+fi
+if want hf; then
+    run "transformers loads keel's checkpoints" hf.log python3 scripts/hf_load_check.py .gpu-data
+fi
+if want cross; then
+    run "0.8B: cpu vs cuda, 3 steps" cross.log scripts/gpu-cross-check.sh "$keel" "$out"
+fi
+if want bench; then
+    run "bench train (keel cuda vs PyTorch)" bench.log $keel bench train --backend cuda --torch bench/torch_qwen35.py
+    cat "$out/bench.log"
+fi
+
 echo
-echo "summary"
-echo "  transformers loads keel's checkpoints: $(tail -n 1 "$out/hf_load_check.log")"
-echo "  CUDA backend: not built (not written yet)"
+echo "summary ($(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
+printf '%-44s %-6s %s\n' stage result detail
+printf '%s\n' "${rows[@]}"
 exit $status

@@ -1,4 +1,5 @@
 #include "tensor/tensor.h"
+#include "tensor/convert.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -149,81 +150,13 @@ const char *keel_shape_str(const int64_t ne[4], char *buf, size_t n) {
     return buf;
 }
 
-/* ---- half-precision conversions (bit exact, round to nearest even) ---- */
+/* ---- conversions: one definition in tensor/convert.h, shared with device code ---- */
+_Static_assert(KEEL_F32 == 0 && KEEL_F16 == 1 && KEEL_BF16 == 2 && KEEL_I32 == 3 && KEEL_F64 == 4,
+               "tensor/convert.h numbers the types this way");
 
-float keel_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: value = man * 2^-24 */
-            float f = (float)man * 5.9604644775390625e-8f;
-            return sign ? -f : f;
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t keel_f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
-    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to >= 65520: inf */
-    if (ax < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
-        float a;
-        memcpy(&a, &ax, 4);
-        /* a * 2^24 rounded to nearest even integer gives the subnormal mantissa */
-        float m = nearbyintf(a * 16777216.0f);
-        return (uint16_t)(sign | (uint32_t)m);
-    }
-    uint32_t e = ((ax >> 23) - 112) << 10, man = ax & 0x7fffff;
-    uint32_t h = e | (man >> 13);
-    uint32_t rest = man & 0x1fff;
-    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;
-    return (uint16_t)(sign | h);
-}
-
-float keel_bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t keel_f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
-    x += 0x7fff + ((x >> 16) & 1);
-    return (uint16_t)(x >> 16);
-}
-
-double keel_load_value(keel_type t, const void *p) {
-    switch (t) {
-    case KEEL_F32: { float f; memcpy(&f, p, 4); return f; }
-    case KEEL_F64: { double d; memcpy(&d, p, 8); return d; }
-    case KEEL_F16: { uint16_t h; memcpy(&h, p, 2); return keel_f16_to_f32(h); }
-    case KEEL_BF16: { uint16_t h; memcpy(&h, p, 2); return keel_bf16_to_f32(h); }
-    case KEEL_I32: { int32_t i; memcpy(&i, p, 4); return i; }
-    default: return NAN;
-    }
-}
-
-void keel_store_value(keel_type t, void *p, double v) {
-    switch (t) {
-    case KEEL_F32: { float f = (float)v; memcpy(p, &f, 4); break; }
-    case KEEL_F64: memcpy(p, &v, 8); break;
-    case KEEL_F16: { uint16_t h = keel_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
-    case KEEL_BF16: { uint16_t h = keel_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
-    case KEEL_I32: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
-    default: break;
-    }
-}
+float keel_f16_to_f32(uint16_t h) { return keel_cvt_f16_to_f32(h); }
+uint16_t keel_f32_to_f16(float f) { return keel_cvt_f32_to_f16(f); }
+float keel_bf16_to_f32(uint16_t h) { return keel_cvt_bf16_to_f32(h); }
+uint16_t keel_f32_to_bf16(float f) { return keel_cvt_f32_to_bf16(f); }
+double keel_load_value(keel_type t, const void *p) { return keel_cvt_load((int)t, p); }
+void keel_store_value(keel_type t, void *p, double v) { keel_cvt_store((int)t, p, v); }

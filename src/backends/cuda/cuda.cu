@@ -1,0 +1,235 @@
+/* keel: the CUDA backend: device buffers (cudaMalloc, 256-byte aligned), transfers on one stream,
+ * a per-node callback, and the kernels in cuda_copy.cu (the one copy path), cuda_ops.cu,
+ * cuda_matmul.cu (cuBLAS, float32 compute, TF32 off) and cuda_gdn.cu. Every CUDA call and launch
+ * is checked; an error names the op and node. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cuda/cuda_internal.h"
+
+int cuda_check(cudaError_t e, const char *what, const keel_tensor *t) {
+    if (e == cudaSuccess) return 0;
+    if (t)
+        return keel_fail("cuda: %s failed: %s (%s) at %s node '%s'", what, cudaGetErrorString(e), cudaGetErrorName(e),
+                         keel_op_get(t->op)->name, t->name);
+    return keel_fail("cuda: %s failed: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+int cublas_check(cublasStatus_t s, const char *what, const keel_tensor *t) {
+    if (s == CUBLAS_STATUS_SUCCESS) return 0;
+    return keel_fail("cuda: %s failed: cuBLAS status %d at %s node '%s'", what, (int)s,
+                     t ? keel_op_get(t->op)->name : "-", t ? t->name : "-");
+}
+
+static void *cuda_alloc(keel_backend *be, size_t bytes) {
+    cuda_impl *im = cuda_im(be);
+    size_t n = (bytes + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
+    if (!n) n = KEEL_ALIGN;
+    if (im->n_live == im->cap_live) {
+        int64_t cap = im->cap_live ? 2 * im->cap_live : 64;
+        void **p = (void **)realloc(im->live_p, (size_t)cap * sizeof *p);
+        if (p) im->live_p = p;
+        size_t *s = (size_t *)realloc(im->live_n, (size_t)cap * sizeof *s);
+        if (s) im->live_n = s;
+        if (!p || !s) { keel_fail("out of memory"); return NULL; }
+        im->cap_live = cap;
+    }
+    void *d = NULL;
+    cudaError_t e = cudaMalloc(&d, n);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaGetLastError(); /* clear the sticky-free error state of a failed allocation */
+        cudaMemGetInfo(&fr, &tot);
+        keel_fail("cuda: cannot allocate %zu bytes (%.2f GiB) on the GPU: %s (free %.2f of %.2f GiB)", n,
+                  (double)n / (1 << 30), cudaGetErrorString(e), (double)fr / (1 << 30), (double)tot / (1 << 30));
+        return NULL;
+    }
+    im->live_p[im->n_live] = d, im->live_n[im->n_live++] = n;
+    im->in_use += n;
+    if (im->in_use > im->peak) im->peak = im->in_use;
+    return d;
+}
+
+static void cuda_free(keel_backend *be, void *p) {
+    if (!p) return;
+    cuda_impl *im = cuda_im(be);
+    cudaStreamSynchronize(im->stream); /* kernels queued on the stream may still use it */
+    for (int64_t i = 0; i < im->n_live; i++)
+        if (im->live_p[i] == p) {
+            im->in_use -= im->live_n[i];
+            im->live_p[i] = im->live_p[im->n_live - 1], im->live_n[i] = im->live_n[im->n_live - 1];
+            im->n_live--;
+            break;
+        }
+    cudaFree(p);
+}
+
+int cuda_upload(keel_backend *be, void *dst, const void *host, size_t n, const keel_tensor *t) {
+    cuda_impl *im = cuda_im(be);
+    /* from pageable memory the copy is staged before it returns, so `host` may be reused */
+    if (cuda_check(cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, im->stream), "host-to-device copy", t)) return -1;
+    return cuda_check(cudaStreamSynchronize(im->stream), "host-to-device copy", t);
+}
+
+static int cuda_write(keel_backend *be, void *dst, const void *host, size_t n) { return cuda_upload(be, dst, host, n, NULL); }
+
+static int cuda_read(keel_backend *be, void *host, const void *src, size_t n) {
+    cuda_impl *im = cuda_im(be);
+    if (cuda_check(cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, im->stream), "device-to-host copy", NULL)) return -1;
+    return cuda_check(cudaStreamSynchronize(im->stream), "device-to-host copy", NULL);
+}
+
+static int cuda_fill_bytes(keel_backend *be, void *dst, int byte, size_t n) {
+    return cuda_check(cudaMemsetAsync(dst, byte, n, cuda_im(be)->stream), "memset", NULL);
+}
+
+void *cuda_scratch(keel_backend *be, size_t n, const keel_tensor *t) {
+    cuda_impl *im = cuda_im(be);
+    if (n <= im->scratch_bytes) return im->scratch;
+    if (im->scratch) cuda_free(be, im->scratch);
+    im->scratch = NULL, im->scratch_bytes = 0;
+    size_t want = n + n / 4;
+    im->scratch = cuda_alloc(be, want);
+    if (!im->scratch) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", keel_last_error());
+        keel_fail("%s (scratch for %s node '%s')", msg, keel_op_get(t->op)->name, t->name);
+        return NULL;
+    }
+    im->scratch_bytes = want;
+    return im->scratch;
+}
+
+/* Sources that hold integer indices rather than values. */
+static bool is_index_src(int op, int i) {
+    return i == 1 && (op == KEEL_OP_GET_ROWS || op == KEEL_OP_GET_ROWS_BACK || op == KEEL_OP_ROPE ||
+                      op == KEEL_OP_ROPE_BACK || op == KEEL_OP_CROSS_ENTROPY_LOSS ||
+                      op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK);
+}
+
+static bool cuda_supports(keel_backend *be, const keel_tensor *t) {
+    (void)be;
+    const keel_op_info *info = keel_op_get(t->op);
+    if (info->flags & OPF_VIEW) return true;
+    switch (t->op) { /* the copy family converts between all types */
+    case KEEL_OP_CPY:
+    case KEEL_OP_CONT:
+    case KEEL_OP_DUP:
+    case KEEL_OP_CONCAT:
+    case KEEL_OP_ACC:
+    case KEEL_OP_SET:
+        return true;
+    case KEEL_OP_GET_ROWS:
+        return t->src[1]->type == KEEL_I32;
+    case KEEL_OP_GATED_DELTA_NET:
+    case KEEL_OP_GATED_DELTA_NET_BACK:
+    case KEEL_OP_GATED_DELTA_NET_STATE:
+        if (t->src[0]->ne[0] > 256) return false; /* the state column lives in registers: Dk <= 256 */
+        break;
+    default:
+        break;
+    }
+    if (t->type != KEEL_F32) return false;
+    for (int i = 0; i < info->arity; i++) {
+        keel_type want = is_index_src(t->op, i) ? KEEL_I32 : KEEL_F32;
+        if (t->src[i]->type != want) return false;
+    }
+    return true;
+}
+
+static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud) {
+    cuda_impl *im = cuda_im(be);
+    for (int64_t i = from; i < to; i++) {
+        const keel_tensor *t = g->nodes[i];
+        if (!(keel_op_get(t->op)->flags & OPF_VIEW)) {
+            if (cuda_node(be, t)) {
+                char msg[1536];
+                snprintf(msg, sizeof msg, "%s", keel_last_error());
+                if (strstr(msg, t->name)) return -1;
+                return keel_fail("%s (%s node '%s')", msg, keel_op_get(t->op)->name, t->name);
+            }
+            if (cuda_check(cudaGetLastError(), "kernel launch", t)) return -1;
+            if ((cb || im->sync_each_node) && cuda_check(cudaStreamSynchronize(im->stream), "kernel", t)) return -1;
+        }
+        if (cb && cb(be, t, i, ud)) return keel_fail("run stopped by the node callback at '%s'", t->name);
+    }
+    cudaError_t e = cudaStreamSynchronize(im->stream);
+    if (e != cudaSuccess)
+        return keel_fail("cuda: a kernel of nodes %lld..%lld failed: %s (%s); run with KEEL_CUDA_SYNC=1 to name the node",
+                         (long long)from, (long long)to - 1, cudaGetErrorString(e), cudaGetErrorName(e));
+    return 0;
+}
+
+static int cuda_set_threads(keel_backend *be, int n) {
+    (void)be;
+    if (n < 1) return keel_fail("thread count must be >= 1 (got %d)", n);
+    return 0; /* host threads do not change GPU results or speed */
+}
+
+static void cuda_destroy(keel_backend *be) {
+    cuda_impl *im = cuda_im(be);
+    cudaStreamSynchronize(im->stream);
+    if (im->scratch) cudaFree(im->scratch);
+    for (int64_t i = 0; i < im->n_live; i++)
+        if (im->live_p[i] != im->scratch) cudaFree(im->live_p[i]);
+    if (im->blas) cublasDestroy(im->blas);
+    if (im->stream) cudaStreamDestroy(im->stream);
+    free(im->live_p), free(im->live_n);
+    free(im);
+    free(be);
+}
+
+extern "C" size_t keel_cuda_peak_bytes(keel_backend *be) { return cuda_im(be)->peak; }
+
+extern "C" keel_backend *keel_backend_cuda_new(void) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        keel_fail("cuda: no usable CUDA device (%s); this build has backends ref,cpu,cuda",
+                  e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
+        return NULL;
+    }
+    int dev = 0;
+    const char *ds = getenv("KEEL_CUDA_DEVICE");
+    if (ds && *ds) {
+        char *end;
+        long v = strtol(ds, &end, 10);
+        if (*end || v < 0 || v >= n) {
+            keel_fail("KEEL_CUDA_DEVICE='%s': expected a device number in [0,%d)", ds, n);
+            return NULL;
+        }
+        dev = (int)v;
+    }
+    keel_backend *be = (keel_backend *)calloc(1, sizeof *be);
+    cuda_impl *im = (cuda_impl *)calloc(1, sizeof *im);
+    if (!be || !im) { free(be), free(im); keel_fail("out of memory"); return NULL; }
+    be->name = "cuda";
+    be->n_threads = 1;
+    be->impl = im;
+    im->device = dev;
+    const char *sy = getenv("KEEL_CUDA_SYNC");
+    im->sync_each_node = sy && *sy && strcmp(sy, "0") != 0;
+    if (keel_backend_read_fault(be) || cuda_check(cudaSetDevice(dev), "cudaSetDevice", NULL) ||
+        cuda_check(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking), "stream creation", NULL) ||
+        cublas_check(cublasCreate(&im->blas), "cublasCreate", NULL) ||
+        cublas_check(cublasSetStream(im->blas, im->stream), "cublasSetStream", NULL) ||
+        /* no TF32, no reduced-precision shortcuts: float32 products are float32 products */
+        cublas_check(cublasSetMathMode(im->blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode", NULL)) {
+        if (im->blas) cublasDestroy(im->blas);
+        if (im->stream) cudaStreamDestroy(im->stream);
+        free(im), free(be);
+        return NULL;
+    }
+    be->supports = cuda_supports;
+    be->alloc = cuda_alloc;
+    be->free = cuda_free;
+    be->write = cuda_write;
+    be->read = cuda_read;
+    be->fill_bytes = cuda_fill_bytes;
+    be->copy = cuda_copy;
+    be->compute = cuda_compute;
+    be->set_threads = cuda_set_threads;
+    be->destroy = cuda_destroy;
+    return be;
+}

@@ -1,0 +1,89 @@
+/* keel: internals shared by the CUDA backend's files (compiled by nvcc only). Kernels take
+ * tensors as `kt` values: device address, shape and byte strides, so every kernel handles any
+ * view. All index arithmetic is 64-bit; launches use grid-stride loops over a 1-D grid, so no
+ * grid dimension limits the row count or width. */
+#ifndef KEEL_CUDA_INTERNAL_H
+#define KEEL_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "ops/ops.h"
+#include "util/error.h"
+}
+
+typedef struct {
+    char *p;
+    int64_t ne[4], nb[4];
+    int type;
+} kt;
+
+static inline kt kt_of(const keel_tensor *t) {
+    kt k;
+    k.p = (char *)t->data;
+    for (int i = 0; i < 4; i++) k.ne[i] = t->ne[i], k.nb[i] = t->nb[i];
+    k.type = (int)t->type;
+    return k;
+}
+
+/* Address of element (i0, i1, i2, i3). */
+__device__ static inline char *kt_at(const kt &t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    return t.p + i0 * t.nb[0] + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+}
+/* Element e of t in flat (dim 0 fastest) order, as four indices. */
+__device__ static inline void kt_unflat(const kt &t, int64_t e, int64_t *i) {
+    i[0] = e % t.ne[0], e /= t.ne[0];
+    i[1] = e % t.ne[1], e /= t.ne[1];
+    i[2] = e % t.ne[2], i[3] = e / t.ne[2];
+}
+__device__ static inline float ldf(const char *p) { return *(const float *)p; }
+__device__ static inline void stf(char *p, float v) { *(float *)p = v; }
+
+#define GRID_STRIDE(e, n) for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < (n); e += (int64_t)gridDim.x * blockDim.x)
+
+typedef struct {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    void *scratch; /* per-node temporary space, grown on demand */
+    size_t scratch_bytes;
+    int sync_each_node; /* KEEL_CUDA_SYNC=1: wait after every node so an error names its node */
+    /* live allocations, for the peak-memory figure */
+    void **live_p;
+    size_t *live_n;
+    int64_t n_live, cap_live;
+    size_t in_use, peak;
+} cuda_impl;
+
+static inline cuda_impl *cuda_im(keel_backend *be) { return (cuda_impl *)be->impl; }
+
+/* Blocks for n items of a 1-D grid-stride launch with `threads` threads. */
+static inline unsigned cuda_blocks(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > 65535LL * 8) b = 65535LL * 8; /* grid-stride loops do the rest */
+    return (unsigned)b;
+}
+
+/* A failed CUDA call or launch: an error naming what and where; -1. */
+int cuda_check(cudaError_t e, const char *what, const keel_tensor *t);
+int cublas_check(cublasStatus_t s, const char *what, const keel_tensor *t);
+/* Per-node scratch of at least n bytes (valid until the next call). NULL with an error. */
+void *cuda_scratch(keel_backend *be, size_t n, const keel_tensor *t);
+/* Host -> device bytes on the backend's stream (host memory may be reused on return). */
+int cuda_upload(keel_backend *be, void *dst, const void *host, size_t n, const keel_tensor *t);
+
+/* The copy path (cuda_copy.cu): dst <- src (same shape), converting types; accumulate adds.
+ * With ids (GET_ROWS) the source row of dst row (i1, i2) is ids[i1, i2]. */
+int cuda_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate);
+int cuda_copy_rows(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, const keel_tensor *ids);
+
+int cuda_node(keel_backend *be, const keel_tensor *t);
+int cuda_matmul(keel_backend *be, const keel_tensor *t);
+int cuda_out_prod(keel_backend *be, const keel_tensor *t);
+int cuda_gdn_forward(keel_backend *be, const keel_tensor *t);
+int cuda_gdn_backward(keel_backend *be, const keel_tensor *t);
+
+#endif

@@ -1,0 +1,150 @@
+/* keel: MUL_MAT and OUT_PROD through cuBLAS (cublasGemmEx / strided-batched, float32 in and out,
+ * CUBLAS_COMPUTE_32F: no TF32). cuBLAS is column-major; keel's dim 0 is the fastest, so a keel
+ * matrix X(r, c) at r*nb0 + c*nb1 is a column-major r x c matrix when nb0 is the element size and
+ * the transpose of one when nb1 is. Operands with neither layout are first made contiguous by the
+ * copy path. With one stream and a fixed call sequence cuBLAS gives bitwise repeatable results. */
+#include "backends/cuda/cuda_internal.h"
+
+typedef struct {
+    const float *p;
+    int64_t ld;        /* leading dimension, elements */
+    bool transposed;   /* stored as the transpose of (rows x cols) */
+    int64_t stride2, stride3; /* elements between matrices along dims 2 and 3 */
+} mat;
+
+/* Describe t's dims (0,1) as a rows x cols matrix; false when cuBLAS cannot take it as is. */
+static bool describe(const keel_tensor *t, mat *m) {
+    int64_t r = t->ne[0], c = t->ne[1];
+    m->p = (const float *)t->data;
+    if (t->nb[2] % 4 || t->nb[3] % 4 || t->nb[0] % 4 || t->nb[1] % 4) return false;
+    m->stride2 = t->nb[2] / 4, m->stride3 = t->nb[3] / 4;
+    if (t->nb[0] == 4 && (c == 1 || t->nb[1] / 4 >= r)) {
+        m->transposed = false, m->ld = c == 1 ? (r > 0 ? r : 1) : t->nb[1] / 4;
+        return true;
+    }
+    if (t->nb[1] == 4 && (r == 1 || t->nb[0] / 4 >= c)) {
+        m->transposed = true, m->ld = r == 1 ? (c > 0 ? c : 1) : t->nb[0] / 4;
+        return true;
+    }
+    return false;
+}
+
+/* A contiguous copy of t in scratch (offset `at` bytes), through the copy path. */
+static const keel_tensor *contiguous(keel_backend *be, const keel_tensor *t, keel_tensor *tmp, char *base, size_t at) {
+    *tmp = *t;
+    keel_set_contiguous_strides(tmp);
+    tmp->data = base + at;
+    return cuda_copy(be, tmp, t, false) ? NULL : tmp;
+}
+
+static size_t round_up(size_t n) { return (n + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN; }
+
+/* Operands (and the result when it is not plain) as cuBLAS can take them. */
+static int prepare(keel_backend *be, const keel_tensor *t, const keel_tensor **a, const keel_tensor **b,
+                   keel_tensor *ta, keel_tensor *tb, keel_tensor *tc, bool *c_tmp, mat *ma, mat *mb, mat *mc) {
+    bool oka = describe(*a, ma), okb = describe(*b, mb);
+    bool okc = describe(t, mc) && !mc->transposed;
+    *c_tmp = !okc;
+    size_t need = (oka ? 0 : round_up((size_t)keel_nelements(*a) * 4)) + (okb ? 0 : round_up((size_t)keel_nelements(*b) * 4)) +
+                  (okc ? 0 : round_up((size_t)keel_nelements(t) * 4));
+    if (!need) return 0;
+    char *base = (char *)cuda_scratch(be, need, t);
+    if (!base) return -1;
+    size_t at = 0;
+    if (!oka) {
+        if (!(*a = contiguous(be, *a, ta, base, at))) return -1;
+        at += round_up((size_t)keel_nelements(ta) * 4);
+        describe(*a, ma);
+    }
+    if (!okb) {
+        if (!(*b = contiguous(be, *b, tb, base, at))) return -1;
+        at += round_up((size_t)keel_nelements(tb) * 4);
+        describe(*b, mb);
+    }
+    if (!okc) {
+        *tc = *t;
+        keel_set_contiguous_strides(tc);
+        tc->data = base + at;
+        describe(tc, mc);
+    }
+    return 0;
+}
+
+static int gemm(keel_backend *be, const keel_tensor *t, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                int64_t k, const mat *A, const float *pa, const mat *B, const float *pb, float *pc, int64_t ldc,
+                float beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || A->ld > INT32_MAX || B->ld > INT32_MAX || ldc > INT32_MAX)
+        return keel_fail("cuda: %s '%s': a matrix dimension exceeds cuBLAS's 32-bit limit", keel_op_get(t->op)->name, t->name);
+    const float one = 1.0f;
+    cublasStatus_t s;
+    if (batch == 1)
+        s = cublasGemmEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, CUDA_R_32F, (int)A->ld, pb, CUDA_R_32F,
+                         (int)B->ld, &beta, pc, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else
+        s = cublasGemmStridedBatchedEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, CUDA_R_32F, (int)A->ld, sa,
+                                       pb, CUDA_R_32F, (int)B->ld, sb, &beta, pc, CUDA_R_32F, (int)ldc, sc, (int)batch,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return cublas_check(s, "cublasGemmEx", t);
+}
+
+/* MUL_MAT: t(m, n) = sum_k a(k, m) b(k, n) for every matrix of b; a broadcast over b's dims 2, 3. */
+int cuda_matmul(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    keel_tensor ta, tb, tc;
+    mat ma, mb, mc;
+    bool c_tmp;
+    if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc)) return -1;
+    int64_t M = t->ne[0], N = t->ne[1], K = a->ne[0], r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
+    if (M == 0 || N == 0) return 0;
+    if (K == 0) return keel_fail("cuda: MUL_MAT '%s' with K = 0", t->name);
+    /* a(k, m) column-major K x M needs a transpose to be op(A) = M x K */
+    cublasOperation_t opa = ma.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
+    cublasOperation_t opb = mb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    float *c0 = (float *)(c_tmp ? tc.data : t->data);
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
+        const float *pa3 = ma.p + (i3 / r3) * ma.stride3, *pb3 = mb.p + i3 * mb.stride3;
+        float *pc3 = c0 + i3 * mc.stride3;
+        if (r2 == 1) {
+            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3, &mb, pb3, pc3, mc.ld, 0.0f, t->ne[2], ma.stride2, mb.stride2, mc.stride2))
+                return -1;
+            continue;
+        }
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3 + (i2 / r2) * ma.stride2, &mb, pb3 + i2 * mb.stride2,
+                     pc3 + i2 * mc.stride2, mc.ld, 0.0f, 1, 0, 0, 0))
+                return -1;
+    }
+    return c_tmp ? cuda_copy(be, t, &tc, false) : 0;
+}
+
+/* OUT_PROD: t(i, j) = sum_k a(i, k) b(j, k), each result matrix summing its group of source
+ * matrices in a fixed order (g3 outer, g2 inner): the first product assigns, the rest add. */
+int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    keel_tensor ta, tb, tc;
+    mat ma, mb, mc;
+    bool c_tmp;
+    if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc)) return -1;
+    int64_t I = t->ne[0], J = t->ne[1], K = a->ne[1], r2 = a->ne[2] / t->ne[2], r3 = a->ne[3] / t->ne[3];
+    float *c0 = (float *)(c_tmp ? tc.data : t->data);
+    if (I == 0 || J == 0) return 0;
+    if (K == 0) return cuda_check(cudaMemsetAsync(c0, 0, (size_t)keel_nelements(t) * 4, cuda_im(be)->stream), "memset", t) ||
+                       (c_tmp && cuda_copy(be, t, &tc, false)) ? -1 : 0;
+    /* a(i, k) is column-major I x K (op N) unless stored transposed; b(j, k) must become K x J */
+    cublasOperation_t opa = ma.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = mb.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
+            float *pc = c0 + i2 * mc.stride2 + i3 * mc.stride3;
+            bool first = true;
+            for (int64_t g3 = 0; g3 < r3; g3++)
+                for (int64_t g2 = 0; g2 < r2; g2++) {
+                    int64_t s2 = i2 * r2 + g2, s3 = i3 * r3 + g3;
+                    if (gemm(be, t, opa, opb, I, J, K, &ma, ma.p + s2 * ma.stride2 + s3 * ma.stride3, &mb,
+                             mb.p + s2 * mb.stride2 + s3 * mb.stride3, pc, mc.ld, first ? 0.0f : 1.0f, 1, 0, 0, 0))
+                        return -1;
+                    first = false;
+                }
+        }
+    return c_tmp ? cuda_copy(be, t, &tc, false) : 0;
+}

@@ -1,0 +1,471 @@
+/* keel: the CUDA backend's kernels (float32) and the per-node dispatch. Elementwise kernels take
+ * one thread per result element; row kernels take one block per row and reduce in float64 over
+ * a fixed thread layout and a fixed tree, so results repeat bitwise and never use floating-point
+ * atomics. Formulas follow the cpu backend's (cpu_ops.c) operation for operation. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "backends/cuda/cuda_internal.h"
+
+#define RT 256 /* threads of a row block (a power of two: the reduction tree assumes it) */
+
+static cudaStream_t st(keel_backend *be) { return cuda_im(be)->stream; }
+
+__device__ static double block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = RT / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    double r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ static float block_max(float v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = RT / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] = fmax(sh[threadIdx.x], sh[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float r = (float)sh[0];
+    __syncthreads();
+    return r;
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+__device__ static float unary_f(int op, float x, float s, float b) {
+    switch (op) {
+    case KEEL_OP_SCALE: return __fadd_rn(__fmul_rn(s, x), b);
+    case KEEL_OP_SQR: return x * x;
+    case KEEL_OP_SQRT: return sqrtf(x);
+    case KEEL_OP_EXP: return expf(x);
+    case KEEL_OP_LOG: return logf(x);
+    case KEEL_OP_NEG: return -x;
+    case KEEL_OP_SILU: return x / (1.0f + expf(-x));
+    case KEEL_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case KEEL_OP_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
+    default: return NAN;
+    }
+}
+
+__global__ void k_unary(kt t, kt a, int op, float s, float b) {
+    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
+        int64_t i[4];
+        kt_unflat(t, e, i);
+        stf(kt_at(t, i[0], i[1], i[2], i[3]), unary_f(op, ldf(kt_at(a, i[0], i[1], i[2], i[3])), s, b));
+    }
+}
+
+__global__ void k_binary(kt t, kt x, kt y, int op) {
+    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
+        int64_t i[4];
+        kt_unflat(t, e, i);
+        float u = ldf(kt_at(x, i[0], i[1], i[2], i[3]));
+        float v = ldf(kt_at(y, i[0] % y.ne[0], i[1] % y.ne[1], i[2] % y.ne[2], i[3] % y.ne[3]));
+        float r = op == KEEL_OP_ADD ? u + v : op == KEEL_OP_SUB ? u - v : op == KEEL_OP_MUL ? u * v : u / v;
+        stf(kt_at(t, i[0], i[1], i[2], i[3]), r);
+    }
+}
+
+__global__ void k_fill(kt t, float v) {
+    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
+        int64_t i[4];
+        kt_unflat(t, e, i);
+        stf(kt_at(t, i[0], i[1], i[2], i[3]), v);
+    }
+}
+
+__global__ void k_repeat(kt t, kt a) {
+    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
+        int64_t i[4];
+        kt_unflat(t, e, i);
+        stf(kt_at(t, i[0], i[1], i[2], i[3]), ldf(kt_at(a, i[0] % a.ne[0], i[1] % a.ne[1], i[2] % a.ne[2], i[3] % a.ne[3])));
+    }
+}
+
+/* REPEAT_BACK: each result element sums its tiles of a in flat tile order (float64). */
+__global__ void k_repeat_back(kt t, kt a) {
+    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
+        int64_t i[4];
+        kt_unflat(t, e, i);
+        double acc = 0;
+        for (int64_t k3 = i[3]; k3 < a.ne[3]; k3 += t.ne[3])
+            for (int64_t k2 = i[2]; k2 < a.ne[2]; k2 += t.ne[2])
+                for (int64_t k1 = i[1]; k1 < a.ne[1]; k1 += t.ne[1])
+                    for (int64_t k0 = i[0]; k0 < a.ne[0]; k0 += t.ne[0]) acc += ldf(kt_at(a, k0, k1, k2, k3));
+        stf(kt_at(t, i[0], i[1], i[2], i[3]), (float)acc);
+    }
+}
+
+__global__ void k_silu_back(kt t, kt x, kt dy) {
+    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
+        int64_t i[4];
+        kt_unflat(t, e, i);
+        float xv = ldf(kt_at(x, i[0], i[1], i[2], i[3])), sg = 1.0f / (1.0f + expf(-xv));
+        stf(kt_at(t, i[0], i[1], i[2], i[3]), ldf(kt_at(dy, i[0], i[1], i[2], i[3])) * sg * (1.0f + xv * (1.0f - sg)));
+    }
+}
+
+/* ROPE / ROPE_BACK: a [D,H,T,B], positions [T]; freq: the n_rot/2 float32 frequencies (host-made,
+ * keel_rope_freq); angles in float64 as on the cpu. One thread per element of the first half of
+ * the rotated part (it writes the pair) or of the unrotated tail. */
+__global__ void k_rope(kt t, kt a, kt pos, const double *freq, int64_t nr, double dir) {
+    int64_t h = nr / 2, w = h + (t.ne[0] - nr), rows = t.ne[1] * t.ne[2] * t.ne[3];
+    GRID_STRIDE(e, w * rows) {
+        int64_t c = e % w, r = e / w;
+        int64_t i1 = r % t.ne[1], i2 = (r / t.ne[1]) % t.ne[2], i3 = r / (t.ne[1] * t.ne[2]);
+        const char *s = kt_at(a, 0, i1, i2, i3);
+        char *d = kt_at(t, 0, i1, i2, i3);
+        if (c < h) {
+            int32_t p = *(const int32_t *)(pos.p + i2 * pos.nb[0]);
+            double ang = (double)p * freq[c];
+            float cs = (float)cos(ang), sn = (float)(dir * sin(ang));
+            float x1 = ldf(s + c * a.nb[0]), x2 = ldf(s + (c + h) * a.nb[0]);
+            stf(d + c * t.nb[0], __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
+            stf(d + (c + h) * t.nb[0], __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+        } else {
+            int64_t i = nr + (c - h);
+            stf(d + i * t.nb[0], ldf(s + i * a.nb[0]));
+        }
+    }
+}
+
+/* Causal depthwise conv over time: x [C,T,B], w [K,C]. CONV1D reads x[t-(K-1)+j], the input
+ * gradient reads dy[t+(K-1)-j]; a float32 sum in j order, as on the cpu. */
+__global__ void k_conv(kt t, kt x, kt w, int fwd) {
+    int64_t K = w.ne[0], T = x.ne[1];
+    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2]) {
+        int64_t ch = e % t.ne[0], tt = (e / t.ne[0]) % t.ne[1], bb = e / (t.ne[0] * t.ne[1]);
+        float acc = 0;
+        for (int64_t j = 0; j < K; j++) {
+            int64_t ts = fwd ? tt - (K - 1) + j : tt + (K - 1) - j;
+            if (ts >= 0 && ts < T) acc += __fmul_rn(ldf(kt_at(w, j, ch, 0, 0)), ldf(kt_at(x, ch, ts, bb, 0)));
+        }
+        stf(kt_at(t, ch, tt, bb, 0), acc);
+    }
+}
+
+/* dw [K,C] from x [C,T,B] and dy: float64 over (b, t). Threads run along channels, so a warp
+ * reads consecutive x and dy elements. */
+__global__ void k_conv_back_w(kt t, kt x, kt dy) {
+    int64_t K = t.ne[0], C = t.ne[1], T = x.ne[1];
+    GRID_STRIDE(e, K * C) {
+        int64_t ch = e % C, j = e / C;
+        double acc = 0;
+        for (int64_t bb = 0; bb < x.ne[2]; bb++)
+            for (int64_t tt = 0; tt < T; tt++) {
+                int64_t ts = tt - (K - 1) + j;
+                if (ts >= 0) acc += (double)ldf(kt_at(dy, ch, tt, bb, 0)) * ldf(kt_at(x, ch, ts, bb, 0));
+            }
+        stf(kt_at(t, j, ch, 0, 0), (float)acc);
+    }
+}
+
+/* GET_ROWS_BACK: result row r sums the dy rows whose id is r, in ascending item order (the CSR
+ * lists built on the host), in float32 as on the cpu. */
+__global__ void k_get_rows_back(kt t, kt dy, const int64_t *start, const int64_t *items) {
+    GRID_STRIDE(e, t.ne[0] * t.ne[1]) {
+        int64_t i = e % t.ne[0], r = e / t.ne[0];
+        float acc = 0.0f;
+        for (int64_t k = start[r]; k < start[r + 1]; k++) {
+            int64_t n = items[k];
+            acc += ldf(kt_at(dy, i, n % dy.ne[1], n / dy.ne[1], 0));
+        }
+        stf(kt_at(t, i, r, 0, 0), acc);
+    }
+}
+
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
+                        float gs, float decay, float bc1, float bc2) {
+    GRID_STRIDE(i, n) {
+        float gi = g[i] * gs;
+        float mi = __fadd_rn(b1 * m[i], (1.0f - b1) * gi);
+        float vi = __fadd_rn(b2 * v[i], __fmul_rn((1.0f - b2) * gi, gi));
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = __fsub_rn(p[i] * decay, __fmul_rn(lr, mi / bc1) / (sqrtf(vi / bc2) + eps));
+    }
+}
+
+/* ---------------------------------------------------------------- rows */
+
+/* One block per row of a (rows flat over dims 1..3). partial: float64 per row (SUM, CE). */
+__global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, double *partial, float p0, double eps, int64_t causal) {
+    __shared__ double sh[RT];
+    int64_t n = a.ne[0], R = a.ne[1] * a.ne[2] * a.ne[3];
+    int tid = threadIdx.x;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        int64_t i1 = r % a.ne[1], i2 = (r / a.ne[1]) % a.ne[2], i3 = r / (a.ne[1] * a.ne[2]);
+        const char *s = kt_at(a, 0, i1, i2, i3);
+        char *d = t.p ? kt_at(t, 0, i1, i2, i3) : NULL;
+        int64_t an = a.nb[0];
+        switch (op) {
+        case KEEL_OP_SUM:
+        case KEEL_OP_SUM_ROWS:
+        case KEEL_OP_MEAN: {
+            double acc = 0;
+            for (int64_t i = tid; i < n; i += RT) acc += ldf(s + i * an);
+            acc = block_sum(acc, sh);
+            if (tid == 0) {
+                if (op == KEEL_OP_SUM) partial[r] = acc;
+                else stf(d, (float)(op == KEEL_OP_MEAN ? acc / (double)n : acc));
+            }
+            break;
+        }
+        case KEEL_OP_RMS_NORM:
+        case KEEL_OP_L2_NORM: {
+            double acc = 0;
+            for (int64_t i = tid; i < n; i += RT) {
+                double x = ldf(s + i * an);
+                acc += x * x;
+            }
+            acc = block_sum(acc, sh);
+            if (op == KEEL_OP_RMS_NORM) acc /= (double)n;
+            float sc = (float)(1.0 / sqrt(acc + eps));
+            for (int64_t i = tid; i < n; i += RT) stf(d + i * t.nb[0], ldf(s + i * an) * sc);
+            break;
+        }
+        case KEEL_OP_RMS_NORM_BACK:
+        case KEEL_OP_L2_NORM_BACK: {
+            const char *dy = kt_at(y, 0, i1, i2, i3);
+            double ss = 0, sd = 0;
+            for (int64_t i = tid; i < n; i += RT) {
+                double x = ldf(s + i * an);
+                ss += x * x;
+                sd += x * ldf(dy + i * y.nb[0]);
+            }
+            ss = block_sum(ss, sh);
+            sd = block_sum(sd, sh);
+            double dn = op == KEEL_OP_RMS_NORM_BACK ? (double)n : 1.0;
+            double sc = 1.0 / sqrt(ss / dn + eps), f2 = sc * sc * sc * sd / dn;
+            for (int64_t i = tid; i < n; i += RT)
+                stf(d + i * t.nb[0], (float)(sc * ldf(dy + i * y.nb[0]) - f2 * ldf(s + i * an)));
+            break;
+        }
+        case KEEL_OP_SOFT_MAX: {
+            int64_t lim = causal ? i1 + (n - a.ne[1]) : n - 1;
+            if (lim > n - 1) lim = n - 1;
+            float mx = -INFINITY;
+            for (int64_t i = tid; i <= lim; i += RT) mx = fmaxf(mx, __fmul_rn(p0, ldf(s + i * an)));
+            mx = block_max(mx, sh);
+            double z = 0;
+            for (int64_t i = tid; i <= lim; i += RT) z += expf(__fsub_rn(__fmul_rn(p0, ldf(s + i * an)), mx));
+            z = block_sum(z, sh);
+            float iz = (float)(1.0 / z);
+            for (int64_t i = tid; i < n; i += RT)
+                stf(d + i * t.nb[0], i <= lim ? expf(__fsub_rn(__fmul_rn(p0, ldf(s + i * an)), mx)) * iz : 0.0f);
+            break;
+        }
+        case KEEL_OP_SOFT_MAX_BACK: {
+            const char *dy = kt_at(y, 0, i1, i2, i3);
+            double sd = 0;
+            for (int64_t i = tid; i < n; i += RT) sd += (double)ldf(s + i * an) * ldf(dy + i * y.nb[0]);
+            float fs = (float)block_sum(sd, sh);
+            for (int64_t i = tid; i < n; i += RT)
+                stf(d + i * t.nb[0], __fmul_rn(p0 * ldf(s + i * an), ldf(dy + i * y.nb[0]) - fs));
+            break;
+        }
+        case KEEL_OP_CROSS_ENTROPY_LOSS:
+        case KEEL_OP_CROSS_ENTROPY_LOSS_BACK: {
+            /* targets are read in flat order over the logits' rows */
+            int64_t ti0 = r % tg.ne[0], ti1 = (r / tg.ne[0]) % tg.ne[1], ti2 = (r / (tg.ne[0] * tg.ne[1])) % tg.ne[2],
+                    ti3 = r / (tg.ne[0] * tg.ne[1] * tg.ne[2]);
+            int32_t yv = *(const int32_t *)kt_at(tg, ti0, ti1, ti2, ti3);
+            float mx = -INFINITY;
+            for (int64_t i = tid; i < n; i += RT) mx = fmaxf(mx, ldf(s + i * an));
+            mx = block_max(mx, sh);
+            double z = 0;
+            for (int64_t i = tid; i < n; i += RT) z += expf(ldf(s + i * an) - mx);
+            z = block_sum(z, sh);
+            if (op == KEEL_OP_CROSS_ENTROPY_LOSS) {
+                if (tid == 0) partial[r] = log(z) + mx - ldf(s + (int64_t)yv * an);
+            } else {
+                double N = (double)R;
+                float sc = (float)(1.0 / z), k = (float)(*dloss / N);
+                for (int64_t i = tid; i < n; i += RT)
+                    stf(d + i * t.nb[0], __fmul_rn(__fsub_rn(__fmul_rn(expf(ldf(s + i * an) - mx), sc), (float)(i == yv)), k));
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+/* SUM and CROSS_ENTROPY_LOSS: the per-row float64 partials summed by one block (fixed layout). */
+__global__ void k_finish_sum(float *out, const double *partial, int64_t R, double div) {
+    __shared__ double sh[RT];
+    double acc = 0;
+    for (int64_t r = threadIdx.x; r < R; r += RT) acc += partial[r];
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) *out = (float)(acc / div);
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+/* Index tensors are checked on the host, so a bad id is an error naming it, not a wild read. */
+static int read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit, const char *what, int32_t **out) {
+    int64_t n = keel_nelements(ids);
+    int32_t *v = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v) return keel_fail("out of memory reading the ids of '%s'", t->name);
+    if (keel_tensor_read(be, ids, v, KEEL_I32)) { free(v); return -1; }
+    for (int64_t i = 0; i < n; i++)
+        if (v[i] < 0 || v[i] >= limit) {
+            int rc = keel_fail("%s '%s': %s %d at flat index %lld outside [0,%lld)", keel_op_get(t->op)->name, t->name, what,
+                               v[i], (long long)i, (long long)limit);
+            free(v);
+            return rc;
+        }
+    if (out) *out = v;
+    else free(v);
+    return 0;
+}
+
+static int get_rows_back(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *dy = t->src[0], *ids = t->src[1];
+    int32_t *idv;
+    if (read_ids(be, t, ids, t->ne[1], "id", &idv)) return -1;
+    int64_t R = t->ne[1], N = keel_nelements(ids);
+    int64_t *h = (int64_t *)calloc((size_t)(R + 1 + N + R), sizeof(int64_t));
+    if (!h) { free(idv); return keel_fail("out of memory in '%s'", t->name); }
+    int64_t *start = h, *items = h + R + 1, *fillp = items + N;
+    for (int64_t i = 0; i < N; i++) start[idv[i] + 1]++;
+    for (int64_t r = 0; r < R; r++) start[r + 1] += start[r], fillp[r] = start[r];
+    for (int64_t i = 0; i < N; i++) items[fillp[idv[i]]++] = i; /* stable: ascending i */
+    free(idv);
+    int64_t *dev = (int64_t *)cuda_scratch(be, (size_t)(R + 1 + N) * sizeof(int64_t), t);
+    int rc = !dev || cuda_upload(be, dev, h, (size_t)(R + 1 + N) * sizeof(int64_t), t);
+    free(h);
+    if (rc) return -1;
+    k_get_rows_back<<<cuda_blocks(t->ne[0] * R, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(dy), dev, dev + R + 1);
+    return 0;
+}
+
+static int rows(keel_backend *be, const keel_tensor *t, double *partial) {
+    kt none;
+    memset(&none, 0, sizeof none);
+    const keel_tensor *a = t->src[0];
+    bool ce = t->op == KEEL_OP_CROSS_ENTROPY_LOSS || t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK;
+    bool has_y = t->op == KEEL_OP_RMS_NORM_BACK || t->op == KEEL_OP_L2_NORM_BACK || t->op == KEEL_OP_SOFT_MAX_BACK;
+    int64_t R = keel_nrows(a);
+    if (R == 0) return 0;
+    unsigned blocks = (unsigned)(R < 65535LL * 8 ? R : 65535LL * 8);
+    k_rows<<<blocks, RT, 0, st(be)>>>(t->op, partial ? none : kt_of(t), kt_of(a), has_y ? kt_of(t->src[1]) : none,
+                                      ce ? kt_of(t->src[1]) : none,
+                                      t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ? (const float *)t->src[2]->data : NULL, partial,
+                                      (float)t->fp[0], t->fp[0], t->ip[0]);
+    return 0;
+}
+
+static int reduce_all(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *a = t->src[0];
+    int64_t R = keel_nrows(a);
+    if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && read_ids(be, t, t->src[1], a->ne[0], "target", NULL)) return -1;
+    double *partial = (double *)cuda_scratch(be, (size_t)(R ? R : 1) * sizeof(double), t);
+    if (!partial || rows(be, t, partial)) return -1;
+    k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, t->op == KEEL_OP_SUM ? 1.0 : (double)R);
+    return 0;
+}
+
+static int rope(keel_backend *be, const keel_tensor *t) {
+    int64_t nr = t->ip[0], h = nr / 2, w = h + (t->ne[0] - nr);
+    double *freq = (double *)malloc((size_t)(h ? h : 1) * sizeof(double));
+    if (!freq) return keel_fail("out of memory in '%s'", t->name);
+    for (int64_t f = 0; f < h; f++) freq[f] = keel_rope_freq(t->fp[0], nr, f);
+    double *dev = (double *)cuda_scratch(be, (size_t)(h ? h : 1) * sizeof(double), t);
+    int rc = !dev || cuda_upload(be, dev, freq, (size_t)h * sizeof(double), t);
+    free(freq);
+    if (rc) return -1;
+    int64_t n = w * keel_nrows(t);
+    if (n) k_rope<<<cuda_blocks(n, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), dev, nr,
+                                                          t->op == KEEL_OP_ROPE ? 1.0 : -1.0);
+    return 0;
+}
+
+#define EW(kernel, n, ...) \
+    do { if ((n) > 0) kernel<<<cuda_blocks((n), 256), 256, 0, st(be)>>>(__VA_ARGS__); } while (0)
+
+int cuda_node(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    int64_t n = keel_nelements(t);
+    switch (t->op) {
+    case KEEL_OP_CPY:
+    case KEEL_OP_CONT:
+    case KEEL_OP_DUP:
+        return cuda_copy(be, t, a, false);
+    case KEEL_OP_GET_ROWS:
+        if (read_ids(be, t, b, a->ne[1], "id", NULL)) return -1;
+        return cuda_copy_rows(be, t, a, b);
+    case KEEL_OP_GET_ROWS_BACK: return get_rows_back(be, t);
+    case KEEL_OP_ACC:
+    case KEEL_OP_SET: {
+        if (!t->ip[4] && cuda_copy(be, t, a, false)) return -1;
+        keel_tensor w = keel_acc_window(t);
+        return cuda_copy(be, &w, b, t->op == KEEL_OP_ACC);
+    }
+    case KEEL_OP_FILL: EW(k_fill, n, kt_of(t), (float)t->fp[0]); return 0;
+    case KEEL_OP_REPEAT: EW(k_repeat, n, kt_of(t), kt_of(a)); return 0;
+    case KEEL_OP_REPEAT_BACK: EW(k_repeat_back, n, kt_of(t), kt_of(a)); return 0;
+    case KEEL_OP_CONCAT: {
+        int d = (int)t->ip[0];
+        keel_tensor w = *t;
+        memcpy(w.ne, a->ne, sizeof w.ne);
+        if (cuda_copy(be, &w, a, false)) return -1;
+        memcpy(w.ne, b->ne, sizeof w.ne);
+        w.data = (char *)t->data + a->ne[d] * t->nb[d];
+        return cuda_copy(be, &w, b, false);
+    }
+    case KEEL_OP_ADD:
+    case KEEL_OP_SUB:
+    case KEEL_OP_MUL:
+    case KEEL_OP_DIV: EW(k_binary, n, kt_of(t), kt_of(a), kt_of(b), t->op); return 0;
+    case KEEL_OP_SCALE:
+    case KEEL_OP_SQR:
+    case KEEL_OP_SQRT:
+    case KEEL_OP_EXP:
+    case KEEL_OP_LOG:
+    case KEEL_OP_NEG:
+    case KEEL_OP_SILU:
+    case KEEL_OP_SIGMOID:
+    case KEEL_OP_SOFTPLUS: EW(k_unary, n, kt_of(t), kt_of(a), t->op, (float)t->fp[0], (float)t->fp[1]); return 0;
+    case KEEL_OP_SILU_BACK: EW(k_silu_back, n, kt_of(t), kt_of(a), kt_of(b)); return 0;
+    case KEEL_OP_SUM:
+    case KEEL_OP_CROSS_ENTROPY_LOSS: return reduce_all(be, t);
+    case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
+        if (read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;
+        return rows(be, t, NULL);
+    case KEEL_OP_SUM_ROWS:
+    case KEEL_OP_MEAN:
+    case KEEL_OP_RMS_NORM:
+    case KEEL_OP_L2_NORM:
+    case KEEL_OP_RMS_NORM_BACK:
+    case KEEL_OP_L2_NORM_BACK:
+    case KEEL_OP_SOFT_MAX:
+    case KEEL_OP_SOFT_MAX_BACK: return rows(be, t, NULL);
+    case KEEL_OP_ROPE:
+    case KEEL_OP_ROPE_BACK: return rope(be, t);
+    case KEEL_OP_MUL_MAT: return cuda_matmul(be, t);
+    case KEEL_OP_OUT_PROD: return cuda_out_prod(be, t);
+    case KEEL_OP_CONV1D:
+    case KEEL_OP_CONV1D_BACK_INPUT:
+        EW(k_conv, n, kt_of(t), kt_of(a), kt_of(b), t->op == KEEL_OP_CONV1D ? 1 : 0);
+        return 0;
+    case KEEL_OP_CONV1D_BACK_WEIGHT: EW(k_conv_back_w, n, kt_of(t), kt_of(a), kt_of(b)); return 0;
+    case KEEL_OP_GATED_DELTA_NET:
+    case KEEL_OP_GATED_DELTA_NET_STATE: return cuda_gdn_forward(be, t);
+    case KEEL_OP_GATED_DELTA_NET_BACK: return cuda_gdn_backward(be, t);
+    case KEEL_OP_ADAMW: {
+        float decay = (float)(1.0 - t->fp[0] * t->fp[4]);
+        float bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])), bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
+        EW(k_adamw, n, (float *)t->data, (const float *)b->data, (float *)t->src[2]->data, (float *)t->src[3]->data, n,
+           (float)t->fp[0], (float)t->fp[1], (float)t->fp[2], (float)t->fp[3], (float)t->fp[5], decay, bc1, bc2);
+        return 0;
+    }
+    default:
+        return keel_fail("cuda: no kernel for %s", keel_op_get(t->op)->name);
+    }
+}
