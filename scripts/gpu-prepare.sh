@@ -16,4 +16,5 @@ cp -r "$fx/causal-f32-sharded" "$fx/multimodal-bf16" "$fx/reference.safetensors"
 ./build/keel save "$fx/causal-f32-sharded" .gpu-data/saved/text-bf16 --dtype bf16
 ./build/keel init --preset tiny .gpu-data/init/tiny --seed 3
 ./build/keel info .gpu-data/init/tiny --batch 2 --window 48 --dump-logits .gpu-data/init/tiny-logits.safetensors >/dev/null
+cp assets/moby-dick.txt .gpu-data/
 du -sh .gpu-data

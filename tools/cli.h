@@ -4,6 +4,7 @@
 
 int cmd_test_ops(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_train(int argc, char **argv);
 int cmd_ops(int argc, char **argv);
 int cmd_test_model(int argc, char **argv);
 int cmd_check_reference(int argc, char **argv);

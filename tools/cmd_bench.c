@@ -293,6 +293,7 @@ static int bench_tokenize(const char *tok_path, const char *text_path, int reps)
 }
 
 int cmd_bench(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "train") == 0) return cmd_bench_train(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) {
         const char *tok = "assets/qwen3/tokenizer.json", *text = "assets/moby-dick.txt";
         long long reps = 5;
@@ -318,7 +319,9 @@ int cmd_bench(int argc, char **argv) {
     }
     if (argc < 2 || strcmp(argv[1], "matmul") != 0) {
         fprintf(stderr, "usage: keel bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N]\n"
-                        "       keel bench recompute [--threads N] [--window T] [--layers L]\n");
+                        "       keel bench recompute [--threads N] [--window T] [--layers L]\n"
+                        "       keel bench tokenize [--tokenizer FILE] [--text FILE] [--reps N]\n"
+                        "       keel bench train [--backend cuda|cpu] [--batch 4] [--window 1024] ... (--help)\n");
         return 2;
     }
     long long sizes[16] = {512, 1024, 2048, 4096};

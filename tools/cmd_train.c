@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "cli.h"
 #include "train/train.h"
 #include "util/error.h"
@@ -48,7 +49,7 @@ static void help(const keel_train_opts *d) {
            "  --eval-every N         evaluate every N steps, and at the end (default %lld)\n"
            "  --eval-batches N       batches per evaluation (default %lld)\n"
            "  --save-every N         checkpoint every N steps, and at the end (default: the end only)\n"
-           "  --backend B            ref or cpu (default %s)\n"
+           "  --backend B            ref, cpu or cuda (this build has %s; default %s)\n"
            "  --threads N            cpu threads (default %lld)\n"
            "  --recompute MODE       off, full, every:N, layers:i,j (default %s; bitwise the same results)\n"
            "  --nproc N              data-parallel processes on this host (one per GPU); --batch is per process.\n"
@@ -58,10 +59,11 @@ static void help(const keel_train_opts *d) {
            "  --trace FILE           trace step --trace-step (default %lld) for keel diff\n"
            "  --trace-data           store each node's output in the trace (for --tolerance), up to\n"
            "  --trace-max-bytes N    bytes of such data (default 256 MiB)\n"
+           "  --trace-sample N       keep only N evenly spaced values of each node (large models)\n"
            "Ctrl-C saves a checkpoint after the current step and stops.\n",
            d->eval_fraction, (long long)d->window, (long long)d->batch, (long long)d->accum, (long long)d->steps, d->lr, d->lr_min,
            (long long)d->warmup, d->weight_decay, d->clip, (unsigned long long)d->seed, (long long)d->eval_every,
-           (long long)d->eval_batches, d->backend, (long long)d->threads, d->recompute, (long long)d->trace_step);
+           (long long)d->eval_batches, keel_backend_list(), d->backend, (long long)d->threads, d->recompute, (long long)d->trace_step);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -86,7 +88,7 @@ int cmd_train(int argc, char **argv) {
         INT("--warmup", warmup, 0) INT("--eval-every", eval_every, 0) INT("--save-every", save_every, 0)
         INT("--nproc", nproc, 1)
         if (!strcmp(a, "--dist-timeout") && v) { o.dist_timeout = atof(v); if (o.dist_timeout <= 0) { fprintf(stderr, "keel train: --dist-timeout must be positive\n"); return 2; } i++; continue; }
-        INT("--threads", threads, 1) INT("--trace-step", trace_step, 1) INT("--trace-max-bytes", trace_max_bytes, 0)
+        INT("--threads", threads, 1) INT("--trace-step", trace_step, 1) INT("--trace-max-bytes", trace_max_bytes, 0) INT("--trace-sample", trace_sample, 1)
         if (!strcmp(a, "--trace-data")) { o.trace_data = true; continue; } INT("--eval-batches", eval_batches, 1)
         DBL("--lr", lr) DBL("--lr-min", lr_min) DBL("--weight-decay", weight_decay) DBL("--clip", clip) DBL("--eval-fraction", eval_fraction)
         if (!strcmp(a, "--seed")) { if ((x = cli_int(a, v, 0)) < 0) return 2; o.seed = (uint64_t)x; i++; continue; }

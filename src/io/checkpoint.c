@@ -250,7 +250,7 @@ int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_ba
     return 0;
 }
 
-static char *text_config_json(const keel_qwen35_config *c, keel_type dtype) {
+char *keel_hf_config_json(const keel_qwen35_config *c, keel_type dtype) {
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen3_5ForCausalLM"));
@@ -364,7 +364,7 @@ int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_back
             snprintf(path, sizeof path, "%s/config.json", src->dir);
             cfg = keel_read_file(path, NULL);
         } else {
-            cfg = text_config_json(&m->cfg, dtype);
+            cfg = keel_hf_config_json(&m->cfg, dtype);
         }
         snprintf(path, sizeof path, "%s/config.json", tmp);
         rc = cfg ? write_file_synced(path, cfg) : -1;

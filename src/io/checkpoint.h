@@ -23,6 +23,8 @@ typedef struct {
 int keel_hf_config_read(const char *dir, keel_qwen35_config *cfg, bool *multimodal);
 /* The same for a config.json at any path. */
 int keel_hf_config_read_file(const char *path, keel_qwen35_config *cfg, bool *multimodal);
+/* cfg as the text layout's config.json (Qwen3_5ForCausalLM), malloc'ed; NULL when out of memory. */
+char *keel_hf_config_json(const keel_qwen35_config *cfg, keel_type dtype);
 keel_checkpoint *keel_checkpoint_open(const char *dir);
 void keel_checkpoint_close(keel_checkpoint *c);
 /* The tensor stored for a text-layout name ("model.layers.0.mlp.up_proj.weight"), or NULL. */

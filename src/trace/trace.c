@@ -82,13 +82,14 @@ static int record(keel_tracer *tr, keel_backend *be, const keel_tensor *x, bool 
     r->hash = XXH64(bytes, nb, 0);
     int64_t n = keel_nelements(x);
     size_t es = keel_type_size(x->type);
-    bool keep = tr->keep_data && tr->data_bytes + (size_t)n * 8 <= tr->max_data_bytes;
-    if (keep) r->data = malloc((size_t)n * sizeof(double)), r->n_data = n, tr->data_bytes += (size_t)n * 8;
+    int64_t stride = tr->sample > 0 && n > tr->sample ? (n + tr->sample - 1) / tr->sample : 1, nd = (n + stride - 1) / stride;
+    bool keep = tr->keep_data && tr->data_bytes + (size_t)nd * 8 <= tr->max_data_bytes;
+    if (keep) r->data = malloc((size_t)nd * sizeof(double)), r->n_data = nd, r->data_stride = stride, tr->data_bytes += (size_t)nd * 8;
     for (int64_t i = 0; i < n; i++) {
         double v = keel_load_value(x->type, bytes + (size_t)i * es);
         r->nnz += v != 0;
         r->sumsq += v * v;
-        if (r->data) r->data[i] = v;
+        if (r->data && i % stride == 0) r->data[i / stride] = v;
     }
     r->first = keel_load_value(x->type, bytes), r->last = keel_load_value(x->type, bytes + (size_t)(n - 1) * es);
     free(bytes);
@@ -139,7 +140,7 @@ int keel_trace_write(const keel_tracer *t, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) return keel_fail("%s: cannot create", tmp);
-    fwrite("KEELTRC1", 1, 8, f);
+    fwrite("KEELTRC2", 1, 8, f);
     put_u64(f, (uint64_t)t->n);
     for (int64_t i = 0; i < t->n; i++) {
         const keel_trace_rec *r = &t->r[i];
@@ -148,7 +149,7 @@ int keel_trace_write(const keel_tracer *t, const char *path) {
         for (int k = 0; k < 4; k++) put_u64(f, (uint64_t)r->ne[k]), put_u64(f, (uint64_t)r->nb[k]);
         for (int k = 0; k < r->n_src; k++) put_u64(f, r->src_hash[k]), fwrite(r->src_name[k], 1, KEEL_NAME_MAX, f);
         put_u64(f, r->hash), put_u64(f, (uint64_t)r->nnz), put_f64(f, r->sumsq), put_f64(f, r->first), put_f64(f, r->last);
-        put_u64(f, (uint64_t)(r->data ? r->n_data : 0));
+        put_u64(f, (uint64_t)(r->data ? r->n_data : 0)), put_u64(f, (uint64_t)(r->data ? r->data_stride : 1));
         for (int64_t j = 0; r->data && j < r->n_data; j++) put_f64(f, r->data[j]);
     }
     bool ok = !ferror(f);
@@ -162,17 +163,20 @@ keel_tracer *keel_trace_read(const char *path) {
     if (!f) { keel_fail("%s: cannot open", path); return NULL; }
     char magic[8];
     uint64_t n;
-    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "KEELTRC1", 8) || get_u64(f, &n) || n > (1u << 30)) {
+    /* version 1 files have no data stride (every value kept) */
+    if (fread(magic, 1, 8, f) != 8 || (memcmp(magic, "KEELTRC1", 8) && memcmp(magic, "KEELTRC2", 8)) || get_u64(f, &n) ||
+        n > (1u << 30)) {
         fclose(f);
         keel_fail("%s: not a keel trace (bad magic or count)", path);
         return NULL;
     }
+    bool v2 = magic[7] == '2';
     keel_tracer *t = keel_tracer_new(false, 0);
     t->r = calloc((size_t)n + 1, sizeof *t->r);
     t->cap = (int64_t)n + 1;
     for (uint64_t i = 0; i < n; i++) {
         keel_trace_rec *r = &t->r[t->n];
-        uint64_t op = 0, ty = 0, ns = 0, v = 0, nd = 0;
+        uint64_t op = 0, ty = 0, ns = 0, v = 0, nd = 0, stride = 1;
         bool ok = fread(r->name, 1, KEEL_NAME_MAX, f) == KEEL_NAME_MAX && !get_u64(f, &op) && !get_u64(f, &ty) && !get_u64(f, &ns) && ns <= KEEL_MAX_SRC;
         r->name[KEEL_NAME_MAX - 1] = 0;
         for (int k = 0; k < 4 && ok; k++) {
@@ -186,8 +190,9 @@ keel_tracer *keel_trace_read(const char *path) {
             r->src_name[k][KEEL_NAME_MAX - 1] = 0;
         }
         ok = ok && !get_u64(f, &r->hash) && !get_u64(f, &v) && !get_f64(f, &r->sumsq) && !get_f64(f, &r->first) && !get_f64(f, &r->last) &&
-             !get_u64(f, &nd) && nd < (1ull << 34);
+             !get_u64(f, &nd) && nd < (1ull << 34) && (!v2 || (!get_u64(f, &stride) && stride >= 1 && stride < (1ull << 40)));
         r->nnz = (int64_t)v;
+        r->data_stride = (int64_t)stride;
         if (ok && nd) {
             r->data = malloc((size_t)nd * sizeof(double));
             r->n_data = (int64_t)nd;
@@ -224,7 +229,7 @@ static const keel_trace_rec *find(const keel_tracer *t, const char *cname) {
 }
 
 static double nmse(const keel_trace_rec *a, const keel_trace_rec *b) {
-    if (!a->data || !b->data || a->n_data != b->n_data) return INFINITY;
+    if (!a->data || !b->data || a->n_data != b->n_data || a->data_stride != b->data_stride) return INFINITY;
     double num = 0, den = 0;
     for (int64_t i = 0; i < a->n_data; i++) {
         double d = a->data[i] - b->data[i];
@@ -277,12 +282,13 @@ int keel_trace_diff(const keel_tracer *a, const keel_tracer *b, double tol, FILE
         fprintf(out, "  its %d input(s) are %s in both runs:", rb->n_src, tol > 0 ? "equal within the tolerance" : "byte-identical");
         for (int k = 0; k < rb->n_src; k++) fprintf(out, " '%s'", rb->src_name[k]);
         fprintf(out, "\n  output hash A %016llx, B %016llx\n", (unsigned long long)ra->hash, (unsigned long long)rb->hash);
-        if (ra->data && rb->data && ra->n_data == rb->n_data) {
+        if (ra->data && rb->data && ra->n_data == rb->n_data && ra->data_stride == rb->data_stride) {
             int64_t first = -1;
             for (int64_t j = 0; j < ra->n_data && first < 0; j++)
                 if (memcmp(&ra->data[j], &rb->data[j], 8) && !(tol > 0 && fabs(ra->data[j] - rb->data[j]) <= sqrt(tol) * fabs(ra->data[j])))
                     first = j;
-            fprintf(out, "  first differing flat index: %lld (A %.9g, B %.9g); nmse %.3g\n", (long long)first,
+            fprintf(out, "  first differing flat index%s: %lld (A %.9g, B %.9g); nmse %.3g\n",
+                    ra->data_stride > 1 ? " among the sampled values" : "", first >= 0 ? (long long)(first * ra->data_stride) : -1LL,
                     first >= 0 ? ra->data[first] : NAN, first >= 0 ? rb->data[first] : NAN, nmse(ra, rb));
         } else {
             fprintf(out, "  first differing flat index: unknown (no data in the traces: record with --trace-data)\n");

@@ -1,7 +1,8 @@
 /* keel: the tracer. Records, for every node a run executes (forward, backward and recomputed
  * clones), its name, op, type, shape, strides, an xxHash64 of each input's contents as read and
  * of its output, and summary numbers (non-zeros, sum of squares, first and last values); with
- * data on, the output values too (bounded). keel_trace_diff finds the first node, in B's order,
+ * data on, the output values too (bounded; or an evenly spaced sample of each node's values, so a
+ * large model's trace stays small and still compares values within a tolerance). keel_trace_diff finds the first node, in B's order,
  * whose inputs equal A's but whose output does not. The file format is little-endian whatever
  * the machine. */
 #ifndef KEEL_TRACE_H
@@ -20,8 +21,8 @@ typedef struct {
     uint64_t hash;
     int64_t nnz;
     double sumsq, first, last;
-    double *data; /* output values in flat order, or NULL */
-    int64_t n_data;
+    double *data; /* output values at flat indices 0, s, 2s, ... (s = data_stride), or NULL */
+    int64_t n_data, data_stride;
 } keel_trace_rec;
 
 typedef struct {
@@ -29,6 +30,7 @@ typedef struct {
     int64_t n, cap;
     bool keep_data;
     size_t max_data_bytes, data_bytes;
+    int64_t sample; /* > 0: keep at most this many evenly spaced values per node (large models) */
     uint64_t *hash_by_id; /* tensor id -> last recorded hash (inputs are read through this) */
     int64_t n_ids;
     const char *flip;     /* fault: flip one element of this node's output after it runs */

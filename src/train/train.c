@@ -402,7 +402,8 @@ int keel_train_run(const keel_train_opts *o) {
              * --accum world, so the sum over ranks equals its accumulated gradient bit for bit */
             keel_dataset_batch(&d, o->window, o->batch, o->seed, t.position + (int64_t)t.rank * o->batch, ids, tgt);
             t.position += o->batch * t.world;
-            keel_tracer *tr = o->trace && lead && step == o->trace_step && micro == 0 ? keel_tracer_new(o->trace_data, (size_t)o->trace_max_bytes) : NULL;
+            keel_tracer *tr = o->trace && lead && step == o->trace_step && micro == 0 ? keel_tracer_new(o->trace_data || o->trace_sample > 0, (size_t)o->trace_max_bytes) : NULL;
+            if (tr) tr->sample = o->trace_sample;
             float l = NAN;
             if (keel_tensor_write(t.be, t.ids, ids, KEEL_I32) || keel_tensor_write(t.be, t.tgt, tgt, KEEL_I32) || (tr && keel_tracer_begin(tr, t.be, t.g)) ||
                 t.be->compute(t.be, t.g, 0, t.end_fb, tr ? keel_tracer_node : NULL, tr) || keel_tensor_read(t.be, t.loss, &l, KEEL_F32))

@@ -17,6 +17,7 @@ typedef struct {
     int64_t nproc;          /* --nproc: processes on this host (the CLI starts them) */
     double dist_timeout;    /* seconds any rank waits for another */
     int64_t trace_max_bytes;
+    int64_t trace_sample;   /* --trace-sample: values kept per node (0: all) */
     uint64_t seed;
 } keel_train_opts;
 

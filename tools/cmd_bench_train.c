@@ -1,0 +1,222 @@
+#define _DEFAULT_SOURCE /* popen, mkdtemp */
+/* keel bench train: tokens/s and peak memory of float32 training steps (forward, backward and an
+ * AdamW update of every parameter) of a Qwen3.5-0.8B-shaped model, next to PyTorch running
+ * transformers' own Qwen3.5 on the same configuration, in the same run and on the same device
+ * (bench/torch_qwen35.py: float32, TF32 off). keel runs first and frees its memory before the
+ * PyTorch process starts. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "autodiff/autodiff.h"
+#include "cli.h"
+#include "io/checkpoint.h"
+#include "model/qwen35.h"
+#include "ops/ops.h"
+#include "recompute/recompute.h"
+#include "util/error.h"
+#include "util/rng.h"
+
+#ifdef KEEL_HAVE_CUDA
+size_t keel_cuda_peak_bytes(keel_backend *be);
+#endif
+
+typedef struct {
+    const char *backend, *preset, *recompute, *torch, *python;
+    long long batch, window, steps, warmup, threads;
+} bench_opts;
+
+typedef struct {
+    double step_s, tokens_per_s, peak_bytes, first_loss, last_loss;
+    const char *peak_what;
+} bench_result;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_result *r) {
+    keel_recompute_mode rm;
+    if (keel_recompute_parse(o->recompute, &rm)) return -1;
+    int64_t T = o->window, B = o->batch;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_qwen35 *m = keel_qwen35_new(ctx, cfg, KEEL_F32);
+    keel_tensor *ids, *tgt, *pos;
+    keel_qwen35_inputs(ctx, T, B, &ids, &tgt, &pos);
+    keel_qwen35_out out;
+    keel_backend *be = keel_backend_new(o->backend, (int)o->threads);
+    keel_graph *g = NULL;
+    keel_session *s = NULL;
+    keel_tensor **opt = NULL;
+    int32_t *iv = NULL, *tv = NULL, *pv = NULL;
+    double *times = NULL;
+    int rc = -1;
+    if (!be || !m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) goto done;
+    g = keel_graph_build(ctx, &out.loss, 1);
+    if (!g || keel_build_backward(g, out.loss) || keel_recompute_apply(g, &out.layers, &rm) < 0) goto done;
+    opt = calloc((size_t)m->n_params, sizeof *opt);
+    keel_tensor **mom = calloc((size_t)m->n_params * 2, sizeof *mom);
+    if (!opt || !mom) { free(mom); keel_fail("out of memory"); goto done; }
+    for (int i = 0; i < m->n_params; i++) {
+        keel_tensor *p = m->params[i];
+        mom[2 * i] = keel_set_flags(keel_new(ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT);
+        mom[2 * i + 1] = keel_set_flags(keel_new(ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT);
+        opt[i] = keel_adamw(ctx, p, keel_graph_grad(g, p), mom[2 * i], mom[2 * i + 1], 1e-4, 0.9, 0.95, 1e-8, 0.1, 1);
+        if (!opt[i] || keel_graph_expand(g, opt[i])) { free(mom); goto done; }
+        opt[i]->flags |= KEEL_FLAG_OUTPUT;
+    }
+    s = keel_session_new(be, g, NULL);
+    if (!s) { free(mom); goto done; }
+    printf("keel: %d parameter tensors, plan %.2f GiB (activations %.2f GiB), initialising...\n", m->n_params,
+           (double)s->plan->total_bytes / (1 << 30), (double)s->plan->peak_activation_bytes / (1 << 30));
+    fflush(stdout);
+    for (int i = 0; i < m->n_params; i++) { /* one parameter's fresh values at a time */
+        keel_qwen35 one = *m;
+        one.params = &m->params[i];
+        one.n_params = 1;
+        double **v = keel_qwen35_init_values(&one, 5 + (uint64_t)i);
+        int w = !v || keel_tensor_write(be, m->params[i], v[0], KEEL_F64);
+        if (v) free(v[0]), free(v);
+        if (w || be->fill_bytes(be, mom[2 * i]->data, 0, keel_nbytes(mom[2 * i])) ||
+            be->fill_bytes(be, mom[2 * i + 1]->data, 0, keel_nbytes(mom[2 * i + 1]))) {
+            free(mom);
+            goto done;
+        }
+    }
+    free(mom);
+    iv = malloc((size_t)(T * B) * 4), tv = malloc((size_t)(T * B) * 4), pv = malloc((size_t)T * 4);
+    times = malloc((size_t)(o->warmup + o->steps) * sizeof *times);
+    if (!iv || !tv || !pv || !times) { keel_fail("out of memory"); goto done; }
+    for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
+    uint64_t st = 12345;
+    for (long long step = 0; step < o->warmup + o->steps; step++) {
+        for (int64_t i = 0; i < T * B; i++) iv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
+        for (int64_t i = 0; i < T * B; i++) tv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
+        for (int i = 0; i < m->n_params; i++) opt[i]->ip[0] = step + 1;
+        double t0 = now();
+        float loss;
+        if (keel_tensor_write(be, ids, iv, KEEL_I32) || keel_tensor_write(be, tgt, tv, KEEL_I32) ||
+            keel_tensor_write(be, pos, pv, KEEL_I32) || keel_session_run(s, NULL, NULL) || keel_tensor_read(be, out.loss, &loss, KEEL_F32))
+            goto done;
+        times[step] = now() - t0;
+        if (step == 0) r->first_loss = loss;
+        r->last_loss = loss;
+        printf("keel step %lld%s: %.3f s, loss %.4f\n", step + 1, step < o->warmup ? " (warm-up)" : "", times[step], loss);
+        fflush(stdout);
+        if (!isfinite(loss)) { keel_fail("keel: loss is not finite at step %lld", step + 1); goto done; }
+    }
+    qsort(times + o->warmup, (size_t)o->steps, sizeof *times, cmp_d);
+    r->step_s = times[o->warmup + o->steps / 2];
+    r->tokens_per_s = (double)(T * B) / r->step_s;
+#ifdef KEEL_HAVE_CUDA
+    if (!strcmp(be->name, "cuda")) r->peak_bytes = (double)keel_cuda_peak_bytes(be), r->peak_what = "GPU memory keel allocated";
+#endif
+    if (!r->peak_what) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        r->peak_bytes = (double)ru.ru_maxrss * 1024.0, r->peak_what = "process peak RSS";
+    }
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "keel bench train: %s\n", keel_last_error());
+    free(iv), free(tv), free(pv), free(times), free(opt);
+    keel_session_free(s);
+    keel_graph_free(g);
+    keel_qwen35_free(m);
+    keel_backend_free(be);
+    keel_ctx_free(ctx);
+    return rc;
+}
+
+/* The PyTorch peer: the script prints one line "RESULT {json}" with step_s, tokens_per_s, peak_bytes. */
+static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_result *r) {
+    char dir[] = "/tmp/keel-bench-XXXXXX";
+    if (!mkdtemp(dir)) return keel_fail("cannot create a temporary folder for the PyTorch config");
+    char path[64], cmd[1024], line[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *js = keel_hf_config_json(cfg, KEEL_F32);
+    FILE *f = fopen(path, "w");
+    int ok = js && f && fputs(js, f) >= 0;
+    if (f) ok = fclose(f) == 0 && ok;
+    free(js);
+    if (!ok) return keel_fail("%s: cannot write", path);
+    snprintf(cmd, sizeof cmd, "%s %s --config %s --batch %lld --window %lld --steps %lld --warmup %lld 2>&1", o->python, o->torch, dir,
+             o->batch, o->window, o->steps, o->warmup);
+    printf("\n$ %s\n", cmd);
+    fflush(stdout);
+    FILE *p = popen(cmd, "r");
+    if (!p) return keel_fail("cannot run %s", o->python);
+    int got = 0;
+    while (fgets(line, sizeof line, p)) {
+        if (!strncmp(line, "RESULT ", 7)) {
+            const char *a = strstr(line, "\"step_s\":"), *b = strstr(line, "\"tokens_per_s\":"), *c = strstr(line, "\"peak_bytes\":");
+            const char *d = strstr(line, "\"first_loss\":");
+            if (a && b && c) {
+                r->step_s = atof(a + 9), r->tokens_per_s = atof(b + 15), r->peak_bytes = atof(c + 13), got = 1;
+                r->first_loss = d ? atof(d + 13) : NAN;
+                r->peak_what = "torch.cuda.max_memory_allocated";
+            }
+        } else {
+            fputs(line, stdout);
+        }
+    }
+    int st = pclose(p);
+    remove(path);
+    rmdir(dir);
+    if (!got) return keel_fail("%s printed no RESULT line (exit status %d)", o->torch, st);
+    return 0;
+}
+
+int cmd_bench_train(int argc, char **argv) {
+#ifdef KEEL_HAVE_CUDA
+    bench_opts o = {.backend = "cuda", .preset = "0.8b", .recompute = "off", .torch = "bench/torch_qwen35.py", .python = "python3",
+                    .batch = 4, .window = 1024, .steps = 5, .warmup = 2, .threads = 2};
+#else
+    bench_opts o = {.backend = "cpu", .preset = "0.8b", .recompute = "off", .torch = "bench/torch_qwen35.py", .python = "python3",
+                    .batch = 4, .window = 1024, .steps = 5, .warmup = 2, .threads = 2};
+#endif
+    bool no_torch = false;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define STR(flag, field) if (!strcmp(a, flag) && v) { o.field = v; i++; continue; }
+#define INT(flag, field, min) if (!strcmp(a, flag)) { if ((o.field = cli_int(a, v, min)) < 0) return 2; i++; continue; }
+        STR("--backend", backend) STR("--preset", preset) STR("--recompute", recompute) STR("--torch", torch) STR("--python", python)
+        INT("--batch", batch, 1) INT("--window", window, 2) INT("--steps", steps, 1) INT("--warmup", warmup, 0) INT("--threads", threads, 1)
+#undef STR
+#undef INT
+        if (!strcmp(a, "--no-torch")) { no_torch = true; continue; }
+        fprintf(stderr, "keel bench train: unknown or incomplete flag '%s'\n"
+                        "usage: keel bench train [--backend cuda|cpu] [--preset 0.8b] [--batch 4] [--window 1024] [--steps 5]\n"
+                        "                        [--warmup 2] [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py]\n"
+                        "                        [--python python3] [--no-torch]\n", a);
+        return 2;
+    }
+    keel_qwen35_config cfg;
+    if (keel_qwen35_preset(o.preset, &cfg)) { fprintf(stderr, "keel bench train: %s\n", keel_last_error()); return 2; }
+    printf("keel bench train: float32 training steps (forward, backward, AdamW) of a Qwen3.5 '%s' model\n", o.preset);
+    printf("(%lld layers, hidden %lld, vocab %lld), batch %lld, window %lld, recompute %s; median of %lld steps after %lld warm-up\n\n",
+           (long long)cfg.layers, (long long)cfg.hidden, (long long)cfg.vocab, o.batch, o.window, o.recompute, o.steps, o.warmup);
+    bench_result k = {0}, t = {0};
+    if (run_keel(&o, &cfg, &k)) return 1;
+    bool have_torch = !no_torch && run_torch(&o, &cfg, &t) == 0;
+    if (!no_torch && !have_torch) fprintf(stderr, "keel bench train: PyTorch peer: %s\n", keel_last_error());
+    printf("\n%-34s %10s %12s %12s  %s\n", "", "step (s)", "tokens/s", "peak GiB", "peak is");
+    printf("%-34s %10.3f %12.0f %12.2f  %s\n", o.backend, k.step_s, k.tokens_per_s, k.peak_bytes / (1 << 30), k.peak_what);
+    if (have_torch) {
+        printf("%-34s %10.3f %12.0f %12.2f  %s\n", "PyTorch + transformers (float32)", t.step_s, t.tokens_per_s, t.peak_bytes / (1 << 30), t.peak_what);
+        printf("\nkeel / PyTorch tokens/s: %.2fx; peak memory keel / PyTorch: %.2fx; first-step loss keel %.4f, PyTorch %.4f (ln V = %.4f)\n",
+               k.tokens_per_s / t.tokens_per_s, k.peak_bytes / t.peak_bytes, k.first_loss, t.first_loss, log((double)cfg.vocab));
+    }
+    return have_torch || no_torch ? 0 : 1;
+}
