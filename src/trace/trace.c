@@ -27,6 +27,12 @@ void keel_tracer_free(keel_tracer *t) {
 static unsigned char *gather(keel_backend *be, const keel_tensor *t, size_t *n_bytes) {
     size_t span = keel_nbytes(t), es = keel_type_size(t->type);
     int64_t n = keel_nelements(t);
+    if (keel_is_contiguous(t)) { /* already in flat order */
+        unsigned char *out = malloc(span ? span : 1);
+        if (!out || be->read(be, out, t->data, span)) { free(out); return NULL; }
+        *n_bytes = span;
+        return out;
+    }
     unsigned char *raw = malloc(span), *out = malloc((size_t)n * es);
     if (!raw || !out || be->read(be, raw, t->data, span)) { free(raw), free(out); return NULL; }
     int64_t k = 0;
@@ -85,11 +91,11 @@ static int record(keel_tracer *tr, keel_backend *be, const keel_tensor *x, bool 
     int64_t stride = tr->sample > 0 && n > tr->sample ? (n + tr->sample - 1) / tr->sample : 1, nd = (n + stride - 1) / stride;
     bool keep = tr->keep_data && tr->data_bytes + (size_t)nd * 8 <= tr->max_data_bytes;
     if (keep) r->data = malloc((size_t)nd * sizeof(double)), r->n_data = nd, r->data_stride = stride, tr->data_bytes += (size_t)nd * 8;
-    for (int64_t i = 0; i < n; i++) {
-        double v = keel_load_value(x->type, bytes + (size_t)i * es);
+    for (int64_t i = 0, k = 0, next = 0; i < n; i++) {
+        double v = x->type == KEEL_F32 ? (double)((const float *)(const void *)bytes)[i] : keel_load_value(x->type, bytes + (size_t)i * es);
         r->nnz += v != 0;
         r->sumsq += v * v;
-        if (r->data && i % stride == 0) r->data[i / stride] = v;
+        if (r->data && i == next) r->data[k++] = v, next += stride;
     }
     r->first = keel_load_value(x->type, bytes), r->last = keel_load_value(x->type, bytes + (size_t)(n - 1) * es);
     free(bytes);

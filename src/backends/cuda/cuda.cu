@@ -143,6 +143,7 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
     for (int64_t i = from; i < to; i++) {
         const keel_tensor *t = g->nodes[i];
         if (!(keel_op_get(t->op)->flags & OPF_VIEW)) {
+            if (im->profile) cudaEventRecord(im->ev0, im->stream);
             if (cuda_node(be, t)) {
                 char msg[1536];
                 snprintf(msg, sizeof msg, "%s", keel_last_error());
@@ -150,6 +151,13 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
                 return keel_fail("%s (%s node '%s')", msg, keel_op_get(t->op)->name, t->name);
             }
             if (cuda_check(cudaGetLastError(), "kernel launch", t)) return -1;
+            if (im->profile) {
+                float ms = 0;
+                cudaEventRecord(im->ev1, im->stream);
+                if (cuda_check(cudaEventSynchronize(im->ev1), "kernel", t)) return -1;
+                cudaEventElapsedTime(&ms, im->ev0, im->ev1);
+                im->prof_ms[t->op] += ms, im->prof_n[t->op]++;
+            }
             if ((cb || im->sync_each_node) && cuda_check(cudaStreamSynchronize(im->stream), "kernel", t)) return -1;
         }
         if (cb && cb(be, t, i, ud)) return keel_fail("run stopped by the node callback at '%s'", t->name);
@@ -167,9 +175,31 @@ static int cuda_set_threads(keel_backend *be, int n) {
     return 0; /* host threads do not change GPU results or speed */
 }
 
+static int cmp_ms(const void *a, const void *b, void *ctx) {
+    const double *ms = (const double *)ctx;
+    double x = ms[*(const int *)a], y = ms[*(const int *)b];
+    return (x < y) - (x > y);
+}
+
+static void print_profile(const cuda_impl *im) {
+    int order[KEEL_OP_COUNT], n = 0;
+    double total = 0;
+    for (int op = 0; op < KEEL_OP_COUNT; op++)
+        if (im->prof_n[op]) order[n++] = op, total += im->prof_ms[op];
+    qsort_r(order, (size_t)n, sizeof order[0], cmp_ms, (void *)im->prof_ms);
+    fprintf(stderr, "cuda profile (KEEL_CUDA_PROFILE): GPU time per op over all runs, %.1f ms in all\n", total);
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "  %-26s %10.2f ms %6.1f%% %8lld nodes\n", keel_op_get(order[i])->name, im->prof_ms[order[i]],
+                100.0 * im->prof_ms[order[i]] / (total > 0 ? total : 1), (long long)im->prof_n[order[i]]);
+}
+
 static void cuda_destroy(keel_backend *be) {
     cuda_impl *im = cuda_im(be);
     cudaStreamSynchronize(im->stream);
+    if (im->profile) {
+        print_profile(im);
+        cudaEventDestroy(im->ev0), cudaEventDestroy(im->ev1);
+    }
     if (im->scratch) cudaFree(im->scratch);
     for (int64_t i = 0; i < im->n_live; i++)
         if (im->live_p[i] != im->scratch) cudaFree(im->live_p[i]);
@@ -210,12 +240,16 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     im->device = dev;
     const char *sy = getenv("KEEL_CUDA_SYNC");
     im->sync_each_node = sy && *sy && strcmp(sy, "0") != 0;
+    const char *pr = getenv("KEEL_CUDA_PROFILE");
+    im->profile = pr && *pr && strcmp(pr, "0") != 0;
     if (keel_backend_read_fault(be) || cuda_check(cudaSetDevice(dev), "cudaSetDevice", NULL) ||
         cuda_check(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking), "stream creation", NULL) ||
         cublas_check(cublasCreate(&im->blas), "cublasCreate", NULL) ||
         cublas_check(cublasSetStream(im->blas, im->stream), "cublasSetStream", NULL) ||
-        /* no TF32, no reduced-precision shortcuts: float32 products are float32 products */
-        cublas_check(cublasSetMathMode(im->blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode", NULL)) {
+        /* float32 products stay float32: the default math mode with CUBLAS_COMPUTE_32F (cuda_matmul.cu)
+         * uses no TF32 tensor cores */
+        cublas_check(cublasSetMathMode(im->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode", NULL) ||
+        (im->profile && (cuda_check(cudaEventCreate(&im->ev0), "event", NULL) || cuda_check(cudaEventCreate(&im->ev1), "event", NULL)))) {
         if (im->blas) cublasDestroy(im->blas);
         if (im->stream) cudaStreamDestroy(im->stream);
         free(im), free(be);

@@ -50,6 +50,11 @@ typedef struct {
     void *scratch; /* per-node temporary space, grown on demand */
     size_t scratch_bytes;
     int sync_each_node; /* KEEL_CUDA_SYNC=1: wait after every node so an error names its node */
+    /* KEEL_CUDA_PROFILE=1: GPU time per op, printed when the backend is freed */
+    int profile;
+    cudaEvent_t ev0, ev1;
+    double prof_ms[KEEL_OP_COUNT];
+    int64_t prof_n[KEEL_OP_COUNT];
     /* live allocations, for the peak-memory figure */
     void **live_p;
     size_t *live_n;

@@ -87,17 +87,66 @@ __global__ void k_repeat(kt t, kt a) {
     }
 }
 
-/* REPEAT_BACK: each result element sums its tiles of a in flat tile order (float64). */
-__global__ void k_repeat_back(kt t, kt a) {
-    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
-        int64_t i[4];
-        kt_unflat(t, e, i);
+/* Reductions of many terms per result element (REPEAT_BACK over its tiles, the conv weight
+ * gradient over batch and time) run in two passes so that a few result elements still fill the
+ * GPU: pass 1 gives each (chunk of terms, element) pair a thread that sums its chunk in order in
+ * float64; pass 2 sums the chunks in order. Chunk sizes follow from the shapes alone, so the
+ * result does not depend on the GPU. */
+#define PARTIAL_THREADS (1LL << 20) /* aim: about this many pass-1 threads */
+
+static int64_t chunk_terms(int64_t n_out, int64_t n_terms) {
+    int64_t chunks = PARTIAL_THREADS / (n_out > 0 ? n_out : 1);
+    if (chunks < 1) chunks = 1;
+    if (chunks > n_terms) chunks = n_terms;
+    return (n_terms + chunks - 1) / chunks;
+}
+
+/* REPEAT_BACK, pass 1: tile q of result element e is a's element e's coordinates plus q's tile
+ * offsets, tiles in flat order (dim 0 fastest), as the cpu backend sums them. */
+__global__ void k_repeat_back_part(kt t, kt a, int64_t per, int64_t n_chunks, double *part) {
+    int64_t n_out = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+    int64_t r0 = a.ne[0] / t.ne[0], r1 = a.ne[1] / t.ne[1], r2 = a.ne[2] / t.ne[2], n_tiles = r0 * r1 * r2 * (a.ne[3] / t.ne[3]);
+    GRID_STRIDE(e, n_out * n_chunks) {
+        int64_t o = e % n_out, c = e / n_out, i[4];
+        kt_unflat(t, o, i);
         double acc = 0;
-        for (int64_t k3 = i[3]; k3 < a.ne[3]; k3 += t.ne[3])
-            for (int64_t k2 = i[2]; k2 < a.ne[2]; k2 += t.ne[2])
-                for (int64_t k1 = i[1]; k1 < a.ne[1]; k1 += t.ne[1])
-                    for (int64_t k0 = i[0]; k0 < a.ne[0]; k0 += t.ne[0]) acc += ldf(kt_at(a, k0, k1, k2, k3));
-        stf(kt_at(t, i[0], i[1], i[2], i[3]), (float)acc);
+        int64_t q1 = c * per + per < n_tiles ? c * per + per : n_tiles;
+        for (int64_t q = c * per; q < q1; q++) {
+            int64_t q0 = q % r0, qq = q / r0, qa = qq % r1, qb = (qq / r1) % r2, qc = qq / (r1 * r2);
+            acc += ldf(kt_at(a, i[0] + q0 * t.ne[0], i[1] + qa * t.ne[1], i[2] + qb * t.ne[2], i[3] + qc * t.ne[3]));
+        }
+        part[c * n_out + o] = acc;
+    }
+}
+
+/* The conv weight gradient, pass 1: dw[j, ch] = sum over (b, t) of dy[ch, t, b] x[ch, t-(K-1)+j, b]. */
+__global__ void k_conv_back_w_part(kt t, kt x, kt dy, int64_t per, int64_t n_chunks, double *part) {
+    int64_t K = t.ne[0], C = t.ne[1], T = x.ne[1], n_out = K * C, n_terms = T * x.ne[2];
+    GRID_STRIDE(e, n_out * n_chunks) {
+        int64_t o = e % n_out, c = e / n_out, ch = o % C, j = o / C;
+        double acc = 0;
+        int64_t q1 = c * per + per < n_terms ? c * per + per : n_terms;
+        for (int64_t q = c * per; q < q1; q++) {
+            int64_t tt = q % T, bb = q / T, ts = tt - (K - 1) + j;
+            if (ts >= 0) acc += (double)ldf(kt_at(dy, ch, tt, bb, 0)) * ldf(kt_at(x, ch, ts, bb, 0));
+        }
+        part[c * n_out + o] = acc;
+    }
+}
+
+/* Pass 2: element o of the result (REPEAT_BACK: t's flat order; conv: o = j*C + ch in dw [K, C]
+ * stored at (j, ch)) is the sum of its chunks in order. */
+__global__ void k_finish_parts(kt t, const double *part, int64_t n_out, int64_t n_chunks, int conv) {
+    GRID_STRIDE(o, n_out) {
+        double acc = 0;
+        for (int64_t c = 0; c < n_chunks; c++) acc += part[c * n_out + o];
+        if (conv) {
+            stf(kt_at(t, o / t.ne[1], o % t.ne[1], 0, 0), (float)acc);
+        } else {
+            int64_t i[4];
+            kt_unflat(t, o, i);
+            stf(kt_at(t, i[0], i[1], i[2], i[3]), (float)acc);
+        }
     }
 }
 
@@ -146,22 +195,6 @@ __global__ void k_conv(kt t, kt x, kt w, int fwd) {
             if (ts >= 0 && ts < T) acc += __fmul_rn(ldf(kt_at(w, j, ch, 0, 0)), ldf(kt_at(x, ch, ts, bb, 0)));
         }
         stf(kt_at(t, ch, tt, bb, 0), acc);
-    }
-}
-
-/* dw [K,C] from x [C,T,B] and dy: float64 over (b, t). Threads run along channels, so a warp
- * reads consecutive x and dy elements. */
-__global__ void k_conv_back_w(kt t, kt x, kt dy) {
-    int64_t K = t.ne[0], C = t.ne[1], T = x.ne[1];
-    GRID_STRIDE(e, K * C) {
-        int64_t ch = e % C, j = e / C;
-        double acc = 0;
-        for (int64_t bb = 0; bb < x.ne[2]; bb++)
-            for (int64_t tt = 0; tt < T; tt++) {
-                int64_t ts = tt - (K - 1) + j;
-                if (ts >= 0) acc += (double)ldf(kt_at(dy, ch, tt, bb, 0)) * ldf(kt_at(x, ch, ts, bb, 0));
-            }
-        stf(kt_at(t, j, ch, 0, 0), (float)acc);
     }
 }
 
@@ -386,6 +419,21 @@ static int rope(keel_backend *be, const keel_tensor *t) {
     return 0;
 }
 
+/* REPEAT_BACK and CONV1D_BACK_WEIGHT: n_terms summed into each result element, in two passes. */
+static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms) {
+    int64_t n_out = keel_nelements(t);
+    if (n_out == 0) return 0;
+    if (n_terms == 0) return cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), st(be)), "memset", t);
+    int64_t per = chunk_terms(n_out, n_terms), n_chunks = (n_terms + per - 1) / per;
+    double *part = (double *)cuda_scratch(be, (size_t)(n_out * n_chunks) * sizeof(double), t);
+    if (!part) return -1;
+    bool conv = t->op == KEEL_OP_CONV1D_BACK_WEIGHT;
+    if (conv) k_conv_back_w_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), per, n_chunks, part);
+    else k_repeat_back_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), per, n_chunks, part);
+    k_finish_parts<<<cuda_blocks(n_out, 256), 256, 0, st(be)>>>(kt_of(t), part, n_out, n_chunks, conv ? 1 : 0);
+    return 0;
+}
+
 #define EW(kernel, n, ...) \
     do { if ((n) > 0) kernel<<<cuda_blocks((n), 256), 256, 0, st(be)>>>(__VA_ARGS__); } while (0)
 
@@ -409,7 +457,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     }
     case KEEL_OP_FILL: EW(k_fill, n, kt_of(t), (float)t->fp[0]); return 0;
     case KEEL_OP_REPEAT: EW(k_repeat, n, kt_of(t), kt_of(a)); return 0;
-    case KEEL_OP_REPEAT_BACK: EW(k_repeat_back, n, kt_of(t), kt_of(a)); return 0;
+    case KEEL_OP_REPEAT_BACK: return reduce_terms(be, t, keel_nelements(a) / (n ? n : 1));
     case KEEL_OP_CONCAT: {
         int d = (int)t->ip[0];
         keel_tensor w = *t;
@@ -454,7 +502,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_CONV1D_BACK_INPUT:
         EW(k_conv, n, kt_of(t), kt_of(a), kt_of(b), t->op == KEEL_OP_CONV1D ? 1 : 0);
         return 0;
-    case KEEL_OP_CONV1D_BACK_WEIGHT: EW(k_conv_back_w, n, kt_of(t), kt_of(a), kt_of(b)); return 0;
+    case KEEL_OP_CONV1D_BACK_WEIGHT: return reduce_terms(be, t, a->ne[1] * a->ne[2]);
     case KEEL_OP_GATED_DELTA_NET:
     case KEEL_OP_GATED_DELTA_NET_STATE: return cuda_gdn_forward(be, t);
     case KEEL_OP_GATED_DELTA_NET_BACK: return cuda_gdn_backward(be, t);
