@@ -16,18 +16,27 @@ static int64_t copy_row_len(const keel_backend *be, int64_t ne0) {
 /* ids (optional): int32 table [ne1, ne2] of source rows; then src is read at (i0, ids[i1,i2], 0, 0). */
 __global__ void k_copy(kt d, kt s, int64_t len, int acc, kt ids, int has_ids) {
     int64_t rows = d.ne[1] * d.ne[2] * d.ne[3];
-    int64_t es = d.type == 1 || d.type == 2 ? 2 : d.type == 4 ? 8 : 4;
+    int64_t es = d.type == 1 || d.type == 2 ? 2 : d.type == 4 ? 8 : 4, ses = s.type == 1 || s.type == 2 ? 2 : s.type == 4 ? 8 : 4;
+    bool plain = !has_ids && d.contig && s.contig && len == d.ne[0];
     GRID_STRIDE(e, len * rows) {
-        int64_t i0 = e % len, r = e / len;
-        int64_t i1 = r % d.ne[1], i2 = (r / d.ne[1]) % d.ne[2], i3 = r / (d.ne[1] * d.ne[2]);
         const char *sp;
-        if (has_ids) {
-            int32_t id = *(const int32_t *)(ids.p + i1 * ids.nb[0] + i2 * ids.nb[1]);
-            sp = s.p + i0 * s.nb[0] + (int64_t)id * s.nb[1];
+        char *dp;
+        if (plain) { /* both contiguous, whole rows: flat index = element */
+            sp = s.p + e * ses, dp = d.p + e * es;
         } else {
-            sp = kt_at(s, i0, i1, i2, i3);
+            kt w = d; /* the written region: rows of len elements */
+            w.ne[0] = len;
+            int64_t i[4];
+            kt_unflat(w, e, i);
+            int64_t i0 = i[0], i1 = i[1], i2 = i[2], i3 = i[3];
+            if (has_ids) {
+                int32_t id = *(const int32_t *)(ids.p + i1 * ids.nb[0] + i2 * ids.nb[1]);
+                sp = s.p + i0 * s.nb[0] + (int64_t)id * s.nb[1];
+            } else {
+                sp = kt_at(s, i0, i1, i2, i3);
+            }
+            dp = kt_at(d, i0, i1, i2, i3);
         }
-        char *dp = kt_at(d, i0, i1, i2, i3);
         if (d.type == s.type && !acc) { /* bit-exact move */
             if (es == 4) *(uint32_t *)dp = *(const uint32_t *)sp;
             else if (es == 2) *(uint16_t *)dp = *(const uint16_t *)sp;

@@ -27,14 +27,54 @@ __device__ static inline double warp_sum_d(double x) {
     return x;
 }
 
-/* This lane's entries i = lane + 32 r of a Dk vector of the lane's head (0 beyond Dk). */
+/* The inputs of GDN_CHUNK steps of one (batch, head) lane, staged in shared memory by the whole
+ * block with coalesced loads, so the sequential recurrence reads them at shared-memory latency:
+ * k and q [steps][Dk], v and dO [steps][cols] for the block's columns, exp(g) and beta [steps]. */
+typedef struct {
+    float *k, *q, *v, *dO, *eg, *beta;
+} stage;
+
+__host__ __device__ static size_t stage_floats(int64_t Dk, int cols, bool with_do) {
+    return (size_t)GDN_CHUNK * (size_t)(2 * Dk + cols * (with_do ? 2 : 1) + 2);
+}
+
+__device__ static stage stage_at(float *base, int64_t Dk, int cols, bool with_do) {
+    stage st;
+    st.k = base, st.q = st.k + GDN_CHUNK * Dk, st.v = st.q + GDN_CHUNK * Dk;
+    st.dO = with_do ? st.v + GDN_CHUNK * cols : NULL;
+    st.eg = st.v + GDN_CHUNK * cols * (with_do ? 2 : 1), st.beta = st.eg + GDN_CHUNK;
+    return st;
+}
+
+/* Fill the stage with steps [t0, t0 + n) of lane (b, hv); columns j0 .. j0 + cols - 1 (0 past Dv). */
+__device__ static void stage_load(const stage &st, const gdn_args &A, int64_t b, int64_t hv, int64_t hk, int64_t t0, int n,
+                                  int64_t j0, int cols, bool with_q) {
+    int Dk = (int)A.Dk;
+    for (int x = threadIdx.x; x < n * Dk; x += blockDim.x) {
+        int s = x / Dk, i = x - s * Dk;
+        st.k[x] = ldf(kt_at(A.k, i, hk, t0 + s, b));
+        if (with_q) st.q[x] = ldf(kt_at(A.q, i, hk, t0 + s, b));
+    }
+    for (int x = threadIdx.x; x < n * cols; x += blockDim.x) {
+        int s = x / cols, c = x - s * cols;
+        bool in = j0 + c < A.Dv;
+        st.v[x] = in ? ldf(kt_at(A.v, j0 + c, hv, t0 + s, b)) : 0.0f;
+        if (st.dO) st.dO[x] = in ? ldf(kt_at(A.dO, j0 + c, hv, t0 + s, b)) : 0.0f;
+    }
+    for (int x = threadIdx.x; x < n; x += blockDim.x) {
+        st.eg[x] = expf(ldf(kt_at(A.g, hv, t0 + x, b, 0)));
+        st.beta[x] = ldf(kt_at(A.beta, hv, t0 + x, b, 0));
+    }
+}
+
+/* This lane's entries i = lane + 32 r of a staged Dk vector (0 beyond Dk). */
 template <int R>
-__device__ static inline void load_vec(const kt &x, int64_t Dk, int64_t h, int64_t t, int64_t b, float *out) {
+__device__ static inline void lane_vec(const float *x, int64_t Dk, float *out) {
     int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         int64_t i = lane + 32 * r;
-        out[r] = i < Dk ? ldf(kt_at(x, i, h, t, b)) : 0.0f;
+        out[r] = i < Dk ? x[i] : 0.0f;
     }
 }
 
@@ -58,32 +98,40 @@ __device__ static inline float step(float *S, const float *k, float eg, float bt
 /* Forward (and the decoding variant with an initial state s0 and a packed [o | final state]). */
 template <int R>
 __global__ void k_gdn_fwd(gdn_args A, kt o, float *packed, int has_s0) {
+    extern __shared__ float smem[];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int64_t L = blockIdx.x, b = L / A.Hv, hv = L % A.Hv, hk = hv / (A.Hv / A.Hk);
-    int64_t j = (int64_t)blockIdx.y * FWD_WARPS + w;
-    if (j >= A.Dv) return; /* no block-wide barriers below */
+    int64_t j0 = (int64_t)blockIdx.y * FWD_WARPS, j = j0 + w;
+    bool act = j < A.Dv; /* inactive warps still load and meet the barriers */
+    stage st = stage_at(smem, A.Dk, FWD_WARPS, false);
     float S[R], k[R], q[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         int64_t i = lane + 32 * r;
-        S[r] = has_s0 && i < A.Dk ? ldf(kt_at(A.s0, j, i, hv, b)) : 0.0f;
+        S[r] = act && has_s0 && i < A.Dk ? ldf(kt_at(A.s0, j, i, hv, b)) : 0.0f;
     }
-    for (int64_t t = 0; t < A.T; t++) {
-        load_vec<R>(A.k, A.Dk, hk, t, b, k);
-        load_vec<R>(A.q, A.Dk, hk, t, b, q);
-        float eg = expf(ldf(kt_at(A.g, hv, t, b, 0))), bt = ldf(kt_at(A.beta, hv, t, b, 0));
-        float vj = ldf(kt_at(A.v, j, hv, t, b));
-        step<R>(S, k, eg, bt, vj, NULL);
-        float y = 0.0f;
+    for (int64_t t0 = 0; t0 < A.T; t0 += GDN_CHUNK) {
+        int n = (int)(A.T - t0 < GDN_CHUNK ? A.T - t0 : GDN_CHUNK);
+        __syncthreads(); /* the previous chunk is consumed */
+        stage_load(st, A, b, hv, hk, t0, n, j0, FWD_WARPS, true);
+        __syncthreads();
+        if (!act) continue;
+        for (int s = 0; s < n; s++) {
+            lane_vec<R>(st.k + s * A.Dk, A.Dk, k);
+            lane_vec<R>(st.q + s * A.Dk, A.Dk, q);
+            step<R>(S, k, st.eg[s], st.beta[s], st.v[s * FWD_WARPS + w], NULL);
+            float y = 0.0f;
 #pragma unroll
-        for (int r = 0; r < R; r++) y += S[r] * q[r];
-        y = warp_sum(y);
-        if (lane == 0) {
-            if (packed) packed[((b * A.T + t) * A.Hv + hv) * A.Dv + j] = y;
-            else stf(kt_at(o, j, hv, t, b), y);
+            for (int r = 0; r < R; r++) y += S[r] * q[r];
+            y = warp_sum(y);
+            if (lane == 0) {
+                int64_t t = t0 + s;
+                if (packed) packed[((b * A.T + t) * A.Hv + hv) * A.Dv + j] = y;
+                else stf(kt_at(o, j, hv, t, b), y);
+            }
         }
     }
-    if (packed) {
+    if (packed && act) {
         float *fin = packed + A.Dv * A.Hv * A.T * A.B + (b * A.Hv + hv) * A.Dk * A.Dv;
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -104,15 +152,17 @@ typedef struct {
 
 template <int R>
 __global__ void k_gdn_bwd(gdn_args A, gdn_bwd_buf W) {
-    extern __shared__ float smem[]; /* [2][BWD_WARPS][Dk] dq parts, [2][BWD_WARPS][Dk] dk parts, then doubles */
+    /* shared: the stage, then [2][BWD_WARPS][Dk] dq parts, [2][BWD_WARPS][Dk] dk parts, then
+     * [2][BWD_WARPS][2] doubles (dg, dbeta parts) */
+    extern __shared__ float smem[];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int64_t Dk = A.Dk, Dv = A.Dv, T = A.T, Hv = A.Hv;
     int64_t L = blockIdx.x, b = L / Hv, hv = L % Hv, hk = hv / (Hv / A.Hk), grp = blockIdx.y;
-    int64_t j = grp * BWD_WARPS + w;
+    int64_t j0 = grp * BWD_WARPS, j = j0 + w;
     bool act = j < Dv;
-    int64_t jj = act ? j : 0; /* inactive warps shadow column 0 but contribute nothing */
-    float *sq = smem, *sk = smem + 2 * BWD_WARPS * Dk;
-    double *sd = (double *)(smem + 4 * BWD_WARPS * Dk); /* [2][BWD_WARPS][2]: dg, dbeta */
+    stage st = stage_at(smem, Dk, BWD_WARPS, true);
+    float *sq = smem + stage_floats(Dk, BWD_WARPS, true), *sk = sq + 2 * BWD_WARPS * Dk;
+    double *sd = (double *)(sk + 2 * BWD_WARPS * Dk);
     /* scratch columns are padded to whole blocks, so an inactive warp scribbles only on its own */
     int64_t Dvp = gridDim.y * BWD_WARPS;
     float *ck = W.ck + (L * Dvp + j) * W.n_chunks * Dk, *cs = W.cs + (L * Dvp + j) * (GDN_CHUNK + 1) * Dk;
@@ -121,19 +171,28 @@ __global__ void k_gdn_bwd(gdn_args A, gdn_bwd_buf W) {
     /* forward, keeping the state at each chunk start */
 #pragma unroll
     for (int r = 0; r < R; r++) S[r] = 0.0f;
-    for (int64_t t = 0; t < T; t++) {
-        if (t % GDN_CHUNK == 0) {
+    for (int64_t ch = 0; ch < W.n_chunks; ch++) {
+        int64_t t0 = ch * GDN_CHUNK;
+        int n = (int)(T - t0 < GDN_CHUNK ? T - t0 : GDN_CHUNK);
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                if (lane + 32 * r < Dk) ck[(t / GDN_CHUNK) * Dk + lane + 32 * r] = S[r];
+        for (int r = 0; r < R; r++)
+            if (lane + 32 * r < Dk) ck[ch * Dk + lane + 32 * r] = S[r];
+        __syncthreads();
+        stage_load(st, A, b, hv, hk, t0, n, j0, BWD_WARPS, false);
+        __syncthreads();
+        for (int s = 0; s < n; s++) {
+            lane_vec<R>(st.k + s * Dk, Dk, k);
+            step<R>(S, k, st.eg[s], st.beta[s], st.v[s * BWD_WARPS + w], NULL);
         }
-        load_vec<R>(A.k, Dk, hk, t, b, k);
-        step<R>(S, k, expf(ldf(kt_at(A.g, hv, t, b, 0))), ldf(kt_at(A.beta, hv, t, b, 0)), ldf(kt_at(A.v, jj, hv, t, b)), NULL);
     }
 #pragma unroll
     for (int r = 0; r < R; r++) dS[r] = 0.0f;
     for (int64_t ch = W.n_chunks - 1; ch >= 0; ch--) {
-        int64_t t0 = ch * GDN_CHUNK, t1 = t0 + GDN_CHUNK < T ? t0 + GDN_CHUNK : T;
+        int64_t t0 = ch * GDN_CHUNK;
+        int n = (int)(T - t0 < GDN_CHUNK ? T - t0 : GDN_CHUNK);
+        __syncthreads(); /* everyone is done with the previous chunk's stage */
+        stage_load(st, A, b, hv, hk, t0, n, j0, BWD_WARPS, true);
+        __syncthreads();
         /* recompute the chunk's states; each lane reads back only what it wrote itself */
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -141,27 +200,34 @@ __global__ void k_gdn_bwd(gdn_args A, gdn_bwd_buf W) {
             S[r] = i < Dk ? ck[ch * Dk + i] : 0.0f;
             if (i < Dk) cs[i] = S[r];
         }
-        for (int64_t t = t0; t < t1; t++) {
-            load_vec<R>(A.k, Dk, hk, t, b, k);
-            step<R>(S, k, expf(ldf(kt_at(A.g, hv, t, b, 0))), ldf(kt_at(A.beta, hv, t, b, 0)), ldf(kt_at(A.v, jj, hv, t, b)), NULL);
+        for (int s = 0; s < n; s++) {
+            lane_vec<R>(st.k + s * Dk, Dk, k);
+            step<R>(S, k, st.eg[s], st.beta[s], st.v[s * BWD_WARPS + w], NULL);
 #pragma unroll
             for (int r = 0; r < R; r++)
-                if (lane + 32 * r < Dk) cs[(t - t0 + 1) * Dk + lane + 32 * r] = S[r];
+                if (lane + 32 * r < Dk) cs[(s + 1) * Dk + lane + 32 * r] = S[r];
         }
-        for (int64_t t = t1 - 1; t >= t0; t--) {
+        /* St of the last step is the state just computed; Sp of step s is loaded one step ahead */
+        float St[R], Sp[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            St[r] = S[r];
+            Sp[r] = lane + 32 * r < Dk ? cs[(n - 1) * Dk + lane + 32 * r] : 0.0f;
+        }
+        for (int s = n - 1; s >= 0; s--) {
+            int64_t t = t0 + s;
             int buf = (int)(t & 1);
-            float Sa[R], St[R];
-            load_vec<R>(A.k, Dk, hk, t, b, k);
-            load_vec<R>(A.q, Dk, hk, t, b, q);
-            float eg = expf(ldf(kt_at(A.g, hv, t, b, 0))), bt = ldf(kt_at(A.beta, hv, t, b, 0));
-            float vj = ldf(kt_at(A.v, jj, hv, t, b)), dOj = ldf(kt_at(A.dO, jj, hv, t, b));
+            float Sn[R]; /* the previous step's Sp, in flight while this step computes */
+#pragma unroll
+            for (int r = 0; r < R; r++) Sn[r] = s > 0 && lane + 32 * r < Dk ? cs[(s - 1) * Dk + lane + 32 * r] : 0.0f;
+            lane_vec<R>(st.k + s * Dk, Dk, k);
+            lane_vec<R>(st.q + s * Dk, Dk, q);
+            float eg = st.eg[s], bt = st.beta[s], vj = st.v[s * BWD_WARPS + w], dOj = st.dO[s * BWD_WARPS + w];
             int64_t row = (b * T + t) * Hv + hv;
-            float u = 0.0f;
+            float Sa[R], u = 0.0f;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                int64_t i = lane + 32 * r;
-                Sa[r] = i < Dk ? eg * cs[(t - t0) * Dk + i] : 0.0f;
-                St[r] = i < Dk ? cs[(t - t0 + 1) * Dk + i] : 0.0f;
+                Sa[r] = eg * Sp[r];
                 u += Sa[r] * k[r];
             }
             u = warp_sum(u);
@@ -210,6 +276,8 @@ __global__ void k_gdn_bwd(gdn_args A, gdn_bwd_buf W) {
                 W.pg[grp * W.rows + row] = g1;
                 W.pb[grp * W.rows + row] = b1;
             }
+#pragma unroll
+            for (int r = 0; r < R; r++) St[r] = Sp[r], Sp[r] = Sn[r];
         }
     }
 }
@@ -252,8 +320,14 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     kt o = kt_of(t);
     float *packed = st ? (float *)t->data : NULL;
     cudaStream_t s = cuda_im(be)->stream;
-    if (A.Dk <= 128) k_gdn_fwd<4><<<grid, FWD_WARPS * 32, 0, s>>>(A, o, packed, st ? 1 : 0);
-    else k_gdn_fwd<8><<<grid, FWD_WARPS * 32, 0, s>>>(A, o, packed, st ? 1 : 0);
+    size_t shm = stage_floats(A.Dk, FWD_WARPS, false) * sizeof(float);
+    if (A.Dk <= 128) {
+        if (cuda_check(cudaFuncSetAttribute(k_gdn_fwd<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm), "shared memory limit", t)) return -1;
+        k_gdn_fwd<4><<<grid, FWD_WARPS * 32, shm, s>>>(A, o, packed, st ? 1 : 0);
+    } else {
+        if (cuda_check(cudaFuncSetAttribute(k_gdn_fwd<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm), "shared memory limit", t)) return -1;
+        k_gdn_fwd<8><<<grid, FWD_WARPS * 32, shm, s>>>(A, o, packed, st ? 1 : 0);
+    }
     return cuda_check(cudaGetLastError(), "gated delta rule forward launch", t);
 }
 
@@ -274,7 +348,7 @@ int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     if (!base) return -1;
     W.pg = (double *)base, W.pb = W.pg + n_d; /* doubles first: aligned */
     W.ck = (float *)(W.pb + n_d), W.cs = W.ck + n_ck, W.pq = W.cs + n_cs, W.pk = W.pq + n_p;
-    size_t shm = 4 * BWD_WARPS * (size_t)A.Dk * sizeof(float) + 4 * BWD_WARPS * sizeof(double);
+    size_t shm = (stage_floats(A.Dk, BWD_WARPS, true) + 4 * BWD_WARPS * (size_t)A.Dk) * sizeof(float) + 4 * BWD_WARPS * sizeof(double);
     dim3 grid((unsigned)L, (unsigned)G);
     cudaStream_t s = cuda_im(be)->stream;
     if (A.Dk <= 128) {

@@ -18,6 +18,7 @@ typedef struct {
     char *p;
     int64_t ne[4], nb[4];
     int type;
+    int contig; /* plain row-major: flat element e is at e * element size (kernels skip index math) */
 } kt;
 
 static inline kt kt_of(const keel_tensor *t) {
@@ -25,6 +26,7 @@ static inline kt kt_of(const keel_tensor *t) {
     k.p = (char *)t->data;
     for (int i = 0; i < 4; i++) k.ne[i] = t->ne[i], k.nb[i] = t->nb[i];
     k.type = (int)t->type;
+    k.contig = keel_is_contiguous(t);
     return k;
 }
 
@@ -34,6 +36,14 @@ __device__ static inline char *kt_at(const kt &t, int64_t i0, int64_t i1, int64_
 }
 /* Element e of t in flat (dim 0 fastest) order, as four indices. */
 __device__ static inline void kt_unflat(const kt &t, int64_t e, int64_t *i) {
+    if (e < 0x7fffffff && t.ne[0] < 0x7fffffff && t.ne[1] < 0x7fffffff && t.ne[2] < 0x7fffffff) {
+        /* 32-bit division is several times cheaper than 64-bit on the GPU */
+        uint32_t x = (uint32_t)e, n0 = (uint32_t)t.ne[0], n1 = (uint32_t)t.ne[1], n2 = (uint32_t)t.ne[2];
+        i[0] = x % n0, x /= n0;
+        i[1] = x % n1, x /= n1;
+        i[2] = x % n2, i[3] = x / n2;
+        return;
+    }
     i[0] = e % t.ne[0], e /= t.ne[0];
     i[1] = e % t.ne[1], e /= t.ne[1];
     i[2] = e % t.ne[2], i[3] = e / t.ne[2];

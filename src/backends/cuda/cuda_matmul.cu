@@ -109,9 +109,11 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
                 return -1;
             continue;
         }
-        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
-            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3 + (i2 / r2) * ma.stride2, &mb, pb3 + i2 * mb.stride2,
-                     pc3 + i2 * mc.stride2, mc.ld, 0.0f, 1, 0, 0, 0))
+        /* broadcast a (grouped-query attention): for each member g of a group, one batched call over
+         * the groups, matrices i2 = h r2 + g of b and t against matrix h of a */
+        for (int64_t g = 0; g < r2; g++)
+            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3, &mb, pb3 + g * mb.stride2, pc3 + g * mc.stride2, mc.ld, 0.0f,
+                     t->ne[2] / r2, ma.stride2, r2 * mb.stride2, r2 * mc.stride2))
                 return -1;
     }
     return c_tmp ? cuda_copy(be, t, &tc, false) : 0;
@@ -133,18 +135,20 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
     /* a(i, k) is column-major I x K (op N) unless stored transposed; b(j, k) must become K x J */
     cublasOperation_t opa = ma.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = mb.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
-    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
-        for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
-            float *pc = c0 + i2 * mc.stride2 + i3 * mc.stride3;
-            bool first = true;
-            for (int64_t g3 = 0; g3 < r3; g3++)
-                for (int64_t g2 = 0; g2 < r2; g2++) {
-                    int64_t s2 = i2 * r2 + g2, s3 = i3 * r3 + g3;
-                    if (gemm(be, t, opa, opb, I, J, K, &ma, ma.p + s2 * ma.stride2 + s3 * ma.stride3, &mb,
-                             mb.p + s2 * mb.stride2 + s3 * mb.stride3, pc, mc.ld, first ? 0.0f : 1.0f, 1, 0, 0, 0))
-                        return -1;
-                    first = false;
-                }
-        }
+    /* group members in a fixed order (g3 outer, g2 inner), each one call batched over the result
+     * matrices along dim 2: the first assigns, the others add */
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
+        float *pc = c0 + i3 * mc.stride3;
+        bool first = true;
+        for (int64_t g3 = 0; g3 < r3; g3++)
+            for (int64_t g2 = 0; g2 < r2; g2++) {
+                int64_t s3 = i3 * r3 + g3;
+                if (gemm(be, t, opa, opb, I, J, K, &ma, ma.p + g2 * ma.stride2 + s3 * ma.stride3, &mb,
+                         mb.p + g2 * mb.stride2 + s3 * mb.stride3, pc, mc.ld, first ? 0.0f : 1.0f, t->ne[2], r2 * ma.stride2,
+                         r2 * mb.stride2, mc.stride2))
+                    return -1;
+                first = false;
+            }
+    }
     return c_tmp ? cuda_copy(be, t, &tc, false) : 0;
 }

@@ -53,6 +53,12 @@ __device__ static float unary_f(int op, float x, float s, float b) {
 }
 
 __global__ void k_unary(kt t, kt a, int op, float s, float b) {
+    if (t.contig && a.contig) {
+        const float *x = (const float *)a.p;
+        float *y = (float *)t.p;
+        GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) y[e] = unary_f(op, x[e], s, b);
+        return;
+    }
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
         int64_t i[4];
         kt_unflat(t, e, i);
@@ -60,18 +66,32 @@ __global__ void k_unary(kt t, kt a, int op, float s, float b) {
     }
 }
 
-__global__ void k_binary(kt t, kt x, kt y, int op) {
+/* ymode 1: t, x, y contiguous and of one shape; 2: t, x contiguous and y one contiguous row
+ * broadcast over the others; 0: anything else. */
+__global__ void k_binary(kt t, kt x, kt y, int op, int ymode) {
+    int64_t n0 = t.ne[0];
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
-        int64_t i[4];
-        kt_unflat(t, e, i);
-        float u = ldf(kt_at(x, i[0], i[1], i[2], i[3]));
-        float v = ldf(kt_at(y, i[0] % y.ne[0], i[1] % y.ne[1], i[2] % y.ne[2], i[3] % y.ne[3]));
+        float u, v;
+        char *dst;
+        if (ymode) {
+            u = ((const float *)x.p)[e], v = ((const float *)y.p)[ymode == 1 ? e : e % n0], dst = t.p + e * 4;
+        } else {
+            int64_t i[4];
+            kt_unflat(t, e, i);
+            u = ldf(kt_at(x, i[0], i[1], i[2], i[3]));
+            v = ldf(kt_at(y, i[0] % y.ne[0], i[1] % y.ne[1], i[2] % y.ne[2], i[3] % y.ne[3]));
+            dst = kt_at(t, i[0], i[1], i[2], i[3]);
+        }
         float r = op == KEEL_OP_ADD ? u + v : op == KEEL_OP_SUB ? u - v : op == KEEL_OP_MUL ? u * v : u / v;
-        stf(kt_at(t, i[0], i[1], i[2], i[3]), r);
+        stf(dst, r);
     }
 }
 
 __global__ void k_fill(kt t, float v) {
+    if (t.contig) {
+        GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3])((float *)t.p)[e] = v;
+        return;
+    }
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
         int64_t i[4];
         kt_unflat(t, e, i);
@@ -151,6 +171,15 @@ __global__ void k_finish_parts(kt t, const double *part, int64_t n_out, int64_t 
 }
 
 __global__ void k_silu_back(kt t, kt x, kt dy) {
+    if (t.contig && x.contig && dy.contig) {
+        const float *xp = (const float *)x.p, *dp = (const float *)dy.p;
+        float *y = (float *)t.p;
+        GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
+            float xv = xp[e], sg = 1.0f / (1.0f + expf(-xv));
+            y[e] = dp[e] * sg * (1.0f + xv * (1.0f - sg));
+        }
+        return;
+    }
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
         int64_t i[4];
         kt_unflat(t, e, i);
@@ -470,7 +499,14 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_ADD:
     case KEEL_OP_SUB:
     case KEEL_OP_MUL:
-    case KEEL_OP_DIV: EW(k_binary, n, kt_of(t), kt_of(a), kt_of(b), t->op); return 0;
+    case KEEL_OP_DIV: {
+        kt kx = kt_of(t), ka = kt_of(a), kb = kt_of(b);
+        int ymode = 0;
+        if (kx.contig && ka.contig && kb.contig && keel_same_shape(t, b)) ymode = 1;
+        else if (kx.contig && ka.contig && kb.contig && b->ne[0] == t->ne[0] && keel_nrows(b) == 1) ymode = 2;
+        EW(k_binary, n, kx, ka, kb, t->op, ymode);
+        return 0;
+    }
     case KEEL_OP_SCALE:
     case KEEL_OP_SQR:
     case KEEL_OP_SQRT:
