@@ -140,3 +140,10 @@ set_tests_properties(generate_incremental_greedy generate_incremental_sampled ev
 # interface: bitwise equal to one process at the same global batch; failures stop every rank.
 add_test(NAME train_data_parallel COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-train-dist.sh $<TARGET_FILE:keel> ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-dist)
 set_tests_properties(train_data_parallel PROPERTIES LABELS "train;dist")
+
+# The CUDA backend, when this build has it (nvcc was found): on a machine with a GPU a quick op
+# check, elsewhere the clear "no usable CUDA device" refusal. The GPU tier is scripts/gpu-check.sh.
+if(KEEL_CUDA)
+  add_test(NAME cuda_backend COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-cuda-backend.sh $<TARGET_FILE:keel>)
+  set_tests_properties(cuda_backend PROPERTIES LABELS "cuda")
+endif()
