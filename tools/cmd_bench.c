@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backends/cpu/gemm.h"
+#include "bench_util.h"
 #include "cli.h"
 #include "ops/ops.h"
 #include "autodiff/autodiff.h"
@@ -24,17 +25,6 @@
 
 enum { CblasColMajor = 102, CblasNoTrans = 111, CblasTrans = 112 };
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static double cpu_mhz(void) {
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -105,26 +95,26 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         double tk[16], to[16], flops = 2.0 * (double)n * (double)n * (double)n;
         keel_session_run(ses, NULL, NULL); /* warm-up */
         for (int r = 0; r < reps; r++) {
-            double t0 = now();
+            double t0 = bench_now();
             keel_session_run(ses, NULL, NULL);
-            tk[r] = now() - t0;
+            tk[r] = bench_now() - t0;
         }
         keel_tensor_read(be, c, hc, KEEL_F32);
         double ob = 0, diff = NAN;
         if (sgemm) {
             sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f, oc, (int)n);
             for (int r = 0; r < reps; r++) {
-                double t0 = now();
+                double t0 = bench_now();
                 sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f, oc, (int)n);
-                to[r] = now() - t0;
+                to[r] = bench_now() - t0;
             }
-            qsort(to, (size_t)reps, sizeof(double), cmp_d);
+            qsort(to, (size_t)reps, sizeof(double), bench_cmp_d);
             ob = flops / to[reps / 2] * 1e-9;
             double num = 0, den = 0;
             for (int64_t i = 0; i < n * n; i++) num += (double)(hc[i] - oc[i]) * (hc[i] - oc[i]), den += (double)oc[i] * oc[i];
             diff = sqrt(num / den);
         }
-        qsort(tk, (size_t)reps, sizeof(double), cmp_d);
+        qsort(tk, (size_t)reps, sizeof(double), bench_cmp_d);
         double kg = flops / tk[reps / 2] * 1e-9;
         printf("%6lld %12.1f %12.1f %10.2f %10.2f %12.1e\n", (long long)n, kg, ob, ob > 0 ? kg / ob : NAN, kg / peak, diff);
         fflush(stdout);
@@ -177,9 +167,9 @@ static int recompute_child(const char *mode, int64_t T, int threads, int layers,
     keel_tensor_write(be, ids, iv, KEEL_I32), keel_tensor_write(be, tgt, iv, KEEL_I32), keel_tensor_write(be, pos, pv, KEEL_I32);
     double best = 1e30;
     for (int rep = 0; rep < 3; rep++) { /* the first run also touches every page of the arena */
-        double t0 = now();
+        double t0 = bench_now();
         if (keel_session_run(s, NULL, NULL)) return -1;
-        double dt = now() - t0;
+        double dt = bench_now() - t0;
         if (rep > 0 && dt < best) best = dt;
     }
     r->planned = (double)s->plan->total_bytes;
@@ -244,12 +234,12 @@ static int bench_tokenize(const char *tok_path, const char *text_path, int reps)
     double tm[16], cold = 0;
     for (int r = 0; r <= reps; r++) {
         free(ids);
-        double t0 = now();
+        double t0 = bench_now();
         if (keel_tokenizer_encode(t, text, (size_t)n, &ids, &ni)) { fprintf(stderr, "keel bench tokenize: %s\n", keel_last_error()); return 1; }
-        if (r == 0) cold = now() - t0;
-        else tm[r - 1] = now() - t0;
+        if (r == 0) cold = bench_now() - t0;
+        else tm[r - 1] = bench_now() - t0;
     }
-    qsort(tm, (size_t)reps, sizeof(double), cmp_d);
+    qsort(tm, (size_t)reps, sizeof(double), bench_cmp_d);
     printf("keel bench tokenize: %s (%.2f MB), Qwen3 tokenizer, median of %d\n", text_path, (double)n / 1e6, reps);
     printf("%-34s %10s %10s\n", "", "MB/s", "ids");
     printf("%-34s %10.2f %10zu\n", "keel (first run, empty cache)", (double)n / 1e6 / cold, ni);

@@ -13,11 +13,13 @@
 #include <unistd.h>
 
 #include "autodiff/autodiff.h"
+#include "bench_util.h"
 #include "cli.h"
 #include "io/checkpoint.h"
 #include "model/qwen35.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
+#include "train/optim.h"
 #include "util/error.h"
 #include "util/rng.h"
 
@@ -34,17 +36,6 @@ typedef struct {
     double step_s, tokens_per_s, peak_bytes, first_loss, last_loss;
     const char *peak_what;
 } bench_result;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_result *r) {
     keel_recompute_mode rm;
@@ -66,16 +57,14 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
     g = keel_graph_build(ctx, &out.loss, 1);
     if (!g || keel_build_backward(g, out.loss) || keel_recompute_apply(g, &out.layers, &rm) < 0) goto done;
     opt = calloc((size_t)m->n_params, sizeof *opt);
-    keel_tensor **mom = calloc((size_t)m->n_params * 2, sizeof *mom);
-    if (!opt || !mom) { free(mom); keel_fail("out of memory"); goto done; }
-    for (int i = 0; i < m->n_params; i++) {
-        keel_tensor *p = m->params[i];
-        mom[2 * i] = keel_set_flags(keel_new(ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT);
-        mom[2 * i + 1] = keel_set_flags(keel_new(ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT);
-        opt[i] = keel_adamw(ctx, p, keel_graph_grad(g, p), mom[2 * i], mom[2 * i + 1], 1e-4, 0.9, 0.95, 1e-8, 0.1, 1);
-        if (!opt[i] || keel_graph_expand(g, opt[i])) { free(mom); goto done; }
-        opt[i]->flags |= KEEL_FLAG_OUTPUT;
+    keel_tensor **mom = calloc((size_t)m->n_params * 2, sizeof *mom), **grads = calloc((size_t)m->n_params, sizeof *grads);
+    for (int i = 0; grads && i < m->n_params; i++) grads[i] = keel_graph_grad(g, m->params[i]);
+    if (!opt || !mom || !grads || keel_adamw_attach(ctx, g, m->params, grads, m->n_params, 1e-4, 0.1, mom, opt)) {
+        if (!opt || !mom || !grads) keel_fail("out of memory");
+        free(mom), free(grads);
+        goto done;
     }
+    free(grads);
     s = keel_session_new(be, g, NULL);
     if (!s) { free(mom); goto done; }
     printf("keel: %d parameter tensors, plan %.2f GiB (activations %.2f GiB), initialising...\n", m->n_params,
@@ -104,19 +93,19 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
         for (int64_t i = 0; i < T * B; i++) iv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
         for (int64_t i = 0; i < T * B; i++) tv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
         for (int i = 0; i < m->n_params; i++) opt[i]->ip[0] = step + 1;
-        double t0 = now();
+        double t0 = bench_now();
         float loss;
         if (keel_tensor_write(be, ids, iv, KEEL_I32) || keel_tensor_write(be, tgt, tv, KEEL_I32) ||
             keel_tensor_write(be, pos, pv, KEEL_I32) || keel_session_run(s, NULL, NULL) || keel_tensor_read(be, out.loss, &loss, KEEL_F32))
             goto done;
-        times[step] = now() - t0;
+        times[step] = bench_now() - t0;
         if (step == 0) r->first_loss = loss;
         r->last_loss = loss;
         printf("keel step %lld%s: %.3f s, loss %.4f\n", step + 1, step < o->warmup ? " (warm-up)" : "", times[step], loss);
         fflush(stdout);
         if (!isfinite(loss)) { keel_fail("keel: loss is not finite at step %lld", step + 1); goto done; }
     }
-    qsort(times + o->warmup, (size_t)o->steps, sizeof *times, cmp_d);
+    qsort(times + o->warmup, (size_t)o->steps, sizeof *times, bench_cmp_d);
     r->step_s = times[o->warmup + o->steps / 2];
     r->tokens_per_s = (double)(T * B) / r->step_s;
 #ifdef KEEL_HAVE_CUDA

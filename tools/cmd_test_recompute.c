@@ -13,6 +13,7 @@
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
+#include "train/optim.h"
 #include "util/error.h"
 
 #define STEPS 3
@@ -61,15 +62,13 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
     o->clones = keel_recompute_apply(g, &out.layers, &rm);
     if (o->clones < 0) goto done;
     opt = calloc((size_t)m->n_params, sizeof *opt);
-    keel_tensor **mom = calloc((size_t)m->n_params * 2, sizeof *mom);
-    for (int i = 0; i < m->n_params; i++) {
-        keel_tensor *p = m->params[i];
-        mom[2 * i] = keel_set_flags(keel_new(ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT);
-        mom[2 * i + 1] = keel_set_flags(keel_new(ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT);
-        opt[i] = keel_adamw(ctx, p, keel_graph_grad(g, p), mom[2 * i], mom[2 * i + 1], 1e-2, 0.9, 0.95, 1e-8, 0.01, 1);
-        if (!opt[i] || keel_graph_expand(g, opt[i])) { free(mom); goto done; }
-        opt[i]->flags |= KEEL_FLAG_OUTPUT;
+    keel_tensor **mom = calloc((size_t)m->n_params * 2, sizeof *mom), **grads = calloc((size_t)m->n_params, sizeof *grads);
+    for (int i = 0; grads && i < m->n_params; i++) grads[i] = keel_graph_grad(g, m->params[i]);
+    if (!opt || !mom || !grads || keel_adamw_attach(ctx, g, m->params, grads, m->n_params, 1e-2, 0.01, mom, opt)) {
+        free(mom), free(grads);
+        goto done;
     }
+    free(grads);
     s = keel_session_new(be, g, NULL);
     if (!s) { free(mom); goto done; }
     o->planned = s->plan->total_bytes;

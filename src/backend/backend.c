@@ -51,6 +51,54 @@ int keel_backend_read_fault(keel_backend *be) {
     return 0;
 }
 
+/* Sources that hold integer indices rather than values. */
+static bool is_index_src(int op, int i) {
+    return i == 1 && (op == KEEL_OP_GET_ROWS || op == KEEL_OP_GET_ROWS_BACK || op == KEEL_OP_ROPE ||
+                      op == KEEL_OP_ROPE_BACK || op == KEEL_OP_CROSS_ENTROPY_LOSS ||
+                      op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK);
+}
+
+bool keel_backend_f32_supports(const keel_tensor *t) {
+    const keel_op_info *info = keel_op_get(t->op);
+    if (info->flags & OPF_VIEW) return true;
+    switch (t->op) {
+    case KEEL_OP_CPY:
+    case KEEL_OP_CONT:
+    case KEEL_OP_DUP:
+    case KEEL_OP_CONCAT:
+    case KEEL_OP_ACC:
+    case KEEL_OP_SET:
+        return true;
+    case KEEL_OP_GET_ROWS:
+        return t->src[1]->type == KEEL_I32;
+    default:
+        break;
+    }
+    if (t->type != KEEL_F32) return false;
+    for (int i = 0; i < info->arity; i++) {
+        keel_type want = is_index_src(t->op, i) ? KEEL_I32 : KEEL_F32;
+        if (t->src[i]->type != want) return false;
+    }
+    return true;
+}
+
+int keel_backend_run_acc_set(keel_backend *be, const keel_tensor *t) {
+    if (!t->ip[4] && be->copy(be, t, t->src[0], false)) return -1;
+    keel_tensor w = keel_acc_window(t);
+    return be->copy(be, &w, t->src[1], t->op == KEEL_OP_ACC);
+}
+
+int keel_backend_run_concat(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    int d = (int)t->ip[0];
+    keel_tensor w = *t;
+    memcpy(w.ne, a->ne, sizeof w.ne);
+    if (be->copy(be, &w, a, false)) return -1;
+    memcpy(w.ne, b->ne, sizeof w.ne);
+    w.data = (char *)t->data + a->ne[d] * t->nb[d];
+    return be->copy(be, &w, b, false);
+}
+
 keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_opts *opts) {
     for (int64_t i = 0; i < g->n_nodes; i++) {
         const keel_tensor *t = g->nodes[i];

@@ -43,6 +43,15 @@ const char *keel_backend_list(void);
 /* Parse KEEL_FAULT into be->fault_row_limit (called by backends that honour it). -1 on a bad value. */
 int keel_backend_read_fault(keel_backend *be);
 
+/* The type rule of the float32 backends (cpu, cuda): the copy family converts between all types,
+ * GET_ROWS takes int32 ids, every other op takes float32 values (int32 index sources) and gives
+ * float32. */
+bool keel_backend_f32_supports(const keel_tensor *t);
+/* ACC and SET (`dst = src0` unless in place, then the window), and CONCAT, as calls of the
+ * backend's one copy path; the float32 backends run them so. */
+int keel_backend_run_acc_set(keel_backend *be, const keel_tensor *t);
+int keel_backend_run_concat(keel_backend *be, const keel_tensor *t);
+
 /* A graph placed and bound on a backend: the arena plus the plan. */
 typedef struct {
     keel_backend *be;

@@ -19,6 +19,7 @@
 #include "recompute/recompute.h"
 #include "tokenizer/tokenizer.h"
 #include "trace/trace.h"
+#include "train/optim.h"
 #include "train/data.h"
 #include "util/error.h"
 
@@ -235,15 +236,7 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
     if (!t->sumsq || keel_graph_expand(t->g, t->sumsq)) return -1;
     t->sumsq->flags |= KEEL_FLAG_OUTPUT;
     t->end_norm = t->g->n_nodes;
-    for (int i = 0; i < t->n_train; i++) {
-        keel_tensor *p = t->train_p[i];
-        t->mom[2 * i] = keel_set_name(keel_set_flags(keel_new(t->ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT), "m.%s", p->name);
-        t->mom[2 * i + 1] = keel_set_name(keel_set_flags(keel_new(t->ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT), "v.%s", p->name);
-        double wd = p->ne[1] > 1 ? o->weight_decay : 0.0; /* no decay on norms, gates and biases */
-        t->opt[i] = keel_adamw(t->ctx, p, G[i], t->mom[2 * i], t->mom[2 * i + 1], o->lr, 0.9, 0.95, 1e-8, wd, 1);
-        if (!t->opt[i] || keel_graph_expand(t->g, t->opt[i])) return -1;
-        t->opt[i]->flags |= KEEL_FLAG_OUTPUT;
-    }
+    if (keel_adamw_attach(t->ctx, t->g, t->train_p, G, t->n_train, o->lr, o->weight_decay, t->mom, t->opt)) return -1;
     t->s = keel_session_new(t->be, t->g, NULL);
     return t->s ? 0 : -1;
 }

@@ -8,36 +8,9 @@
 #include "ops/ops.h"
 #include "util/error.h"
 
-/* Sources that hold integer indices rather than values. */
-static bool is_index_src(int op, int i) {
-    return i == 1 && (op == KEEL_OP_GET_ROWS || op == KEEL_OP_GET_ROWS_BACK || op == KEEL_OP_ROPE ||
-                      op == KEEL_OP_ROPE_BACK || op == KEEL_OP_CROSS_ENTROPY_LOSS ||
-                      op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK);
-}
-
 static bool cpu_supports(keel_backend *be, const keel_tensor *t) {
     (void)be;
-    const keel_op_info *info = keel_op_get(t->op);
-    if (info->flags & OPF_VIEW) return true;
-    switch (t->op) { /* the copy family converts between all types */
-    case KEEL_OP_CPY:
-    case KEEL_OP_CONT:
-    case KEEL_OP_DUP:
-    case KEEL_OP_CONCAT:
-    case KEEL_OP_ACC:
-    case KEEL_OP_SET:
-        return true;
-    case KEEL_OP_GET_ROWS:
-        return t->src[1]->type == KEEL_I32;
-    default:
-        break;
-    }
-    if (t->type != KEEL_F32) return false;
-    for (int i = 0; i < info->arity; i++) {
-        keel_type want = is_index_src(t->op, i) ? KEEL_I32 : KEEL_F32;
-        if (t->src[i]->type != want) return false;
-    }
-    return true;
+    return keel_backend_f32_supports(t);
 }
 
 static int cpu_compute(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud) {

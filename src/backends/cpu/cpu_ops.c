@@ -404,11 +404,7 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return ok ? 0 : keel_fail("cpu: out of memory in '%s'", t->name);
     }
     case KEEL_OP_ACC:
-    case KEEL_OP_SET: {
-        if (!t->ip[4] && cpu_copy(be, t, a, false)) return -1;
-        keel_tensor w = keel_acc_window(t);
-        return cpu_copy(be, &w, b, t->op == KEEL_OP_ACC);
-    }
+    case KEEL_OP_SET: return keel_backend_run_acc_set(be, t);
     case KEEL_OP_FILL:
         keel_pool_for(pool, keel_nrows(t), fill_task, &c);
         return 0;
@@ -416,15 +412,7 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_REPEAT_BACK:
         keel_pool_for(pool, keel_nrows(t), repeat_task, &c);
         return 0;
-    case KEEL_OP_CONCAT: {
-        int d = (int)t->ip[0];
-        keel_tensor w = *t;
-        memcpy(w.ne, a->ne, sizeof w.ne);
-        if (cpu_copy(be, &w, a, false)) return -1;
-        memcpy(w.ne, b->ne, sizeof w.ne);
-        w.data = (char *)t->data + a->ne[d] * t->nb[d];
-        return cpu_copy(be, &w, b, false);
-    }
+    case KEEL_OP_CONCAT: return keel_backend_run_concat(be, t);
     case KEEL_OP_ADD:
     case KEEL_OP_SUB:
     case KEEL_OP_MUL:

@@ -101,41 +101,18 @@ void *cuda_scratch(keel_backend *be, size_t n, const keel_tensor *t) {
     return im->scratch;
 }
 
-/* Sources that hold integer indices rather than values. */
-static bool is_index_src(int op, int i) {
-    return i == 1 && (op == KEEL_OP_GET_ROWS || op == KEEL_OP_GET_ROWS_BACK || op == KEEL_OP_ROPE ||
-                      op == KEEL_OP_ROPE_BACK || op == KEEL_OP_CROSS_ENTROPY_LOSS ||
-                      op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK);
-}
-
 static bool cuda_supports(keel_backend *be, const keel_tensor *t) {
     (void)be;
-    const keel_op_info *info = keel_op_get(t->op);
-    if (info->flags & OPF_VIEW) return true;
-    switch (t->op) { /* the copy family converts between all types */
-    case KEEL_OP_CPY:
-    case KEEL_OP_CONT:
-    case KEEL_OP_DUP:
-    case KEEL_OP_CONCAT:
-    case KEEL_OP_ACC:
-    case KEEL_OP_SET:
-        return true;
-    case KEEL_OP_GET_ROWS:
-        return t->src[1]->type == KEEL_I32;
+    switch (t->op) {
     case KEEL_OP_GATED_DELTA_NET:
     case KEEL_OP_GATED_DELTA_NET_BACK:
     case KEEL_OP_GATED_DELTA_NET_STATE:
-        if (t->src[0]->ne[0] > 256) return false; /* the state column lives in registers: Dk <= 256 */
+        if (t->src[0]->ne[0] > 256) return false; /* a state column lives in one warp's registers: Dk <= 256 */
         break;
     default:
         break;
     }
-    if (t->type != KEEL_F32) return false;
-    for (int i = 0; i < info->arity; i++) {
-        keel_type want = is_index_src(t->op, i) ? KEEL_I32 : KEEL_F32;
-        if (t->src[i]->type != want) return false;
-    }
-    return true;
+    return keel_backend_f32_supports(t);
 }
 
 static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud) {

@@ -479,23 +479,11 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return cuda_copy_rows(be, t, a, b);
     case KEEL_OP_GET_ROWS_BACK: return get_rows_back(be, t);
     case KEEL_OP_ACC:
-    case KEEL_OP_SET: {
-        if (!t->ip[4] && cuda_copy(be, t, a, false)) return -1;
-        keel_tensor w = keel_acc_window(t);
-        return cuda_copy(be, &w, b, t->op == KEEL_OP_ACC);
-    }
+    case KEEL_OP_SET: return keel_backend_run_acc_set(be, t);
     case KEEL_OP_FILL: EW(k_fill, n, kt_of(t), (float)t->fp[0]); return 0;
     case KEEL_OP_REPEAT: EW(k_repeat, n, kt_of(t), kt_of(a)); return 0;
     case KEEL_OP_REPEAT_BACK: return reduce_terms(be, t, keel_nelements(a) / (n ? n : 1));
-    case KEEL_OP_CONCAT: {
-        int d = (int)t->ip[0];
-        keel_tensor w = *t;
-        memcpy(w.ne, a->ne, sizeof w.ne);
-        if (cuda_copy(be, &w, a, false)) return -1;
-        memcpy(w.ne, b->ne, sizeof w.ne);
-        w.data = (char *)t->data + a->ne[d] * t->nb[d];
-        return cuda_copy(be, &w, b, false);
-    }
+    case KEEL_OP_CONCAT: return keel_backend_run_concat(be, t);
     case KEEL_OP_ADD:
     case KEEL_OP_SUB:
     case KEEL_OP_MUL:
