@@ -5,7 +5,8 @@
 # `scripts/gpu-prepare.sh`) and .gpu-data (the fixture and checkpoints, same script).
 #   scripts/gpu-check.sh            every stage
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
-# Stages: ops grad fault reference recompute hf cross bench
+# Stages: ops grad fault reference recompute hf cross bench, and multi (needs 2 GPUs; not in the
+# default list)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/keel-gpu-out}
@@ -25,8 +26,15 @@ mkdir -p $deps
 for f in .gpu-debs/*.deb; do dpkg -x "$f" $deps; done
 lib=$deps/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# NCCL: the toolkit's, else the one PyTorch's wheels bring
+nccl=()
+if [ ! -e /usr/local/cuda/lib64/libnccl.so ] && [ ! -e /usr/local/cuda/lib/libnccl.so ]; then
+    nd=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
+    nl=$(ls "$nd"/lib/libnccl.so* 2>/dev/null | head -n1)
+    [ -n "$nl" ] && nccl=(-DNCCL_LIBRARY="$nl" -DNCCL_INCLUDE_DIR="$nd/include") && export LD_LIBRARY_PATH=$nd/lib:$LD_LIBRARY_PATH
+fi
 t0=$(date +%s)
-if cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" \
+if cmake -S . -B build-gpu "${nccl[@]}" -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" \
       -DCMAKE_PREFIX_PATH=$deps/usr -DCMAKE_LIBRARY_PATH=$lib -DCMAKE_INCLUDE_PATH=$deps/usr/include >"$out/build.log" 2>&1 &&
    cmake --build build-gpu -j "$(nproc)" >>"$out/build.log" 2>&1; then
     record "build (CUDA backend, sm_90 + PTX)" PASS "$(( $(date +%s) - t0 )) s"
@@ -74,6 +82,10 @@ if want hf; then
 fi
 if want cross; then
     run "0.8B: cpu vs cuda, 3 steps" cross.log scripts/gpu-cross-check.sh "$keel" "$out"
+fi
+if want multi; then
+    run "2 GPUs: --nproc 2, 20 steps, failures" multi.log scripts/gpu-multi-check.sh "$keel" "$out"
+    cat "$out/multi.log" | grep -v "^step\|^data\|^model\|^saved"
 fi
 if want bench; then
     run "bench train (keel cuda vs PyTorch)" bench.log $keel bench train --backend cuda --torch bench/torch_qwen35.py

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Data-parallel training on CPUs (several processes on loopback, the TCP all-reduce standing in
-# for NCCL): (1) 2 ranks give weights and losses bitwise identical to 1 process with --accum 2 at
-# the same global batch, and (2) twice the same; (3) a rank that dies, or (4) hangs, stops the
-# others with a message, the last checkpoint is intact, and --resume continues to the same end.
+# for NCCL behind the same interface): (1) 2 ranks give weights and losses bitwise identical to
+# 1 process with --accum 2 at the same global batch, and (2) twice the same; (3) with small
+# gradient buckets the first bucket's all-reduce starts during the backward pass, and the result
+# is still the same bits; (4) a rank that dies, or (5) hangs, stops the others with a message,
+# the last checkpoint is intact, and --resume continues to the same end.
 # Usage: test-train-dist.sh KEEL TEXT WORKDIR
 set -uo pipefail
 keel=$1 text=$2 work=$3
@@ -16,6 +18,13 @@ losses() { grep -o '"step": [0-9]*, "tokens": [0-9]*, "loss": [-0-9.e]*' "$1"; }
 cmp -s "$work/dp/checkpoint/model.safetensors" "$work/one/checkpoint/model.safetensors" || { echo "FAIL: 2 ranks != 1 process with --accum 2"; fail=1; }
 diff <(losses "$work/dp/metrics.jsonl") <(losses "$work/one/metrics.jsonl") >/dev/null || { echo "FAIL: losses differ from 1 process"; fail=1; }
 cmp -s "$work/dp/checkpoint/model.safetensors" "$work/dp2/checkpoint/model.safetensors" || { echo "FAIL: two 2-rank runs differ"; fail=1; }
+buckets=$(KEEL_DIST_BUCKET_BYTES=65536 KEEL_DIST_VERBOSE=1 "$keel" train "${common[@]}" --nproc 2 --out "$work/dpb" 2>&1 >/dev/null) ||
+  { echo "FAIL: 2-rank run with small buckets"; echo "$buckets"; exit 1; }
+first=$(grep -m1 "rank 0: bucket 1 of" <<<"$buckets")
+n_buckets=$(grep -o "bucket 1 of [0-9]*" <<<"$first" | grep -o "[0-9]*$")
+[[ "$first" == *"during the run"* && ${n_buckets:-0} -gt 2 ]] || { echo "FAIL: the first bucket did not start during the backward pass: $first"; fail=1; }
+cmp -s "$work/dpb/checkpoint/model.safetensors" "$work/one/checkpoint/model.safetensors" || { echo "FAIL: small buckets change the result"; fail=1; }
+echo "small buckets: $first; same bits as 1 process"
 for fault in exit hang; do
   start=$(date +%s)
   out=$(KEEL_DIST_FAULT=$fault:1:4 "$keel" train "${common[@]}" --nproc 2 --dist-timeout 3 --out "$work/f-$fault" 2>&1); rc=$?

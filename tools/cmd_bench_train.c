@@ -24,7 +24,7 @@
 #include "util/rng.h"
 
 #ifdef KEEL_HAVE_CUDA
-size_t keel_cuda_peak_bytes(keel_backend *be);
+#include "backends/cuda/cuda_api.h"
 #endif
 
 typedef struct {

@@ -119,6 +119,7 @@ int cmd_train(int argc, char **argv) {
                 char rank[16];
                 snprintf(rank, sizeof rank, "%d", r);
                 setenv("KEEL_RANK", rank, 1), setenv("KEEL_WORLD_SIZE", world, 1), setenv("KEEL_MASTER_ADDR", "127.0.0.1", 1), setenv("KEEL_MASTER_PORT", port, 1);
+                setenv("KEEL_LOCAL_RANK", rank, 1); /* one GPU per process: rank r takes GPU r */
                 _exit(keel_train_run(&o));
             }
             pids[r] = pid;

@@ -51,6 +51,12 @@ int keel_backend_read_fault(keel_backend *be) {
     return 0;
 }
 
+int keel_backend_callback_failed(const keel_tensor *t) {
+    char msg[1536];
+    snprintf(msg, sizeof msg, "%s", keel_last_error());
+    return keel_fail("%s (in the node callback after '%s')", msg[0] ? msg : "run stopped", t->name);
+}
+
 /* Sources that hold integer indices rather than values. */
 static bool is_index_src(int op, int i) {
     return i == 1 && (op == KEEL_OP_GET_ROWS || op == KEEL_OP_GET_ROWS_BACK || op == KEEL_OP_ROPE ||

@@ -52,6 +52,9 @@ bool keel_backend_f32_supports(const keel_tensor *t);
 int keel_backend_run_acc_set(keel_backend *be, const keel_tensor *t);
 int keel_backend_run_concat(keel_backend *be, const keel_tensor *t);
 
+/* For compute loops: the node callback after node t failed; keeps its message, adds the node. */
+int keel_backend_callback_failed(const keel_tensor *t);
+
 /* A graph placed and bound on a backend: the arena plus the plan. */
 typedef struct {
     keel_backend *be;

@@ -16,12 +16,21 @@
 #include <unistd.h>
 
 #include "util/error.h"
+#ifdef KEEL_HAVE_NCCL
+#include "dist/nccl.h"
+#endif
 
 struct keel_coll {
     int rank, size;
     int *peer;     /* rank 0: socket per rank (peer[0] unused); others: peer[0] is rank 0 */
     void *tmp;
     size_t tmp_n; /* bytes */
+    double timeout_s;
+    float *stage;  /* host staging of gradient buffers for the TCP all-reduce */
+    size_t stage_n; /* floats */
+#ifdef KEEL_HAVE_NCCL
+    keel_nccl *nccl; /* gradient sums on the GPU, when attached */
+#endif
 };
 
 static int set_timeout(int fd, double s) {
@@ -48,6 +57,9 @@ static int xfer(int fd, void *buf, size_t n, bool send_it, int me, int other) {
 keel_coll *keel_coll_from_env(double timeout_s, int *failed) {
     *failed = 0;
     const char *ws = getenv("KEEL_WORLD_SIZE"), *rs = getenv("KEEL_RANK"), *addr = getenv("KEEL_MASTER_ADDR"), *port = getenv("KEEL_MASTER_PORT");
+    /* started by mpirun or srun: their rank and size, when keel's own are not set */
+    if (!ws) ws = getenv("OMPI_COMM_WORLD_SIZE"), rs = getenv("OMPI_COMM_WORLD_RANK");
+    if (!ws) ws = getenv("SLURM_NTASKS"), rs = getenv("SLURM_PROCID");
     if (!ws || atoi(ws) <= 1) return NULL;
     *failed = 1;
     int size = atoi(ws), rank = rs ? atoi(rs) : -1, prt = port ? atoi(port) : 0;
@@ -58,7 +70,7 @@ keel_coll *keel_coll_from_env(double timeout_s, int *failed) {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)prt)};
     if (inet_pton(AF_INET, addr ? addr : "127.0.0.1", &sa.sin_addr) != 1) { keel_fail("KEEL_MASTER_ADDR '%s' is not an IPv4 address", addr); return NULL; }
     keel_coll *c = calloc(1, sizeof *c);
-    c->rank = rank, c->size = size;
+    c->rank = rank, c->size = size, c->timeout_s = timeout_s;
     c->peer = calloc((size_t)size, sizeof *c->peer);
     for (int i = 0; i < size; i++) c->peer[i] = -1;
     if (rank == 0) {
@@ -111,8 +123,11 @@ keel_coll *keel_coll_from_env(double timeout_s, int *failed) {
 
 void keel_coll_free(keel_coll *c) {
     if (!c) return;
+#ifdef KEEL_HAVE_NCCL
+    keel_nccl_free(c->nccl);
+#endif
     for (int i = 0; i < c->size; i++) if (c->peer[i] >= 0) close(c->peer[i]);
-    free(c->peer), free(c->tmp), free(c);
+    free(c->peer), free(c->tmp), free(c->stage), free(c);
 }
 
 int keel_coll_rank(const keel_coll *c) { return c ? c->rank : 0; }
@@ -147,3 +162,70 @@ static int allreduce(keel_coll *c, void *buf, size_t n, size_t es) {
 
 int keel_coll_allreduce_sum(keel_coll *c, float *buf, size_t n) { return allreduce(c, buf, n, 4); }
 int keel_coll_allreduce_sum_f64(keel_coll *c, double *buf, size_t n) { return allreduce(c, buf, n, 8); }
+
+int keel_coll_broadcast(keel_coll *c, void *buf, size_t n) {
+    if (!c) return 0;
+    if (c->rank != 0) return xfer(c->peer[0], buf, n, false, c->rank, 0);
+    for (int r = 1; r < c->size; r++)
+        if (xfer(c->peer[r], buf, n, true, 0, r)) return -1;
+    return 0;
+}
+
+int keel_coll_attach_backend(keel_coll *c, keel_backend *be, const char **name) {
+    *name = "TCP all-reduce through host memory (rank order)";
+    if (!c) return 0;
+    const char *want = getenv("KEEL_DIST_COLLECTIVE");
+    if (want && *want && strcmp(want, "tcp") && strcmp(want, "nccl"))
+        return keel_fail("KEEL_DIST_COLLECTIVE='%s': expected tcp or nccl", want);
+    bool gpu = strcmp(be->name, "cuda") == 0;
+#ifdef KEEL_HAVE_NCCL
+    if (gpu && !(want && !strcmp(want, "tcp"))) {
+        unsigned char id[KEEL_NCCL_ID_BYTES];
+        if (c->rank == 0 && keel_nccl_unique_id(id)) return -1;
+        if (keel_coll_broadcast(c, id, sizeof id)) return -1;
+        c->nccl = keel_nccl_new(be, c->rank, c->size, id, c->timeout_s);
+        if (!c->nccl) return -1;
+        *name = "NCCL all-reduce on the GPU";
+        return 0;
+    }
+#endif
+    if (want && !strcmp(want, "nccl"))
+        return keel_fail("KEEL_DIST_COLLECTIVE=nccl: %s", gpu ? "this build has no NCCL" : "NCCL needs --backend cuda");
+    return 0;
+}
+
+int keel_coll_allreduce_tensors(keel_coll *c, keel_backend *be, keel_tensor *const *ts, int n) {
+    if (!c) return 0;
+#ifdef KEEL_HAVE_NCCL
+    if (c->nccl) return keel_nccl_allreduce(c->nccl, ts, n);
+#endif
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (size_t)keel_nelements(ts[i]);
+    if (c->stage_n < total) {
+        free(c->stage);
+        c->stage = malloc(total * sizeof *c->stage);
+        c->stage_n = c->stage ? total : 0;
+        if (!c->stage) return keel_fail("out of memory for a gradient bucket of %zu values", total);
+    }
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (keel_tensor_read(be, ts[i], c->stage + at, KEEL_F32)) return -1;
+        at += (size_t)keel_nelements(ts[i]);
+    }
+    if (allreduce(c, c->stage, total, 4)) return -1;
+    at = 0;
+    for (int i = 0; i < n; i++) {
+        if (keel_tensor_write(be, ts[i], c->stage + at, KEEL_F32)) return -1;
+        at += (size_t)keel_nelements(ts[i]);
+    }
+    return 0;
+}
+
+int keel_coll_wait(keel_coll *c, keel_backend *be) {
+    (void)be;
+    if (!c) return 0;
+#ifdef KEEL_HAVE_NCCL
+    if (c->nccl) return keel_nccl_wait(c->nccl);
+#endif
+    return 0; /* the TCP sums finished when they were started */
+}

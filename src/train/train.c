@@ -19,6 +19,7 @@
 #include "recompute/recompute.h"
 #include "tokenizer/tokenizer.h"
 #include "trace/trace.h"
+#include "dist/grad_sync.h"
 #include "train/optim.h"
 #include "train/data.h"
 #include "util/error.h"
@@ -48,37 +49,28 @@ typedef struct {
     keel_graph *g;
     keel_session *s;
     keel_tensor *ids, *tgt, *pos, *loss, *sumsq;
-    keel_tensor **train_p, **grad, **acc, **mom, **opt; /* per trainable parameter */
+    keel_tensor **train_p, **grad, **acc, **acc_w, **mom, **opt; /* per trainable parameter (acc_w: the ACC into acc) */
     int n_train;
     int64_t end_fb, end_norm; /* node ranges: [0,end_fb) forward+backward(+accumulate), then the norm, then AdamW */
     int64_t step, position, tokens;
     keel_checkpoint *src;
     keel_coll *coll; /* NULL: one process */
+    keel_grad_sync *sync; /* the gradient buckets, with more than one rank */
     int rank, world;
 } trainer;
 
-/* Data parallelism: sum the gradients of every rank, bucket by bucket (parameter order), in rank
- * order. The CPU collective works on host memory; the bucket is staged through it. */
-static int allreduce_grads(trainer *t, keel_tensor **G) {
-    enum { BUCKET = 1 << 22 };
-    float *buf = malloc((size_t)BUCKET * sizeof *buf);
-    if (!buf) return keel_fail("out of memory for a gradient bucket");
-    int rc = 0, first = 0;
-    while (first < t->n_train && !rc) {
-        int last = first;
-        int64_t n = 0;
-        while (last < t->n_train && (n == 0 || n + keel_nelements(G[last]) <= BUCKET)) n += keel_nelements(G[last++]);
-        float *b = n <= BUCKET ? buf : malloc((size_t)n * sizeof *b); /* one tensor larger than a bucket */
-        int64_t at = 0;
-        for (int i = first; i < last && !rc; i++) rc = keel_tensor_read(t->be, G[i], b + at, KEEL_F32), at += keel_nelements(G[i]);
-        if (!rc) rc = keel_coll_allreduce_sum(t->coll, b, (size_t)n);
-        at = 0;
-        for (int i = first; i < last && !rc; i++) rc = keel_tensor_write(t->be, G[i], b + at, KEEL_F32), at += keel_nelements(G[i]);
-        if (b != buf) free(b);
-        first = last;
-    }
-    free(buf);
-    return rc;
+/* The node callback of a training run: the tracer (one step), and the gradient buckets' all-reduce
+ * started as the backward pass completes them (the last micro-batch of a step, several ranks). */
+typedef struct {
+    keel_tracer *tr;
+    keel_grad_sync *sync;
+} step_cb;
+
+static int on_node(keel_backend *be, const keel_tensor *node, int64_t index, void *ud) {
+    step_cb *c = ud;
+    if (c->tr && keel_tracer_node(be, node, index, c->tr)) return 1;
+    if (c->sync && keel_grad_sync_node(c->sync, index)) return 1;
+    return 0;
 }
 
 static double lr_at(const keel_train_opts *o, int64_t step) {
@@ -208,7 +200,7 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
     if (!t->g || keel_build_backward(t->g, out.loss) || keel_recompute_apply(t->g, &out.layers, &rm) < 0) return -1;
     int n = t->m->n_params;
     t->train_p = calloc((size_t)n, sizeof *t->train_p), t->grad = calloc((size_t)n, sizeof *t->grad);
-    t->acc = calloc((size_t)n, sizeof *t->acc), t->mom = calloc((size_t)(2 * n), sizeof *t->mom), t->opt = calloc((size_t)n, sizeof *t->opt);
+    t->acc = calloc((size_t)n, sizeof *t->acc), t->acc_w = calloc((size_t)n, sizeof *t->acc_w), t->mom = calloc((size_t)(2 * n), sizeof *t->mom), t->opt = calloc((size_t)n, sizeof *t->opt);
     for (int i = 0; i < n; i++) {
         keel_tensor *p = t->m->params[i];
         if (!(p->flags & KEEL_FLAG_PARAM)) continue;
@@ -225,6 +217,7 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
             keel_tensor *a = keel_acc(t->ctx, t->acc[i], t->grad[i], t->acc[i]->nb[1], t->acc[i]->nb[2], t->acc[i]->nb[3], 0, true);
             if (!a || keel_graph_expand(t->g, a)) return -1;
             a->flags |= KEEL_FLAG_OUTPUT;
+            t->acc_w[i] = a;
         }
         G = t->acc;
     }
@@ -355,6 +348,16 @@ int keel_train_run(const keel_train_opts *o) {
            tok ? "model tokenizer" : "byte vocabulary");
     t.be = keel_backend_new(o->backend, (int)o->threads);
     if (!t.be || build(&t, &cfg) || init_weights(&t)) goto fail;
+    const char *coll_name = NULL;
+    if (t.world > 1) { /* buckets of 25 MiB (KEEL_DIST_BUCKET_BYTES), in the order the backward pass completes the gradients */
+        if (keel_coll_attach_backend(t.coll, t.be, &coll_name)) goto fail;
+        const char *bb = getenv("KEEL_DIST_BUCKET_BYTES");
+        long long bucket = bb && *bb ? atoll(bb) : 25ll << 20;
+        if (bucket <= 0) { keel_fail("KEEL_DIST_BUCKET_BYTES='%s': expected a positive number of bytes", bb); goto fail; }
+        t.sync = keel_grad_sync_new(t.coll, t.be, t.g, o->accum > 1 ? t.acc : t.grad, o->accum > 1 ? t.acc_w : t.grad, t.n_train,
+                                    (size_t)bucket);
+        if (!t.sync) goto fail;
+    }
     for (int i = 0; i < 2 * t.n_train; i++) if (zero(t.be, t.mom[i])) goto fail;
     if (o->resume_dir && read_state(&t, o->resume_dir)) goto fail;
     int64_t n_par = 0, n_tr = 0;
@@ -364,8 +367,9 @@ int keel_train_run(const keel_train_opts *o) {
            (long long)cfg.layers, (long long)n_par, (long long)n_tr, t.be->name, (long long)o->threads, o->recompute,
            (double)t.s->plan->total_bytes / 1048576.0);
     if (t.world > 1)
-        printf("data parallel: %d ranks, batch %lld per rank, global batch %lld x %lld tokens per step\n", t.world, (long long)o->batch,
-               (long long)(o->batch * t.world * o->accum), (long long)o->window);
+        printf("data parallel: %d ranks, batch %lld per rank, global batch %lld x %lld tokens per step; gradients in %d buckets, "
+               "summed by the %s as the backward pass completes them\n", t.world, (long long)o->batch,
+               (long long)(o->batch * t.world * o->accum), (long long)o->window, keel_grad_sync_n_buckets(t.sync), coll_name);
     if (t.step >= o->steps) { keel_fail("the checkpoint is at step %lld already; --steps %lld is the total", (long long)t.step, (long long)o->steps); goto fail; }
     char mp[4200];
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", o->out_dir);
@@ -387,6 +391,17 @@ int keel_train_run(const keel_train_opts *o) {
     int64_t start_step = t.step, tokens_per_step = o->window * o->batch * o->accum * t.world;
     result = 0;
     for (int64_t step = t.step + 1; step <= o->steps; step++) {
+        const char *df = getenv("KEEL_DIST_FAULT"); /* exit:RANK:STEP or hang:RANK:STEP, before the step's first collective: the other ranks must notice */
+        if (df && t.world > 1) {
+            int fr = -1;
+            long long fs = -1;
+            char kind[8] = "";
+            if (sscanf(df, "%4[a-z]:%d:%lld", kind, &fr, &fs) == 3 && fr == t.rank && fs == step) {
+                fprintf(stderr, "keel train: rank %d: KEEL_DIST_FAULT: %s at step %lld\n", t.rank, kind, fs);
+                if (!strcmp(kind, "hang")) for (;;) pause();
+                _exit(9);
+            }
+        }
         if (o->accum > 1)
             for (int i = 0; i < t.n_train; i++) if (zero(t.be, t.acc[i])) { result = 1; break; }
         double loss = 0;
@@ -398,8 +413,11 @@ int keel_train_run(const keel_train_opts *o) {
             keel_tracer *tr = o->trace && lead && step == o->trace_step && micro == 0 ? keel_tracer_new(o->trace_data || o->trace_sample > 0, (size_t)o->trace_max_bytes) : NULL;
             if (tr) tr->sample = o->trace_sample;
             float l = NAN;
+            step_cb cb = {tr, micro == o->accum - 1 ? t.sync : NULL};
+            if (cb.sync) keel_grad_sync_begin(cb.sync);
             if (keel_tensor_write(t.be, t.ids, ids, KEEL_I32) || keel_tensor_write(t.be, t.tgt, tgt, KEEL_I32) || (tr && keel_tracer_begin(tr, t.be, t.g)) ||
-                t.be->compute(t.be, t.g, 0, t.end_fb, tr ? keel_tracer_node : NULL, tr) || keel_tensor_read(t.be, t.loss, &l, KEEL_F32))
+                t.be->compute(t.be, t.g, 0, t.end_fb, cb.tr || cb.sync ? on_node : NULL, &cb) || (cb.sync && keel_grad_sync_finish(cb.sync)) ||
+                keel_tensor_read(t.be, t.loss, &l, KEEL_F32))
                 result = 1;
             if (tr && !result) {
                 if (keel_trace_write(tr, o->trace)) result = 1;
@@ -409,20 +427,7 @@ int keel_train_run(const keel_train_opts *o) {
             loss += l;
         }
         if (result) break;
-        const char *df = getenv("KEEL_DIST_FAULT"); /* exit:RANK:STEP or hang:RANK:STEP: the other ranks must notice */
-        if (df && t.world > 1) {
-            int fr = -1;
-            long long fs = -1;
-            char kind[8] = "";
-            if (sscanf(df, "%4[a-z]:%d:%lld", kind, &fr, &fs) == 3 && fr == t.rank && fs == step) {
-                fprintf(stderr, "keel train: rank %d: KEEL_DIST_FAULT: %s at step %lld\n", t.rank, kind, fs);
-                if (!strcmp(kind, "hang")) for (;;) pause();
-                _exit(9);
-            }
-        }
-        if (t.world > 1) {
-            if (allreduce_grads(&t, o->accum > 1 ? t.acc : t.grad) || keel_coll_allreduce_sum_f64(t.coll, &loss, 1)) { result = 1; break; }
-        }
+        if (t.world > 1 && keel_coll_allreduce_sum_f64(t.coll, &loss, 1)) { result = 1; break; }
         loss /= (double)(o->accum * t.world);
         float sumsq = NAN;
         if (t.be->compute(t.be, t.g, t.end_fb, t.end_norm, NULL, NULL) || keel_tensor_read(t.be, t.sumsq, &sumsq, KEEL_F32)) { result = 1; break; }
@@ -481,6 +486,7 @@ fail:
     keel_backend_free(t.be);
     keel_checkpoint_close(t.src);
     keel_coll_free(t.coll);
-    free(t.train_p), free(t.grad), free(t.acc), free(t.mom), free(t.opt);
+    keel_grad_sync_free(t.sync);
+    free(t.train_p), free(t.grad), free(t.acc), free(t.acc_w), free(t.mom), free(t.opt);
     return result;
 }

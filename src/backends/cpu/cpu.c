@@ -24,7 +24,7 @@ static int cpu_compute(keel_backend *be, const keel_graph *g, int64_t from, int6
                 return keel_fail("%s (node '%s')", msg, t->name);
             }
         }
-        if (cb && cb(be, t, i, ud)) return keel_fail("run stopped by the node callback at '%s'", t->name);
+        if (cb && cb(be, t, i, ud)) return keel_backend_callback_failed(t);
     }
     return 0;
 }

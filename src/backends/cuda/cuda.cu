@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends/cuda/cuda_api.h"
 #include "backends/cuda/cuda_internal.h"
 
 int cuda_check(cudaError_t e, const char *what, const keel_tensor *t) {
@@ -135,9 +136,10 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
                 cudaEventElapsedTime(&ms, im->ev0, im->ev1);
                 im->prof_ms[t->op] += ms, im->prof_n[t->op]++;
             }
-            if ((cb || im->sync_each_node) && cuda_check(cudaStreamSynchronize(im->stream), "kernel", t)) return -1;
+            /* a callback that reads the node's bytes waits through be->read on the same stream */
+            if (im->sync_each_node && cuda_check(cudaStreamSynchronize(im->stream), "kernel", t)) return -1;
         }
-        if (cb && cb(be, t, i, ud)) return keel_fail("run stopped by the node callback at '%s'", t->name);
+        if (cb && cb(be, t, i, ud)) return keel_backend_callback_failed(t);
     }
     cudaError_t e = cudaStreamSynchronize(im->stream);
     if (e != cudaSuccess)
@@ -187,7 +189,8 @@ static void cuda_destroy(keel_backend *be) {
     free(be);
 }
 
-extern "C" size_t keel_cuda_peak_bytes(keel_backend *be) { return cuda_im(be)->peak; }
+size_t keel_cuda_peak_bytes(keel_backend *be) { return cuda_im(be)->peak; }
+void *keel_cuda_stream(keel_backend *be) { return (void *)cuda_im(be)->stream; }
 
 extern "C" keel_backend *keel_backend_cuda_new(void) {
     int n = 0;
@@ -199,6 +202,11 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     }
     int dev = 0;
     const char *ds = getenv("KEEL_CUDA_DEVICE");
+    /* one process per GPU: the launcher's local rank picks the GPU unless KEEL_CUDA_DEVICE does */
+    const char *lr = getenv("KEEL_LOCAL_RANK");
+    if (!lr || !*lr) lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!lr || !*lr) lr = getenv("SLURM_LOCALID");
+    if ((!ds || !*ds) && lr && *lr) dev = atoi(lr) % n;
     if (ds && *ds) {
         char *end;
         long v = strtol(ds, &end, 10);

@@ -497,7 +497,7 @@ static int ref_compute(keel_backend *be, const keel_graph *g, int64_t from, int6
             int rc = ref_node(be, t);
             if (rc) return rc;
         }
-        if (cb && cb(be, t, i, ud)) return keel_fail("run stopped by the node callback at '%s'", t->name);
+        if (cb && cb(be, t, i, ud)) return keel_backend_callback_failed(t);
     }
     return 0;
 }

@@ -1,0 +1,20 @@
+/* keel: what the rest of keel (C code) may ask of the CUDA backend beyond the backend interface. */
+#ifndef KEEL_CUDA_API_H
+#define KEEL_CUDA_API_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "backend/backend.h"
+
+/* The backend's one stream (a cudaStream_t), for work that must be ordered with its kernels. */
+void *keel_cuda_stream(keel_backend *be);
+/* The most device memory the backend had allocated at once, in bytes. */
+size_t keel_cuda_peak_bytes(keel_backend *be);
+#ifdef __cplusplus
+}
+#endif
+
+#endif
