@@ -147,3 +147,8 @@ if(KEEL_CUDA)
   add_test(NAME cuda_backend COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-cuda-backend.sh $<TARGET_FILE:keel>)
   set_tests_properties(cuda_backend PROPERTIES LABELS "cuda")
 endif()
+
+# Sampled traces, the form a large model's runs are compared in (keel train --trace-sample).
+add_test(NAME trace_sampled COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-trace-sample.sh $<TARGET_FILE:keel>
+         ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/trace-sampled)
+set_tests_properties(trace_sampled PROPERTIES LABELS "trace")
