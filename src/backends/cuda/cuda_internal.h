@@ -1,7 +1,8 @@
 /* keel: internals shared by the CUDA backend's files (compiled by nvcc only). Kernels take
  * tensors as `kt` values: device address, shape and byte strides, so every kernel handles any
- * view. All index arithmetic is 64-bit; launches use grid-stride loops over a 1-D grid, so no
- * grid dimension limits the row count or width. */
+ * view. Element and row indices are 64-bit (32-bit division where the sizes allow it); elementwise,
+ * copy and row launches use grid-stride loops over a 1-D grid, so no grid dimension limits the row
+ * count or width. */
 #ifndef KEEL_CUDA_INTERNAL_H
 #define KEEL_CUDA_INTERNAL_H
 
