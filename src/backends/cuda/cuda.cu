@@ -234,6 +234,8 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
         /* float32 products stay float32: the default math mode with CUBLAS_COMPUTE_32F (cuda_matmul.cu)
          * uses no TF32 tensor cores */
         cublas_check(cublasSetMathMode(im->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode", NULL) ||
+        /* cuBLAS's deterministic configuration (its default, said out loud): no atomics, one stream */
+        cublas_check(cublasSetAtomicsMode(im->blas, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode", NULL) ||
         (im->profile && (cuda_check(cudaEventCreate(&im->ev0), "event", NULL) || cuda_check(cudaEventCreate(&im->ev1), "event", NULL)))) {
         if (im->blas) cublasDestroy(im->blas);
         if (im->stream) cudaStreamDestroy(im->stream);
