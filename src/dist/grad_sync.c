@@ -81,6 +81,7 @@ void keel_grad_sync_free(keel_grad_sync *s) {
 }
 
 int keel_grad_sync_n_buckets(const keel_grad_sync *s) { return s->n_b; }
+int keel_grad_sync_started(const keel_grad_sync *s) { return s->next; }
 
 void keel_grad_sync_begin(keel_grad_sync *s) { s->next = 0; }
 

@@ -26,5 +26,7 @@ int keel_grad_sync_node(keel_grad_sync *s, int64_t index);
 /* Starts the buckets not started yet, in order, and waits for all of them. */
 int keel_grad_sync_finish(keel_grad_sync *s);
 int keel_grad_sync_n_buckets(const keel_grad_sync *s);
+/* Buckets started since keel_grad_sync_begin. */
+int keel_grad_sync_started(const keel_grad_sync *s);
 
 #endif
