@@ -40,7 +40,7 @@ static void *cuda_alloc(keel_backend *be, size_t bytes) {
     cudaError_t e = cudaMalloc(&d, n);
     if (e != cudaSuccess) {
         size_t fr = 0, tot = 0;
-        cudaGetLastError(); /* clear the sticky-free error state of a failed allocation */
+        cudaGetLastError(); /* a failed cudaMalloc leaves its error for the next check: clear it */
         cudaMemGetInfo(&fr, &tot);
         keel_fail("cuda: cannot allocate %zu bytes (%.2f GiB) on the GPU: %s (free %.2f of %.2f GiB)", n,
                   (double)n / (1 << 30), cudaGetErrorString(e), (double)fr / (1 << 30), (double)tot / (1 << 30));
