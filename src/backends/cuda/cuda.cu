@@ -116,6 +116,20 @@ static bool cuda_supports(keel_backend *be, const keel_tensor *t) {
     return keel_backend_f32_supports(t);
 }
 
+/* Keeps the 16 slowest single node runs (with their operand shapes) for the profile. */
+static void note_slow_node(cuda_impl *im, const keel_tensor *t, float ms) {
+    int n = (int)(sizeof im->prof_top / sizeof im->prof_top[0]), at = n;
+    while (at > 0 && ms > im->prof_top[at - 1].ms) at--;
+    if (at == n) return;
+    memmove(&im->prof_top[at + 1], &im->prof_top[at], (size_t)(n - 1 - at) * sizeof im->prof_top[0]);
+    im->prof_top[at].ms = ms, im->prof_top[at].op = t->op;
+    snprintf(im->prof_top[at].name, sizeof im->prof_top[at].name, "%s", t->name);
+    char a[64] = "", b[64] = "", o[64];
+    if (keel_op_get(t->op)->arity > 0) keel_shape_str(t->src[0]->ne, a, sizeof a);
+    if (keel_op_get(t->op)->arity > 1) keel_shape_str(t->src[1]->ne, b, sizeof b);
+    snprintf(im->prof_top[at].shapes, sizeof im->prof_top[at].shapes, "%s %s -> %s", a, b, keel_shape_str(t->ne, o, sizeof o));
+}
+
 static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud) {
     cuda_impl *im = cuda_im(be);
     for (int64_t i = from; i < to; i++) {
@@ -135,6 +149,7 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
                 if (cuda_check(cudaEventSynchronize(im->ev1), "kernel", t)) return -1;
                 cudaEventElapsedTime(&ms, im->ev0, im->ev1);
                 im->prof_ms[t->op] += ms, im->prof_n[t->op]++;
+                note_slow_node(im, t, ms);
             }
             /* a callback that reads the node's bytes waits through be->read on the same stream */
             if (im->sync_each_node && cuda_check(cudaStreamSynchronize(im->stream), "kernel", t)) return -1;
@@ -170,6 +185,10 @@ static void print_profile(const cuda_impl *im) {
     for (int i = 0; i < n; i++)
         fprintf(stderr, "  %-26s %10.2f ms %6.1f%% %8lld nodes\n", keel_op_get(order[i])->name, im->prof_ms[order[i]],
                 100.0 * im->prof_ms[order[i]] / (total > 0 ? total : 1), (long long)im->prof_n[order[i]]);
+    fprintf(stderr, "the slowest single nodes:\n");
+    for (int i = 0; i < (int)(sizeof im->prof_top / sizeof im->prof_top[0]) && im->prof_top[i].ms > 0; i++)
+        fprintf(stderr, "  %8.3f ms  %-24s %-40s %s\n", im->prof_top[i].ms, keel_op_get(im->prof_top[i].op)->name,
+                im->prof_top[i].name, im->prof_top[i].shapes);
 }
 
 static void cuda_destroy(keel_backend *be) {
