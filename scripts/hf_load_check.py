@@ -1,7 +1,7 @@
 """Checks that transformers loads the checkpoints keel writes, with the same logits.
 
 Usage: python3 hf_load_check.py DATA_DIR
-DATA_DIR holds (made by scripts/gpu-check.sh's preparation step, scripts/prepare-gpu-data.sh):
+DATA_DIR holds (made by scripts/gpu-prepare.sh):
   fixture/{causal-f32-sharded,multimodal-bf16,reference.safetensors}   the shared fixture
   saved/{text-f32,multimodal-bf16,text-bf16}                           keel save of the fixture
   init/tiny + init/tiny-logits.safetensors                              keel init, and keel's own logits
