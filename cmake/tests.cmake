@@ -152,3 +152,10 @@ endif()
 add_test(NAME trace_sampled COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-trace-sample.sh $<TARGET_FILE:keel>
          ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/trace-sampled)
 set_tests_properties(trace_sampled PROPERTIES LABELS "trace")
+
+# keel eval and keel generate run on any backend; a wrong name is refused by name.
+add_test(NAME eval_bad_backend COMMAND ${CMAKE_SOURCE_DIR}/scripts/expect-failure.sh "unknown backend 'nope'" $<TARGET_FILE:keel>
+         eval --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --backend nope)
+add_test(NAME generate_bad_backend COMMAND ${CMAKE_SOURCE_DIR}/scripts/expect-failure.sh "unknown backend 'nope'" $<TARGET_FILE:keel>
+         generate --model ${KEEL_TINY}/causal-f32-sharded --prompt hi --backend nope)
+set_tests_properties(eval_bad_backend generate_bad_backend PROPERTIES LABELS "train")

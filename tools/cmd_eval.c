@@ -11,20 +11,21 @@
 #include "util/error.h"
 
 int cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *data[64];
+    const char *model = NULL, *tokp = NULL, *data[64], *backend = "cpu";
     int n_data = 0;
     long long T = 128, B = 8, threads = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--model") && v) model = v, i++;
         else if (!strcmp(a, "--tokenizer") && v) tokp = v, i++;
+        else if (!strcmp(a, "--backend") && v) backend = v, i++;
         else if (!strcmp(a, "--data")) { while (i + 1 < argc && argv[i + 1][0] != '-' && n_data < 64) data[n_data++] = argv[++i]; }
         else if (!strcmp(a, "--window")) { if ((T = cli_int(a, v, 1)) < 0) return 2; i++; }
         else if (!strcmp(a, "--batch")) { if ((B = cli_int(a, v, 1)) < 0) return 2; i++; }
         else if (!strcmp(a, "--threads")) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
-        else { fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B]\nkeel eval: unknown or incomplete option '%s'\n", a); return 2; }
+        else { fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads N]\nkeel eval: unknown or incomplete option '%s'\n", a); return 2; }
     }
-    if (!model || !n_data) { fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B]\n"); return 2; }
+    if (!model || !n_data) { fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads N]\n"); return 2; }
     keel_checkpoint *ck = keel_checkpoint_open(model);
     if (!ck) { fprintf(stderr, "keel eval: %s\n", keel_last_error()); return 1; }
     bool tok_failed;
@@ -32,10 +33,10 @@ int cmd_eval(int argc, char **argv) {
     keel_dataset d = {0};
     int rc = 1;
     keel_ctx *ctx = keel_ctx_new();
-    keel_backend *be = keel_backend_new("cpu", (int)threads);
+    keel_backend *be = keel_backend_new(backend, (int)threads);
     keel_graph *g = NULL;
     keel_session *s = NULL;
-    if (tok_failed || keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL)) goto done;
+    if (!be || tok_failed || keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL)) goto done;
     if (tok && keel_tokenizer_vocab_size(tok) > ck->cfg.vocab) { keel_fail("the tokenizer has more tokens than the model's vocabulary"); goto done; }
     int64_t W = keel_dataset_windows(&d, T);
     if (W < 1) { keel_fail("--window %lld is longer than the data (%lld tokens)", T, (long long)d.n_train); goto done; }

@@ -133,7 +133,7 @@ static float *full_logits(decoder *d, const int32_t *ids, int64_t T) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *prompt = "";
+    const char *model = NULL, *tokp = NULL, *prompt = "", *backend = "cpu";
     long long max_tokens = 64, seed = 1, threads = 2;
     double temp = 0.8, top_p = 0.95;
     bool verify = false;
@@ -142,6 +142,7 @@ int cmd_generate(int argc, char **argv) {
         if (!strcmp(a, "--model") && v) model = v, i++;
         else if (!strcmp(a, "--tokenizer") && v) tokp = v, i++;
         else if (!strcmp(a, "--prompt") && v) prompt = v, i++;
+        else if (!strcmp(a, "--backend") && v) backend = v, i++;
         else if (!strcmp(a, "--max-tokens")) { if ((max_tokens = cli_int(a, v, 1)) < 0) return 2; i++; }
         else if (!strcmp(a, "--seed")) { if ((seed = cli_int(a, v, 0)) < 0) return 2; i++; }
         else if (!strcmp(a, "--threads")) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
@@ -150,7 +151,8 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--verify")) verify = true;
         else {
             fprintf(stderr, "usage: keel generate --model DIR --prompt TEXT [--max-tokens N] [--temperature X] [--top-p P] [--seed N]\n"
-                            "                     [--tokenizer FILE] [--verify]\nkeel generate: unknown or incomplete option '%s'\n", a);
+                            "                     [--tokenizer FILE] [--backend cpu|cuda|ref] [--threads N] [--verify]\n"
+                            "keel generate: unknown or incomplete option '%s'\n", a);
             return 2;
         }
     }
@@ -173,8 +175,8 @@ int cmd_generate(int argc, char **argv) {
     int64_t V = ck->cfg.vocab, T = (int64_t)np + max_tokens;
     for (size_t i = 0; i < np; i++)
         if (pids[i] < 0 || pids[i] >= V) { fprintf(stderr, "keel generate: prompt token %d is outside the model's vocabulary %lld\n", pids[i], (long long)V); return 1; }
-    decoder d = {.ctx = keel_ctx_new(), .be = keel_backend_new("cpu", (int)threads)};
-    d.m = keel_qwen35_new(d.ctx, &ck->cfg, KEEL_F32);
+    decoder d = {.ctx = keel_ctx_new(), .be = keel_backend_new(backend, (int)threads)};
+    d.m = d.be ? keel_qwen35_new(d.ctx, &ck->cfg, KEEL_F32) : NULL;
     keel_graph *wg = d.m ? keel_graph_build(d.ctx, d.m->params, d.m->n_params) : NULL;
     keel_session *ws = wg ? keel_session_new(d.be, wg, NULL) : NULL; /* the weights, placed once */
     int rc = 1;
