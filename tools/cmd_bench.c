@@ -95,18 +95,18 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         double tk[16], to[16], flops = 2.0 * (double)n * (double)n * (double)n;
         keel_session_run(ses, NULL, NULL); /* warm-up */
         for (int r = 0; r < reps; r++) {
-            double t0 = bench_now();
+            double t0 = keel_now_s();
             keel_session_run(ses, NULL, NULL);
-            tk[r] = bench_now() - t0;
+            tk[r] = keel_now_s() - t0;
         }
         keel_tensor_read(be, c, hc, KEEL_F32);
         double ob = 0, diff = NAN;
         if (sgemm) {
             sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f, oc, (int)n);
             for (int r = 0; r < reps; r++) {
-                double t0 = bench_now();
+                double t0 = keel_now_s();
                 sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f, oc, (int)n);
-                to[r] = bench_now() - t0;
+                to[r] = keel_now_s() - t0;
             }
             qsort(to, (size_t)reps, sizeof(double), bench_cmp_d);
             ob = flops / to[reps / 2] * 1e-9;
@@ -167,9 +167,9 @@ static int recompute_child(const char *mode, int64_t T, int threads, int layers,
     keel_tensor_write(be, ids, iv, KEEL_I32), keel_tensor_write(be, tgt, iv, KEEL_I32), keel_tensor_write(be, pos, pv, KEEL_I32);
     double best = 1e30;
     for (int rep = 0; rep < 3; rep++) { /* the first run also touches every page of the arena */
-        double t0 = bench_now();
+        double t0 = keel_now_s();
         if (keel_session_run(s, NULL, NULL)) return -1;
-        double dt = bench_now() - t0;
+        double dt = keel_now_s() - t0;
         if (rep > 0 && dt < best) best = dt;
     }
     r->planned = (double)s->plan->total_bytes;
@@ -234,10 +234,10 @@ static int bench_tokenize(const char *tok_path, const char *text_path, int reps)
     double tm[16], cold = 0;
     for (int r = 0; r <= reps; r++) {
         free(ids);
-        double t0 = bench_now();
+        double t0 = keel_now_s();
         if (keel_tokenizer_encode(t, text, (size_t)n, &ids, &ni)) { fprintf(stderr, "keel bench tokenize: %s\n", keel_last_error()); return 1; }
-        if (r == 0) cold = bench_now() - t0;
-        else tm[r - 1] = bench_now() - t0;
+        if (r == 0) cold = keel_now_s() - t0;
+        else tm[r - 1] = keel_now_s() - t0;
     }
     qsort(tm, (size_t)reps, sizeof(double), bench_cmp_d);
     printf("keel bench tokenize: %s (%.2f MB), Qwen3 tokenizer, median of %d\n", text_path, (double)n / 1e6, reps);

@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "autodiff/autodiff.h"
 #include "bench_util.h"
 #include "cli.h"
@@ -93,12 +95,12 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
         for (int64_t i = 0; i < T * B; i++) iv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
         for (int64_t i = 0; i < T * B; i++) tv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
         for (int i = 0; i < m->n_params; i++) opt[i]->ip[0] = step + 1;
-        double t0 = bench_now();
+        double t0 = keel_now_s();
         float loss;
         if (keel_tensor_write(be, ids, iv, KEEL_I32) || keel_tensor_write(be, tgt, tv, KEEL_I32) ||
             keel_tensor_write(be, pos, pv, KEEL_I32) || keel_session_run(s, NULL, NULL) || keel_tensor_read(be, out.loss, &loss, KEEL_F32))
             goto done;
-        times[step] = bench_now() - t0;
+        times[step] = keel_now_s() - t0;
         if (step == 0) r->first_loss = loss;
         r->last_loss = loss;
         printf("keel step %lld%s: %.3f s, loss %.4f\n", step + 1, step < o->warmup ? " (warm-up)" : "", times[step], loss);
@@ -128,7 +130,8 @@ done:
     return rc;
 }
 
-/* The PyTorch peer: the script prints one line "RESULT {json}" with step_s, tokens_per_s, peak_bytes. */
+/* The PyTorch peer: the script prints one line "RESULT {json}" with step_s, tokens_per_s, peak_bytes
+ * (and first_loss); any other line is passed through. */
 static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_result *r) {
     char dir[] = "/tmp/keel-bench-XXXXXX";
     if (!mkdtemp(dir)) return keel_fail("cannot create a temporary folder for the PyTorch config");
@@ -149,13 +152,15 @@ static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_r
     int got = 0;
     while (fgets(line, sizeof line, p)) {
         if (!strncmp(line, "RESULT ", 7)) {
-            const char *a = strstr(line, "\"step_s\":"), *b = strstr(line, "\"tokens_per_s\":"), *c = strstr(line, "\"peak_bytes\":");
-            const char *d = strstr(line, "\"first_loss\":");
-            if (a && b && c) {
-                r->step_s = atof(a + 9), r->tokens_per_s = atof(b + 15), r->peak_bytes = atof(c + 13), got = 1;
-                r->first_loss = d ? atof(d + 13) : NAN;
+            cJSON *j = cJSON_Parse(line + 7);
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "step_s"), *b = cJSON_GetObjectItemCaseSensitive(j, "tokens_per_s"),
+                        *c = cJSON_GetObjectItemCaseSensitive(j, "peak_bytes"), *d = cJSON_GetObjectItemCaseSensitive(j, "first_loss");
+            if (cJSON_IsNumber(a) && cJSON_IsNumber(b) && cJSON_IsNumber(c)) {
+                r->step_s = a->valuedouble, r->tokens_per_s = b->valuedouble, r->peak_bytes = c->valuedouble, got = 1;
+                r->first_loss = cJSON_IsNumber(d) ? d->valuedouble : NAN;
                 r->peak_what = "torch.cuda.max_memory_allocated";
             }
+            cJSON_Delete(j);
         } else {
             fputs(line, stdout);
         }

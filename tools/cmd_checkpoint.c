@@ -11,6 +11,7 @@
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 static int parse_dtype(const char *v, keel_type *out) {
@@ -231,13 +232,11 @@ int cmd_info(int argc, char **argv) {
             for (long long i = 0; i < B * T; i++) iv[i] = (int32_t)((i * 2654435761u) % (uint64_t)c->vocab);
             for (long long i = 0; i < T; i++) pv[i] = (int32_t)i;
             keel_tensor_write(be, ids, iv, KEEL_I32), keel_tensor_write(be, tgt, iv, KEEL_I32), keel_tensor_write(be, pos, pv, KEEL_I32);
-            struct timespec t0, t1;
-            clock_gettime(CLOCK_MONOTONIC, &t0);
+            double t0 = keel_now_s();
             int r = keel_session_run(s, NULL, NULL);
-            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double secs = keel_now_s() - t0;
             float loss = NAN;
             keel_tensor_read(be, out.loss, &loss, KEEL_F32);
-            double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
             printf("\nran one forward + backward on cpu (recompute %s, %lld threads): %s, loss %.4f, %.1f s, %.0f tokens/s\n", rmode, threads,
                    r ? keel_last_error() : "ok", loss, secs, (double)(B * T) / secs);
             printf("process peak RSS %.2f GiB (the plan for this graph: %.2f GiB; weights as loaded: %.2f GiB)\n",

@@ -51,6 +51,33 @@ int keel_backend_read_fault(keel_backend *be) {
     return 0;
 }
 
+int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit, const char *what,
+                          int32_t **out) {
+    int64_t n = keel_nelements(ids);
+    int32_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v) return keel_fail("out of memory reading the ids of '%s'", t->name);
+    if (keel_tensor_read(be, ids, v, KEEL_I32)) { free(v); return -1; }
+    for (int64_t i = 0; i < n; i++)
+        if (v[i] < 0 || v[i] >= limit) {
+            int rc = keel_fail("%s '%s': %s %d at flat index %lld outside [0,%lld)", keel_op_get(t->op)->name, t->name, what, v[i],
+                               (long long)i, (long long)limit);
+            free(v);
+            return rc;
+        }
+    if (out) *out = v;
+    else free(v);
+    return 0;
+}
+
+void keel_rows_by_id(const int32_t *ids, int64_t n, int64_t R, int64_t *start, int64_t *items) {
+    for (int64_t r = 0; r <= R; r++) start[r] = 0;
+    for (int64_t i = 0; i < n; i++) start[ids[i] + 1]++;
+    for (int64_t r = 0; r < R; r++) start[r + 1] += start[r]; /* start[r]: where group r begins */
+    for (int64_t i = 0; i < n; i++) items[start[ids[i]]++] = i; /* ascending i; start[r] ends at group r's end */
+    for (int64_t r = R; r > 0; r--) start[r] = start[r - 1];   /* ... which is where group r + 1 begins */
+    start[0] = 0;
+}
+
 int keel_backend_callback_failed(const keel_tensor *t) {
     char msg[1536];
     snprintf(msg, sizeof msg, "%s", keel_last_error());

@@ -52,6 +52,16 @@ bool keel_backend_f32_supports(const keel_tensor *t);
 int keel_backend_run_acc_set(keel_backend *be, const keel_tensor *t);
 int keel_backend_run_concat(keel_backend *be, const keel_tensor *t);
 
+/* The int32 index tensor `ids` of node t (GET_ROWS ids, ROPE positions' kin, cross-entropy
+ * targets), read in flat order through the backend and checked to lie in [0, limit): a bad one is
+ * an error naming the node, the value and where it is. With out, the caller gets the values (free). */
+int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit, const char *what,
+                          int32_t **out);
+/* For GET_ROWS_BACK: the items i (0 <= i < n) grouped by ids[i] in [0, R), each group in
+ * ascending i (the fixed summation order): group r is items[start[r] .. start[r+1]). start holds
+ * R + 1 values, items n. */
+void keel_rows_by_id(const int32_t *ids, int64_t n, int64_t R, int64_t *start, int64_t *items);
+
 /* For compute loops: the node callback after node t failed; keeps its message, adds the node. */
 int keel_backend_callback_failed(const keel_tensor *t);
 

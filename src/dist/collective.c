@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
 #include "util/error.h"
 #ifdef KEEL_HAVE_NCCL
 #include "dist/nccl.h"
@@ -99,14 +100,12 @@ keel_coll *keel_coll_from_env(double timeout_s, int *failed) {
         close(ls);
     } else {
         int fd = -1;
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        double t0 = keel_now_s();
         for (;;) { /* rank 0 may not be listening yet */
             fd = socket(AF_INET, SOCK_STREAM, 0);
             if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) break;
             if (fd >= 0) close(fd);
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            if ((double)(t1.tv_sec - t0.tv_sec) > timeout_s) {
+            if (keel_now_s() - t0 > timeout_s) {
                 keel_fail("rank %d: cannot reach rank 0 at %s:%d within %.0f s", rank, addr ? addr : "127.0.0.1", prt, timeout_s);
                 keel_coll_free(c);
                 return NULL;
@@ -160,7 +159,6 @@ static int allreduce(keel_coll *c, void *buf, size_t n, size_t es) {
     return 0;
 }
 
-int keel_coll_allreduce_sum(keel_coll *c, float *buf, size_t n) { return allreduce(c, buf, n, 4); }
 int keel_coll_allreduce_sum_f64(keel_coll *c, double *buf, size_t n) { return allreduce(c, buf, n, 8); }
 
 int keel_coll_broadcast(keel_coll *c, void *buf, size_t n) {

@@ -20,7 +20,6 @@ void keel_coll_free(keel_coll *c);
 int keel_coll_rank(const keel_coll *c);
 int keel_coll_size(const keel_coll *c);
 /* buf <- sum over ranks of buf, summed in rank order (0, 1, 2, ...) on every rank. */
-int keel_coll_allreduce_sum(keel_coll *c, float *buf, size_t n);
 int keel_coll_allreduce_sum_f64(keel_coll *c, double *buf, size_t n);
 /* Rank 0's n bytes of buf to every rank. */
 int keel_coll_broadcast(keel_coll *c, void *buf, size_t n);

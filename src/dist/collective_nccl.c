@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "backends/cuda/cuda_api.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 _Static_assert(KEEL_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "the NCCL unique id size");
@@ -23,12 +24,6 @@ struct keel_nccl {
     bool pending;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int fail_abort(keel_nccl *n, const char *what, ncclResult_t r) {
     int rc = keel_fail("rank %d: NCCL %s: %s", n->rank, what, r == ncclInProgress ? "did not finish in time (a rank died or hangs?)" : ncclGetErrorString(r));
     ncclCommAbort(n->comm); /* frees the GPU work stuck on the other ranks' behalf */
@@ -38,9 +33,9 @@ static int fail_abort(keel_nccl *n, const char *what, ncclResult_t r) {
 
 /* A non-blocking communicator reports ncclInProgress until an operation is enqueued or done. */
 static int settle(keel_nccl *n, ncclResult_t r, const char *what) {
-    double t0 = now_s();
+    double t0 = keel_now_s();
     while (r == ncclInProgress) {
-        if (now_s() - t0 > n->timeout_s) return fail_abort(n, what, ncclInProgress);
+        if (keel_now_s() - t0 > n->timeout_s) return fail_abort(n, what, ncclInProgress);
         usleep(100);
         ncclCommGetAsyncError(n->comm, &r);
     }
@@ -114,7 +109,7 @@ int keel_nccl_wait(keel_nccl *n) {
     if (!n->comm) return keel_fail("rank %d: the NCCL communicator was aborted", n->rank);
     if (cudaEventRecord(n->done, n->comm_stream) != cudaSuccess)
         return keel_fail("rank %d: cudaEventRecord: %s", n->rank, cudaGetErrorString(cudaGetLastError()));
-    double t0 = now_s();
+    double t0 = keel_now_s();
     for (;;) {
         cudaError_t q = cudaEventQuery(n->done);
         if (q == cudaSuccess) break;
@@ -122,7 +117,7 @@ int keel_nccl_wait(keel_nccl *n) {
         ncclResult_t r;
         ncclCommGetAsyncError(n->comm, &r);
         if (r != ncclSuccess && r != ncclInProgress) return fail_abort(n, "all-reduce", r);
-        if (now_s() - t0 > n->timeout_s) return fail_abort(n, "all-reduce", ncclInProgress);
+        if (keel_now_s() - t0 > n->timeout_s) return fail_abort(n, "all-reduce", ncclInProgress);
         usleep(100);
     }
     n->pending = false;

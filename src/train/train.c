@@ -22,6 +22,7 @@
 #include "dist/grad_sync.h"
 #include "train/optim.h"
 #include "train/data.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 volatile sig_atomic_t keel_train_stop = 0;
@@ -33,12 +34,6 @@ void keel_train_defaults(keel_train_opts *o) {
     o->threads = 2, o->trace_step = 1, o->eval_batches = 8, o->trace_max_bytes = 256ll << 20, o->nproc = 1, o->dist_timeout = 60;
     o->lr = 1e-3, o->lr_min = 1e-4, o->weight_decay = 0.1, o->clip = 1.0, o->eval_fraction = 0.05;
     o->seed = 1;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 typedef struct {
@@ -387,7 +382,7 @@ int keel_train_run(const keel_train_opts *o) {
             fprintf(metrics, "{\"step\": 0, \"tokens\": 0, \"eval_loss\": %.9g, \"eval_ppl\": %.9g}\n", el, exp(el));
         }
     }
-    double t0 = now_s();
+    double t0 = keel_now_s();
     int64_t start_step = t.step, tokens_per_step = o->window * o->batch * o->accum * t.world;
     result = 0;
     for (int64_t step = t.step + 1; step <= o->steps; step++) {
@@ -444,7 +439,7 @@ int keel_train_run(const keel_train_opts *o) {
         if (t.be->compute(t.be, t.g, t.end_norm, t.g->n_nodes, NULL, NULL)) { result = 1; break; }
         t.step = step;
         t.tokens += tokens_per_step;
-        double el = now_s() - t0, tps = (double)((step - start_step) * tokens_per_step) / el, eta = el / (double)(step - start_step) * (double)(o->steps - step);
+        double el = keel_now_s() - t0, tps = (double)((step - start_step) * tokens_per_step) / el, eta = el / (double)(step - start_step) * (double)(o->steps - step);
         fprintf(metrics, "{\"step\": %lld, \"tokens\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.2f}\n",
                 (long long)step, (long long)t.tokens, loss, lr, norm, tps, el);
         if (tty) printf("\rstep %6lld/%lld  loss %.4f  lr %.2e  %7.0f tok/s  elapsed %6.1fs  eta %6.1fs ", (long long)step, (long long)o->steps, loss, lr, tps, el, eta);

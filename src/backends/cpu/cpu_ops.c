@@ -318,18 +318,6 @@ static void adamw_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
-static int check_ids(const keel_tensor *t, const keel_tensor *ids, int64_t limit, const char *what) {
-    for (int64_t i = 0; i < keel_nelements(ids); i++) {
-        int64_t i0 = i % ids->ne[0], r = i / ids->ne[0];
-        int32_t v;
-        memcpy(&v, cpu_row_flat(ids, r) + i0 * ids->nb[0], 4);
-        if (v < 0 || v >= limit)
-            return keel_fail("%s '%s': %s %d at flat index %lld outside [0,%lld)", keel_op_get(t->op)->name, t->name,
-                             what, v, (long long)i, (long long)limit);
-    }
-    return 0;
-}
-
 static int mul_mat(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
@@ -378,29 +366,19 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_DUP:
         return cpu_copy(be, t, a, false);
     case KEEL_OP_GET_ROWS:
-        if (check_ids(t, b, a->ne[1], "id")) return -1;
+        if (keel_backend_read_ids(be, t, b, a->ne[1], "id", NULL)) return -1;
         keel_pool_for(pool, keel_nelements(b), get_rows_task, &c);
         return 0;
     case KEEL_OP_GET_ROWS_BACK: {
-        if (check_ids(t, b, t->ne[1], "id")) return -1;
+        int32_t *idv;
+        if (keel_backend_read_ids(be, t, b, t->ne[1], "id", &idv)) return -1;
         int64_t R = t->ne[1], N = keel_nelements(b);
-        c.csr_start = calloc((size_t)(R + 1), sizeof(int64_t));
-        c.csr_items = malloc((size_t)N * sizeof(int64_t));
-        int64_t *fillp = malloc((size_t)R * sizeof(int64_t));
-        if (!c.csr_start || !c.csr_items || !fillp) {
-            free(c.csr_start), free(c.csr_items), free(fillp);
-            return keel_fail("cpu: out of memory in '%s'", t->name);
-        }
-        int32_t *idv = malloc((size_t)N * sizeof(int32_t));
-        for (int64_t i = 0; i < N && idv; i++) memcpy(&idv[i], cpu_row(b, i / b->ne[0], 0, 0) + (i % b->ne[0]) * b->nb[0], 4);
-        for (int64_t i = 0; i < N && idv; i++) c.csr_start[idv[i] + 1]++;
-        for (int64_t r = 0; r < R; r++) c.csr_start[r + 1] += c.csr_start[r], fillp[r] = c.csr_start[r];
-        for (int64_t i = 0; i < N && idv; i++) c.csr_items[fillp[idv[i]]++] = i; /* stable: ascending i */
-        int ok = idv != NULL;
-        free(idv);
-        free(fillp);
+        c.csr_start = malloc((size_t)(R + 1) * sizeof(int64_t));
+        c.csr_items = malloc((size_t)(N ? N : 1) * sizeof(int64_t));
+        int ok = c.csr_start && c.csr_items;
+        if (ok) keel_rows_by_id(idv, N, R, c.csr_start, c.csr_items);
         if (ok) keel_pool_for(pool, R, get_rows_back_task, &c);
-        free(c.csr_start), free(c.csr_items);
+        free(idv), free(c.csr_start), free(c.csr_items);
         return ok ? 0 : keel_fail("cpu: out of memory in '%s'", t->name);
     }
     case KEEL_OP_ACC:
@@ -432,7 +410,7 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_SUM:
     case KEEL_OP_CROSS_ENTROPY_LOSS: {
-        if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && check_ids(t, b, a->ne[0], "target")) return -1;
+        if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;
         int64_t R = keel_nrows(a);
         c.partial = malloc((size_t)R * sizeof(double));
         if (!c.partial) return keel_fail("cpu: out of memory in '%s'", t->name);
@@ -444,7 +422,7 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     }
     case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
-        if (check_ids(t, b, a->ne[0], "target")) return -1;
+        if (keel_backend_read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;
         keel_pool_for(pool, keel_nrows(a), row_task, &c);
         return 0;
     case KEEL_OP_SUM_ROWS:

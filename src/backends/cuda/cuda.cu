@@ -241,7 +241,6 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     be->name = "cuda";
     be->n_threads = 1;
     be->impl = im;
-    im->device = dev;
     const char *sy = getenv("KEEL_CUDA_SYNC");
     im->sync_each_node = sy && *sy && strcmp(sy, "0") != 0;
     const char *pr = getenv("KEEL_CUDA_PROFILE");

@@ -55,7 +55,6 @@ __device__ static inline void stf(char *p, float v) { *(float *)p = v; }
 #define GRID_STRIDE(e, n) for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < (n); e += (int64_t)gridDim.x * blockDim.x)
 
 typedef struct {
-    int device;
     cudaStream_t stream;
     cublasHandle_t blas;
     void *scratch; /* per-node temporary space, grown on demand */

@@ -369,35 +369,15 @@ __global__ void k_finish_sum(float *out, const double *partial, int64_t R, doubl
 
 /* ---------------------------------------------------------------- dispatch */
 
-/* Index tensors are checked on the host, so a bad id is an error naming it, not a wild read. */
-static int read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit, const char *what, int32_t **out) {
-    int64_t n = keel_nelements(ids);
-    int32_t *v = (int32_t *)malloc((size_t)(n ? n : 1) * sizeof *v);
-    if (!v) return keel_fail("out of memory reading the ids of '%s'", t->name);
-    if (keel_tensor_read(be, ids, v, KEEL_I32)) { free(v); return -1; }
-    for (int64_t i = 0; i < n; i++)
-        if (v[i] < 0 || v[i] >= limit) {
-            int rc = keel_fail("%s '%s': %s %d at flat index %lld outside [0,%lld)", keel_op_get(t->op)->name, t->name, what,
-                               v[i], (long long)i, (long long)limit);
-            free(v);
-            return rc;
-        }
-    if (out) *out = v;
-    else free(v);
-    return 0;
-}
-
 static int get_rows_back(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *dy = t->src[0], *ids = t->src[1];
+    /* ids are checked and grouped on the host, so a bad id is an error naming it, not a wild read */
     int32_t *idv;
-    if (read_ids(be, t, ids, t->ne[1], "id", &idv)) return -1;
+    if (keel_backend_read_ids(be, t, ids, t->ne[1], "id", &idv)) return -1;
     int64_t R = t->ne[1], N = keel_nelements(ids);
-    int64_t *h = (int64_t *)calloc((size_t)(R + 1 + N + R), sizeof(int64_t));
+    int64_t *h = (int64_t *)malloc((size_t)(R + 1 + N) * sizeof(int64_t));
     if (!h) { free(idv); return keel_fail("out of memory in '%s'", t->name); }
-    int64_t *start = h, *items = h + R + 1, *fillp = items + N;
-    for (int64_t i = 0; i < N; i++) start[idv[i] + 1]++;
-    for (int64_t r = 0; r < R; r++) start[r + 1] += start[r], fillp[r] = start[r];
-    for (int64_t i = 0; i < N; i++) items[fillp[idv[i]]++] = i; /* stable: ascending i */
+    keel_rows_by_id(idv, N, R, h, h + R + 1);
     free(idv);
     int64_t *dev = (int64_t *)cuda_scratch(be, (size_t)(R + 1 + N) * sizeof(int64_t), t);
     int rc = !dev || cuda_upload(be, dev, h, (size_t)(R + 1 + N) * sizeof(int64_t), t);
@@ -426,7 +406,7 @@ static int rows(keel_backend *be, const keel_tensor *t, double *partial) {
 static int reduce_all(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0];
     int64_t R = keel_nrows(a);
-    if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && read_ids(be, t, t->src[1], a->ne[0], "target", NULL)) return -1;
+    if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_read_ids(be, t, t->src[1], a->ne[0], "target", NULL)) return -1;
     double *partial = (double *)cuda_scratch(be, (size_t)(R ? R : 1) * sizeof(double), t);
     if (!partial || rows(be, t, partial)) return -1;
     k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, t->op == KEEL_OP_SUM ? 1.0 : (double)R);
@@ -475,7 +455,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_DUP:
         return cuda_copy(be, t, a, false);
     case KEEL_OP_GET_ROWS:
-        if (read_ids(be, t, b, a->ne[1], "id", NULL)) return -1;
+        if (keel_backend_read_ids(be, t, b, a->ne[1], "id", NULL)) return -1;
         return cuda_copy_rows(be, t, a, b);
     case KEEL_OP_GET_ROWS_BACK: return get_rows_back(be, t);
     case KEEL_OP_ACC:
@@ -508,7 +488,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_SUM:
     case KEEL_OP_CROSS_ENTROPY_LOSS: return reduce_all(be, t);
     case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
-        if (read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;
+        if (keel_backend_read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;
         return rows(be, t, NULL);
     case KEEL_OP_SUM_ROWS:
     case KEEL_OP_MEAN:
