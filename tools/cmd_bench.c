@@ -151,17 +151,7 @@ static int recompute_child(const char *mode, int64_t T, int threads, int layers,
     keel_backend *be = keel_backend_new("cpu", threads);
     keel_session *s = keel_session_new(be, g, NULL);
     if (!s) return -1;
-    for (int i = 0; i < m->n_params; i++) { /* one parameter's values at a time: they count in the peak RSS */
-        keel_qwen35 one = *m;
-        one.params = &m->params[i];
-        one.n_params = 1;
-        double **v = keel_qwen35_init_values(&one, 5 + (uint64_t)i);
-        int64_t n = keel_nelements(m->params[i]);
-        float *f = malloc((size_t)n * sizeof *f); /* f32 on the host: no staging copy on the backend */
-        for (int64_t j = 0; j < n; j++) f[j] = (float)v[0][j];
-        keel_tensor_write(be, m->params[i], f, KEEL_F32);
-        free(f), free(v[0]), free(v);
-    }
+    if (keel_qwen35_init_weights(m, be, 5)) return -1; /* one parameter's values at a time: they count in the peak RSS */
     int32_t *iv = malloc((size_t)T * 4), *pv = malloc((size_t)T * 4);
     for (int64_t i = 0; i < T; i++) iv[i] = (int32_t)((i * 2654435761u) % 4096), pv[i] = (int32_t)i;
     keel_tensor_write(be, ids, iv, KEEL_I32), keel_tensor_write(be, tgt, iv, KEEL_I32), keel_tensor_write(be, pos, pv, KEEL_I32);

@@ -72,18 +72,14 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
     printf("keel: %d parameter tensors, plan %.2f GiB (activations %.2f GiB), initialising...\n", m->n_params,
            (double)s->plan->total_bytes / (1 << 30), (double)s->plan->peak_activation_bytes / (1 << 30));
     fflush(stdout);
-    for (int i = 0; i < m->n_params; i++) { /* one parameter's fresh values at a time */
-        keel_qwen35 one = *m;
-        one.params = &m->params[i];
-        one.n_params = 1;
-        double **v = keel_qwen35_init_values(&one, 5 + (uint64_t)i);
-        int w = !v || keel_tensor_write(be, m->params[i], v[0], KEEL_F64);
-        if (v) free(v[0]), free(v);
-        if (w || be->fill_bytes(be, mom[2 * i]->data, 0, keel_nbytes(mom[2 * i])) ||
-            be->fill_bytes(be, mom[2 * i + 1]->data, 0, keel_nbytes(mom[2 * i + 1]))) {
+    for (int i = 0; i < 2 * m->n_params; i++)
+        if (be->fill_bytes(be, mom[i]->data, 0, keel_nbytes(mom[i]))) {
             free(mom);
             goto done;
         }
+    if (keel_qwen35_init_weights(m, be, 5)) {
+        free(mom);
+        goto done;
     }
     free(mom);
     iv = malloc((size_t)(T * B) * 4), tv = malloc((size_t)(T * B) * 4), pv = malloc((size_t)T * 4);

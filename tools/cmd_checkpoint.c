@@ -123,14 +123,7 @@ int cmd_init(int argc, char **argv) {
     keel_backend *be = keel_backend_new("cpu", 2);
     loaded L;
     int rc = load_params(&L, be, &c);
-    for (int p = 0; !rc && p < L.m->n_params; p++) { /* one tensor's values at a time */
-        keel_qwen35 one = *L.m;
-        one.params = &L.m->params[p];
-        one.n_params = 1;
-        double **v = keel_qwen35_init_values(&one, (uint64_t)seed * 1000003u + (uint64_t)p);
-        rc = !v || keel_tensor_write(be, L.m->params[p], v[0], KEEL_F64);
-        if (v) free(v[0]), free(v);
-    }
+    rc = rc || keel_qwen35_init_weights(L.m, be, (uint64_t)seed);
     rc = rc || keel_checkpoint_save(out, L.m, be, dtype, NULL, false);
     if (rc) fprintf(stderr, "keel init: %s\n", keel_last_error());
     else printf("wrote %s: preset %s, %lld layers, %s, seed %lld\n", out, pre, (long long)c.layers, keel_type_name(dtype), seed);

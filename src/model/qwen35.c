@@ -258,3 +258,23 @@ double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed) {
     }
     return v;
 }
+
+int keel_qwen35_init_weights(const keel_qwen35 *m, keel_backend *be, uint64_t seed) {
+    for (int i = 0; i < m->n_params; i++) {
+        keel_qwen35 one = *m;
+        one.params = &m->params[i];
+        one.n_params = 1;
+        double **v = keel_qwen35_init_values(&one, seed * 1000003u + (uint64_t)i);
+        if (!v) return keel_fail("out of memory for the initial values of '%s'", m->params[i]->name);
+        keel_tensor *p = m->params[i];
+        int64_t n = keel_nelements(p);
+        float *f = p->type == KEEL_F32 ? malloc((size_t)(n ? n : 1) * sizeof *f) : NULL;
+        for (int64_t j = 0; f && j < n; j++) f[j] = (float)v[0][j];
+        int rc = p->type == KEEL_F32 ? (!f ? keel_fail("out of memory for the initial values of '%s'", p->name)
+                                           : keel_tensor_write(be, p, f, KEEL_F32))
+                                     : keel_tensor_write(be, p, v[0], KEEL_F64);
+        free(f), free(v[0]), free(v);
+        if (rc) return -1;
+    }
+    return 0;
+}

@@ -4,6 +4,7 @@
 #ifndef KEEL_QWEN35_H
 #define KEEL_QWEN35_H
 
+#include "backend/backend.h"
 #include "recompute/recompute.h"
 #include "tensor/tensor.h"
 
@@ -77,5 +78,9 @@ keel_tensor *keel_qwen35_forward_cached(keel_ctx *ctx, const keel_qwen35 *m, kee
  * 0.02) projections and embeddings, zero (1+w) norms, unit gated norm and dt_bias, A_log =
  * log U(0,16], conv U(-1/sqrt(K), 1/sqrt(K)) as PyTorch's Conv1d default). vals[i] has keel_nelements(params[i]) values. */
 double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed);
+/* Fresh weights on a backend: parameter i gets keel_qwen35_init_values' values seeded with
+ * seed * 1000003 + i (so `keel init --seed N` and `keel train --preset ... --seed N` agree), one
+ * tensor's values at a time, sent as float32 to float32 parameters (no staging copy). */
+int keel_qwen35_init_weights(const keel_qwen35 *m, keel_backend *be, uint64_t seed);
 
 #endif

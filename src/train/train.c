@@ -231,20 +231,7 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
 
 static int init_weights(trainer *t) {
     if (t->src) return keel_checkpoint_load(t->src, t->m, t->be);
-    for (int i = 0; i < t->m->n_params; i++) { /* seeded, one tensor at a time */
-        keel_qwen35 one = *t->m;
-        one.params = &t->m->params[i];
-        one.n_params = 1;
-        double **v = keel_qwen35_init_values(&one, t->o->seed * 1000003u + (uint64_t)i);
-        if (!v) return keel_fail("out of memory");
-        int64_t n = keel_nelements(t->m->params[i]);
-        float *f = malloc((size_t)n * sizeof *f);
-        for (int64_t j = 0; f && j < n; j++) f[j] = (float)v[0][j];
-        int rc = !f || keel_tensor_write(t->be, t->m->params[i], f, KEEL_F32);
-        free(f), free(v[0]), free(v);
-        if (rc) return keel_fail("cannot write initial weights");
-    }
-    return 0;
+    return keel_qwen35_init_weights(t->m, t->be, t->o->seed);
 }
 
 static int zero(keel_backend *be, keel_tensor *x) { return be->fill_bytes(be, x->data, 0, keel_nbytes(x)); }
