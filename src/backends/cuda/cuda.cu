@@ -116,18 +116,28 @@ static bool cuda_supports(keel_backend *be, const keel_tensor *t) {
     return keel_backend_f32_supports(t);
 }
 
-/* Keeps the 16 slowest single node runs (with their operand shapes) for the profile. */
-static void note_slow_node(cuda_impl *im, const keel_tensor *t, float ms) {
-    int n = (int)(sizeof im->prof_top / sizeof im->prof_top[0]), at = n;
-    while (at > 0 && ms > im->prof_top[at - 1].ms) at--;
-    if (at == n) return;
-    memmove(&im->prof_top[at + 1], &im->prof_top[at], (size_t)(n - 1 - at) * sizeof im->prof_top[0]);
-    im->prof_top[at].ms = ms, im->prof_top[at].op = t->op;
-    snprintf(im->prof_top[at].name, sizeof im->prof_top[at].name, "%s", t->name);
-    char a[64] = "", b[64] = "", o[64];
-    if (keel_op_get(t->op)->arity > 0) keel_shape_str(t->src[0]->ne, a, sizeof a);
-    if (keel_op_get(t->op)->arity > 1) keel_shape_str(t->src[1]->ne, b, sizeof b);
-    snprintf(im->prof_top[at].shapes, sizeof im->prof_top[at].shapes, "%s %s -> %s", a, b, keel_shape_str(t->ne, o, sizeof o));
+/* Adds a node's time to its (op, operand layout) group: the profile then says which product
+ * shapes and which strided operands the time goes to. A '*' marks a non-contiguous operand. */
+static void note_node_kind(cuda_impl *im, const keel_tensor *t, float ms) {
+    char key[208] = "", sh[64];
+    int len = 0;
+    const keel_tensor *ops[3] = {keel_op_get(t->op)->arity > 0 ? t->src[0] : NULL, keel_op_get(t->op)->arity > 1 ? t->src[1] : NULL, t};
+    for (int k = 0; k < 3; k++) {
+        if (!ops[k]) continue;
+        keel_shape_str(ops[k]->ne, sh, sizeof sh);
+        len += snprintf(key + len, sizeof key - (size_t)len, "%s%s%s", k == 2 ? "-> " : "", sh, keel_is_contiguous(ops[k]) ? " " : "* ");
+        if (len >= (int)sizeof key) break;
+    }
+    int cap = (int)(sizeof im->prof_kind / sizeof im->prof_kind[0]), i = 0;
+    while (i < im->n_prof_kind && !(im->prof_kind[i].op == t->op && !strcmp(im->prof_kind[i].shapes, key))) i++;
+    if (i == im->n_prof_kind) {
+        if (i == cap) return; /* the per-op totals still count it */
+        im->n_prof_kind++;
+        im->prof_kind[i].op = t->op;
+        snprintf(im->prof_kind[i].shapes, sizeof im->prof_kind[i].shapes, "%s", key);
+        snprintf(im->prof_kind[i].name, sizeof im->prof_kind[i].name, "%s", t->name);
+    }
+    im->prof_kind[i].ms += ms, im->prof_kind[i].n++;
 }
 
 static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud) {
@@ -149,7 +159,7 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
                 if (cuda_check(cudaEventSynchronize(im->ev1), "kernel", t)) return -1;
                 cudaEventElapsedTime(&ms, im->ev0, im->ev1);
                 im->prof_ms[t->op] += ms, im->prof_n[t->op]++;
-                note_slow_node(im, t, ms);
+                note_node_kind(im, t, ms);
             }
             /* a callback that reads the node's bytes waits through be->read on the same stream */
             if (im->sync_each_node && cuda_check(cudaStreamSynchronize(im->stream), "kernel", t)) return -1;
@@ -185,10 +195,19 @@ static void print_profile(const cuda_impl *im) {
     for (int i = 0; i < n; i++)
         fprintf(stderr, "  %-26s %10.2f ms %6.1f%% %8lld nodes\n", keel_op_get(order[i])->name, im->prof_ms[order[i]],
                 100.0 * im->prof_ms[order[i]] / (total > 0 ? total : 1), (long long)im->prof_n[order[i]]);
-    fprintf(stderr, "the slowest single nodes:\n");
-    for (int i = 0; i < (int)(sizeof im->prof_top / sizeof im->prof_top[0]) && im->prof_top[i].ms > 0; i++)
-        fprintf(stderr, "  %8.3f ms  %-24s %-40s %s\n", im->prof_top[i].ms, keel_op_get(im->prof_top[i].op)->name,
-                im->prof_top[i].name, im->prof_top[i].shapes);
+    /* the 30 (op, layout) groups with the most time, by selection: the list is short */
+    fprintf(stderr, "the (op, operand shapes) groups with the most GPU time ('*': a strided operand):\n");
+    bool shown[sizeof im->prof_kind / sizeof im->prof_kind[0]] = {false};
+    for (int r = 0; r < 30; r++) {
+        int best = -1;
+        for (int i = 0; i < im->n_prof_kind; i++)
+            if (!shown[i] && (best < 0 || im->prof_kind[i].ms > im->prof_kind[best].ms)) best = i;
+        if (best < 0) break;
+        shown[best] = true;
+        fprintf(stderr, "  %9.2f ms %6lld x %8.3f ms  %-20s %-60s e.g. %s\n", im->prof_kind[best].ms, (long long)im->prof_kind[best].n,
+                im->prof_kind[best].ms / (double)im->prof_kind[best].n, keel_op_get(im->prof_kind[best].op)->name,
+                im->prof_kind[best].shapes, im->prof_kind[best].name);
+    }
 }
 
 static void cuda_destroy(keel_backend *be) {

@@ -65,7 +65,9 @@ typedef struct {
     cudaEvent_t ev0, ev1;
     double prof_ms[KEEL_OP_COUNT];
     int64_t prof_n[KEEL_OP_COUNT];
-    struct { float ms; int op; char name[KEEL_NAME_MAX], shapes[208]; } prof_top[16]; /* the slowest single nodes */
+    /* GPU time per op and operand layout (shapes, strided operands marked), the first node's name kept */
+    struct { double ms; int64_t n; int op; char name[KEEL_NAME_MAX], shapes[208]; } prof_kind[1024];
+    int n_prof_kind;
     /* live allocations, for the peak-memory figure */
     void **live_p;
     size_t *live_n;
