@@ -23,6 +23,17 @@ __device__ static double block_sum(double v, double *sh) {
     return r;
 }
 
+/* Rows of at most WARP_ROW_MAX elements take one warp each (8 rows to a block): a block per
+ * 128-element row leaves most of it idle and waits on barriers. A warp sums over a butterfly:
+ * every lane ends with the same bits, since each pairwise sum is taken in both orders. */
+#define WARP_ROW_MAX 1024
+
+__device__ static double team_sum(double v, double *sh, bool warp) {
+    if (!warp) return block_sum(v, sh);
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
+
 __device__ static float block_max(float v, double *sh) {
     sh[threadIdx.x] = v;
     __syncthreads();
@@ -33,6 +44,12 @@ __device__ static float block_max(float v, double *sh) {
     float r = (float)sh[0];
     __syncthreads();
     return r;
+}
+
+__device__ static float team_max(float v, double *sh, bool warp) {
+    if (!warp) return block_max(v, sh);
+    for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+    return v;
 }
 
 /* ---------------------------------------------------------------- elementwise */
@@ -130,10 +147,23 @@ __global__ void k_repeat_back_part(kt t, kt a, int64_t per, int64_t n_chunks, do
         int64_t o = e % n_out, c = e / n_out, i[4];
         kt_unflat(t, o, i);
         double acc = 0;
-        int64_t q1 = c * per + per < n_tiles ? c * per + per : n_tiles;
-        for (int64_t q = c * per; q < q1; q++) {
+        int64_t q = c * per, q1 = q + per < n_tiles ? q + per : n_tiles;
+        if (q < q1) {
+            /* the tile's coordinates, divided out once and then counted up like an odometer:
+             * 64-bit divisions per term would cost more than the loads */
             int64_t q0 = q % r0, qq = q / r0, qa = qq % r1, qb = (qq / r1) % r2, qc = qq / (r1 * r2);
-            acc += ldf(kt_at(a, i[0] + q0 * t.ne[0], i[1] + qa * t.ne[1], i[2] + qb * t.ne[2], i[3] + qc * t.ne[3]));
+            const char *p = kt_at(a, i[0] + q0 * t.ne[0], i[1] + qa * t.ne[1], i[2] + qb * t.ne[2], i[3] + qc * t.ne[3]);
+            for (; q < q1; q++) {
+                acc += ldf(p);
+                p += t.ne[0] * a.nb[0];
+                if (++q0 < r0) continue;
+                q0 = 0, p -= r0 * t.ne[0] * a.nb[0], p += t.ne[1] * a.nb[1];
+                if (++qa < r1) continue;
+                qa = 0, p -= r1 * t.ne[1] * a.nb[1], p += t.ne[2] * a.nb[2];
+                if (++qb < r2) continue;
+                qb = 0, p -= r2 * t.ne[2] * a.nb[2], p += t.ne[3] * a.nb[3];
+                qc++;
+            }
         }
         part[c * n_out + o] = acc;
     }
@@ -145,28 +175,46 @@ __global__ void k_conv_back_w_part(kt t, kt x, kt dy, int64_t per, int64_t n_chu
     GRID_STRIDE(e, n_out * n_chunks) {
         int64_t o = e % n_out, c = e / n_out, ch = o % C, j = o / C;
         double acc = 0;
-        int64_t q1 = c * per + per < n_terms ? c * per + per : n_terms;
-        for (int64_t q = c * per; q < q1; q++) {
-            int64_t tt = q % T, bb = q / T, ts = tt - (K - 1) + j;
+        int64_t q = c * per, q1 = q + per < n_terms ? q + per : n_terms;
+        int64_t tt = q % T, bb = q / T; /* then counted up: no division per term */
+        for (; q < q1; q++) {
+            int64_t ts = tt - (K - 1) + j;
             if (ts >= 0) acc += (double)ldf(kt_at(dy, ch, tt, bb, 0)) * ldf(kt_at(x, ch, ts, bb, 0));
+            if (++tt == T) tt = 0, bb++;
         }
         part[c * n_out + o] = acc;
     }
 }
 
 /* Pass 2: element o of the result (REPEAT_BACK: t's flat order; conv: o = j*C + ch in dw [K, C]
- * stored at (j, ch)) is the sum of its chunks in order. */
+ * stored at (j, ch)) is the sum of its chunks: with many chunks (few result elements) by a block
+ * per element, each thread taking chunks tid, tid + RT, ... in order and the block's fixed tree
+ * adding the threads' sums; else by a thread per element, chunks in order. */
+__device__ static void store_part_sum(kt t, int64_t o, double acc, int conv) {
+    if (conv) {
+        stf(kt_at(t, o / t.ne[1], o % t.ne[1], 0, 0), (float)acc);
+    } else {
+        int64_t i[4];
+        kt_unflat(t, o, i);
+        stf(kt_at(t, i[0], i[1], i[2], i[3]), (float)acc);
+    }
+}
+
 __global__ void k_finish_parts(kt t, const double *part, int64_t n_out, int64_t n_chunks, int conv) {
     GRID_STRIDE(o, n_out) {
         double acc = 0;
         for (int64_t c = 0; c < n_chunks; c++) acc += part[c * n_out + o];
-        if (conv) {
-            stf(kt_at(t, o / t.ne[1], o % t.ne[1], 0, 0), (float)acc);
-        } else {
-            int64_t i[4];
-            kt_unflat(t, o, i);
-            stf(kt_at(t, i[0], i[1], i[2], i[3]), (float)acc);
-        }
+        store_part_sum(t, o, acc, conv);
+    }
+}
+
+__global__ void k_finish_parts_blocks(kt t, const double *part, int64_t n_out, int64_t n_chunks, int conv) {
+    __shared__ double sh[RT];
+    for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
+        double acc = 0;
+        for (int64_t c = threadIdx.x; c < n_chunks; c += RT) acc += part[c * n_out + o];
+        acc = block_sum(acc, sh);
+        if (threadIdx.x == 0) store_part_sum(t, o, acc, conv);
     }
 }
 
@@ -217,7 +265,9 @@ __global__ void k_rope(kt t, kt a, kt pos, const double *freq, int64_t nr, doubl
 __global__ void k_conv(kt t, kt x, kt w, int fwd) {
     int64_t K = w.ne[0], T = x.ne[1];
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2]) {
-        int64_t ch = e % t.ne[0], tt = (e / t.ne[0]) % t.ne[1], bb = e / (t.ne[0] * t.ne[1]);
+        int64_t i[4];
+        kt_unflat(t, e, i); /* 32-bit index arithmetic where it fits */
+        int64_t ch = i[0], tt = i[1], bb = i[2];
         float acc = 0;
         for (int64_t j = 0; j < K; j++) {
             int64_t ts = fwd ? tt - (K - 1) + j : tt + (K - 1) - j;
@@ -255,12 +305,16 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n,
 
 /* ---------------------------------------------------------------- rows */
 
-/* One block per row of a (rows flat over dims 1..3). partial: float64 per row (SUM, CE). */
-__global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, double *partial, float p0, double eps, int64_t causal) {
+/* One block, or with `warp` one warp, per row of a (rows flat over dims 1..3). partial: float64
+ * per row (SUM, CE). */
+__global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, double *partial, float p0, double eps, int64_t causal,
+                       int warp) {
     __shared__ double sh[RT];
     int64_t n = a.ne[0], R = a.ne[1] * a.ne[2] * a.ne[3];
-    int tid = threadIdx.x;
-    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    int tid = warp ? (int)(threadIdx.x & 31) : (int)threadIdx.x, TS = warp ? 32 : RT;
+    int64_t r0 = warp ? (int64_t)blockIdx.x * (RT / 32) + threadIdx.x / 32 : (int64_t)blockIdx.x;
+    int64_t rstep = warp ? (int64_t)gridDim.x * (RT / 32) : (int64_t)gridDim.x;
+    for (int64_t r = r0; r < R; r += rstep) {
         int64_t i1 = r % a.ne[1], i2 = (r / a.ne[1]) % a.ne[2], i3 = r / (a.ne[1] * a.ne[2]);
         const char *s = kt_at(a, 0, i1, i2, i3);
         char *d = t.p ? kt_at(t, 0, i1, i2, i3) : NULL;
@@ -270,8 +324,8 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
         case KEEL_OP_SUM_ROWS:
         case KEEL_OP_MEAN: {
             double acc = 0;
-            for (int64_t i = tid; i < n; i += RT) acc += ldf(s + i * an);
-            acc = block_sum(acc, sh);
+            for (int64_t i = tid; i < n; i += TS) acc += ldf(s + i * an);
+            acc = team_sum(acc, sh, warp);
             if (tid == 0) {
                 if (op == KEEL_OP_SUM) partial[r] = acc;
                 else stf(d, (float)(op == KEEL_OP_MEAN ? acc / (double)n : acc));
@@ -281,30 +335,30 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
         case KEEL_OP_RMS_NORM:
         case KEEL_OP_L2_NORM: {
             double acc = 0;
-            for (int64_t i = tid; i < n; i += RT) {
+            for (int64_t i = tid; i < n; i += TS) {
                 double x = ldf(s + i * an);
                 acc += x * x;
             }
-            acc = block_sum(acc, sh);
+            acc = team_sum(acc, sh, warp);
             if (op == KEEL_OP_RMS_NORM) acc /= (double)n;
             float sc = (float)(1.0 / sqrt(acc + eps));
-            for (int64_t i = tid; i < n; i += RT) stf(d + i * t.nb[0], ldf(s + i * an) * sc);
+            for (int64_t i = tid; i < n; i += TS) stf(d + i * t.nb[0], ldf(s + i * an) * sc);
             break;
         }
         case KEEL_OP_RMS_NORM_BACK:
         case KEEL_OP_L2_NORM_BACK: {
             const char *dy = kt_at(y, 0, i1, i2, i3);
             double ss = 0, sd = 0;
-            for (int64_t i = tid; i < n; i += RT) {
+            for (int64_t i = tid; i < n; i += TS) {
                 double x = ldf(s + i * an);
                 ss += x * x;
                 sd += x * ldf(dy + i * y.nb[0]);
             }
-            ss = block_sum(ss, sh);
-            sd = block_sum(sd, sh);
+            ss = team_sum(ss, sh, warp);
+            sd = team_sum(sd, sh, warp);
             double dn = op == KEEL_OP_RMS_NORM_BACK ? (double)n : 1.0;
             double sc = 1.0 / sqrt(ss / dn + eps), f2 = sc * sc * sc * sd / dn;
-            for (int64_t i = tid; i < n; i += RT)
+            for (int64_t i = tid; i < n; i += TS)
                 stf(d + i * t.nb[0], (float)(sc * ldf(dy + i * y.nb[0]) - f2 * ldf(s + i * an)));
             break;
         }
@@ -312,22 +366,22 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
             int64_t lim = causal ? i1 + (n - a.ne[1]) : n - 1;
             if (lim > n - 1) lim = n - 1;
             float mx = -INFINITY;
-            for (int64_t i = tid; i <= lim; i += RT) mx = fmaxf(mx, __fmul_rn(p0, ldf(s + i * an)));
-            mx = block_max(mx, sh);
+            for (int64_t i = tid; i <= lim; i += TS) mx = fmaxf(mx, __fmul_rn(p0, ldf(s + i * an)));
+            mx = team_max(mx, sh, warp);
             double z = 0;
-            for (int64_t i = tid; i <= lim; i += RT) z += expf(__fsub_rn(__fmul_rn(p0, ldf(s + i * an)), mx));
-            z = block_sum(z, sh);
+            for (int64_t i = tid; i <= lim; i += TS) z += expf(__fsub_rn(__fmul_rn(p0, ldf(s + i * an)), mx));
+            z = team_sum(z, sh, warp);
             float iz = (float)(1.0 / z);
-            for (int64_t i = tid; i < n; i += RT)
+            for (int64_t i = tid; i < n; i += TS)
                 stf(d + i * t.nb[0], i <= lim ? expf(__fsub_rn(__fmul_rn(p0, ldf(s + i * an)), mx)) * iz : 0.0f);
             break;
         }
         case KEEL_OP_SOFT_MAX_BACK: {
             const char *dy = kt_at(y, 0, i1, i2, i3);
             double sd = 0;
-            for (int64_t i = tid; i < n; i += RT) sd += (double)ldf(s + i * an) * ldf(dy + i * y.nb[0]);
-            float fs = (float)block_sum(sd, sh);
-            for (int64_t i = tid; i < n; i += RT)
+            for (int64_t i = tid; i < n; i += TS) sd += (double)ldf(s + i * an) * ldf(dy + i * y.nb[0]);
+            float fs = (float)team_sum(sd, sh, warp);
+            for (int64_t i = tid; i < n; i += TS)
                 stf(d + i * t.nb[0], __fmul_rn(p0 * ldf(s + i * an), ldf(dy + i * y.nb[0]) - fs));
             break;
         }
@@ -338,17 +392,17 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
                     ti3 = r / (tg.ne[0] * tg.ne[1] * tg.ne[2]);
             int32_t yv = *(const int32_t *)kt_at(tg, ti0, ti1, ti2, ti3);
             float mx = -INFINITY;
-            for (int64_t i = tid; i < n; i += RT) mx = fmaxf(mx, ldf(s + i * an));
-            mx = block_max(mx, sh);
+            for (int64_t i = tid; i < n; i += TS) mx = fmaxf(mx, ldf(s + i * an));
+            mx = team_max(mx, sh, warp);
             double z = 0;
-            for (int64_t i = tid; i < n; i += RT) z += expf(ldf(s + i * an) - mx);
-            z = block_sum(z, sh);
+            for (int64_t i = tid; i < n; i += TS) z += expf(ldf(s + i * an) - mx);
+            z = team_sum(z, sh, warp);
             if (op == KEEL_OP_CROSS_ENTROPY_LOSS) {
                 if (tid == 0) partial[r] = log(z) + mx - ldf(s + (int64_t)yv * an);
             } else {
                 double N = (double)R;
                 float sc = (float)(1.0 / z), k = (float)(*dloss / N);
-                for (int64_t i = tid; i < n; i += RT)
+                for (int64_t i = tid; i < n; i += TS)
                     stf(d + i * t.nb[0], __fmul_rn(__fsub_rn(__fmul_rn(expf(ldf(s + i * an) - mx), sc), (float)(i == yv)), k));
             }
             break;
@@ -395,11 +449,13 @@ static int rows(keel_backend *be, const keel_tensor *t, double *partial) {
     bool has_y = t->op == KEEL_OP_RMS_NORM_BACK || t->op == KEEL_OP_L2_NORM_BACK || t->op == KEEL_OP_SOFT_MAX_BACK;
     int64_t R = keel_nrows(a);
     if (R == 0) return 0;
-    unsigned blocks = (unsigned)(R < 65535LL * 8 ? R : 65535LL * 8);
+    bool warp = a->ne[0] <= WARP_ROW_MAX;
+    int64_t want = warp ? (R + RT / 32 - 1) / (RT / 32) : R;
+    unsigned blocks = (unsigned)(want < 65535LL * 8 ? want : 65535LL * 8);
     k_rows<<<blocks, RT, 0, st(be)>>>(t->op, partial ? none : kt_of(t), kt_of(a), has_y ? kt_of(t->src[1]) : none,
                                       ce ? kt_of(t->src[1]) : none,
                                       t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ? (const float *)t->src[2]->data : NULL, partial,
-                                      (float)t->fp[0], t->fp[0], t->ip[0]);
+                                      (float)t->fp[0], t->fp[0], t->ip[0], warp ? 1 : 0);
     return 0;
 }
 
@@ -439,7 +495,10 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     bool conv = t->op == KEEL_OP_CONV1D_BACK_WEIGHT;
     if (conv) k_conv_back_w_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), per, n_chunks, part);
     else k_repeat_back_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), per, n_chunks, part);
-    k_finish_parts<<<cuda_blocks(n_out, 256), 256, 0, st(be)>>>(kt_of(t), part, n_out, n_chunks, conv ? 1 : 0);
+    if (n_chunks >= 64) /* few result elements: a block each */
+        k_finish_parts_blocks<<<(unsigned)(n_out < 65535 ? n_out : 65535), RT, 0, st(be)>>>(kt_of(t), part, n_out, n_chunks, conv ? 1 : 0);
+    else
+        k_finish_parts<<<cuda_blocks(n_out, 256), 256, 0, st(be)>>>(kt_of(t), part, n_out, n_chunks, conv ? 1 : 0);
     return 0;
 }
 
