@@ -362,8 +362,11 @@ int keel_cases_all(op_case **out) {
                 {1025, 9, 1, 1, 1025, 3, 1, 1},   {4096, 3, 1, 1, 4096, 2, 1, 1}, {4097, 5, 1, 1, 4097, 3, 1, 1},
                 {300, 130, 1, 1, 300, 70, 1, 1}, {64, 96, 1, 1, 64, 80, 1, 1},   {16, 8, 2, 2, 16, 5, 6, 2},
                 {4, 3, 1, 1, 4, 65537, 1, 1},
+                /* one weight against every matrix of b / a group summed into one result: the
+                 * cuda backend's single wide product (cuda_matmul.cu, merges) */
+                {64, 48, 1, 1, 64, 40, 3, 2},
             };
-            for (int s = 0; s < 10; s++) {
+            for (int s = 0; s < 11; s++) {
                 c = C(&l, op);
                 const int64_t *x = mm[s];
                 if (op == KEEL_OP_MUL_MAT) {

@@ -29,6 +29,15 @@ static bool describe(const keel_tensor *t, mat *m) {
     return false;
 }
 
+/* Whether t's matrices along dims 2 and 3 continue its columns evenly (column c of matrix (i2,
+ * i3) is column c + ne1 (i2 + ne2 i3) of one wide matrix), so that a weight broadcast over them
+ * meets one wide product instead of ne2 ne3 narrow ones: cuBLAS runs a 4096-column product
+ * faster than four of 1024. */
+static bool merges(const keel_tensor *t, const mat *m) {
+    return !m->transposed && (int64_t)t->nb[1] == m->ld * 4 && (t->ne[2] == 1 || t->nb[2] == t->ne[1] * t->nb[1]) &&
+           (t->ne[3] == 1 || t->nb[3] == t->ne[2] * t->nb[2]);
+}
+
 /* A contiguous copy of t in scratch (offset `at` bytes), through the copy path. */
 static const keel_tensor *contiguous(keel_backend *be, const keel_tensor *t, keel_tensor *tmp, char *base, size_t at) {
     *tmp = *t;
@@ -101,6 +110,9 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
     cublasOperation_t opa = ma.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
     cublasOperation_t opb = mb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     float *c0 = (float *)(c_tmp ? tc.data : t->data);
+    if (a->ne[2] == 1 && a->ne[3] == 1 && merges(b, &mb) && merges(c_tmp ? &tc : t, &mc)) /* one weight, every matrix of b */
+        return gemm(be, t, opa, opb, M, N * t->ne[2] * t->ne[3], K, &ma, ma.p, &mb, mb.p, c0, mc.ld, 0.0f, 1, 0, 0, 0) ||
+               (c_tmp && cuda_copy(be, t, &tc, false)) ? -1 : 0;
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
         const float *pa3 = ma.p + (i3 / r3) * ma.stride3, *pb3 = mb.p + i3 * mb.stride3;
         float *pc3 = c0 + i3 * mc.stride3;
@@ -120,7 +132,8 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
 }
 
 /* OUT_PROD: t(i, j) = sum_k a(i, k) b(j, k), each result matrix summing its group of source
- * matrices in a fixed order (g3 outer, g2 inner): the first product assigns, the rest add. */
+ * matrices: as one product over the whole group when its matrices lie end to end, else in a
+ * fixed order (g3 outer, g2 inner), the first product assigning and the rest adding. */
 int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     keel_tensor ta, tb, tc;
@@ -135,6 +148,9 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
     /* a(i, k) is column-major I x K (op N) unless stored transposed; b(j, k) must become K x J */
     cublasOperation_t opa = ma.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = mb.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
+    if (t->ne[2] == 1 && t->ne[3] == 1 && merges(a, &ma) && merges(b, &mb)) /* one result: all of a and b's matrices are one long k */
+        return gemm(be, t, opa, opb, I, J, K * a->ne[2] * a->ne[3], &ma, ma.p, &mb, mb.p, c0, mc.ld, 0.0f, 1, 0, 0, 0) ||
+               (c_tmp && cuda_copy(be, t, &tc, false)) ? -1 : 0;
     /* group members in a fixed order (g3 outer, g2 inner), each one call batched over the result
      * matrices along dim 2: the first assigns, the others add */
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
