@@ -3,13 +3,18 @@
  * o = S^T q. Column j of S only ever meets column j of the update, so the work is parallel over
  * batch, heads and value columns: one warp owns one column, its Dk entries spread over the 32
  * lanes in registers (Dk <= 256), and sums over Dk are warp butterflies (every lane ends with the
- * same bits). The backward pass keeps S at every GDN_CHUNK-th step and recomputes the states of a
- * chunk from there, as the cpu backend does. Sums over columns (dq, dk, dg, dbeta) are formed in
+ * same bits). The backward pass keeps S at every GDN_SUB-th step and recomputes the states of a
+ * sub-chunk from there, as the cpu backend does (there every 64th): the states of a sub-chunk of
+ * the whole GPU (~37 MB for a 0.8B layer) stay in L2, so reading them back in reverse, one step
+ * ahead, does not wait on HBM. Checkpoints do not change results: a recomputed state has the same
+ * bits as the first. Sums over columns (dq, dk, dg, dbeta) are formed in
  * shared memory per block of columns, written per block, and summed over blocks in a fixed
  * order by a second kernel: no atomics anywhere, so results repeat bitwise. */
 #include "backends/cuda/cuda_internal.h"
 
-#define GDN_CHUNK 64
+#define GDN_CHUNK 64 /* backward: inputs staged this many steps at a time */
+#define GDN_SUB 16   /* backward: states kept every GDN_SUB steps (divides GDN_CHUNK) */
+#define FWD_CHUNK 32 /* forward: steps staged at a time (a smaller stage lets 4 blocks share an SM) */
 #define FWD_WARPS 8  /* columns per forward block */
 #define BWD_WARPS 16 /* columns per backward block */
 
@@ -27,22 +32,22 @@ __device__ static inline double warp_sum_d(double x) {
     return x;
 }
 
-/* The inputs of GDN_CHUNK steps of one (batch, head) lane, staged in shared memory by the whole
+/* The inputs of a chunk of steps of one (batch, head) lane, staged in shared memory by the whole
  * block with coalesced loads, so the sequential recurrence reads them at shared-memory latency:
  * k and q [steps][Dk], v and dO [steps][cols] for the block's columns, exp(g) and beta [steps]. */
 typedef struct {
     float *k, *q, *v, *dO, *eg, *beta;
 } stage;
 
-__host__ __device__ static size_t stage_floats(int64_t Dk, int cols, bool with_do) {
-    return (size_t)GDN_CHUNK * (size_t)(2 * Dk + cols * (with_do ? 2 : 1) + 2);
+__host__ __device__ static size_t stage_floats(int chunk, int64_t Dk, int cols, bool with_do) {
+    return (size_t)chunk * (size_t)(2 * Dk + cols * (with_do ? 2 : 1) + 2);
 }
 
-__device__ static stage stage_at(float *base, int64_t Dk, int cols, bool with_do) {
+__device__ static stage stage_at(float *base, int chunk, int64_t Dk, int cols, bool with_do) {
     stage st;
-    st.k = base, st.q = st.k + GDN_CHUNK * Dk, st.v = st.q + GDN_CHUNK * Dk;
-    st.dO = with_do ? st.v + GDN_CHUNK * cols : NULL;
-    st.eg = st.v + GDN_CHUNK * cols * (with_do ? 2 : 1), st.beta = st.eg + GDN_CHUNK;
+    st.k = base, st.q = st.k + chunk * Dk, st.v = st.q + chunk * Dk;
+    st.dO = with_do ? st.v + chunk * cols : NULL;
+    st.eg = st.v + chunk * cols * (with_do ? 2 : 1), st.beta = st.eg + chunk;
     return st;
 }
 
@@ -96,22 +101,24 @@ __device__ static inline float step(float *S, const float *k, float eg, float bt
 }
 
 /* Forward (and the decoding variant with an initial state s0 and a packed [o | final state]). */
+/* Four 8-warp blocks share an SM (registers <= 64, a 33 KiB stage): the lanes of a 0.8B layer
+ * take 2 waves of blocks. */
 template <int R>
-__global__ void k_gdn_fwd(gdn_args A, kt o, float *packed, int has_s0) {
+__global__ void __launch_bounds__(FWD_WARPS * 32, R <= 4 ? 4 : 2) k_gdn_fwd(gdn_args A, kt o, float *packed, int has_s0) {
     extern __shared__ float smem[];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int64_t L = blockIdx.x, b = L / A.Hv, hv = L % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t j0 = (int64_t)blockIdx.y * FWD_WARPS, j = j0 + w;
     bool act = j < A.Dv; /* inactive warps still load and meet the barriers */
-    stage st = stage_at(smem, A.Dk, FWD_WARPS, false);
+    stage st = stage_at(smem, FWD_CHUNK, A.Dk, FWD_WARPS, false);
     float S[R], k[R], q[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         int64_t i = lane + 32 * r;
         S[r] = act && has_s0 && i < A.Dk ? ldf(kt_at(A.s0, j, i, hv, b)) : 0.0f;
     }
-    for (int64_t t0 = 0; t0 < A.T; t0 += GDN_CHUNK) {
-        int n = (int)(A.T - t0 < GDN_CHUNK ? A.T - t0 : GDN_CHUNK);
+    for (int64_t t0 = 0; t0 < A.T; t0 += FWD_CHUNK) {
+        int n = (int)(A.T - t0 < FWD_CHUNK ? A.T - t0 : FWD_CHUNK);
         __syncthreads(); /* the previous chunk is consumed */
         stage_load(st, A, b, hv, hk, t0, n, j0, FWD_WARPS, true);
         __syncthreads();
@@ -142,16 +149,19 @@ __global__ void k_gdn_fwd(gdn_args A, kt o, float *packed, int has_s0) {
 }
 
 typedef struct {
-    float *ck;     /* [lane][Dv padded][n_chunks][Dk] states at chunk starts */
-    float *cs;     /* [lane][Dv padded][GDN_CHUNK + 1][Dk] the states of the chunk being worked on */
+    float *ck;     /* [lane][Dv padded][n_subs][Dk] states at sub-chunk starts */
+    float *cs;     /* [lane][Dv padded][GDN_SUB + 1][Dk] the states of the sub-chunk being worked on */
     float *pq, *pk; /* [group][row][Dk] per-block-of-columns parts of dq, dk */
     double *pg, *pb; /* [group][row] parts of dg, dbeta */
     float *out;    /* the packed result */
-    int64_t n_chunks, rows;
+    int64_t n_chunks, n_subs, rows;
 } gdn_bwd_buf;
 
+/* Two blocks per SM when a column fits 4 registers a lane (Dk <= 128): with the register count
+ * capped at 64 the 16-warp blocks run two to an SM, so the lanes of a 0.8B layer take 2 waves of
+ * blocks instead of 4. */
 template <int R>
-__global__ void k_gdn_bwd(gdn_args A, gdn_bwd_buf W) {
+__global__ void __launch_bounds__(BWD_WARPS * 32, R <= 4 ? 2 : 1) k_gdn_bwd(gdn_args A, gdn_bwd_buf W) {
     /* shared: the stage, then [2][BWD_WARPS][Dk] dq parts, [2][BWD_WARPS][Dk] dk parts, then
      * [2][BWD_WARPS][2] doubles (dg, dbeta parts) */
     extern __shared__ float smem[];
@@ -160,27 +170,29 @@ __global__ void k_gdn_bwd(gdn_args A, gdn_bwd_buf W) {
     int64_t L = blockIdx.x, b = L / Hv, hv = L % Hv, hk = hv / (Hv / A.Hk), grp = blockIdx.y;
     int64_t j0 = grp * BWD_WARPS, j = j0 + w;
     bool act = j < Dv;
-    stage st = stage_at(smem, Dk, BWD_WARPS, true);
-    float *sq = smem + stage_floats(Dk, BWD_WARPS, true), *sk = sq + 2 * BWD_WARPS * Dk;
+    stage st = stage_at(smem, GDN_CHUNK, Dk, BWD_WARPS, true);
+    float *sq = smem + stage_floats(GDN_CHUNK, Dk, BWD_WARPS, true), *sk = sq + 2 * BWD_WARPS * Dk;
     double *sd = (double *)(sk + 2 * BWD_WARPS * Dk);
     /* scratch columns are padded to whole blocks, so an inactive warp scribbles only on its own */
     int64_t Dvp = gridDim.y * BWD_WARPS;
-    float *ck = W.ck + (L * Dvp + j) * W.n_chunks * Dk, *cs = W.cs + (L * Dvp + j) * (GDN_CHUNK + 1) * Dk;
+    float *ck = W.ck + (L * Dvp + j) * W.n_subs * Dk, *cs = W.cs + (L * Dvp + j) * (GDN_SUB + 1) * Dk;
     int64_t off_dk = Dk * Hv * T * A.B, off_dv = 2 * off_dk;
     float S[R], k[R], q[R], dS[R];
-    /* forward, keeping the state at each chunk start */
+    /* forward, keeping the state at each sub-chunk start */
 #pragma unroll
     for (int r = 0; r < R; r++) S[r] = 0.0f;
     for (int64_t ch = 0; ch < W.n_chunks; ch++) {
         int64_t t0 = ch * GDN_CHUNK;
         int n = (int)(T - t0 < GDN_CHUNK ? T - t0 : GDN_CHUNK);
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (lane + 32 * r < Dk) ck[ch * Dk + lane + 32 * r] = S[r];
         __syncthreads();
         stage_load(st, A, b, hv, hk, t0, n, j0, BWD_WARPS, false);
         __syncthreads();
         for (int s = 0; s < n; s++) {
+            if (s % GDN_SUB == 0) {
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    if (lane + 32 * r < Dk) ck[((t0 + s) / GDN_SUB) * Dk + lane + 32 * r] = S[r];
+            }
             lane_vec<R>(st.k + s * Dk, Dk, k);
             step<R>(S, k, st.eg[s], st.beta[s], st.v[s * BWD_WARPS + w], NULL);
         }
@@ -193,91 +205,95 @@ __global__ void k_gdn_bwd(gdn_args A, gdn_bwd_buf W) {
         __syncthreads(); /* everyone is done with the previous chunk's stage */
         stage_load(st, A, b, hv, hk, t0, n, j0, BWD_WARPS, true);
         __syncthreads();
-        /* recompute the chunk's states; each lane reads back only what it wrote itself */
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int64_t i = lane + 32 * r;
-            S[r] = i < Dk ? ck[ch * Dk + i] : 0.0f;
-            if (i < Dk) cs[i] = S[r];
-        }
-        for (int s = 0; s < n; s++) {
-            lane_vec<R>(st.k + s * Dk, Dk, k);
-            step<R>(S, k, st.eg[s], st.beta[s], st.v[s * BWD_WARPS + w], NULL);
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                if (lane + 32 * r < Dk) cs[(s + 1) * Dk + lane + 32 * r] = S[r];
-        }
-        /* St of the last step is the state just computed; Sp of step s is loaded one step ahead */
-        float St[R], Sp[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            St[r] = S[r];
-            Sp[r] = lane + 32 * r < Dk ? cs[(n - 1) * Dk + lane + 32 * r] : 0.0f;
-        }
-        for (int s = n - 1; s >= 0; s--) {
-            int64_t t = t0 + s;
-            int buf = (int)(t & 1);
-            float Sn[R]; /* the previous step's Sp, in flight while this step computes */
-#pragma unroll
-            for (int r = 0; r < R; r++) Sn[r] = s > 0 && lane + 32 * r < Dk ? cs[(s - 1) * Dk + lane + 32 * r] : 0.0f;
-            lane_vec<R>(st.k + s * Dk, Dk, k);
-            lane_vec<R>(st.q + s * Dk, Dk, q);
-            float eg = st.eg[s], bt = st.beta[s], vj = st.v[s * BWD_WARPS + w], dOj = st.dO[s * BWD_WARPS + w];
-            int64_t row = (b * T + t) * Hv + hv;
-            float Sa[R], u = 0.0f;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                Sa[r] = eg * Sp[r];
-                u += Sa[r] * k[r];
-            }
-            u = warp_sum(u);
-            float d = bt * (vj - u);
-            /* o = St^T q: dq gets St dO; dS += q dO^T */
+        for (int s0 = (n - 1) / GDN_SUB * GDN_SUB; s0 >= 0; s0 -= GDN_SUB) {
+            int m = n - s0 < GDN_SUB ? n - s0 : GDN_SUB; /* steps s0 .. s0 + m - 1 of the stage */
+            /* recompute the sub-chunk's states; each lane reads back only what it wrote itself */
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 int64_t i = lane + 32 * r;
-                if (i < Dk) sq[(buf * BWD_WARPS + w) * Dk + i] = act ? St[r] * dOj : 0.0f;
-                dS[r] += q[r] * dOj;
+                S[r] = i < Dk ? ck[((t0 + s0) / GDN_SUB) * Dk + i] : 0.0f;
+                if (i < Dk) cs[i] = S[r];
             }
-            /* St = Sa + k d^T: dd = dS^T k, dv = beta dd, dbeta = dd (v - u), du = -beta dd */
-            float dd = 0.0f;
+            for (int s = 0; s < m; s++) {
+                lane_vec<R>(st.k + (s0 + s) * Dk, Dk, k);
+                step<R>(S, k, st.eg[s0 + s], st.beta[s0 + s], st.v[(s0 + s) * BWD_WARPS + w], NULL);
 #pragma unroll
-            for (int r = 0; r < R; r++) dd += dS[r] * k[r];
-            dd = warp_sum(dd);
-            float du = -bt * dd;
-            if (act && lane == 0) W.out[off_dv + row * Dv + j] = bt * dd;
-            /* dk = dS d + Sa du; dSa = dS + k du^T; dg = sum(Sa dSa); dS_prev = eg dSa */
-            double dg = 0.0;
+                for (int r = 0; r < R; r++)
+                    if (lane + 32 * r < Dk) cs[(s + 1) * Dk + lane + 32 * r] = S[r];
+            }
+            /* St of the last step is the state just computed; Sp of step s is loaded one step ahead */
+            float St[R], Sp[R];
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                int64_t i = lane + 32 * r;
-                if (i < Dk) sk[(buf * BWD_WARPS + w) * Dk + i] = act ? dS[r] * d + Sa[r] * du : 0.0f;
-                float v2 = dS[r] + k[r] * du;
-                dg += (double)Sa[r] * v2;
-                dS[r] = eg * v2;
+                St[r] = S[r];
+                Sp[r] = lane + 32 * r < Dk ? cs[(m - 1) * Dk + lane + 32 * r] : 0.0f;
             }
-            dg = warp_sum_d(dg);
-            if (lane == 0) {
-                sd[(buf * BWD_WARPS + w) * 2] = act ? dg : 0.0;
-                sd[(buf * BWD_WARPS + w) * 2 + 1] = act ? (double)dd * (vj - u) : 0.0;
-            }
-            __syncthreads();
-            /* this block's sums over its columns, in warp order; the buffers alternate with t, so
-             * one barrier per step keeps the next step's writes off what is being read here */
-            int tid = threadIdx.x;
-            if (tid < Dk) {
-                float a1 = 0.0f, a2 = 0.0f;
-                for (int x = 0; x < BWD_WARPS; x++) a1 += sq[(buf * BWD_WARPS + x) * Dk + tid], a2 += sk[(buf * BWD_WARPS + x) * Dk + tid];
-                W.pq[(grp * W.rows + row) * Dk + tid] = a1;
-                W.pk[(grp * W.rows + row) * Dk + tid] = a2;
-            } else if (tid == (int)blockDim.x - 1) {
-                double g1 = 0.0, b1 = 0.0;
-                for (int x = 0; x < BWD_WARPS; x++) g1 += sd[(buf * BWD_WARPS + x) * 2], b1 += sd[(buf * BWD_WARPS + x) * 2 + 1];
-                W.pg[grp * W.rows + row] = g1;
-                W.pb[grp * W.rows + row] = b1;
-            }
+            for (int s = m - 1; s >= 0; s--) {
+                int x = s0 + s; /* the step within the stage */
+                int64_t t = t0 + x;
+                int buf = (int)(t & 1);
+                float Sn[R]; /* the previous step's Sp, in flight while this step computes */
 #pragma unroll
-            for (int r = 0; r < R; r++) St[r] = Sp[r], Sp[r] = Sn[r];
+                for (int r = 0; r < R; r++) Sn[r] = s > 0 && lane + 32 * r < Dk ? cs[(s - 1) * Dk + lane + 32 * r] : 0.0f;
+                lane_vec<R>(st.k + x * Dk, Dk, k);
+                lane_vec<R>(st.q + x * Dk, Dk, q);
+                float eg = st.eg[x], bt = st.beta[x], vj = st.v[x * BWD_WARPS + w], dOj = st.dO[x * BWD_WARPS + w];
+                int64_t row = (b * T + t) * Hv + hv;
+                float Sa[R], u = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    Sa[r] = eg * Sp[r];
+                    u += Sa[r] * k[r];
+                }
+                u = warp_sum(u);
+                float d = bt * (vj - u);
+                /* o = St^T q: dq gets St dO; dS += q dO^T */
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int64_t i = lane + 32 * r;
+                    if (i < Dk) sq[(buf * BWD_WARPS + w) * Dk + i] = act ? St[r] * dOj : 0.0f;
+                    dS[r] += q[r] * dOj;
+                }
+                /* St = Sa + k d^T: dd = dS^T k, dv = beta dd, dbeta = dd (v - u), du = -beta dd */
+                float dd = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; r++) dd += dS[r] * k[r];
+                dd = warp_sum(dd);
+                float du = -bt * dd;
+                if (act && lane == 0) W.out[off_dv + row * Dv + j] = bt * dd;
+                /* dk = dS d + Sa du; dSa = dS + k du^T; dg = sum(Sa dSa); dS_prev = eg dSa */
+                double dg = 0.0;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int64_t i = lane + 32 * r;
+                    if (i < Dk) sk[(buf * BWD_WARPS + w) * Dk + i] = act ? dS[r] * d + Sa[r] * du : 0.0f;
+                    float v2 = dS[r] + k[r] * du;
+                    dg += (double)Sa[r] * v2;
+                    dS[r] = eg * v2;
+                }
+                dg = warp_sum_d(dg);
+                if (lane == 0) {
+                    sd[(buf * BWD_WARPS + w) * 2] = act ? dg : 0.0;
+                    sd[(buf * BWD_WARPS + w) * 2 + 1] = act ? (double)dd * (vj - u) : 0.0;
+                }
+                __syncthreads();
+                /* this block's sums over its columns, in warp order; the buffers alternate with t, so
+                 * one barrier per step keeps the next step's writes off what is being read here */
+                int tid = threadIdx.x;
+                if (tid < Dk) {
+                    float a1 = 0.0f, a2 = 0.0f;
+                    for (int y = 0; y < BWD_WARPS; y++) a1 += sq[(buf * BWD_WARPS + y) * Dk + tid], a2 += sk[(buf * BWD_WARPS + y) * Dk + tid];
+                    W.pq[(grp * W.rows + row) * Dk + tid] = a1;
+                    W.pk[(grp * W.rows + row) * Dk + tid] = a2;
+                } else if (tid == (int)blockDim.x - 1) {
+                    double g1 = 0.0, b1 = 0.0;
+                    for (int y = 0; y < BWD_WARPS; y++) g1 += sd[(buf * BWD_WARPS + y) * 2], b1 += sd[(buf * BWD_WARPS + y) * 2 + 1];
+                    W.pg[grp * W.rows + row] = g1;
+                    W.pb[grp * W.rows + row] = b1;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) St[r] = Sp[r], Sp[r] = Sn[r];
+            }
         }
     }
 }
@@ -320,7 +336,7 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     kt o = kt_of(t);
     float *packed = st ? (float *)t->data : NULL;
     cudaStream_t s = cuda_im(be)->stream;
-    size_t shm = stage_floats(A.Dk, FWD_WARPS, false) * sizeof(float);
+    size_t shm = stage_floats(FWD_CHUNK, A.Dk, FWD_WARPS, false) * sizeof(float);
     if (A.Dk <= 128) {
         if (cuda_check(cudaFuncSetAttribute(k_gdn_fwd<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm), "shared memory limit", t)) return -1;
         k_gdn_fwd<4><<<grid, FWD_WARPS * 32, shm, s>>>(A, o, packed, st ? 1 : 0);
@@ -336,19 +352,20 @@ int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     int64_t L = A.B * A.Hv, G = (A.Dv + BWD_WARPS - 1) / BWD_WARPS;
     gdn_bwd_buf W;
     W.n_chunks = (A.T + GDN_CHUNK - 1) / GDN_CHUNK;
+    W.n_subs = (A.T + GDN_SUB - 1) / GDN_SUB;
     W.rows = A.B * A.T * A.Hv;
     W.out = (float *)t->data;
     if (L == 0 || A.T == 0) return 0;
     if (A.Dv == 0) return cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), cuda_im(be)->stream), "memset", t);
     int64_t Dvp = G * BWD_WARPS;
-    size_t n_ck = (size_t)(L * Dvp * W.n_chunks * A.Dk), n_cs = (size_t)(L * Dvp * (GDN_CHUNK + 1) * A.Dk);
+    size_t n_ck = (size_t)(L * Dvp * W.n_subs * A.Dk), n_cs = (size_t)(L * Dvp * (GDN_SUB + 1) * A.Dk);
     size_t n_p = (size_t)(G * W.rows * A.Dk), n_d = (size_t)(G * W.rows);
     size_t bytes = (n_ck + n_cs + 2 * n_p) * sizeof(float) + 2 * n_d * sizeof(double) + 256;
     char *base = (char *)cuda_scratch(be, bytes, t);
     if (!base) return -1;
     W.pg = (double *)base, W.pb = W.pg + n_d; /* doubles first: aligned */
     W.ck = (float *)(W.pb + n_d), W.cs = W.ck + n_ck, W.pq = W.cs + n_cs, W.pk = W.pq + n_p;
-    size_t shm = (stage_floats(A.Dk, BWD_WARPS, true) + 4 * BWD_WARPS * (size_t)A.Dk) * sizeof(float) + 4 * BWD_WARPS * sizeof(double);
+    size_t shm = (stage_floats(GDN_CHUNK, A.Dk, BWD_WARPS, true) + 4 * BWD_WARPS * (size_t)A.Dk) * sizeof(float) + 4 * BWD_WARPS * sizeof(double);
     dim3 grid((unsigned)L, (unsigned)G);
     cudaStream_t s = cuda_im(be)->stream;
     if (A.Dk <= 128) {
