@@ -400,8 +400,10 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_GATED_DELTA_NET_STATE:
         case KEEL_OP_GATED_DELTA_NET_BACK: {
             /* Dk, Hk, T, B, Dv, Hv */
-            static const int64_t sh[][6] = {{4, 1, 5, 1, 3, 1}, {8, 2, 130, 2, 6, 4}, {16, 1, 65, 1, 16, 2}, {5, 2, 3, 1, 7, 2}};
-            for (int s = 0; s < 4; s++) {
+            /* the last: Dk = 160 > 128, the cuda kernels' 8-registers-a-lane variant */
+            static const int64_t sh[][6] = {{4, 1, 5, 1, 3, 1}, {8, 2, 130, 2, 6, 4}, {16, 1, 65, 1, 16, 2}, {5, 2, 3, 1, 7, 2},
+                                            {160, 1, 20, 1, 3, 2}};
+            for (int s = 0; s < 5; s++) {
                 const int64_t *x = sh[s];
                 c = C(&l, op);
                 case_input *q = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
