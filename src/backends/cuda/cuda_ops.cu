@@ -1,7 +1,8 @@
 /* keel: the CUDA backend's kernels (float32) and the per-node dispatch. Elementwise kernels take
  * one thread per result element; row kernels take one block (or, for short rows, one warp) per
- * row and reduce in float64 over a fixed thread layout and a fixed tree, so results repeat bitwise and never use floating-point
- * atomics. Formulas follow the cpu backend's (cpu_ops.c) operation for operation. */
+ * row and reduce in float64 over a fixed thread layout and a fixed tree, so results repeat
+ * bitwise and never use floating-point atomics. Formulas follow the cpu backend's (cpu_ops.c)
+ * operation for operation. */
 #include <math.h>
 #include <stdlib.h>
 
