@@ -9,8 +9,14 @@
 # (GPU time per op and operand shapes of the bench step), which are not in the default list
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-/tmp/keel-gpu-out}
-mkdir -p "$out"
+# Logs go to a folder of their own and, at exit, into one archive in $OUT (default
+# /tmp/keel-gpu-out): a runner that returns only a few files still returns all of them.
+final=${OUT:-/tmp/keel-gpu-out}
+out=$(mktemp -d /tmp/keel-gpu-logs.XXXXXX)
+mkdir -p "$final"
+pack() { tar -czf "$final/gpu-logs.tar.gz" -C "$out" . 2>/dev/null && echo "logs: $final/gpu-logs.tar.gz"; }
+trap pack EXIT
+trap 'exit 143' TERM INT
 stages=${*:-ops grad fault reference recompute hf cross bench}
 want() { [[ " $stages " == *" $1 "* ]]; }
 declare -a rows

@@ -76,4 +76,5 @@ for fault in exit hang; do
     sort -n $work/g-$fault-1.log $work/g-$fault-0.log >$work/g-$fault.log
     check "separate launches, rank 1 does $fault" $work/g-$fault.log
 done
+cp $work/two.out $work/two.err $work/*.log "$out/" 2>/dev/null # every rank's lines, with their times
 exit $fail
