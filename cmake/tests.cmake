@@ -39,8 +39,8 @@ set_tests_properties(cli_bad_flag PROPERTIES LABELS "unit" WILL_FAIL TRUE)
 add_test(NAME model_layer_pair_grad COMMAND keel test-model)
 set_tests_properties(model_layer_pair_grad PROPERTIES LABELS "model;sanitize")
 
-# The model against transformers: both checkpoint layouts of the shared fixture, ref (f64) and cpu (f32).
-set(KEEL_FIXTURES "${CMAKE_SOURCE_DIR}/../shared/fixtures" CACHE PATH "the shared fixtures folder")
+# The model against transformers: both checkpoint layouts of the transformers fixture, ref (f64) and cpu (f32).
+set(KEEL_FIXTURES "${CMAKE_SOURCE_DIR}/tests/fixtures" CACHE PATH "the test fixtures folder (tests/fixtures/README.md)")
 add_test(NAME model_check_reference_ref COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --backend ref)
 add_test(NAME model_check_reference_cpu COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --backend cpu)
 set_tests_properties(model_check_reference_ref model_check_reference_cpu PROPERTIES LABELS "model;sanitize")
@@ -101,7 +101,7 @@ set_tests_properties(trace_diff_files PROPERTIES FIXTURES_REQUIRED "trace_off;tr
 set_tests_properties(diff_recompute_none diff_threads_none diff_backends_within_tolerance diff_finds_flipped_node diff_finds_faulty_acc
   diff_finds_faulty_copy_in_model trace_write_off trace_write_full trace_diff_files PROPERTIES LABELS "trace")
 
-# keel train: resume and repeat bitwise identical, eval loss falls; fine-tuning the shared
+# keel train: resume and repeat bitwise identical, eval loss falls; fine-tuning the transformers
 # fixture's model on real text; bad input refused with a message and a non-zero exit.
 add_test(NAME train_resume_bitwise COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-train-resume.sh $<TARGET_FILE:keel> ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-resume)
 add_test(NAME train_finetune_fixture COMMAND keel train --model ${KEEL_TINY}/multimodal-bf16 --data ${KEEL_ASSETS}/moby-dick.txt
@@ -159,3 +159,18 @@ add_test(NAME eval_bad_backend COMMAND ${CMAKE_SOURCE_DIR}/scripts/expect-failur
 add_test(NAME generate_bad_backend COMMAND ${CMAKE_SOURCE_DIR}/scripts/expect-failure.sh "unknown backend 'nope'" $<TARGET_FILE:keel>
          generate --model ${KEEL_TINY}/causal-f32-sharded --prompt hi --backend nope)
 set_tests_properties(eval_bad_backend generate_bad_backend PROPERTIES LABELS "train")
+
+# keel export gguf against llama.cpp itself (node-llama-cpp, installed by scripts/setup-llama.sh,
+# which make check runs first): every export type of a Qwen3-vocabulary model and of the demo's
+# byte model, compared with keel position by position; the transformers fixture (key and value
+# heads of different sizes, which llama.cpp cannot run) is refused.
+add_test(NAME gguf_llama_cpp COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-gguf.sh $<TARGET_FILE:keel> ${KEEL_ASSETS}/moby-dick.txt
+         ${KEEL_ASSETS}/qwen3 ${KEEL_FIXTURES}/qwen35-tiny/causal-f32-sharded ${CMAKE_BINARY_DIR}/gguf)
+set_tests_properties(gguf_llama_cpp PROPERTIES LABELS "gguf")
+# The exporter under the sanitizers (the comparison with llama.cpp above runs the release build):
+# every type, a byte vocabulary and the Qwen3 tokenizer's.
+add_test(NAME gguf_export_sanitized COMMAND sh -c "set -e; d=$1; rm -rf $d; mkdir -p $d; k=$2
+  $k init --preset small $d/small; $k init --config $3 $d/q
+  for t in f32 f16 bf16 q8_0; do $k export gguf $d/small $d/small-$t.gguf --type $t; $k export gguf $d/q $d/q-$t.gguf --type $t --tokenizer $4; done"
+  sh ${CMAKE_BINARY_DIR}/gguf-export $<TARGET_FILE:keel> ${CMAKE_SOURCE_DIR}/tests/gguf/tiny-qwen3-vocab.json ${KEEL_ASSETS}/qwen3/tokenizer.json)
+set_tests_properties(gguf_export_sanitized PROPERTIES LABELS "gguf;sanitize")

@@ -5,7 +5,7 @@
 # it). Needs build/keel and apt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-fx=${KEEL_FIXTURES:-../shared/fixtures}/qwen35-tiny
+fx=${KEEL_FIXTURES:-tests/fixtures}/qwen35-tiny
 mkdir -p .gpu-debs
 (cd .gpu-debs && apt-get download libcjson-dev libcjson1 libxxhash-dev libxxhash0 libpcre2-dev libpcre2-8-0 libpcre2-16-0 \
     libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2 libcmocka-dev libcmocka0 2>/dev/null)
