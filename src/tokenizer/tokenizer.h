@@ -33,6 +33,10 @@ int32_t keel_tokenizer_vocab_size(const keel_tokenizer *t);
 int32_t keel_tokenizer_added_id(const keel_tokenizer *t, const char *content);
 /* NFC of text when the tokenizer normalises (what decode(encode(text)) returns); malloc'd. */
 char *keel_tokenizer_normalize(const keel_tokenizer *t, const char *text, size_t len, size_t *out_len);
+/* The byte-level BPE alphabet (GPT-2's): writes the UTF-8 of the character that stands for byte
+ * b in a token's stored string (printable Latin-1 bytes stand for themselves, the others for
+ * U+0100, U+0101, ...) and returns its length. */
+int keel_tokenizer_byte_char(uint8_t b, char out[4]);
 /* A hash of the vocabulary, merges and rules, for caches of encoded data. */
 uint64_t keel_tokenizer_hash(const keel_tokenizer *t);
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# keel export gguf against llama.cpp itself (node-llama-cpp 3.21.1's prebuilt libraries, installed
+# by scripts/setup-llama.sh): for two checkpoints keel trained briefly on Moby Dick,
+#   - a Qwen3.5-shape model (the tiny preset's layers, key and value heads of 16 so that llama.cpp
+#     can run it, 2 key heads for 4 value heads so the value-head reordering is exercised) with
+#     the Qwen3 tokenizer's 151,669-token vocabulary,
+#   - the demo's byte-vocabulary model (the small preset),
+# every export type is loaded in llama.cpp and compared with keel on a 64-token input:
+#   f32        next-token probabilities within 1e-4 at every position, the same 32 greedy tokens
+#   f16, bf16  probabilities within 2e-3
+#   q8_0       the same 16 greedy tokens, perplexity within 2%
+# and the byte model's greedy text equals `keel generate`'s. A checkpoint llama.cpp cannot run
+# (the transformers fixture: key heads of 16, value heads of 24) must be refused with a message.
+# Usage: test-gguf.sh KEEL TEXT QWEN3_TOKENIZER_DIR FIXTURE_DIR WORKDIR
+set -euo pipefail
+keel=$1 text=$2 qwen3=$3 fixture=$4 work=$5
+here=$(cd "$(dirname "$0")/.." && pwd)
+check=$here/tests/gguf/llama_check.mjs
+[ -d "$here/tests/gguf/node_modules/node-llama-cpp" ] || { echo "test-gguf: llama.cpp is not installed (run scripts/setup-llama.sh)"; exit 1; }
+rm -rf "$work" && mkdir -p "$work"
+fail=0
+
+# 1. the Qwen3-vocabulary model (tests/gguf/tiny-qwen3-vocab.json: the tiny preset's config with
+#    linear_value_head_dim 16 and vocab_size 151669, the Qwen3 tokenizer's ids 0..151668)
+"$keel" train --init "$here/tests/gguf/tiny-qwen3-vocab.json" --tokenizer "$qwen3/tokenizer.json" --data "$text" --out "$work/q" \
+  --steps 30 --window 64 --batch 4 --lr 1e-2 --lr-min 1e-3 --warmup 5 --eval-every 30 --seed 3 >"$work/q.log"
+# 2. the demo's byte model
+"$keel" train --preset small --data "$text" --out "$work/b" --steps 40 --window 64 --batch 8 --lr 3e-3 --warmup 5 \
+  --eval-every 40 --seed 3 >"$work/b.log"
+
+run_model() { # name checkpoint prompt-ids tokenizer-args...
+  local name=$1 ck=$2 ids=$3; shift 3
+  local out; out=$("$keel" generate --model "$ck" "$@" --prompt-ids "$ids" --temperature 0 --max-tokens 32 --print-ids \
+                   --dump-logits "$work/$name.logits.safetensors")
+  local greedy; greedy=$(cut -d, -f65- <<<"$out")
+  for spec in f32:1e-4:32:0.02 f16:2e-3:32:0.02 bf16:2e-3:32:0.02 q8_0:1:16:0.02; do
+    IFS=: read -r type ptol gn ppl <<<"$spec"
+    "$keel" export gguf "$ck" "$work/$name-$type.gguf" --type "$type" "$@" >/dev/null || { echo "FAIL: export $name $type"; fail=1; continue; }
+    node "$check" --gguf "$work/$name-$type.gguf" --keel "$work/$name.logits.safetensors" --keel-greedy "$greedy" \
+      --prob-tol "$ptol" --greedy-n "$gn" --ppl-tol "$ppl" --label "$name $type" --text-out "$work/$name-$type.txt" || fail=1
+  done
+}
+qids=$("$keel" tokenize --tokenizer "$qwen3/tokenizer.json" --ids --file "$text" | tr -s ' \n' ',' | cut -d, -f1001-1064)
+run_model qwen3-vocab "$work/q/checkpoint" "$qids" --tokenizer "$qwen3/tokenizer.json"
+bids=$(head -c 4000 "$text" | tail -c 64 | od -An -v -tu1 | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
+run_model bytes "$work/b/checkpoint" "$bids"
+
+# 3. the byte model's greedy text: keel generate's, and llama.cpp's (f32) detokenized
+prompt="Call me Ishmael. "
+"$keel" generate --model "$work/b/checkpoint" --prompt "$prompt" --temperature 0 --max-tokens 48 >"$work/keel-text.txt"
+pids=$(printf '%s' "$prompt" | od -An -v -tu1 | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
+"$keel" generate --model "$work/b/checkpoint" --prompt-ids "$pids" --temperature 0 --max-tokens 48 --print-ids \
+  --dump-logits "$work/prompt.logits.safetensors" >"$work/keel-ids.txt"
+node "$check" --gguf "$work/bytes-f32.gguf" --keel "$work/prompt.logits.safetensors" --greedy-n 48 \
+  --keel-greedy "$(cut -d, -f$((${#prompt} + 1))- "$work/keel-ids.txt")" --text-out "$work/llama-text.txt" --label "bytes f32 text" || fail=1
+if cmp -s <(printf '%s\n' "$(cat "$work/llama-text.txt")") "$work/keel-text.txt"; then
+  echo "bytes f32: greedy text identical to keel generate's: $(head -c 80 "$work/keel-text.txt" | tr '\n' ' ')"
+else
+  echo "FAIL: greedy text differs"; echo "  keel:      $(cat "$work/keel-text.txt")"; echo "  llama.cpp: $(cat "$work/llama-text.txt")"; fail=1
+fi
+
+# 4. what llama.cpp cannot run is refused, naming the reason, and nothing is written
+if "$keel" export gguf "$fixture" "$work/fixture.gguf" 2>"$work/refused.txt"; then echo "FAIL: the fixture (key 16, value 24) was exported"; fail=1
+elif ! grep -q "linear_key_head_dim == linear_value_head_dim" "$work/refused.txt" || [ -e "$work/fixture.gguf" ]; then
+  echo "FAIL: refusal message or leftover file: $(cat "$work/refused.txt")"; fail=1
+else echo "refused as expected: $(cat "$work/refused.txt")"; fi
+[ $fail -eq 0 ] && echo "gguf: every export loads in llama.cpp and agrees with keel"
+exit $fail
