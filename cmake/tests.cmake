@@ -162,15 +162,18 @@ set_tests_properties(eval_bad_backend generate_bad_backend PROPERTIES LABELS "tr
 
 # keel export gguf against llama.cpp itself (node-llama-cpp, installed by scripts/setup-llama.sh,
 # which make check runs first): every export type of a Qwen3-vocabulary model and of the demo's
-# byte model, compared with keel position by position; the transformers fixture (key and value
-# heads of different sizes, which llama.cpp cannot run) is refused.
+# byte model, compared with keel position by position; a PEFT adapter merged on export against the
+# merge computed in node; a DoRA adapter and the transformers fixture (key and value heads of
+# different sizes, which llama.cpp cannot run) are refused.
 add_test(NAME gguf_llama_cpp COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-gguf.sh $<TARGET_FILE:keel> ${KEEL_ASSETS}/moby-dick.txt
          ${KEEL_ASSETS}/qwen3 ${KEEL_FIXTURES}/qwen35-tiny/causal-f32-sharded ${CMAKE_BINARY_DIR}/gguf)
 set_tests_properties(gguf_llama_cpp PROPERTIES LABELS "gguf")
 # The exporter under the sanitizers (the comparison with llama.cpp above runs the release build):
-# every type, a byte vocabulary and the Qwen3 tokenizer's.
+# every type, a byte vocabulary and the Qwen3 tokenizer's, and a PEFT adapter merged.
 add_test(NAME gguf_export_sanitized COMMAND sh -c "set -e; d=$1; rm -rf $d; mkdir -p $d; k=$2
   $k init --preset small $d/small; $k init --config $3 $d/q
-  for t in f32 f16 bf16 q8_0; do $k export gguf $d/small $d/small-$t.gguf --type $t; $k export gguf $d/q $d/q-$t.gguf --type $t --tokenizer $4; done"
-  sh ${CMAKE_BINARY_DIR}/gguf-export $<TARGET_FILE:keel> ${CMAKE_SOURCE_DIR}/tests/gguf/tiny-qwen3-vocab.json ${KEEL_ASSETS}/qwen3/tokenizer.json)
+  for t in f32 f16 bf16 q8_0; do $k export gguf $d/small $d/small-$t.gguf --type $t; $k export gguf $d/q $d/q-$t.gguf --type $t --tokenizer $4; done
+  node $5 $d/small $d/adapter $d/merged; $k export gguf $d/small $d/adapter.gguf --adapter $d/adapter"
+  sh ${CMAKE_BINARY_DIR}/gguf-export $<TARGET_FILE:keel> ${CMAKE_SOURCE_DIR}/tests/gguf/tiny-qwen3-vocab.json ${KEEL_ASSETS}/qwen3/tokenizer.json
+  ${CMAKE_SOURCE_DIR}/tests/gguf/make_adapter.mjs)
 set_tests_properties(gguf_export_sanitized PROPERTIES LABELS "gguf;sanitize")

@@ -9,7 +9,8 @@
 #   f32        next-token probabilities within 1e-4 at every position, the same 32 greedy tokens
 #   f16, bf16  probabilities within 2e-3
 #   q8_0       the same 16 greedy tokens, perplexity within 2%
-# and the byte model's greedy text equals `keel generate`'s. A checkpoint llama.cpp cannot run
+# and the byte model's greedy text equals `keel generate`'s; a PEFT adapter merged on export (--adapter)
+# agrees with the merge computed independently in node; a DoRA adapter is refused; a checkpoint llama.cpp cannot run
 # (the transformers fixture: key heads of 16, value heads of 24) must be refused with a message.
 # Usage: test-gguf.sh KEEL TEXT QWEN3_TOKENIZER_DIR FIXTURE_DIR WORKDIR
 set -euo pipefail
@@ -59,7 +60,21 @@ else
   echo "FAIL: greedy text differs"; echo "  keel:      $(cat "$work/keel-text.txt")"; echo "  llama.cpp: $(cat "$work/llama-text.txt")"; fail=1
 fi
 
-# 4. what llama.cpp cannot run is refused, naming the reason, and nothing is written
+# 4. --adapter: a random PEFT adapter merged by keel into the byte model, against the merge computed
+#    independently in node (float64, tests/gguf/make_adapter.mjs) and run by keel
+node "$here/tests/gguf/make_adapter.mjs" "$work/b/checkpoint" "$work/adapter" "$work/merged" 11 >/dev/null
+out=$("$keel" generate --model "$work/merged" --prompt-ids "$bids" --temperature 0 --max-tokens 32 --print-ids --dump-logits "$work/merged.logits.safetensors")
+"$keel" export gguf "$work/b/checkpoint" "$work/adapter.gguf" --type f32 --adapter "$work/adapter" >/dev/null || { echo "FAIL: export --adapter"; fail=1; }
+node "$check" --gguf "$work/adapter.gguf" --keel "$work/merged.logits.safetensors" --keel-greedy "$(cut -d, -f65- <<<"$out")" \
+  --label "bytes f32 + adapter vs the merged checkpoint" || fail=1
+node -e 'const fs=require("fs"); const c=JSON.parse(fs.readFileSync(process.argv[1])); c.use_dora=true; fs.writeFileSync(process.argv[2], JSON.stringify(c))' \
+  "$work/adapter/adapter_config.json" "$work/dora.json"
+mkdir -p "$work/dora" && cp "$work/adapter/adapter_model.safetensors" "$work/dora/" && mv "$work/dora.json" "$work/dora/adapter_config.json"
+if "$keel" export gguf "$work/b/checkpoint" "$work/dora.gguf" --adapter "$work/dora" 2>"$work/dora.txt" || ! grep -q use_dora "$work/dora.txt"; then
+  echo "FAIL: a DoRA adapter was not refused by name: $(cat "$work/dora.txt")"; fail=1
+else echo "refused as expected: $(cat "$work/dora.txt")"; fi
+
+# 5. what llama.cpp cannot run is refused, naming the reason, and nothing is written
 if "$keel" export gguf "$fixture" "$work/fixture.gguf" 2>"$work/refused.txt"; then echo "FAIL: the fixture (key 16, value 24) was exported"; fail=1
 elif ! grep -q "linear_key_head_dim == linear_value_head_dim" "$work/refused.txt" || [ -e "$work/fixture.gguf" ]; then
   echo "FAIL: refusal message or leftover file: $(cat "$work/refused.txt")"; fail=1

@@ -11,6 +11,7 @@
 #include "autodiff/autodiff.h"
 #include "cli.h"
 #include "io/checkpoint.h"
+#include "io/adapter.h"
 #include "io/gguf_export.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
@@ -282,10 +283,10 @@ static void export_progress(void *ud, int done, int total) {
     if (done == total) fputc('\n', stderr);
 }
 
-#define EXPORT_USAGE "usage: keel export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--tokenizer FILE] [--name NAME]\n"
+#define EXPORT_USAGE "usage: keel export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE] [--name NAME]\n"
 
 int cmd_export(int argc, char **argv) {
-    const char *fmt = NULL, *src = NULL, *out = NULL, *type = "f16";
+    const char *fmt = NULL, *src = NULL, *out = NULL, *type = "f16", *adapter_dir = NULL;
     keel_gguf_export_opts o = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -293,6 +294,7 @@ int cmd_export(int argc, char **argv) {
             printf(EXPORT_USAGE "  write a checkpoint as a GGUF file for llama.cpp's qwen35 architecture (llama.cpp, Ollama, LM Studio)\n"
                    "  --type       the matrices' type: f32, f16 (default), bf16, or q8_0 (llama.cpp's 8-bit blocks);\n"
                    "               norms, biases and the DeltaNet conv stay float32\n"
+                   "  --adapter    a LoRA adapter in PEFT's format, merged into the weights first (W + alpha/r B A, float64)\n"
                    "  --tokenizer  a tokenizer.json to embed instead of CHECKPOINT/tokenizer.json (tokenizer_config.json\n"
                    "               beside it gives special tokens and the chat template); with neither, a byte vocabulary\n"
                    "  --name       general.name (default: the checkpoint folder's name)\n");
@@ -300,6 +302,7 @@ int cmd_export(int argc, char **argv) {
         }
         if (strcmp(a, "--type") == 0 && v) type = v, i++;
         else if (strcmp(a, "--tokenizer") == 0 && v) o.tokenizer = v, i++;
+        else if (strcmp(a, "--adapter") == 0 && v) adapter_dir = v, i++;
         else if (strcmp(a, "--name") == 0 && v) o.name = v, i++;
         else if (a[0] != '-' && !fmt) fmt = a;
         else if (a[0] != '-' && !src) src = a;
@@ -321,11 +324,23 @@ int cmd_export(int argc, char **argv) {
         keel_checkpoint_close(ck);
         return 1;
     }
+    keel_adapter *ad = NULL;
+    if (adapter_dir && !(ad = keel_adapter_open(adapter_dir))) {
+        fprintf(stderr, "keel export: %s\n", keel_last_error());
+        keel_checkpoint_close(ck);
+        return 1;
+    }
     keel_backend *be = keel_backend_new("cpu", 2);
     loaded L;
-    int rc = load_params(&L, be, &ck->cfg) || keel_checkpoint_load(ck, L.m, be) || keel_gguf_export(ck, L.m, be, out, &o);
+    int n_merged = 0;
+    int rc = load_params(&L, be, &ck->cfg) || keel_checkpoint_load(ck, L.m, be) || (ad && keel_adapter_merge(ad, L.m, be, &n_merged)) ||
+             keel_gguf_export(ck, L.m, be, out, &o);
     if (rc) fprintf(stderr, "keel export: %s\n", keel_last_error());
-    else printf("exported %s -> %s (qwen35, %s matrices, %d tensors)\n", src, out, type, L.m->n_params);
+    else {
+        if (ad) printf("merged %s into %d weights (rank %lld, alpha %g, scale %g)\n", adapter_dir, n_merged, (long long)ad->r, ad->alpha, ad->scale);
+        printf("exported %s -> %s (qwen35, %s matrices, %d tensors)\n", src, out, type, L.m->n_params);
+    }
+    keel_adapter_close(ad);
     unload(&L);
     keel_backend_free(be);
     keel_checkpoint_close(ck);
