@@ -10,8 +10,9 @@
 #   f16, bf16  probabilities within 2e-3
 #   q8_0       the same 16 greedy tokens, perplexity within 2%
 # and the byte model's greedy text equals `keel generate`'s; a PEFT adapter merged on export (--adapter)
-# agrees with the merge computed independently in node; a DoRA adapter is refused; a checkpoint llama.cpp cannot run
-# (the transformers fixture: key heads of 16, value heads of 24) must be refused with a message.
+# agrees with the merge computed independently in node; a DoRA adapter is refused; what llama.cpp
+# cannot run (the transformers fixture: key heads of 16, value heads of 24; another layer kind) or
+# what keel cannot export faithfully (a large vocabulary with no tokenizer) is refused by name.
 # Usage: test-gguf.sh KEEL TEXT QWEN3_TOKENIZER_DIR FIXTURE_DIR WORKDIR
 set -euo pipefail
 keel=$1 text=$2 qwen3=$3 fixture=$4 work=$5
@@ -19,7 +20,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 check=$here/tests/gguf/llama_check.mjs
 [ -d "$here/tests/gguf/node_modules/node-llama-cpp" ] || { echo "test-gguf: llama.cpp is not installed (run scripts/setup-llama.sh)"; exit 1; }
 rm -rf "$work" && mkdir -p "$work"
-fail=0
+fail=0 extra=()
 
 # 1. the Qwen3-vocabulary model (tests/gguf/tiny-qwen3-vocab.json: the tiny preset's config with
 #    linear_value_head_dim 16 and vocab_size 151669, the Qwen3 tokenizer's ids 0..151668)
@@ -38,11 +39,15 @@ run_model() { # name checkpoint prompt-ids tokenizer-args...
     IFS=: read -r type ptol gn ppl <<<"$spec"
     "$keel" export gguf "$ck" "$work/$name-$type.gguf" --type "$type" "$@" >/dev/null || { echo "FAIL: export $name $type"; fail=1; continue; }
     node "$check" --gguf "$work/$name-$type.gguf" --keel "$work/$name.logits.safetensors" --keel-greedy "$greedy" \
-      --prob-tol "$ptol" --greedy-n "$gn" --ppl-tol "$ppl" --label "$name $type" --text-out "$work/$name-$type.txt" || fail=1
+      --prob-tol "$ptol" --greedy-n "$gn" --ppl-tol "$ppl" --label "$name $type" --text-out "$work/$name-$type.txt" ${extra[@]+"${extra[@]}"} || fail=1
   done
 }
 qids=$("$keel" tokenize --tokenizer "$qwen3/tokenizer.json" --ids --file "$text" | tr -s ' \n' ',' | cut -d, -f1001-1064)
-run_model qwen3-vocab "$work/q/checkpoint" "$qids" --tokenizer "$qwen3/tokenizer.json"
+# keel train put the tokenizer files in the checkpoint: the GGUF's chat template and end of
+# sequence must be tokenizer_config.json's
+extra=(--tokenizer-config "$qwen3/tokenizer_config.json")
+run_model qwen3-vocab "$work/q/checkpoint" "$qids"
+extra=()
 bids=$(head -c 4000 "$text" | tail -c 64 | od -An -v -tu1 | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
 run_model bytes "$work/b/checkpoint" "$bids"
 
@@ -74,10 +79,19 @@ if "$keel" export gguf "$work/b/checkpoint" "$work/dora.gguf" --adapter "$work/d
   echo "FAIL: a DoRA adapter was not refused by name: $(cat "$work/dora.txt")"; fail=1
 else echo "refused as expected: $(cat "$work/dora.txt")"; fi
 
-# 5. what llama.cpp cannot run is refused, naming the reason, and nothing is written
-if "$keel" export gguf "$fixture" "$work/fixture.gguf" 2>"$work/refused.txt"; then echo "FAIL: the fixture (key 16, value 24) was exported"; fail=1
-elif ! grep -q "linear_key_head_dim == linear_value_head_dim" "$work/refused.txt" || [ -e "$work/fixture.gguf" ]; then
-  echo "FAIL: refusal message or leftover file: $(cat "$work/refused.txt")"; fail=1
-else echo "refused as expected: $(cat "$work/refused.txt")"; fi
+# 5. what llama.cpp cannot run, or what keel cannot export faithfully, is refused by name, and
+#    nothing is written: the transformers fixture (key heads of 16, value heads of 24), a layer
+#    kind Qwen3.5 does not have, a vocabulary of 151,669 with no tokenizer files
+mkdir -p "$work/badlayer"
+sed 's/"full_attention"/"sliding_attention"/' "$work/b/checkpoint/config.json" >"$work/badlayer/config.json"
+cp "$work/b/checkpoint/model.safetensors" "$work/badlayer/"
+"$keel" init --config "$here/tests/gguf/tiny-qwen3-vocab.json" "$work/notok" >/dev/null
+for spec in "$fixture|linear_key_head_dim == linear_value_head_dim" "$work/badlayer|sliding_attention" "$work/notok|no tokenizer.json"; do
+  src=${spec%%|*} want=${spec#*|}
+  if "$keel" export gguf "$src" "$work/refused.gguf" 2>"$work/refused.txt"; then echo "FAIL: $src was exported"; fail=1
+  elif ! grep -qF "$want" "$work/refused.txt" || ls "$work"/refused.gguf* >/dev/null 2>&1; then
+    echo "FAIL: refusal of $src does not name '$want', or left a file: $(cat "$work/refused.txt")"; fail=1
+  else echo "refused as expected: $(cat "$work/refused.txt")"; fi
+done
 [ $fail -eq 0 ] && echo "gguf: every export loads in llama.cpp and agrees with keel"
 exit $fail

@@ -283,7 +283,8 @@ static void export_progress(void *ud, int done, int total) {
     if (done == total) fputc('\n', stderr);
 }
 
-#define EXPORT_USAGE "usage: keel export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE] [--name NAME]\n"
+#define EXPORT_USAGE "usage: keel export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR]\n" \
+                     "                        [--tokenizer FILE | --byte-vocab] [--name NAME]\n"
 
 int cmd_export(int argc, char **argv) {
     const char *fmt = NULL, *src = NULL, *out = NULL, *type = "f16", *adapter_dir = NULL;
@@ -296,13 +297,16 @@ int cmd_export(int argc, char **argv) {
                    "               norms, biases and the DeltaNet conv stay float32\n"
                    "  --adapter    a LoRA adapter in PEFT's format, merged into the weights first (W + alpha/r B A, float64)\n"
                    "  --tokenizer  a tokenizer.json to embed instead of CHECKPOINT/tokenizer.json (tokenizer_config.json\n"
-                   "               beside it gives special tokens and the chat template); with neither, a byte vocabulary\n"
+                   "               beside it gives special tokens and the chat template)\n"
+                   "  --byte-vocab the model was trained on bytes (ids 0-255; automatic for a vocabulary of 256 or a\n"
+                   "               checkpoint keel train wrote from bytes): a byte-level vocabulary llama.cpp accepts\n"
                    "  --name       general.name (default: the checkpoint folder's name)\n");
             return 0;
         }
         if (strcmp(a, "--type") == 0 && v) type = v, i++;
         else if (strcmp(a, "--tokenizer") == 0 && v) o.tokenizer = v, i++;
         else if (strcmp(a, "--adapter") == 0 && v) adapter_dir = v, i++;
+        else if (strcmp(a, "--byte-vocab") == 0) o.byte_vocab = true;
         else if (strcmp(a, "--name") == 0 && v) o.name = v, i++;
         else if (a[0] != '-' && !fmt) fmt = a;
         else if (a[0] != '-' && !src) src = a;
@@ -316,6 +320,7 @@ int cmd_export(int argc, char **argv) {
     int ti = -1;
     for (int i = 0; i < 4; i++) if (strcmp(type, types[i].name) == 0) ti = i;
     if (ti < 0) { fprintf(stderr, "keel export: --type expects f32, f16, bf16 or q8_0, got '%s'\n", type); return 2; }
+    if (o.tokenizer && o.byte_vocab) { fprintf(stderr, "keel export: --tokenizer and --byte-vocab exclude each other\n"); return 2; }
     o.type = types[ti].t, o.progress = export_progress, o.ud = (void *)out;
     keel_checkpoint *ck = keel_checkpoint_open(src);
     if (!ck) { fprintf(stderr, "keel export: %s\n", keel_last_error()); return 1; }

@@ -94,6 +94,19 @@ static int byte_vocab(vocab *v, int64_t n_vocab) {
     return pad_unused(v);
 }
 
+/* keel train records "vocabulary": "bytes" in trainer_state.json when it trained on bytes. */
+static bool trained_on_bytes(const char *dir) {
+    char p[4096 + 64];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/trainer_state.json", dir);
+    if (stat(p, &st) != 0) return false;
+    cJSON *j = keel_read_json(p);
+    const char *v = j ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "vocabulary")) : NULL;
+    bool bytes = v && strcmp(v, "bytes") == 0;
+    cJSON_Delete(j);
+    return bytes;
+}
+
 /* The pre-tokenizer regexes llama.cpp knows, as tokenizer.json spells them. */
 static const struct { const char *pre, *regex; } KNOWN_PRE[] = {
     {"qwen2", "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
@@ -486,6 +499,11 @@ int keel_gguf_export(const keel_checkpoint *ck, const keel_qwen35 *m, keel_backe
         else snprintf(tok_dir, sizeof tok_dir, ".");
         if (read_tokenizer_json(&tm, tp, c->vocab) || read_specials(&tm, tok_dir, ck->dir)) goto done;
     } else {
+        if (!o->byte_vocab && c->vocab != 256 && !trained_on_bytes(ck->dir)) {
+            keel_fail("%s has no tokenizer.json and a vocabulary of %lld: give --tokenizer FILE (or --byte-vocab if the model was "
+                      "trained on bytes)", ck->dir, (long long)c->vocab);
+            goto done;
+        }
         if (byte_vocab(&tm.v, c->vocab)) goto done;
         tm.eos = 0, tm.bos = 0;
     }

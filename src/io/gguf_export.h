@@ -22,7 +22,9 @@
 
 typedef struct {
     keel_ggml_type type;   /* for the matrices; norms, biases, A and the conv stay float32 */
-    const char *tokenizer; /* a tokenizer.json to use instead of the checkpoint folder's; NULL: the folder's, else bytes */
+    const char *tokenizer; /* a tokenizer.json to use instead of the checkpoint folder's; NULL: the folder's */
+    bool byte_vocab;       /* no tokenizer: the model was trained on bytes (known without this flag when the
+                              vocabulary is 256 or keel train's trainer_state.json says "bytes") */
     const char *name;      /* general.name; NULL: the folder's name */
     void (*progress)(void *ud, int done, int total);
     void *ud;

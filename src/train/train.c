@@ -24,6 +24,7 @@
 #include "train/data.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/file.h"
 
 volatile sig_atomic_t keel_train_stop = 0;
 
@@ -52,6 +53,7 @@ typedef struct {
     keel_coll *coll; /* NULL: one process */
     keel_grad_sync *sync; /* the gradient buckets, with more than one rank */
     int rank, world;
+    char tok_dir[4096], tok_file[4096]; /* the tokenizer trained with (tok_file empty: bytes) */
 } trainer;
 
 /* The node callback of a training run: the tracer (one step), and the gradient buckets' all-reduce
@@ -106,6 +108,7 @@ static int write_state(const char *tmp_dir, void *ud) {
     cJSON_AddNumberToObject(j, "batch", (double)t->o->batch);
     cJSON_AddNumberToObject(j, "accum", (double)t->o->accum);
     cJSON_AddNumberToObject(j, "world", (double)t->world);
+    cJSON_AddStringToObject(j, "vocabulary", t->tok_file[0] ? "tokenizer" : "bytes");
     char *txt = cJSON_Print(j);
     cJSON_Delete(j);
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp_dir);
@@ -113,7 +116,22 @@ static int write_state(const char *tmp_dir, void *ud) {
     bool ok = f && txt && fputs(txt, f) >= 0;
     if (f) ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok, ok = fclose(f) == 0 && ok;
     free(txt);
-    return ok ? 0 : keel_fail("%s: cannot write the trainer state", path);
+    if (!ok) return keel_fail("%s: cannot write the trainer state", path);
+    /* the tokenizer travels with the weights, so the checkpoint is complete for generate, eval
+     * and export: tokenizer.json, and its config and chat template when they are beside it */
+    static const char *files[] = {"tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"};
+    char src[4200];
+    if (t->tok_file[0]) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", tmp_dir);
+        if (keel_copy_file(t->tok_file, path)) return -1;
+        for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+            struct stat st;
+            snprintf(src, sizeof src, "%s/%s", t->tok_dir, files[i]);
+            snprintf(path, sizeof path, "%s/%s", tmp_dir, files[i]);
+            if (stat(src, &st) == 0 && keel_copy_file(src, path)) return -1;
+        }
+    }
+    return 0;
 }
 
 static int save(trainer *t) {
@@ -308,6 +326,14 @@ int keel_train_run(const keel_train_opts *o) {
     bool tok_failed;
     tok = keel_tokenizer_for(o->tokenizer, from, &tok_failed);
     if (tok_failed) goto fail;
+    if (tok) { /* where it came from, to copy it into every checkpoint */
+        if (o->tokenizer) snprintf(t.tok_file, sizeof t.tok_file, "%s", o->tokenizer);
+        else snprintf(t.tok_file, sizeof t.tok_file, "%.4000s/tokenizer.json", from);
+        snprintf(t.tok_dir, sizeof t.tok_dir, "%s", t.tok_file);
+        char *slash = strrchr(t.tok_dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(t.tok_dir, sizeof t.tok_dir, ".");
+    }
     if (tok && keel_tokenizer_vocab_size(tok) > cfg.vocab) {
         keel_fail("the tokenizer has %d tokens, the model's vocabulary only %lld", keel_tokenizer_vocab_size(tok), (long long)cfg.vocab);
         goto fail;

@@ -5,7 +5,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "util/error.h"
 
@@ -34,4 +36,16 @@ cJSON *keel_read_json(const char *path) {
     if (!j) keel_fail("%s: invalid JSON near byte %ld", path, end ? (long)(end - s) : -1L);
     free(s);
     return j;
+}
+
+int keel_copy_file(const char *src, const char *dst) {
+    size_t n;
+    char *buf = keel_read_file(src, &n);
+    if (!buf) return -1;
+    FILE *f = fopen(dst, "wb");
+    bool ok = f && fwrite(buf, 1, n, f) == n;
+    int err = errno;
+    if (f) ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok, ok = fclose(f) == 0 && ok;
+    free(buf);
+    return ok ? 0 : keel_fail("%s: cannot write a copy of %s: %s", dst, src, strerror(err ? err : EIO));
 }

@@ -3,11 +3,13 @@
 // the perplexity of that input, and greedy continuations.
 //
 //   node llama_check.mjs --gguf FILE --keel LOGITS.safetensors --keel-greedy N,N,... [--prob-tol X]
-//        [--greedy-n N] [--ppl-tol X] [--text-out FILE] [--label NAME]
+//        [--greedy-n N] [--ppl-tol X] [--text-out FILE] [--label NAME] [--tokenizer-config FILE]
 //
 // LOGITS.safetensors is what `keel generate --dump-logits` writes: input_ids [T] and keel's float32
 // logits [T, V] of the same checkpoint; --keel-greedy is keel's greedy continuation (its
-// `--print-ids` output after the prompt). Exits 1 when a check fails, 2 on bad arguments.
+// `--print-ids` output after the prompt). With --tokenizer-config, the GGUF's chat template and
+// end-of-sequence token must be that tokenizer_config.json's. Exits 1 when a check fails, 2 on bad
+// arguments.
 import fs from "node:fs";
 import path from "node:path";
 import {fileURLToPath} from "node:url";
@@ -15,13 +17,13 @@ import {fileURLToPath} from "node:url";
 const args = {"prob-tol": "1e-4", "greedy-n": "32", "ppl-tol": "0.02", label: ""};
 for (let i = 2; i < process.argv.length; i += 2) {
     const k = process.argv[i].replace(/^--/, "");
-    if (!(k in args) && !["gguf", "keel", "keel-greedy", "text-out"].includes(k) || i + 1 >= process.argv.length) {
+    if (!(k in args) && !["gguf", "keel", "keel-greedy", "text-out", "tokenizer-config"].includes(k) || i + 1 >= process.argv.length) {
         console.error(`llama_check: unknown or incomplete option '${process.argv[i]}'`);
         process.exit(2);
     }
     args[k] = process.argv[i + 1];
 }
-for (const k of ["gguf", "keel", "keel-greedy"]) if (!args[k]) { console.error(`llama_check: --${k} is required`); process.exit(2); }
+for (const k of ["gguf", "keel", "keel-greedy"]) if (args[k] === undefined) { console.error(`llama_check: --${k} is required`); process.exit(2); }
 const probTol = Number(args["prob-tol"]), greedyN = Number(args["greedy-n"]), pplTol = Number(args["ppl-tol"]);
 
 // keel's side: a safetensors file (8-byte header length, JSON header, data).
@@ -93,6 +95,17 @@ for (let i = 0; i < greedyN; i++) {
     greedy.push(next);
     if (i + 1 < greedyN) next = (await seq.controlledEvaluate([[next, {generateNext: {token: true, options: {temperature: 0}}}]]))[0].next.token;
 }
+// what llama.cpp reads of the tokenizer's configuration
+let okTok = true;
+if (args["tokenizer-config"]) {
+    const tc = JSON.parse(fs.readFileSync(args["tokenizer-config"], "utf8"));
+    const eosText = typeof tc.eos_token === "string" ? tc.eos_token : tc.eos_token?.content;
+    const eosGot = model.detokenize([model.tokens.eos], true);
+    const tmpl = model.fileInfo.metadata.tokenizer.chat_template;
+    okTok = tmpl === tc.chat_template && eosGot === eosText;
+    console.log(`${args.label}: chat template ${tmpl === tc.chat_template ? "identical" : "DIFFERS"} (${(tmpl ?? "").length} chars), ` +
+                `end of sequence ${JSON.stringify(eosGot)} (tokenizer_config.json: ${JSON.stringify(eosText)}) ${okTok ? "ok" : "FAIL"}`);
+}
 let agree = 0;
 while (agree < greedyN && agree < keelGreedy.length && greedy[agree] === keelGreedy[agree]) agree++;
 if (args["text-out"]) fs.writeFileSync(args["text-out"], model.detokenize([...ids, ...greedy]));
@@ -104,4 +117,4 @@ console.log(`${args.label}${args.label ? ": " : ""}${T} positions x ${V} tokens:
             `greedy ${agree}/${greedyN} tokens agree ${okGreedy ? "ok" : "FAIL"}`);
 if (!okGreedy) console.log(`  keel      ${keelGreedy.slice(0, greedyN).join(",")}\n  llama.cpp ${greedy.join(",")}`);
 await model.dispose();
-process.exit(okProb && okPpl && okGreedy ? 0 : 1);
+process.exit(okProb && okPpl && okGreedy && okTok ? 0 : 1);
