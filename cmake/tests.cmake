@@ -177,3 +177,10 @@ add_test(NAME gguf_export_sanitized COMMAND sh -c "set -e; d=$1; rm -rf $d; mkdi
   sh ${CMAKE_BINARY_DIR}/gguf-export $<TARGET_FILE:keel> ${CMAKE_SOURCE_DIR}/tests/gguf/tiny-qwen3-vocab.json ${KEEL_ASSETS}/qwen3/tokenizer.json
   ${CMAKE_SOURCE_DIR}/tests/gguf/make_adapter.mjs)
 set_tests_properties(gguf_export_sanitized PROPERTIES LABELS "gguf;sanitize")
+
+# The CLI: `keel --help` lists every command (the command table), and `keel CMD --help` exits 0
+# for every command it lists.
+add_test(NAME cli_help_every_command COMMAND sh -c "set -e; k=$1; n=0
+  for c in $($k --help | sed -n 's/^  \\([a-z][a-z-]*\\).*/\\1/p' | sort -u); do $k $c --help >/dev/null || { echo \"keel $c --help failed\"; exit 1; }; n=$((n+1)); done
+  $k bench train --help >/dev/null; echo \"$n commands, each with --help\"; [ $n -ge 15 ]" sh $<TARGET_FILE:keel>)
+set_tests_properties(cli_help_every_command PROPERTIES LABELS "unit")

@@ -14,10 +14,10 @@
 #include "bench_util.h"
 #include "cli.h"
 #include "ops/ops.h"
-#include "autodiff/autodiff.h"
 #include "model/qwen35.h"
 #include "recompute/recompute.h"
 #include "tokenizer/tokenizer.h"
+#include "train/step.h"
 #include "util/error.h"
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -140,28 +140,22 @@ static int recompute_child(const char *mode, int64_t T, int threads, int layers,
     for (int i = 0; i < layers; i++) c.full_attention[i] = (i + 1) % 4 == 0;
     keel_recompute_mode rm;
     if (keel_recompute_parse(mode, &rm)) return -1;
-    keel_ctx *ctx = keel_ctx_new();
-    keel_qwen35 *m = keel_qwen35_new(ctx, &c, KEEL_F32);
-    keel_tensor *ids, *tgt, *pos;
-    keel_qwen35_inputs(ctx, T, 1, &ids, &tgt, &pos);
-    keel_qwen35_out out;
-    if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) return -1;
-    keel_graph *g = keel_graph_build(ctx, &out.loss, 1);
-    if (!g || keel_build_backward(g, out.loss) || keel_recompute_apply(g, &out.layers, &rm) < 0) return -1;
+    keel_step_opts so = {.cfg = &c, .type = KEEL_F32, .batch = 1, .window = T, .backward = true, .recompute = &rm};
+    keel_step *st = keel_step_build(&so);
     keel_backend *be = keel_backend_new("cpu", threads);
-    keel_session *s = keel_session_new(be, g, NULL);
-    if (!s) return -1;
-    if (keel_qwen35_init_weights(m, be, 5)) return -1; /* one parameter's values at a time: they count in the peak RSS */
-    int32_t *iv = malloc((size_t)T * 4), *pv = malloc((size_t)T * 4);
-    for (int64_t i = 0; i < T; i++) iv[i] = (int32_t)((i * 2654435761u) % 4096), pv[i] = (int32_t)i;
-    keel_tensor_write(be, ids, iv, KEEL_I32), keel_tensor_write(be, tgt, iv, KEEL_I32), keel_tensor_write(be, pos, pv, KEEL_I32);
+    if (!st || !be || keel_step_place(st, be)) return -1; /* a child process: its exit frees them */
+    if (keel_qwen35_init_weights(st->m, be, 5)) return -1; /* one parameter's values at a time: they count in the peak RSS */
+    int32_t *iv = malloc((size_t)T * 4);
+    for (int64_t i = 0; i < T; i++) iv[i] = (int32_t)((i * 2654435761u) % 4096);
+    if (keel_step_write_batch(st, iv, iv)) return -1;
     double best = 1e30;
     for (int rep = 0; rep < 3; rep++) { /* the first run also touches every page of the arena */
         double t0 = keel_now_s();
-        if (keel_session_run(s, NULL, NULL)) return -1;
+        if (keel_session_run(st->s, NULL, NULL)) return -1;
         double dt = keel_now_s() - t0;
         if (rep > 0 && dt < best) best = dt;
     }
+    keel_session *s = st->s;
     r->planned = (double)s->plan->total_bytes;
     r->activations = (double)s->plan->peak_activation_bytes;
     r->step = best;

@@ -14,7 +14,6 @@
 
 #include <cjson/cJSON.h>
 
-#include "autodiff/autodiff.h"
 #include "bench_util.h"
 #include "cli.h"
 #include "io/checkpoint.h"
@@ -22,6 +21,7 @@
 #include "ops/ops.h"
 #include "recompute/recompute.h"
 #include "train/optim.h"
+#include "train/step.h"
 #include "util/error.h"
 #include "util/rng.h"
 
@@ -43,59 +43,28 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
     keel_recompute_mode rm;
     if (keel_recompute_parse(o->recompute, &rm)) return -1;
     int64_t T = o->window, B = o->batch;
-    keel_ctx *ctx = keel_ctx_new();
-    keel_qwen35 *m = keel_qwen35_new(ctx, cfg, KEEL_F32);
-    keel_tensor *ids, *tgt, *pos;
-    keel_qwen35_inputs(ctx, T, B, &ids, &tgt, &pos);
-    keel_qwen35_out out;
     keel_backend *be = keel_backend_new(o->backend, (int)o->threads);
-    keel_graph *g = NULL;
-    keel_session *s = NULL;
-    keel_tensor **opt = NULL;
-    int32_t *iv = NULL, *tv = NULL, *pv = NULL;
+    keel_step_opts so = {.cfg = cfg, .type = KEEL_F32, .batch = B, .window = T, .backward = true, .recompute = &rm};
+    keel_step *sp = be ? keel_step_build(&so) : NULL;
+    int32_t *iv = NULL, *tv = NULL;
     double *times = NULL;
     int rc = -1;
-    if (!be || !m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) goto done;
-    g = keel_graph_build(ctx, &out.loss, 1);
-    if (!g || keel_build_backward(g, out.loss) || keel_recompute_apply(g, &out.layers, &rm) < 0) goto done;
-    opt = calloc((size_t)m->n_params, sizeof *opt);
-    keel_tensor **mom = calloc((size_t)m->n_params * 2, sizeof *mom), **grads = calloc((size_t)m->n_params, sizeof *grads);
-    for (int i = 0; grads && i < m->n_params; i++) grads[i] = keel_graph_grad(g, m->params[i]);
-    if (!opt || !mom || !grads || keel_adamw_attach(ctx, g, m->params, grads, m->n_params, 1e-4, 0.1, mom, opt)) {
-        if (!opt || !mom || !grads) keel_fail("out of memory");
-        free(mom), free(grads);
-        goto done;
-    }
-    free(grads);
-    s = keel_session_new(be, g, NULL);
-    if (!s) { free(mom); goto done; }
-    printf("keel: %d parameter tensors, plan %.2f GiB (activations %.2f GiB), initialising...\n", m->n_params,
-           (double)s->plan->total_bytes / (1 << 30), (double)s->plan->peak_activation_bytes / (1 << 30));
+    if (!sp || keel_step_adamw(sp, NULL, NULL, 0, 1e-4, 0.1) || keel_step_place(sp, be)) goto done;
+    printf("keel: %d parameter tensors, plan %.2f GiB (activations %.2f GiB), initialising...\n", sp->m->n_params,
+           (double)sp->s->plan->total_bytes / (1 << 30), (double)sp->s->plan->peak_activation_bytes / (1 << 30));
     fflush(stdout);
-    for (int i = 0; i < 2 * m->n_params; i++)
-        if (be->fill_bytes(be, mom[i]->data, 0, keel_nbytes(mom[i]))) {
-            free(mom);
-            goto done;
-        }
-    if (keel_qwen35_init_weights(m, be, 5)) {
-        free(mom);
-        goto done;
-    }
-    free(mom);
-    iv = malloc((size_t)(T * B) * 4), tv = malloc((size_t)(T * B) * 4), pv = malloc((size_t)T * 4);
+    if (keel_qwen35_init_weights(sp->m, be, 5)) goto done;
+    iv = malloc((size_t)(T * B) * 4), tv = malloc((size_t)(T * B) * 4);
     times = malloc((size_t)(o->warmup + o->steps) * sizeof *times);
-    if (!iv || !tv || !pv || !times) { keel_fail("out of memory"); goto done; }
-    for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
+    if (!iv || !tv || !times) { keel_fail("out of memory"); goto done; }
     uint64_t st = 12345;
     for (long long step = 0; step < o->warmup + o->steps; step++) {
         for (int64_t i = 0; i < T * B; i++) iv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
         for (int64_t i = 0; i < T * B; i++) tv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
-        for (int i = 0; i < m->n_params; i++) opt[i]->ip[0] = step + 1;
+        keel_adamw_set(sp->opt, sp->n_opt, step + 1, 1e-4, 1.0);
         double t0 = keel_now_s();
         float loss;
-        if (keel_tensor_write(be, ids, iv, KEEL_I32) || keel_tensor_write(be, tgt, tv, KEEL_I32) ||
-            keel_tensor_write(be, pos, pv, KEEL_I32) || keel_session_run(s, NULL, NULL) || keel_tensor_read(be, out.loss, &loss, KEEL_F32))
-            goto done;
+        if (keel_step_run(sp, iv, tv, NULL, NULL) || keel_tensor_read(be, sp->out.loss, &loss, KEEL_F32)) goto done;
         times[step] = keel_now_s() - t0;
         if (step == 0) r->first_loss = loss;
         r->last_loss = loss;
@@ -117,12 +86,9 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
     rc = 0;
 done:
     if (rc) fprintf(stderr, "keel bench train: %s\n", keel_last_error());
-    free(iv), free(tv), free(pv), free(times), free(opt);
-    keel_session_free(s);
-    keel_graph_free(g);
-    keel_qwen35_free(m);
+    free(iv), free(tv), free(times);
+    keel_step_free(sp);
     keel_backend_free(be);
-    keel_ctx_free(ctx);
     return rc;
 }
 
@@ -186,11 +152,15 @@ int cmd_bench_train(int argc, char **argv) {
 #undef STR
 #undef INT
         if (!strcmp(a, "--no-torch")) { no_torch = true; continue; }
-        fprintf(stderr, "keel bench train: unknown or incomplete flag '%s'\n"
-                        "usage: keel bench train [--backend cuda|cpu] [--preset 0.8b] [--batch 4] [--window 1024] [--steps 5]\n"
-                        "                        [--warmup 2] [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py]\n"
-                        "                        [--python python3] [--no-torch]\n", a);
-        return 2;
+        bool help = !strcmp(a, "--help") || !strcmp(a, "-h");
+        fprintf(help ? stdout : stderr, "%s%s%s"
+                "usage: keel bench train [--backend cuda|cpu] [--preset 0.8b] [--batch 4] [--window 1024] [--steps 5]\n"
+                "                        [--warmup 2] [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py]\n"
+                "                        [--python python3] [--no-torch]\n"
+                "  float32 training steps (forward, backward, AdamW) of a Qwen3.5-shaped model, then the same config in\n"
+                "  PyTorch + transformers (bench/torch_qwen35.py) in the same run: tokens/s and peak memory of both\n",
+                help ? "" : "keel bench train: unknown or incomplete flag '", help ? "" : a, help ? "" : "'\n");
+        return help ? 0 : 2;
     }
     keel_qwen35_config cfg;
     if (keel_qwen35_preset(o.preset, &cfg)) { fprintf(stderr, "keel bench train: %s\n", keel_last_error()); return 2; }

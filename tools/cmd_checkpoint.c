@@ -16,6 +16,7 @@
 #include "ops/ops.h"
 #include "recompute/recompute.h"
 #include "util/clock.h"
+#include "train/step.h"
 #include "util/error.h"
 
 static int parse_dtype(const char *v, keel_type *out) {
@@ -28,29 +29,12 @@ static int parse_dtype(const char *v, keel_type *out) {
     return 0;
 }
 
-/* A model's parameters on a cpu session of their own (no graph beyond the leaves). */
-typedef struct {
-    keel_ctx *ctx;
-    keel_qwen35 *m;
-    keel_graph *g;
-    keel_session *s;
-} loaded;
-
-static int load_params(loaded *L, keel_backend *be, const keel_qwen35_config *cfg) {
-    memset(L, 0, sizeof *L);
-    L->ctx = keel_ctx_new();
-    L->m = keel_qwen35_new(L->ctx, cfg, KEEL_F32);
-    if (!L->m) return -1;
-    L->g = keel_graph_build(L->ctx, L->m->params, L->m->n_params);
-    L->s = L->g ? keel_session_new(be, L->g, NULL) : NULL;
-    return L->s ? 0 : -1;
-}
-
-static void unload(loaded *L) {
-    keel_session_free(L->s);
-    keel_graph_free(L->g);
-    keel_qwen35_free(L->m);
-    keel_ctx_free(L->ctx);
+/* A model's parameters on a backend of their own (no graph beyond the leaves). */
+static keel_step *load_params(keel_backend *be, const keel_qwen35_config *cfg) {
+    keel_step_opts so = {.cfg = cfg, .type = KEEL_F32, .weights_only = true};
+    keel_step *st = be ? keel_step_build(&so) : NULL;
+    if (st && keel_step_place(st, be)) keel_step_free(st), st = NULL;
+    return st;
 }
 
 /* Re-open what was written and compare every parameter bitwise with the values in memory. */
@@ -96,13 +80,12 @@ int cmd_save(int argc, char **argv) {
     if (dts && parse_dtype(dts, &dtype)) { keel_checkpoint_close(ck); return 2; }
     bool mm = layout ? strcmp(layout, "multimodal") == 0 : ck->multimodal;
     keel_backend *be = keel_backend_new("cpu", 2);
-    loaded L;
-    int rc = load_params(&L, be, &ck->cfg) || keel_checkpoint_load(ck, L.m, be) ||
-             keel_checkpoint_save(out, L.m, be, dtype, ck, mm) || verify_saved(out, L.m, be, dtype);
+    keel_step *L = load_params(be, &ck->cfg);
+    int rc = !L || keel_checkpoint_load(ck, L->m, be) || keel_checkpoint_save(out, L->m, be, dtype, ck, mm) || verify_saved(out, L->m, be, dtype);
     if (rc) fprintf(stderr, "keel save: %s\n", keel_last_error());
     else printf("saved %s -> %s (%s layout, %s, %d tensors; reloaded bitwise identical)\n", src, out, mm ? "multimodal" : "text",
-                keel_type_name(dtype), L.m->n_params);
-    unload(&L);
+                keel_type_name(dtype), L->m->n_params);
+    keel_step_free(L);
     keel_backend_free(be);
     keel_checkpoint_close(ck);
     return rc ? 1 : 0;
@@ -137,14 +120,12 @@ int cmd_init(int argc, char **argv) {
         return 2;
     }
     keel_backend *be = keel_backend_new("cpu", 2);
-    loaded L;
-    int rc = load_params(&L, be, &c);
-    rc = rc || keel_qwen35_init_weights(L.m, be, (uint64_t)seed);
-    rc = rc || keel_checkpoint_save(out, L.m, be, dtype, NULL, false);
+    keel_step *L = load_params(be, &c);
+    int rc = !L || keel_qwen35_init_weights(L->m, be, (uint64_t)seed) || keel_checkpoint_save(out, L->m, be, dtype, NULL, false);
     if (rc) fprintf(stderr, "keel init: %s\n", keel_last_error());
     else printf("wrote %s: %s %s, %lld layers, %s, seed %lld\n", out, pre ? "preset" : "config", pre ? pre : cfg_path, (long long)c.layers,
                 keel_type_name(dtype), seed);
-    unload(&L);
+    keel_step_free(L);
     keel_backend_free(be);
     return rc ? 1 : 0;
 }
@@ -195,83 +176,59 @@ int cmd_info(int argc, char **argv) {
     printf("%-12s %14s %22s %14s %16s\n", "recompute", "planned peak", "params+grads+moments", "activations", "total");
     const char *modes[] = {"off", "full", "every:2", "every:4", rmode};
     int n_modes = 4 + (strcmp(rmode, "off") && strcmp(rmode, "full") && strcmp(rmode, "every:2") && strcmp(rmode, "every:4"));
-    keel_tensor *ids = NULL, *tgt = NULL, *pos = NULL;
-    keel_qwen35_out out = {0};
-    keel_graph *g = NULL;
+    keel_step *kept = NULL; /* the --recompute mode's step, for --run */
     int rc = 1, run_failed = 0;
     for (int mi = 0; mi < n_modes; mi++) { /* build each mode's graph; keep the one --run uses */
-        bool keep = strcmp(modes[mi], rmode) == 0;
+        bool keep = strcmp(modes[mi], rmode) == 0 && !kept;
         keel_recompute_mode rm;
         keel_recompute_parse(modes[mi], &rm);
-        keel_ctx *cx = keel_ctx_new();
-        keel_qwen35 *mm = keel_qwen35_new(cx, c, KEEL_F32);
-        keel_tensor *i2, *t2, *p2;
-        keel_qwen35_inputs(cx, T, B, &i2, &t2, &p2);
-        keel_qwen35_out o2;
-        keel_graph *g2 = NULL;
-        if (keel_qwen35_forward(cx, mm, i2, p2, t2, &o2)) { fprintf(stderr, "keel info: %s\n", keel_last_error()); keel_qwen35_free(mm); keel_ctx_free(cx); goto done; }
-        if (keep && dump) o2.logits->flags |= KEEL_FLAG_OUTPUT; /* keep them for the dump */
-        if (!(g2 = keel_graph_build(cx, &o2.loss, 1)) || keel_build_backward(g2, o2.loss) || keel_recompute_apply(g2, &o2.layers, &rm) < 0) {
-            fprintf(stderr, "keel info: %s\n", keel_last_error());
-            keel_graph_free(g2), keel_qwen35_free(mm), keel_ctx_free(cx);
-            goto done;
-        }
-        keel_plan *pl = keel_plan_make(g2, NULL);
+        keel_step_opts so = {.cfg = c, .type = KEEL_F32, .batch = B, .window = T, .backward = true, .recompute = &rm, .keep_logits = keep && dump};
+        keel_step *st = keel_step_build(&so);
+        if (!st) { fprintf(stderr, "keel info: %s\n", keel_last_error()); goto done; }
+        keel_plan *pl = keel_plan_make(st->g, NULL);
         double planned = (double)pl->total_bytes / gib, act = (double)pl->peak_activation_bytes / gib;
         printf("%-12s %10.2f GiB %18.2f GiB %10.2f GiB %12.2f GiB\n", modes[mi], planned, (double)pl->persistent_bytes / gib + moments, act, planned + moments);
         keel_plan_free(pl);
-        if (keep && !g) {
-            ctx = cx, m = mm, g = g2, out = o2, ids = i2, tgt = t2, pos = p2;
-        } else {
-            keel_graph_free(g2), keel_qwen35_free(mm), keel_ctx_free(cx);
-        }
+        if (keep) kept = st;
+        else keel_step_free(st);
     }
-    {
-        keel_plan *p = keel_plan_make(g, NULL);
-        double planned = (double)p->total_bytes / gib;
-        if (run) {
-            keel_backend *be = keel_backend_new("cpu", (int)threads);
-            keel_session *s = keel_session_new(be, g, NULL);
-            if (!s) { fprintf(stderr, "keel info: %s\n", keel_last_error()); keel_plan_free(p); keel_backend_free(be); goto done; }
-            if (keel_checkpoint_load(ck, m, be)) { /* the checkpoint's weights */
-                fprintf(stderr, "keel info: %s\n", keel_last_error());
-                keel_session_free(s), keel_plan_free(p), keel_backend_free(be);
-                goto done;
-            }
-            int32_t *iv = malloc((size_t)(B * T) * 4), *pv = malloc((size_t)T * 4);
-            for (long long i = 0; i < B * T; i++) iv[i] = (int32_t)((i * 2654435761u) % (uint64_t)c->vocab);
-            for (long long i = 0; i < T; i++) pv[i] = (int32_t)i;
-            keel_tensor_write(be, ids, iv, KEEL_I32), keel_tensor_write(be, tgt, iv, KEEL_I32), keel_tensor_write(be, pos, pv, KEEL_I32);
-            double t0 = keel_now_s();
-            int r = keel_session_run(s, NULL, NULL);
-            double secs = keel_now_s() - t0;
-            float loss = NAN;
-            keel_tensor_read(be, out.loss, &loss, KEEL_F32);
-            printf("\nran one forward + backward on cpu (recompute %s, %lld threads): %s, loss %.4f, %.1f s, %.0f tokens/s\n", rmode, threads,
-                   r ? keel_last_error() : "ok", loss, secs, (double)(B * T) / secs);
-            printf("process peak RSS %.2f GiB (the plan for this graph: %.2f GiB; weights as loaded: %.2f GiB)\n",
-                   (double)peak_rss_kib() / (1024.0 * 1024), planned, (double)n_par * 4 / gib);
-            if (dump && !r) { /* input ids [B,T] and logits [B,T,V], as a transformers run would name them */
-                double *lg = keel_tensor_read_f64(be, out.logits), *idd = malloc((size_t)(B * T) * sizeof(double));
-                for (long long i = 0; i < B * T; i++) idd[i] = iv[i];
-                keel_st_entry e[2] = {{.name = "input_ids", .type = KEEL_I32, .n_dims = 2, .shape = {B, T}, .values = idd},
-                                      {.name = "logits", .type = KEEL_F32, .n_dims = 3, .shape = {B, T, c->vocab}, .values = lg}};
-                if (!lg || keel_st_write(dump, e, 2)) fprintf(stderr, "keel info: %s\n", keel_last_error()), r = -1;
-                else printf("wrote input ids and logits to %s\n", dump);
-                free(lg), free(idd);
-            }
-            run_failed = r != 0;
-            free(iv), free(pv);
-            keel_session_free(s);
+    if (run) {
+        keel_backend *be = keel_backend_new("cpu", (int)threads);
+        if (!be || keel_step_place(kept, be) || keel_checkpoint_load(ck, kept->m, be)) { /* the checkpoint's weights */
+            fprintf(stderr, "keel info: %s\n", keel_last_error());
             keel_backend_free(be);
+            goto done;
         }
-        keel_plan_free(p);
+        double planned = (double)kept->s->plan->total_bytes / gib;
+        int32_t *iv = malloc((size_t)(B * T) * 4);
+        for (long long i = 0; i < B * T; i++) iv[i] = (int32_t)((i * 2654435761u) % (uint64_t)c->vocab);
+        int r = keel_step_write_batch(kept, iv, iv);
+        double t0 = keel_now_s();
+        r = r || keel_session_run(kept->s, NULL, NULL);
+        double secs = keel_now_s() - t0;
+        float loss = NAN;
+        keel_tensor_read(be, kept->out.loss, &loss, KEEL_F32);
+        printf("\nran one forward + backward on cpu (recompute %s, %lld threads): %s, loss %.4f, %.1f s, %.0f tokens/s\n", rmode, threads,
+               r ? keel_last_error() : "ok", loss, secs, (double)(B * T) / secs);
+        printf("process peak RSS %.2f GiB (the plan for this graph: %.2f GiB; weights as loaded: %.2f GiB)\n",
+               (double)peak_rss_kib() / (1024.0 * 1024), planned, (double)n_par * 4 / gib);
+        if (dump && !r) { /* input ids [B,T] and logits [B,T,V], as a transformers run would name them */
+            double *lg = keel_tensor_read_f64(be, kept->out.logits), *idd = malloc((size_t)(B * T) * sizeof(double));
+            for (long long i = 0; i < B * T; i++) idd[i] = iv[i];
+            keel_st_entry e[2] = {{.name = "input_ids", .type = KEEL_I32, .n_dims = 2, .shape = {B, T}, .values = idd},
+                                  {.name = "logits", .type = KEEL_F32, .n_dims = 3, .shape = {B, T, c->vocab}, .values = lg}};
+            if (!lg || keel_st_write(dump, e, 2)) fprintf(stderr, "keel info: %s\n", keel_last_error()), r = -1;
+            else printf("wrote input ids and logits to %s\n", dump);
+            free(lg), free(idd);
+        }
+        run_failed = r != 0;
+        free(iv);
+        keel_step_free(kept), kept = NULL; /* its session before its backend */
+        keel_backend_free(be);
     }
     rc = run_failed ? 1 : 0;
 done:
-    keel_graph_free(g);
-    keel_qwen35_free(m);
-    keel_ctx_free(ctx);
+    keel_step_free(kept);
     keel_checkpoint_close(ck);
     return rc;
 }
@@ -336,17 +293,17 @@ int cmd_export(int argc, char **argv) {
         return 1;
     }
     keel_backend *be = keel_backend_new("cpu", 2);
-    loaded L;
+    keel_step *L = load_params(be, &ck->cfg);
     int n_merged = 0;
-    int rc = load_params(&L, be, &ck->cfg) || keel_checkpoint_load(ck, L.m, be) || (ad && keel_adapter_merge(ad, L.m, be, &n_merged)) ||
-             keel_gguf_export(ck, L.m, be, out, &o);
+    int rc = !L || keel_checkpoint_load(ck, L->m, be) || (ad && keel_adapter_merge(ad, L->m, be, &n_merged)) ||
+             keel_gguf_export(ck, L->m, be, out, &o);
     if (rc) fprintf(stderr, "keel export: %s\n", keel_last_error());
     else {
         if (ad) printf("merged %s into %d weights (rank %lld, alpha %g, scale %g)\n", adapter_dir, n_merged, (long long)ad->r, ad->alpha, ad->scale);
-        printf("exported %s -> %s (qwen35, %s matrices, %d tensors)\n", src, out, type, L.m->n_params);
+        printf("exported %s -> %s (qwen35, %s matrices, %d tensors)\n", src, out, type, L->m->n_params);
     }
     keel_adapter_close(ad);
-    unload(&L);
+    keel_step_free(L);
     keel_backend_free(be);
     keel_checkpoint_close(ck);
     return rc ? 1 : 0;

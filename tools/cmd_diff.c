@@ -5,13 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autodiff/autodiff.h"
 #include "cli.h"
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
 #include "tokenizer/tokenizer.h"
 #include "trace/trace.h"
+#include "train/step.h"
 #include "util/error.h"
 
 typedef struct {
@@ -82,24 +82,16 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
     keel_graph *g = NULL;
     keel_session *s = NULL;
     keel_checkpoint *ck = NULL;
-    keel_qwen35 *m = NULL;
+    keel_step *st = NULL; /* the model's step, or NULL for the ACC case */
     int rc = -1;
     if (j->model_dir) {
         ck = keel_checkpoint_open(j->model_dir);
         if (!ck) goto done;
-        m = keel_qwen35_new(ctx, &ck->cfg, type);
-        keel_tensor *ids, *tgt, *pos;
-        keel_qwen35_inputs(ctx, j->T, 1, &ids, &tgt, &pos);
-        keel_qwen35_out out;
-        if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) goto done;
-        g = keel_graph_build(ctx, &out.loss, 1);
-        if (!g || keel_build_backward(g, out.loss) || keel_recompute_apply(g, &out.layers, &rm) < 0) goto done;
-        if (!(s = keel_session_new(be, g, NULL)) || keel_checkpoint_load(ck, m, be)) goto done;
-        int32_t *pv = malloc((size_t)j->T * 4);
-        for (int64_t i = 0; i < j->T; i++) pv[i] = (int32_t)i;
-        int w = keel_tensor_write(be, ids, j->ids, KEEL_I32) || keel_tensor_write(be, tgt, j->tgt, KEEL_I32) || keel_tensor_write(be, pos, pv, KEEL_I32);
-        free(pv);
-        if (w) goto done;
+        keel_step_opts so = {.cfg = &ck->cfg, .type = type, .batch = 1, .window = j->T, .backward = true, .recompute = &rm};
+        if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_checkpoint_load(ck, st->m, be) ||
+            keel_step_write_batch(st, j->ids, j->tgt))
+            goto done;
+        g = st->g, s = st->s; /* st's */
     } else { /* ACC(type=f32,ne_a=[4096,17,1,1],ne_b=[4096,16,1,1]): rows 1..16 of a get b added */
         keel_tensor *a = keel_set_name(keel_set_flags(keel_new_2d(ctx, type, 4096, 17), KEEL_FLAG_INPUT), "a");
         keel_tensor *b = keel_set_name(keel_set_flags(keel_new_2d(ctx, type, 4096, 16), KEEL_FLAG_INPUT), "b");
@@ -125,9 +117,8 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
     if (tr->flip && !tr->flipped) { keel_fail("fault flip:%s: no node of that name ran", tr->flip); goto done; }
     rc = 0;
 done:
-    keel_session_free(s);
-    keel_graph_free(g);
-    keel_qwen35_free(m);
+    if (st) keel_step_free(st);
+    else keel_session_free(s), keel_graph_free(g);
     keel_checkpoint_close(ck);
     keel_ctx_free(ctx);
     keel_backend_free(be);

@@ -8,6 +8,7 @@
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "train/data.h"
+#include "train/step.h"
 #include "util/error.h"
 
 int cmd_eval(int argc, char **argv) {
@@ -32,43 +33,32 @@ int cmd_eval(int argc, char **argv) {
     keel_tokenizer *tok = keel_tokenizer_for(tokp, model, &tok_failed);
     keel_dataset d = {0};
     int rc = 1;
-    keel_ctx *ctx = keel_ctx_new();
     keel_backend *be = keel_backend_new(backend, (int)threads);
-    keel_graph *g = NULL;
-    keel_session *s = NULL;
+    keel_step *st = NULL;
     if (!be || tok_failed || keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL)) goto done;
     if (tok && keel_tokenizer_vocab_size(tok) > ck->cfg.vocab) { keel_fail("the tokenizer has more tokens than the model's vocabulary"); goto done; }
     int64_t W = keel_dataset_windows(&d, T);
     if (W < 1) { keel_fail("--window %lld is longer than the data (%lld tokens)", T, (long long)d.n_train); goto done; }
     if (B > W) B = W;
-    keel_qwen35 *m = keel_qwen35_new(ctx, &ck->cfg, KEEL_F32);
-    keel_tensor *ids, *tgt, *pos;
-    keel_qwen35_inputs(ctx, T, B, &ids, &tgt, &pos);
-    keel_qwen35_out out;
-    if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out) || !(g = keel_graph_build(ctx, &out.loss, 1)) || !(s = keel_session_new(be, g, NULL)) ||
-        keel_checkpoint_load(ck, m, be)) { keel_qwen35_free(m); goto done; }
-    int32_t *iv = malloc((size_t)(T * B) * 4), *tv = malloc((size_t)(T * B) * 4), *pv = malloc((size_t)T * 4);
-    for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
-    keel_tensor_write(be, pos, pv, KEEL_I32);
+    keel_step_opts so = {.cfg = &ck->cfg, .type = KEEL_F32, .batch = B, .window = T};
+    if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_checkpoint_load(ck, st->m, be)) goto done;
+    int32_t *iv = malloc((size_t)(T * B) * 4), *tv = malloc((size_t)(T * B) * 4);
     double sum = 0;
     int64_t nb = 0;
     for (int64_t w = 0; w + B <= W; w += B, nb++) { /* every whole batch of consecutive windows */
         for (int64_t b = 0; b < B; b++) memcpy(iv + b * T, d.train + (w + b) * T, (size_t)T * 4), memcpy(tv + b * T, d.train + (w + b) * T + 1, (size_t)T * 4);
         float l;
-        if (keel_tensor_write(be, ids, iv, KEEL_I32) || keel_tensor_write(be, tgt, tv, KEEL_I32) || keel_session_run(s, NULL, NULL) || keel_tensor_read(be, out.loss, &l, KEEL_F32)) break;
+        if (keel_step_run(st, iv, tv, NULL, NULL) || keel_tensor_read(be, st->out.loss, &l, KEEL_F32)) break;
         sum += l;
     }
-    free(iv), free(tv), free(pv);
-    keel_qwen35_free(m);
+    free(iv), free(tv);
     if (nb) {
         printf("%s on %lld windows of %lld tokens (%lld tokens): loss %.4f, perplexity %.2f\n", model, (long long)(nb * B), T, (long long)(nb * B * T), sum / (double)nb, exp(sum / (double)nb));
         rc = 0;
     }
 done:
     if (rc) fprintf(stderr, "keel eval: %s\n", keel_last_error());
-    keel_session_free(s);
-    keel_graph_free(g);
-    keel_ctx_free(ctx);
+    keel_step_free(st);
     keel_backend_free(be);
     keel_dataset_free(&d);
     keel_tokenizer_free(tok);

@@ -15,6 +15,7 @@
 #include "io/safetensors.h"
 #include "ops/ops.h"
 #include "tokenizer/tokenizer.h"
+#include "train/step.h"
 #include "util/error.h"
 
 typedef struct { double p; int32_t id; } cand;
@@ -225,10 +226,11 @@ int cmd_generate(int argc, char **argv) {
     int64_t V = ck->cfg.vocab, T = (int64_t)np + max_tokens;
     for (size_t i = 0; i < np; i++)
         if (pids[i] < 0 || pids[i] >= V) { fprintf(stderr, "keel generate: prompt token %d is outside the model's vocabulary %lld\n", pids[i], (long long)V); return 1; }
-    decoder d = {.ctx = keel_ctx_new(), .be = keel_backend_new(backend, (int)threads)};
-    d.m = d.be ? keel_qwen35_new(d.ctx, &ck->cfg, KEEL_F32) : NULL;
-    keel_graph *wg = d.m ? keel_graph_build(d.ctx, d.m->params, d.m->n_params) : NULL;
-    keel_session *ws = wg ? keel_session_new(d.be, wg, NULL) : NULL; /* the weights, placed once */
+    decoder d = {.be = keel_backend_new(backend, (int)threads)};
+    keel_step_opts wo = {.cfg = &ck->cfg, .type = KEEL_F32, .weights_only = true};
+    keel_step *ws = d.be ? keel_step_build(&wo) : NULL; /* the weights, placed once; decoding graphs share its context */
+    if (ws && keel_step_place(ws, d.be)) keel_step_free(ws), ws = NULL;
+    if (ws) d.ctx = ws->ctx, d.m = ws->m;
     int rc = 1;
     int32_t *seq = calloc((size_t)T, sizeof *seq);
     float *lg = malloc((size_t)V * sizeof *lg), *lg_all = malloc((size_t)(V * T) * sizeof *lg_all);
@@ -285,10 +287,7 @@ int cmd_generate(int argc, char **argv) {
 done:
     for (int i = 0; i < KEEL_QWEN35_MAX_LAYERS; i++) free(d.k[i]), free(d.v[i]), free(d.S[i]), free(d.conv[i]);
     free(seq), free(lg), free(lg_all), free(c), free(pids);
-    keel_session_free(ws);
-    keel_graph_free(wg);
-    keel_qwen35_free(d.m);
-    keel_ctx_free(d.ctx);
+    keel_step_free(ws);
     keel_backend_free(d.be);
     keel_tokenizer_free(tok);
     keel_checkpoint_close(ck);

@@ -8,55 +8,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autodiff/autodiff.h"
 #include "backend/backend.h"
 #include "cli.h"
 #include "graph/graph.h"
 #include "model/qwen35.h"
 #include "ops/ops.h"
+#include "train/step.h"
 #include "util/error.h"
 
 #define FD_PER_PARAM 12
 
-typedef struct {
-    keel_ctx *ctx;
-    keel_qwen35 *m;
-    keel_graph *g;
-    keel_session *s;
-    keel_tensor *ids, *pos, *tgt;
-    keel_qwen35_out out;
-} model_run;
-
-static void run_free(model_run *r) {
-    keel_session_free(r->s);
-    keel_graph_free(r->g);
-    keel_qwen35_free(r->m);
-    keel_ctx_free(r->ctx);
+static keel_step *build(keel_backend *be, const keel_qwen35_config *c, keel_type type, int64_t T, int64_t B) {
+    keel_step_opts so = {.cfg = c, .type = type, .batch = B, .window = T, .backward = true};
+    keel_step *st = keel_step_build(&so);
+    if (st && keel_step_place(st, be)) keel_step_free(st), st = NULL;
+    return st;
 }
 
-static int build(model_run *r, keel_backend *be, const keel_qwen35_config *c, keel_type type, int64_t T, int64_t B) {
-    memset(r, 0, sizeof *r);
-    r->ctx = keel_ctx_new();
-    r->m = keel_qwen35_new(r->ctx, c, type);
-    if (!r->m) return -1;
-    keel_qwen35_inputs(r->ctx, T, B, &r->ids, &r->tgt, &r->pos);
-    if (keel_qwen35_forward(r->ctx, r->m, r->ids, r->pos, r->tgt, &r->out)) return -1;
-    r->g = keel_graph_build(r->ctx, &r->out.loss, 1);
-    if (!r->g || keel_build_backward(r->g, r->out.loss)) return -1;
-    r->s = keel_session_new(be, r->g, NULL);
-    return r->s ? 0 : -1;
-}
-
-static int set_inputs(model_run *r, keel_backend *be, double **vals, const int32_t *ids, const int32_t *tgt, const int32_t *pos) {
+/* The weights (float64 values, rounded once to the step's type) and a batch. */
+static int set_inputs(keel_step *r, keel_backend *be, double **vals, const int32_t *ids, const int32_t *tgt) {
     for (int i = 0; i < r->m->n_params; i++)
         if (keel_tensor_write(be, r->m->params[i], vals[i], KEEL_F64)) return -1;
-    if (keel_tensor_write(be, r->ids, ids, KEEL_I32) || keel_tensor_write(be, r->tgt, tgt, KEEL_I32) ||
-        keel_tensor_write(be, r->pos, pos, KEEL_I32))
-        return -1;
-    return 0;
+    return keel_step_write_batch(r, ids, tgt);
 }
 
-static double loss_of(model_run *r, keel_backend *be) {
+static double loss_of(const keel_step *r, keel_backend *be) {
     double v = NAN;
     keel_tensor_read(be, r->out.loss, &v, KEEL_F64);
     return v;
@@ -72,56 +48,55 @@ int cmd_test_model(int argc, char **argv) {
                             .rope_theta = 10000.0, .partial_rotary = 0.5, .rms_eps = 1e-6, .tied = true};
     c.full_attention[1] = 1; /* layer 0: Gated DeltaNet, layer 1: gated attention */
     const int64_t T = 7, B = 2;
-    int32_t ids[T * B], tgt[T * B], pos[T];
+    int32_t ids[T * B], tgt[T * B];
     uint64_t st = 12345;
     for (int i = 0; i < T * B; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)((st >> 33) % (uint64_t)c.vocab);
         tgt[i] = (int32_t)((st >> 45) % (uint64_t)c.vocab);
     }
-    for (int i = 0; i < T; i++) pos[i] = i;
     keel_backend *ref = keel_backend_new("ref", 1), *cpu = keel_backend_new("cpu", 1);
-    model_run R, C;
-    if (build(&R, ref, &c, KEEL_F64, T, B) || build(&C, cpu, &c, KEEL_F32, T, B)) {
+    keel_step *R = build(ref, &c, KEEL_F64, T, B), *C = build(cpu, &c, KEEL_F32, T, B);
+    if (!R || !C) {
         fprintf(stderr, "keel test-model: %s\n", keel_last_error());
         return 2;
     }
     /* weights scaled up from the 0.02 init so that every path carries signal */
-    double **vals = keel_qwen35_init_values(R.m, 7);
-    for (int i = 0; i < R.m->n_params; i++) {
-        const char *nm = R.m->params[i]->name;
-        for (int64_t j = 0; j < keel_nelements(R.m->params[i]); j++) {
+    double **vals = keel_qwen35_init_values(R->m, 7);
+    for (int i = 0; i < R->m->n_params; i++) {
+        const char *nm = R->m->params[i]->name;
+        for (int64_t j = 0; j < keel_nelements(R->m->params[i]); j++) {
             if (strstr(nm, "proj") || strstr(nm, "embed")) vals[i][j] *= 15.0;
             else if (strstr(nm, "norm") && !strstr(nm, "linear_attn.norm")) vals[i][j] = 0.1 * sin(1.0 + (double)j + i);
         }
     }
-    for (int i = 0; i < R.m->n_params; i++) /* the cpu model runs in f32: give both the same values */
-        for (int64_t j = 0; j < keel_nelements(R.m->params[i]); j++) vals[i][j] = (float)vals[i][j];
+    for (int i = 0; i < R->m->n_params; i++) /* the cpu model runs in f32: give both the same values */
+        for (int64_t j = 0; j < keel_nelements(R->m->params[i]); j++) vals[i][j] = (float)vals[i][j];
     int fails = 0;
     double worst_fd = 0, worst_cpu = 0;
-    if (set_inputs(&R, ref, vals, ids, tgt, pos) || keel_session_run(R.s, NULL, NULL) ||
-        set_inputs(&C, cpu, vals, ids, tgt, pos) || keel_session_run(C.s, NULL, NULL)) {
+    if (set_inputs(R, ref, vals, ids, tgt) || keel_session_run(R->s, NULL, NULL) ||
+        set_inputs(C, cpu, vals, ids, tgt) || keel_session_run(C->s, NULL, NULL)) {
         fprintf(stderr, "keel test-model: %s\n", keel_last_error());
         return 2;
     }
     printf("Qwen3.5 layer pair (DeltaNet + gated attention), %d parameters, loss ref(f64) %.12f cpu(f32) %.12f\n",
-           R.m->n_params, loss_of(&R, ref), loss_of(&C, cpu));
-    double **ga = calloc((size_t)R.m->n_params, sizeof *ga), **gc = calloc((size_t)R.m->n_params, sizeof *gc);
-    for (int i = 0; i < R.m->n_params; i++) {
-        ga[i] = keel_tensor_read_f64(ref, keel_graph_grad(R.g, R.m->params[i]));
-        gc[i] = keel_tensor_read_f64(cpu, keel_graph_grad(C.g, C.m->params[i]));
+           R->m->n_params, loss_of(R, ref), loss_of(C, cpu));
+    double **ga = calloc((size_t)R->m->n_params, sizeof *ga), **gc = calloc((size_t)R->m->n_params, sizeof *gc);
+    for (int i = 0; i < R->m->n_params; i++) {
+        ga[i] = keel_tensor_read_f64(ref, keel_step_grad(R, i));
+        gc[i] = keel_tensor_read_f64(cpu, keel_step_grad(C, i));
     }
     /* 1 vs 2 threads on cpu, bitwise */
     cpu->set_threads(cpu, 2);
-    keel_session_run(C.s, NULL, NULL);
+    keel_session_run(C->s, NULL, NULL);
     bool same_bits = true;
-    for (int i = 0; i < C.m->n_params; i++) {
-        double *g2 = keel_tensor_read_f64(cpu, keel_graph_grad(C.g, C.m->params[i]));
-        if (memcmp(g2, gc[i], (size_t)keel_nelements(C.m->params[i]) * sizeof(double))) same_bits = false;
+    for (int i = 0; i < C->m->n_params; i++) {
+        double *g2 = keel_tensor_read_f64(cpu, keel_step_grad(C, i));
+        if (memcmp(g2, gc[i], (size_t)keel_nelements(C->m->params[i]) * sizeof(double))) same_bits = false;
         free(g2);
     }
-    for (int i = 0; i < R.m->n_params; i++) {
-        keel_tensor *p = R.m->params[i];
+    for (int i = 0; i < R->m->n_params; i++) {
+        keel_tensor *p = R->m->params[i];
         int64_t n = keel_nelements(p);
         double gmax = 0;
         for (int64_t j = 0; j < n; j++) gmax = fmax(gmax, fabs(ga[i][j]));
@@ -137,8 +112,8 @@ int cmd_test_model(int argc, char **argv) {
             for (int sd = 0; sd < 4; sd++) {
                 vals[i][idx[k]] = x0 + off[sd] * h;
                 keel_tensor_write(ref, p, vals[i], KEEL_F64);
-                ref->compute(ref, R.g, 0, R.g->n_forward, NULL, NULL);
-                double l = loss_of(&R, ref);
+                ref->compute(ref, R->g, 0, R->g->n_forward, NULL, NULL);
+                double l = loss_of(R, ref);
                 acc += wt[sd] * l;
                 lmax = fmax(lmax, fabs(l));
             }
@@ -161,11 +136,11 @@ int cmd_test_model(int argc, char **argv) {
     printf("cpu gradients with 1 and 2 threads: %s\n", same_bits ? "bitwise identical" : "DIFFERENT");
     if (!same_bits) fails++;
     printf("worst: finite differences %.2e (limit 1e-6), cpu nmse %.2e (limit 1e-7)\n", worst_fd, worst_cpu);
-    printf("%d passed, %d failed\n", R.m->n_params + 1 - fails, fails);
-    for (int i = 0; i < R.m->n_params; i++) free(vals[i]), free(ga[i]), free(gc[i]);
+    printf("%d passed, %d failed\n", R->m->n_params + 1 - fails, fails);
+    for (int i = 0; i < R->m->n_params; i++) free(vals[i]), free(ga[i]), free(gc[i]);
     free(vals), free(ga), free(gc);
-    run_free(&R);
-    run_free(&C);
+    keel_step_free(R);
+    keel_step_free(C);
     keel_backend_free(ref);
     keel_backend_free(cpu);
     return fails ? 1 : 0;

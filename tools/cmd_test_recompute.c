@@ -1,4 +1,4 @@
-/* keel test-recompute: activation recompute must cost no accuracy. For the shared fixture's model
+/* keel test-recompute: activation recompute must cost no accuracy. For the transformers fixture's model
  * and a deeper random one (8 layers, both layer kinds), modes off, full, every:2 and layers:1,3
  * (and 1 vs 2 threads; on cuda, which ignores threads, that is a second run) must give bitwise
  * identical losses, gradients and parameters over 3 AdamW steps. Also prints each mode's planned
@@ -8,12 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autodiff/autodiff.h"
 #include "cli.h"
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
 #include "train/optim.h"
+#include "train/step.h"
 #include "util/error.h"
 
 #define STEPS 3
@@ -46,35 +46,17 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
     keel_recompute_mode rm;
     if (keel_recompute_parse(mode, &rm)) return -1;
     enum { T = 33, B = 2 };
-    keel_ctx *ctx = keel_ctx_new();
-    keel_qwen35 *m = keel_qwen35_new(ctx, cfg, KEEL_F32);
-    keel_tensor *ids, *tgt, *pos;
-    keel_qwen35_inputs(ctx, T, B, &ids, &tgt, &pos);
-    keel_qwen35_out out;
     keel_backend *be = keel_backend_new(backend_name, threads);
-    keel_graph *g = NULL;
-    keel_session *s = NULL;
-    keel_tensor **opt = NULL;
+    keel_step_opts so = {.cfg = cfg, .type = KEEL_F32, .batch = B, .window = T, .backward = true, .recompute = &rm};
+    keel_step *st = be ? keel_step_build(&so) : NULL;
     int rc = -1;
-    if (!m || keel_qwen35_forward(ctx, m, ids, pos, tgt, &out)) goto done;
-    g = keel_graph_build(ctx, &out.loss, 1);
-    if (!g || keel_build_backward(g, out.loss)) goto done;
-    o->clones = keel_recompute_apply(g, &out.layers, &rm);
-    if (o->clones < 0) goto done;
-    opt = calloc((size_t)m->n_params, sizeof *opt);
-    keel_tensor **mom = calloc((size_t)m->n_params * 2, sizeof *mom), **grads = calloc((size_t)m->n_params, sizeof *grads);
-    for (int i = 0; grads && i < m->n_params; i++) grads[i] = keel_graph_grad(g, m->params[i]);
-    if (!opt || !mom || !grads || keel_adamw_attach(ctx, g, m->params, grads, m->n_params, 1e-2, 0.01, mom, opt)) {
-        free(mom), free(grads);
-        goto done;
-    }
-    free(grads);
-    s = keel_session_new(be, g, NULL);
-    if (!s) { free(mom); goto done; }
-    o->planned = s->plan->total_bytes;
-    o->activations = s->plan->peak_activation_bytes;
+    if (!st || keel_step_adamw(st, NULL, NULL, 0, 1e-2, 0.01) || keel_step_place(st, be)) goto done;
+    const keel_qwen35 *m = st->m;
+    o->clones = st->clones;
+    o->planned = st->s->plan->total_bytes;
+    o->activations = st->s->plan->peak_activation_bytes;
     if (ck) {
-        if (keel_checkpoint_load(ck, m, be)) { free(mom); goto done; }
+        if (keel_checkpoint_load(ck, m, be)) goto done;
     } else {
         double **v = keel_qwen35_init_values(m, 11);
         for (int i = 0; i < m->n_params; i++) {
@@ -84,26 +66,17 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
         }
         free(v);
     }
-    for (int i = 0; i < 2 * m->n_params; i++) {
-        double *z = calloc((size_t)keel_nelements(mom[i]), sizeof(double));
-        keel_tensor_write(be, mom[i], z, KEEL_F64);
-        free(z);
-    }
-    free(mom);
-    int32_t iv[T * B], tv[T * B], pv[T];
-    for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
+    int32_t iv[T * B], tv[T * B];
     for (int step = 0; step < STEPS; step++) {
         for (int64_t i = 0; i < T * B; i++) {
             iv[i] = (int32_t)((i * 7 + step * 13 + 3) % cfg->vocab);
             tv[i] = (int32_t)((i * 11 + step * 5 + 1) % cfg->vocab);
         }
-        for (int i = 0; i < m->n_params; i++) opt[i]->ip[0] = step + 1;
-        if (keel_tensor_write(be, ids, iv, KEEL_I32) || keel_tensor_write(be, tgt, tv, KEEL_I32) ||
-            keel_tensor_write(be, pos, pv, KEEL_I32) || keel_session_run(s, NULL, NULL))
-            goto done;
-        o->loss[step] = hash_tensor(0xcbf29ce484222325ull, be, out.loss);
+        keel_adamw_set(st->opt, st->n_opt, step + 1, 1e-2, 1.0);
+        if (keel_step_run(st, iv, tv, NULL, NULL)) goto done;
+        o->loss[step] = hash_tensor(0xcbf29ce484222325ull, be, st->out.loss);
         uint64_t h = 0xcbf29ce484222325ull;
-        for (int i = 0; i < m->n_params; i++) h = hash_tensor(h, be, keel_graph_grad(g, m->params[i]));
+        for (int i = 0; i < m->n_params; i++) h = hash_tensor(h, be, keel_step_grad(st, i));
         o->grads[step] = h;
     }
     o->params = 0xcbf29ce484222325ull;
@@ -111,12 +84,8 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
     rc = 0;
 done:
     if (rc) fprintf(stderr, "keel test-recompute: %s: %s\n", mode, keel_last_error());
-    free(opt);
-    keel_session_free(s);
-    keel_graph_free(g);
-    keel_qwen35_free(m);
+    keel_step_free(st);
     keel_backend_free(be);
-    keel_ctx_free(ctx);
     return rc;
 }
 

@@ -1,5 +1,6 @@
 /* keel: the command-line entry point. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,49 +8,76 @@
 #include "cli.h"
 #include "ops/ops.h"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: keel <command> [options]\n"
-            "\n"
-            "commands:\n"
-            "  train (--model DIR | --preset NAME | --init CONFIG.json | --resume DIR) --data PATH... --out DIR [...]\n"
-            "                 train or fine-tune a Qwen3.5-family model (keel train --help)\n"
-            "  generate --model DIR --prompt TEXT [--max-tokens N] [--temperature X] [--top-p P] [--seed N] [--verify]\n"
-            "                 sample from a checkpoint, incrementally (KV cache, DeltaNet states)\n"
-            "  eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B]\n"
-            "                 loss and perplexity of a checkpoint on text\n"
-            "  plot METRICS.jsonl -o loss.svg\n"
-            "                 train and eval loss against tokens seen\n"
-            "  test-ops [--backend ref,cpu] [--op NAME,...] [--grad] [--expect-fault N]\n"
-            "                 check every op (and with --grad, every gradient) against the float64 reference\n"
-            "  test-model     whole-model gradient check: a Qwen3.5 layer pair against finite differences\n"
-            "  test-recompute [--fixture CHECKPOINT]\n"
-            "                 recompute modes off, full, every:2, layers:1,3 give bitwise identical training\n"
-            "  check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR] [--recompute MODE]\n"
-            "                 run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers\n"
-            "  tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]\n"
-            "                 byte-level BPE, identical to Hugging Face tokenizers\n"
-            "  diff TRACE_A TRACE_B | diff --model DIR [--data FILE] --a CONFIG --b CONFIG | diff --case acc ...\n"
-            "                 the first node whose inputs agree but whose output does not\n"
-            "  save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal]\n"
-            "                 write a checkpoint folder (as transformers does) and check it reloads bitwise\n"
-            "  init --preset tiny|small|0.8b OUT [--seed N] [--dtype f32|bf16]\n"
-            "                 a Qwen3.5-family checkpoint with random weights\n"
-            "  export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--tokenizer FILE]\n"
-            "                 a GGUF file for llama.cpp, Ollama and LM Studio (keel export --help)\n"
-            "  info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE]\n"
-            "                 layers, parameters, training memory per recompute mode; --run times one forward + backward\n"
-            "  bench matmul [--sizes 512,1024,2048,4096] [--threads N]\n"
-            "                 cpu float32 matrix product: GFLOP/s next to OpenBLAS and the CPU's peak\n"
-            "  bench recompute [--window T] [--layers L]\n"
-            "                 peak memory (planned and measured) and step time per recompute mode\n"
-            "  bench tokenize [--tokenizer FILE] [--text FILE]\n"
-            "                 MB/s next to the npm Qwen3 tokenizer (node) on the same text; ids compared\n"
+/* THE list of commands: dispatch, `keel --help` and the fallback `keel CMD --help` all read it.
+ * own_help: the command prints a fuller --help itself. Several rows may share a name (bench's
+ * subcommands); dispatch goes to the first. */
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    bool own_help;
+    const char *synopsis, *summary;
+} command;
 
-            "  ops            list the op table\n"
-            "\n"
-            "environment: KEEL_FAULT=copy-row-limit:N makes the cpu copy path copy only N elements per row\n"
-            "(the fault the op tests must catch).\n");
+static const command COMMANDS[] = {
+    {"train", cmd_train, true, "train (--model DIR | --preset NAME | --init CONFIG.json | --resume DIR) --data PATH... --out DIR [...]",
+     "train or fine-tune a Qwen3.5-family model (keel train --help lists every flag)"},
+    {"generate", cmd_generate, false,
+     "generate --model DIR (--prompt TEXT | --prompt-ids N,N,...) [--max-tokens N] [--temperature X] [--top-p P] [--seed N]\n"
+     "                 [--tokenizer FILE] [--backend cpu|cuda|ref] [--threads N] [--verify] [--print-ids] [--dump-logits FILE]",
+     "sample from a checkpoint, incrementally (KV cache, DeltaNet states)"},
+    {"eval", cmd_eval, false, "eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads N]",
+     "loss and perplexity of a checkpoint on text"},
+    {"plot", cmd_plot, false, "plot METRICS.jsonl -o loss.svg", "train and eval loss against tokens seen"},
+    {"export", cmd_export, true, "export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE | --byte-vocab]",
+     "a GGUF file for llama.cpp, Ollama and LM Studio (keel export --help)"},
+    {"save", cmd_save, false, "save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal]",
+     "write a checkpoint folder (as transformers does) and check it reloads bitwise"},
+    {"init", cmd_init, true, "init (--preset tiny|small|0.8b | --config CONFIG.json) OUT [--seed N] [--dtype f32|bf16]",
+     "a Qwen3.5-family checkpoint with random weights"},
+    {"info", cmd_info, false, "info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE] [--threads N]",
+     "layers, parameters, training memory per recompute mode; --run times one forward + backward"},
+    {"tokenize", cmd_tokenize, false, "tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]",
+     "byte-level BPE, identical to Hugging Face tokenizers"},
+    {"diff", cmd_diff, false,
+     "diff TRACE_A TRACE_B [--tolerance NMSE]\n"
+     "  diff --model DIR [--data FILE] [--tokenizer FILE] [--window T] --a CONFIG --b CONFIG [--tolerance NMSE]\n"
+     "  diff --case acc --a CONFIG --b CONFIG",
+     "the first node whose inputs agree but whose output does not (CONFIG: recompute=, threads=, backend=, fault=)"},
+    {"test-ops", cmd_test_ops, true, "test-ops [--backend ref,cpu,cuda] [--op NAME,...] [--grad] [--expect-fault N]",
+     "check every op (and with --grad, every gradient) against the float64 reference"},
+    {"test-model", cmd_test_model, false, "test-model", "whole-model gradient check: a Qwen3.5 layer pair against finite differences"},
+    {"test-recompute", cmd_test_recompute, false, "test-recompute [--fixture CHECKPOINT] [--backend cpu|cuda]",
+     "recompute modes off, full, every:2, layers:1,3 give bitwise identical training"},
+    {"check-reference", cmd_check_reference, false,
+     "check-reference DIR [--backend ref,cpu,cuda] [--checkpoint SUBDIR] [--recompute MODE] [--threads N]\n"
+     "                 [--trace FILE [--trace-data] [--trace-max-bytes N]]",
+     "run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers"},
+    {"bench", cmd_bench, false, "bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N]",
+     "cpu float32 matrix product: GFLOP/s next to OpenBLAS and the CPU's peak"},
+    {"bench", cmd_bench, false, "bench recompute [--window T] [--layers L] [--threads N]",
+     "peak memory (planned and measured) and step time per recompute mode"},
+    {"bench", cmd_bench, false, "bench tokenize [--tokenizer FILE] [--text FILE] [--reps N]",
+     "MB/s next to the npm Qwen3 tokenizer (node) on the same text; ids compared"},
+    {"bench", cmd_bench, false,
+     "bench train [--backend cuda|cpu] [--preset 0.8b] [--batch 4] [--window 1024] [--steps 5] [--warmup 2]\n"
+     "                 [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py] [--python python3] [--no-torch]",
+     "training steps of a Qwen3.5-0.8B-shaped model next to PyTorch + transformers, tokens/s and peak memory"},
+    {"ops", cmd_ops, false, "ops", "list the op table"},
+};
+#define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: keel <command> [options]     (keel <command> --help: one command)\n\ncommands:\n");
+    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %s\n                 %s\n", COMMANDS[i].synopsis, COMMANDS[i].summary);
+    fprintf(f, "\nenvironment: KEEL_FAULT=copy-row-limit:N makes the cpu copy path copy only N elements per row\n"
+               "(the fault the op tests must catch).\n");
+}
+
+/* keel CMD --help for a command without a --help of its own: its rows of the table. */
+static int command_help(const char *name) {
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (strcmp(COMMANDS[i].name, name) == 0) printf("usage: keel %s\n  %s\n", COMMANDS[i].synopsis, COMMANDS[i].summary);
+    return 0;
 }
 
 long long cli_int(const char *flag, const char *value, long long min) {
@@ -86,22 +114,13 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "test-ops") == 0) return cmd_test_ops(argc - 1, argv + 1);
-    if (strcmp(cmd, "test-model") == 0) return cmd_test_model(argc - 1, argv + 1);
-    if (strcmp(cmd, "check-reference") == 0) return cmd_check_reference(argc - 1, argv + 1);
-    if (strcmp(cmd, "test-recompute") == 0) return cmd_test_recompute(argc - 1, argv + 1);
-    if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
-    if (strcmp(cmd, "train") == 0) return cmd_train(argc - 1, argv + 1);
-    if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 1, argv + 1);
-    if (strcmp(cmd, "eval") == 0) return cmd_eval(argc - 1, argv + 1);
-    if (strcmp(cmd, "plot") == 0) return cmd_plot(argc - 1, argv + 1);
-    if (strcmp(cmd, "diff") == 0) return cmd_diff(argc - 1, argv + 1);
-    if (strcmp(cmd, "save") == 0) return cmd_save(argc - 1, argv + 1);
-    if (strcmp(cmd, "init") == 0) return cmd_init(argc - 1, argv + 1);
-    if (strcmp(cmd, "info") == 0) return cmd_info(argc - 1, argv + 1);
-    if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
-    if (strcmp(cmd, "export") == 0) return cmd_export(argc - 1, argv + 1);
-    if (strcmp(cmd, "ops") == 0) return cmd_ops(argc - 1, argv + 1);
+    for (size_t i = 0; i < N_COMMANDS; i++) {
+        const command *c = &COMMANDS[i];
+        if (strcmp(c->name, cmd)) continue;
+        bool help = argc >= 3 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0);
+        if (help && !c->own_help) return command_help(cmd);
+        return c->fn(argc - 1, argv + 1);
+    }
     fprintf(stderr, "keel: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

@@ -15,3 +15,8 @@ int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, 
     }
     return 0;
 }
+
+/* The ADAMW row of the op table: fp0 lr, fp5 gradient scale, ip0 step. */
+void keel_adamw_set(keel_tensor *const *opt, int n, int64_t step, double lr, double grad_scale) {
+    for (int i = 0; i < n; i++) opt[i]->fp[0] = lr, opt[i]->fp[5] = grad_scale, opt[i]->ip[0] = step;
+}

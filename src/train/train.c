@@ -4,7 +4,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
-#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +20,7 @@
 #include "trace/trace.h"
 #include "dist/grad_sync.h"
 #include "train/optim.h"
+#include "train/step.h"
 #include "train/data.h"
 #include "util/clock.h"
 #include "util/error.h"
@@ -39,13 +39,10 @@ void keel_train_defaults(keel_train_opts *o) {
 
 typedef struct {
     const keel_train_opts *o;
-    keel_ctx *ctx;
-    keel_qwen35 *m;
+    keel_step *st;      /* the model, its step graph and session, AdamW (keel_step) */
     keel_backend *be;
-    keel_graph *g;
-    keel_session *s;
-    keel_tensor *ids, *tgt, *pos, *loss, *sumsq;
-    keel_tensor **train_p, **grad, **acc, **acc_w, **mom, **opt; /* per trainable parameter (acc_w: the ACC into acc) */
+    keel_tensor *sumsq; /* the squared gradient norm */
+    keel_tensor **train_p, **grad, **acc, **acc_w; /* per trainable parameter (acc_w: the ACC into acc) */
     int n_train;
     int64_t end_fb, end_norm; /* node ranges: [0,end_fb) forward+backward(+accumulate), then the norm, then AdamW */
     int64_t step, position, tokens;
@@ -86,7 +83,7 @@ static int write_state(const char *tmp_dir, void *ud) {
     void **bufs = calloc((size_t)(2 * t->n_train), sizeof *bufs);
     int rc = 0;
     for (int i = 0; i < 2 * t->n_train && !rc; i++) {
-        keel_tensor *mv = t->mom[i];
+        keel_tensor *mv = t->st->mom[i];
         size_t bytes = (size_t)keel_nelements(mv) * 4;
         bufs[i] = malloc(bytes);
         names[i] = malloc(KEEL_NAME_MAX + 8);
@@ -137,7 +134,7 @@ static int write_state(const char *tmp_dir, void *ud) {
 static int save(trainer *t) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/checkpoint", t->o->out_dir);
-    return keel_checkpoint_save_ex(dir, t->m, t->be, KEEL_F32, NULL, false, write_state, t);
+    return keel_checkpoint_save_ex(dir, t->st->m, t->be, KEEL_F32, NULL, false, write_state, t);
 }
 
 static int read_state(trainer *t, const char *dir) {
@@ -174,9 +171,9 @@ static int read_state(trainer *t, const char *dir) {
         char nm[KEEL_NAME_MAX + 8];
         snprintf(nm, sizeof nm, "%s.%s", i % 2 ? "v" : "m", t->train_p[i / 2]->name);
         const keel_st_tensor *x = keel_st_find(st, nm);
-        if (!x || strcmp(x->dtype, "F32") || x->nbytes != (size_t)keel_nelements(t->mom[i]) * 4)
+        if (!x || strcmp(x->dtype, "F32") || x->nbytes != (size_t)keel_nelements(t->st->mom[i]) * 4)
             rc = keel_fail("%s: optimizer state '%s' missing or of the wrong size (--freeze must match the run)", path, nm);
-        else rc = t->be->write(t->be, t->mom[i]->data, x->data, x->nbytes);
+        else rc = t->be->write(t->be, t->st->mom[i]->data, x->data, x->nbytes);
     }
     keel_st_close(st);
     return rc;
@@ -188,68 +185,51 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
     const keel_train_opts *o = t->o;
     keel_recompute_mode rm;
     if (keel_recompute_parse(o->recompute, &rm)) return -1;
-    t->ctx = keel_ctx_new();
-    t->m = keel_qwen35_new(t->ctx, cfg, KEEL_F32);
-    if (!t->m) return -1;
-    regex_t re;
-    if (o->freeze) {
-        int e = regcomp(&re, o->freeze, REG_EXTENDED | REG_NOSUB);
-        if (e) { char msg[256]; regerror(e, &re, msg, sizeof msg); return keel_fail("--freeze '%s': %s", o->freeze, msg); }
-    }
-    int frozen = 0;
-    for (int i = 0; i < t->m->n_params; i++)
-        if (o->freeze && regexec(&re, t->m->params[i]->name, 0, NULL, 0) == 0) t->m->params[i]->flags &= ~(uint32_t)KEEL_FLAG_PARAM, frozen++;
-    if (o->freeze) {
-        regfree(&re);
-        if (frozen == 0) return keel_fail("--freeze '%s' matches no parameter", o->freeze);
-        printf("frozen: %d parameter tensors match '%s'\n", frozen, o->freeze);
-    }
-    int64_t T = o->window, B = o->batch;
-    if (keel_qwen35_inputs(t->ctx, T, B, &t->ids, &t->tgt, &t->pos)) return -1;
-    keel_qwen35_out out;
-    if (keel_qwen35_forward(t->ctx, t->m, t->ids, t->pos, t->tgt, &out)) return -1;
-    t->loss = out.loss;
-    t->g = keel_graph_build(t->ctx, &out.loss, 1);
-    if (!t->g || keel_build_backward(t->g, out.loss) || keel_recompute_apply(t->g, &out.layers, &rm) < 0) return -1;
-    int n = t->m->n_params;
+    keel_step_opts so = {.cfg = cfg, .type = KEEL_F32, .batch = o->batch, .window = o->window, .backward = true, .recompute = &rm,
+                         .freeze = o->freeze};
+    if (!(t->st = keel_step_build(&so))) return -1;
+    if (o->freeze) printf("frozen: %d parameter tensors match '%s'\n", t->st->n_frozen, o->freeze);
+    keel_qwen35 *m = t->st->m;
+    int n = m->n_params;
     t->train_p = calloc((size_t)n, sizeof *t->train_p), t->grad = calloc((size_t)n, sizeof *t->grad);
-    t->acc = calloc((size_t)n, sizeof *t->acc), t->acc_w = calloc((size_t)n, sizeof *t->acc_w), t->mom = calloc((size_t)(2 * n), sizeof *t->mom), t->opt = calloc((size_t)n, sizeof *t->opt);
+    t->acc = calloc((size_t)n, sizeof *t->acc), t->acc_w = calloc((size_t)n, sizeof *t->acc_w);
+    if (!t->train_p || !t->grad || !t->acc || !t->acc_w) return keel_fail("out of memory");
     for (int i = 0; i < n; i++) {
-        keel_tensor *p = t->m->params[i];
+        keel_tensor *p = m->params[i];
         if (!(p->flags & KEEL_FLAG_PARAM)) continue;
-        keel_tensor *gr = keel_graph_grad(t->g, p);
+        keel_tensor *gr = keel_step_grad(t->st, i);
         if (!gr) return keel_fail("parameter '%s' gets no gradient", p->name);
         t->train_p[t->n_train] = p, t->grad[t->n_train] = gr, t->n_train++;
     }
     if (t->n_train == 0) return keel_fail("every parameter is frozen: nothing to train");
+    keel_graph *g = t->st->g;
     keel_tensor **G = t->grad;
     if (o->accum > 1) { /* micro-batch gradients summed in place into persistent buffers */
         for (int i = 0; i < t->n_train; i++) {
             keel_tensor *p = t->train_p[i];
-            t->acc[i] = keel_set_name(keel_set_flags(keel_new(t->ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT), "accum.%s", p->name);
-            keel_tensor *a = keel_acc(t->ctx, t->acc[i], t->grad[i], t->acc[i]->nb[1], t->acc[i]->nb[2], t->acc[i]->nb[3], 0, true);
-            if (!a || keel_graph_expand(t->g, a)) return -1;
+            t->acc[i] = keel_set_name(keel_set_flags(keel_new(t->st->ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT), "accum.%s", p->name);
+            keel_tensor *a = keel_acc(t->st->ctx, t->acc[i], t->grad[i], t->acc[i]->nb[1], t->acc[i]->nb[2], t->acc[i]->nb[3], 0, true);
+            if (!a || keel_graph_expand(g, a)) return -1;
             a->flags |= KEEL_FLAG_OUTPUT;
             t->acc_w[i] = a;
         }
         G = t->acc;
     }
-    t->end_fb = t->g->n_nodes;
+    t->end_fb = g->n_nodes;
     for (int i = 0; i < t->n_train; i++) { /* the global gradient norm, summed in parameter order */
-        keel_tensor *sq = keel_sum(t->ctx, keel_sqr(t->ctx, G[i]));
-        t->sumsq = i ? keel_add(t->ctx, t->sumsq, sq) : sq;
+        keel_tensor *sq = keel_sum(t->st->ctx, keel_sqr(t->st->ctx, G[i]));
+        t->sumsq = i ? keel_add(t->st->ctx, t->sumsq, sq) : sq;
     }
-    if (!t->sumsq || keel_graph_expand(t->g, t->sumsq)) return -1;
+    if (!t->sumsq || keel_graph_expand(g, t->sumsq)) return -1;
     t->sumsq->flags |= KEEL_FLAG_OUTPUT;
-    t->end_norm = t->g->n_nodes;
-    if (keel_adamw_attach(t->ctx, t->g, t->train_p, G, t->n_train, o->lr, o->weight_decay, t->mom, t->opt)) return -1;
-    t->s = keel_session_new(t->be, t->g, NULL);
-    return t->s ? 0 : -1;
+    t->end_norm = g->n_nodes;
+    if (keel_step_adamw(t->st, t->train_p, G, t->n_train, o->lr, o->weight_decay)) return -1;
+    return keel_step_place(t->st, t->be);
 }
 
 static int init_weights(trainer *t) {
-    if (t->src) return keel_checkpoint_load(t->src, t->m, t->be);
-    return keel_qwen35_init_weights(t->m, t->be, t->o->seed);
+    if (t->src) return keel_checkpoint_load(t->src, t->st->m, t->be);
+    return keel_qwen35_init_weights(t->st->m, t->be, t->o->seed);
 }
 
 static int zero(keel_backend *be, keel_tensor *x) { return be->fill_bytes(be, x->data, 0, keel_nbytes(x)); }
@@ -266,8 +246,8 @@ static double eval_loss(trainer *t, const keel_dataset *d) {
             memcpy(tgt + b * T, d->eval + (w + b) * T + 1, (size_t)T * 4);
         }
         float l = NAN;
-        if (keel_tensor_write(t->be, t->ids, ids, KEEL_I32) || keel_tensor_write(t->be, t->tgt, tgt, KEEL_I32) ||
-            t->be->compute(t->be, t->g, 0, t->g->n_forward, NULL, NULL) || keel_tensor_read(t->be, t->loss, &l, KEEL_F32))
+        if (keel_tensor_write(t->be, t->st->ids, ids, KEEL_I32) || keel_tensor_write(t->be, t->st->tgt, tgt, KEEL_I32) ||
+            t->be->compute(t->be, t->st->g, 0, t->st->g->n_forward, NULL, NULL) || keel_tensor_read(t->be, t->st->out.loss, &l, KEEL_F32))
             break;
         sum += l;
     }
@@ -362,18 +342,17 @@ int keel_train_run(const keel_train_opts *o) {
         const char *bb = getenv("KEEL_DIST_BUCKET_BYTES");
         long long bucket = bb && *bb ? atoll(bb) : 25ll << 20;
         if (bucket <= 0) { keel_fail("KEEL_DIST_BUCKET_BYTES='%s': expected a positive number of bytes", bb); goto fail; }
-        t.sync = keel_grad_sync_new(t.coll, t.be, t.g, o->accum > 1 ? t.acc : t.grad, o->accum > 1 ? t.acc_w : t.grad, t.n_train,
+        t.sync = keel_grad_sync_new(t.coll, t.be, t.st->g, o->accum > 1 ? t.acc : t.grad, o->accum > 1 ? t.acc_w : t.grad, t.n_train,
                                     (size_t)bucket);
         if (!t.sync) goto fail;
     }
-    for (int i = 0; i < 2 * t.n_train; i++) if (zero(t.be, t.mom[i])) goto fail;
     if (o->resume_dir && read_state(&t, o->resume_dir)) goto fail;
     int64_t n_par = 0, n_tr = 0;
-    for (int i = 0; i < t.m->n_params; i++) n_par += keel_nelements(t.m->params[i]);
+    for (int i = 0; i < t.st->m->n_params; i++) n_par += keel_nelements(t.st->m->params[i]);
     for (int i = 0; i < t.n_train; i++) n_tr += keel_nelements(t.train_p[i]);
     printf("model: %lld layers, %lld parameters (%lld trained), %s backend, %lld threads, recompute %s, plan %.1f MiB\n",
            (long long)cfg.layers, (long long)n_par, (long long)n_tr, t.be->name, (long long)o->threads, o->recompute,
-           (double)t.s->plan->total_bytes / 1048576.0);
+           (double)t.st->s->plan->total_bytes / 1048576.0);
     if (t.world > 1)
         printf("data parallel: %d ranks, batch %lld per rank, global batch %lld x %lld tokens per step; gradients in %d buckets, "
                "summed by the %s as the backward pass completes them\n", t.world, (long long)o->batch,
@@ -383,10 +362,7 @@ int keel_train_run(const keel_train_opts *o) {
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", o->out_dir);
     metrics = fopen(lead ? mp : "/dev/null", t.step ? "a" : "w");
     if (!metrics) { keel_fail("%s: %s", mp, strerror(errno)); goto fail; }
-    int32_t *ids = malloc((size_t)(o->window * o->batch) * 4), *tgt = malloc((size_t)(o->window * o->batch) * 4), *pv = malloc((size_t)o->window * 4);
-    for (int64_t i = 0; i < o->window; i++) pv[i] = (int32_t)i;
-    keel_tensor_write(t.be, t.pos, pv, KEEL_I32);
-    free(pv);
+    int32_t *ids = malloc((size_t)(o->window * o->batch) * 4), *tgt = malloc((size_t)(o->window * o->batch) * 4);
     bool tty = isatty(fileno(stdout));
     if (lead && t.step == 0 && d.n_eval > o->window) {
         double el = eval_loss(&t, &d);
@@ -423,9 +399,9 @@ int keel_train_run(const keel_train_opts *o) {
             float l = NAN;
             step_cb cb = {tr, micro == o->accum - 1 ? t.sync : NULL};
             if (cb.sync) keel_grad_sync_begin(cb.sync);
-            if (keel_tensor_write(t.be, t.ids, ids, KEEL_I32) || keel_tensor_write(t.be, t.tgt, tgt, KEEL_I32) || (tr && keel_tracer_begin(tr, t.be, t.g)) ||
-                t.be->compute(t.be, t.g, 0, t.end_fb, cb.tr || cb.sync ? on_node : NULL, &cb) || (cb.sync && keel_grad_sync_finish(cb.sync)) ||
-                keel_tensor_read(t.be, t.loss, &l, KEEL_F32))
+            if (keel_tensor_write(t.be, t.st->ids, ids, KEEL_I32) || keel_tensor_write(t.be, t.st->tgt, tgt, KEEL_I32) || (tr && keel_tracer_begin(tr, t.be, t.st->g)) ||
+                t.be->compute(t.be, t.st->g, 0, t.end_fb, cb.tr || cb.sync ? on_node : NULL, &cb) || (cb.sync && keel_grad_sync_finish(cb.sync)) ||
+                keel_tensor_read(t.be, t.st->out.loss, &l, KEEL_F32))
                 result = 1;
             if (tr && !result) {
                 if (keel_trace_write(tr, o->trace)) result = 1;
@@ -438,7 +414,7 @@ int keel_train_run(const keel_train_opts *o) {
         if (t.world > 1 && keel_coll_allreduce_sum_f64(t.coll, &loss, 1)) { result = 1; break; }
         loss /= (double)(o->accum * t.world);
         float sumsq = NAN;
-        if (t.be->compute(t.be, t.g, t.end_fb, t.end_norm, NULL, NULL) || keel_tensor_read(t.be, t.sumsq, &sumsq, KEEL_F32)) { result = 1; break; }
+        if (t.be->compute(t.be, t.st->g, t.end_fb, t.end_norm, NULL, NULL) || keel_tensor_read(t.be, t.sumsq, &sumsq, KEEL_F32)) { result = 1; break; }
         double norm = sqrt((double)sumsq) / (double)(o->accum * t.world);
         if (!isfinite(loss) || !isfinite(norm)) {
             const char *bad = first_nonfinite(&t);
@@ -448,8 +424,8 @@ int keel_train_run(const keel_train_opts *o) {
             break;
         }
         double clip_f = o->clip > 0 && norm > o->clip ? o->clip / norm : 1.0, lr = lr_at(o, step);
-        for (int i = 0; i < t.n_train; i++) t.opt[i]->fp[0] = lr, t.opt[i]->ip[0] = step, t.opt[i]->fp[5] = clip_f / (double)(o->accum * t.world);
-        if (t.be->compute(t.be, t.g, t.end_norm, t.g->n_nodes, NULL, NULL)) { result = 1; break; }
+        keel_adamw_set(t.st->opt, t.n_train, step, lr, clip_f / (double)(o->accum * t.world));
+        if (t.be->compute(t.be, t.st->g, t.end_norm, t.st->g->n_nodes, NULL, NULL)) { result = 1; break; }
         t.step = step;
         t.tokens += tokens_per_step;
         double el = keel_now_s() - t0, tps = (double)((step - start_step) * tokens_per_step) / el, eta = el / (double)(step - start_step) * (double)(o->steps - step);
@@ -487,14 +463,11 @@ fail:
     if (metrics) fclose(metrics);
     keel_dataset_free(&d);
     keel_tokenizer_free(tok);
-    keel_session_free(t.s);
-    keel_graph_free(t.g);
-    keel_qwen35_free(t.m);
-    keel_ctx_free(t.ctx);
+    keel_step_free(t.st);
     keel_backend_free(t.be);
     keel_checkpoint_close(t.src);
     keel_coll_free(t.coll);
     keel_grad_sync_free(t.sync);
-    free(t.train_p), free(t.grad), free(t.acc), free(t.acc_w), free(t.mom), free(t.opt);
+    free(t.train_p), free(t.grad), free(t.acc), free(t.acc_w);
     return result;
 }

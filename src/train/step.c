@@ -1,0 +1,118 @@
+#include "train/step.h"
+
+#include <regex.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autodiff/autodiff.h"
+#include "train/optim.h"
+#include "util/error.h"
+
+/* Frozen parameters lose the PARAM flag, so the backward pass gives them no gradient. */
+static int freeze(keel_step *st, const char *pattern) {
+    regex_t re;
+    int e = regcomp(&re, pattern, REG_EXTENDED | REG_NOSUB);
+    if (e) {
+        char msg[256];
+        regerror(e, &re, msg, sizeof msg);
+        return keel_fail("--freeze '%s': %s", pattern, msg);
+    }
+    for (int i = 0; i < st->m->n_params; i++)
+        if (regexec(&re, st->m->params[i]->name, 0, NULL, 0) == 0) st->m->params[i]->flags &= ~(uint32_t)KEEL_FLAG_PARAM, st->n_frozen++;
+    regfree(&re);
+    return st->n_frozen ? 0 : keel_fail("--freeze '%s' matches no parameter", pattern);
+}
+
+keel_step *keel_step_build(const keel_step_opts *o) {
+    keel_step *st = calloc(1, sizeof *st);
+    if (!st) { keel_fail("out of memory"); return NULL; }
+    st->ctx = keel_ctx_new();
+    st->m = st->ctx ? keel_qwen35_new(st->ctx, o->cfg, o->type) : NULL;
+    if (st->m && o->weights_only) {
+        if (!(st->g = keel_graph_build(st->ctx, st->m->params, st->m->n_params))) goto fail;
+        return st;
+    }
+    if (!st->m || keel_qwen35_inputs(st->ctx, o->window, o->batch, &st->ids, o->logits_only ? NULL : &st->tgt, &st->pos) ||
+        keel_qwen35_forward(st->ctx, st->m, st->ids, st->pos, st->tgt, &st->out))
+        goto fail;
+    if (o->freeze && freeze(st, o->freeze)) goto fail;
+    /* the outputs, in the order that fixes the node order: the loss (or the logits), then what the
+     * caller reads */
+    keel_tensor *outs[KEEL_QWEN35_MAX_LAYERS + 4];
+    int n = 0;
+    outs[n++] = o->logits_only ? st->out.logits : st->out.loss;
+    if (!o->logits_only && (o->keep_logits || o->keep_hidden)) outs[n++] = st->out.logits;
+    if (o->keep_hidden) {
+        outs[n++] = st->out.normed;
+        for (int64_t i = 0; i <= o->cfg->layers; i++) outs[n++] = st->out.hidden[i];
+    }
+    st->g = keel_graph_build(st->ctx, outs, n);
+    if (!st->g) goto fail;
+    if (o->backward && (o->logits_only ? keel_fail("a backward pass needs the loss (logits_only is set)") : keel_build_backward(st->g, st->out.loss)))
+        goto fail;
+    if (o->recompute && (st->clones = keel_recompute_apply(st->g, &st->out.layers, o->recompute)) < 0) goto fail;
+    return st;
+fail:
+    keel_step_free(st);
+    return NULL;
+}
+
+keel_tensor *keel_step_grad(const keel_step *st, int i) { return keel_graph_grad(st->g, st->m->params[i]); }
+
+int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr, double weight_decay) {
+    if (!params) n = st->m->n_params;
+    st->opt_p = calloc((size_t)n, sizeof *st->opt_p);
+    st->opt = calloc((size_t)n, sizeof *st->opt);
+    st->mom = calloc((size_t)(2 * n), sizeof *st->mom);
+    keel_tensor **gr = calloc((size_t)n, sizeof *gr);
+    if (!st->opt_p || !st->opt || !st->mom || !gr) {
+        free(gr);
+        return keel_fail("out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        st->opt_p[i] = params ? params[i] : st->m->params[i];
+        gr[i] = grads ? grads[i] : keel_graph_grad(st->g, st->opt_p[i]);
+        if (!gr[i]) {
+            free(gr);
+            return keel_fail("parameter '%s' gets no gradient", st->opt_p[i]->name);
+        }
+    }
+    st->n_opt = n;
+    int rc = keel_adamw_attach(st->ctx, st->g, st->opt_p, gr, n, lr, weight_decay, st->mom, st->opt);
+    free(gr);
+    return rc;
+}
+
+int keel_step_place(keel_step *st, keel_backend *be) {
+    st->be = be;
+    st->s = keel_session_new(be, st->g, NULL);
+    if (!st->s) return -1;
+    if (!st->pos) return 0;
+    int64_t T = st->pos->ne[0];
+    int32_t *pv = malloc((size_t)T * sizeof *pv);
+    if (!pv) return keel_fail("out of memory");
+    for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
+    int rc = keel_tensor_write(be, st->pos, pv, KEEL_I32);
+    free(pv);
+    for (int i = 0; i < 2 * st->n_opt && !rc; i++) rc = be->fill_bytes(be, st->mom[i]->data, 0, keel_nbytes(st->mom[i]));
+    return rc ? -1 : 0;
+}
+
+int keel_step_write_batch(keel_step *st, const int32_t *ids, const int32_t *targets) {
+    if (keel_tensor_write(st->be, st->ids, ids, KEEL_I32)) return -1;
+    return st->tgt && targets ? keel_tensor_write(st->be, st->tgt, targets, KEEL_I32) : 0;
+}
+
+int keel_step_run(keel_step *st, const int32_t *ids, const int32_t *targets, keel_node_cb cb, void *ud) {
+    return keel_step_write_batch(st, ids, targets) || keel_session_run(st->s, cb, ud) ? -1 : 0;
+}
+
+void keel_step_free(keel_step *st) {
+    if (!st) return;
+    keel_session_free(st->s);
+    keel_graph_free(st->g);
+    keel_qwen35_free(st->m);
+    keel_ctx_free(st->ctx);
+    free(st->opt_p), free(st->mom), free(st->opt);
+    free(st);
+}

@@ -1,0 +1,66 @@
+/* keel: one way to build a model's step. Every command that runs the model forward (and
+ * backward, and AdamW) builds it here: the model's parameters and inputs, the forward graph and
+ * the outputs a caller reads, the backward pass, the recompute rewrite, AdamW, the plan bound to
+ * a backend with the positions written once, and one free for all of it.
+ *
+ *   keel_step *st = keel_step_build(&opts);    graph only: a caller may append nodes (the trainer's
+ *   keel_step_adamw(st, ...);                  accumulation and gradient norm) before placing it
+ *   keel_step_place(st, be);                   plan + session; positions 0..T-1; moments zeroed
+ *   keel_checkpoint_load(ck, st->m, be) / keel_qwen35_init_weights(st->m, be, seed)
+ *   keel_step_run(st, ids, targets, cb, ud);   as often as needed
+ *   keel_step_free(st);
+ */
+#ifndef KEEL_STEP_H
+#define KEEL_STEP_H
+
+#include "backend/backend.h"
+#include "model/qwen35.h"
+#include "recompute/recompute.h"
+
+typedef struct {
+    const keel_qwen35_config *cfg;
+    keel_type type;                       /* of parameters and activations: F32 (cpu, cuda), F64 (ref) */
+    int64_t batch, window;
+    bool logits_only;                     /* no targets and no loss: the logits are the output */
+    bool backward;                        /* the gradient of every parameter flagged PARAM */
+    const keel_recompute_mode *recompute; /* NULL: off */
+    bool keep_logits;                     /* the logits stay readable after a run */
+    bool keep_hidden;                     /* so do every hidden state and the final norm's output */
+    const char *freeze;                   /* POSIX extended regex: parameters it matches get no gradient */
+    bool weights_only;                    /* only the parameters, placed (save, export, decoding); no inputs */
+} keel_step_opts;
+
+typedef struct {
+    keel_ctx *ctx;
+    keel_qwen35 *m;
+    keel_tensor *ids, *tgt, *pos; /* [T,B], [T,B] (NULL when logits_only), [T]; all NULL when weights_only */
+    keel_qwen35_out out;
+    keel_graph *g;
+    int clones;                   /* nodes the recompute rewrite added */
+    int n_frozen;                 /* parameters the freeze pattern matched */
+    int n_opt;                    /* AdamW (keel_step_adamw): the parameters it updates, */
+    keel_tensor **opt_p, **mom;   /* their moments (m, v per parameter), */
+    keel_tensor **opt;            /* and the update nodes */
+    keel_backend *be;             /* after keel_step_place */
+    keel_session *s;
+} keel_step;
+
+/* NULL with a message. */
+keel_step *keel_step_build(const keel_step_opts *o);
+/* The gradient of the model's i-th parameter (NULL when it has none: frozen, or no backward). */
+keel_tensor *keel_step_grad(const keel_step *st, int i);
+/* Appends AdamW (betas 0.9/0.95, eps 1e-8; weight decay on matrices only) for params[i] with
+ * gradient grads[i]; params NULL: every parameter of the model with its own gradient. Set its
+ * step, learning rate and gradient scale before each update with keel_adamw_set. */
+int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr, double weight_decay);
+/* Plans and binds the graph on be (which the caller keeps and frees), writes the positions and
+ * zeroes AdamW's moments. */
+int keel_step_place(keel_step *st, keel_backend *be);
+/* Writes ids and targets (B*T each; targets ignored when logits_only) and runs the whole graph,
+ * calling cb after every node. */
+int keel_step_run(keel_step *st, const int32_t *ids, const int32_t *targets, keel_node_cb cb, void *ud);
+/* Writes ids and targets only (for callers that run node ranges themselves). */
+int keel_step_write_batch(keel_step *st, const int32_t *ids, const int32_t *targets);
+void keel_step_free(keel_step *st);
+
+#endif
