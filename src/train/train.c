@@ -28,14 +28,6 @@
 
 volatile sig_atomic_t keel_train_stop = 0;
 
-void keel_train_defaults(keel_train_opts *o) {
-    memset(o, 0, sizeof *o);
-    o->backend = "cpu", o->recompute = "off";
-    o->steps = 100, o->window = 128, o->batch = 8, o->accum = 1, o->warmup = 10, o->eval_every = 50, o->save_every = 0;
-    o->threads = 2, o->trace_step = 1, o->eval_batches = 8, o->trace_max_bytes = 256ll << 20, o->nproc = 1, o->dist_timeout = 60;
-    o->lr = 1e-3, o->lr_min = 1e-4, o->weight_decay = 0.1, o->clip = 1.0, o->eval_fraction = 0.05;
-    o->seed = 1;
-}
 
 typedef struct {
     const keel_train_opts *o;
@@ -106,6 +98,7 @@ static int write_state(const char *tmp_dir, void *ud) {
     cJSON_AddNumberToObject(j, "accum", (double)t->o->accum);
     cJSON_AddNumberToObject(j, "world", (double)t->world);
     cJSON_AddStringToObject(j, "vocabulary", t->tok_file[0] ? "tokenizer" : "bytes");
+    cJSON_AddItemToObject(j, "options", keel_train_opts_json(t->o)); /* what --resume continues with */
     char *txt = cJSON_Print(j);
     cJSON_Delete(j);
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp_dir);
