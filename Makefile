@@ -4,7 +4,7 @@
 JOBS ?= 2
 BUILD ?= build
 
-.PHONY: all deps build build-asan assets demo check bench cuda clean
+.PHONY: all deps build build-asan assets demo check bench cuda format clean
 
 all: build
 
@@ -45,6 +45,12 @@ cuda: deps
 	@command -v nvcc >/dev/null || { echo "make cuda: nvcc not found (install the CUDA toolkit)"; exit 1; }
 	@cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON >/dev/null
 	@cmake --build build-cuda -j $(JOBS)
+
+# The layout (.clang-format, clang-format 14 from Debian) applied to the C and CUDA sources.
+format:
+	@command -v clang-format >/dev/null || scripts/setup-deps.sh clang-format
+	@clang-format -i $$(git ls-files 'src/*.c' 'src/*.h' 'src/*.cu' 'tools/*.c' 'tools/*.h' 'tests/*.c' 'tests/*.h')
+	@scripts/check-style.sh && echo "format: done"
 
 clean:
 	rm -rf build build-asan build-cuda

@@ -184,3 +184,8 @@ add_test(NAME cli_help_every_command COMMAND sh -c "set -e; k=$1; n=0
   for c in $($k --help | sed -n 's/^  \\([a-z][a-z-]*\\).*/\\1/p' | sort -u); do $k $c --help >/dev/null || { echo \"keel $c --help failed\"; exit 1; }; n=$((n+1)); done
   $k bench train --help >/dev/null; echo \"$n commands, each with --help\"; [ $n -ge 15 ]" sh $<TARGET_FILE:keel>)
 set_tests_properties(cli_help_every_command PROPERTIES LABELS "unit")
+
+# The layout rules (.clang-format is the layout; this checks what make check enforces in src/):
+# no line over 150 columns, one statement per line.
+add_test(NAME style_src COMMAND ${CMAKE_SOURCE_DIR}/scripts/check-style.sh)
+set_tests_properties(style_src PROPERTIES LABELS "unit")

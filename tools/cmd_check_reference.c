@@ -47,8 +47,8 @@ typedef struct {
     const char *why;     /* "peer", "fixed" or "float64" */
 } tolerances;
 
-static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *ref, const char *name, const tolerances *tl,
-                   tally *ty, bool is_grad) {
+static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *ref, const char *name,
+                   const tolerances *tl, tally *ty, bool is_grad) {
     const keel_st_tensor *r = keel_st_find(ref, name);
     if (!r) {
         printf("  %-58s missing from the reference\n", name);
@@ -56,7 +56,8 @@ static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *r
         return -1;
     }
     if (keel_st_numel(r) != keel_nelements(t)) {
-        printf("  %-58s %lld elements, reference has %lld  FAIL\n", name, (long long)keel_nelements(t), (long long)keel_st_numel(r));
+        printf("  %-58s %lld elements, reference has %lld  FAIL\n", name, (long long)keel_nelements(t),
+               (long long)keel_st_numel(r));
         ty->fail++;
         return -1;
     }
@@ -71,19 +72,30 @@ static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *r
     printf("  %-58s rel err %.3e  (tol %.2e %s)  %s", name, e, tol, tl->why, ok ? "PASS" : "FAIL");
     if (above) printf("   [above the peer's %.2e on this tensor]", pe->valuedouble), ty->above_peer++;
     printf("\n");
-    if (ok) ty->pass++;
-    else ty->fail++;
-    if (is_grad) ty->worst_grad = fmax(ty->worst_grad, e);
-    else ty->worst_value = fmax(ty->worst_value, e);
+    if (ok)
+        ty->pass++;
+    else
+        ty->fail++;
+    if (is_grad)
+        ty->worst_grad = fmax(ty->worst_grad, e);
+    else
+        ty->worst_value = fmax(ty->worst_value, e);
     return ok ? 0 : -1;
 }
 
-typedef struct { const char *path; bool data; size_t max_bytes; } trace_opts;
+typedef struct {
+    const char *path;
+    bool data;
+    size_t max_bytes;
+} trace_opts;
 
-static int check_one(const char *ckpt_dir, const char *backend, int threads, const keel_recompute_mode *rm, const trace_opts *to,
-                     const keel_st_file *ref, const cJSON *peer, tally *ty) {
+static int check_one(const char *ckpt_dir, const char *backend, int threads, const keel_recompute_mode *rm,
+                     const trace_opts *to, const keel_st_file *ref, const cJSON *peer, tally *ty) {
     keel_checkpoint *ck = keel_checkpoint_open(ckpt_dir);
-    if (!ck) { fprintf(stderr, "keel check-reference: %s\n", keel_last_error()); return -1; }
+    if (!ck) {
+        fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
+        return -1;
+    }
     const keel_st_tensor *ids_t = keel_st_find(ref, "input_ids"), *tgt_t = keel_st_find(ref, "targets");
     if (!ids_t || !tgt_t || ids_t->n_dims != 2 || keel_st_numel(ids_t) != keel_st_numel(tgt_t)) {
         fprintf(stderr, "keel check-reference: %s: needs input_ids and targets of one shape [B,T]\n", ref->path);
@@ -92,15 +104,22 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
     }
     int64_t B = ids_t->shape[0], T = ids_t->shape[1];
     keel_backend *be = keel_backend_new(backend, threads);
-    if (!be) { fprintf(stderr, "keel check-reference: %s\n", keel_last_error()); keel_checkpoint_close(ck); return -1; }
+    if (!be) {
+        fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
+        keel_checkpoint_close(ck);
+        return -1;
+    }
     keel_type type = strcmp(backend, "ref") == 0 ? KEEL_F64 : KEEL_F32;
     keel_step *st = NULL;
     int rc = -1;
-    tolerances tl = {.value = type == KEEL_F64 ? 1e-10 : 2e-5, .grad = type == KEEL_F64 ? 1e-10 : 1e-4, .why = type == KEEL_F64 ? "float64" : "fixed"};
+    tolerances tl = {.value = type == KEEL_F64 ? 1e-10 : 2e-5,
+                     .grad = type == KEEL_F64 ? 1e-10 : 1e-4,
+                     .why = type == KEEL_F64 ? "float64" : "fixed"};
     if (type == KEEL_F32 && peer) { /* the peer's run on the same kind of device: its GPU run for cuda */
         const cJSON *dev = strcmp(backend, "cuda") == 0 ? cJSON_GetObjectItemCaseSensitive(peer, "cuda") : NULL;
         if (!dev) dev = cJSON_GetObjectItemCaseSensitive(peer, "cpu");
-        const cJSON *wv = cJSON_GetObjectItemCaseSensitive(dev, "worst_value"), *wg = cJSON_GetObjectItemCaseSensitive(dev, "worst_gradient");
+        const cJSON *wv = cJSON_GetObjectItemCaseSensitive(dev, "worst_value"),
+                    *wg = cJSON_GetObjectItemCaseSensitive(dev, "worst_gradient");
         if (!cJSON_IsNumber(wv) || !cJSON_IsNumber(wg) || !(wv->valuedouble > 0) || !(wg->valuedouble > 0)) {
             keel_fail("peer-f32.json: no positive worst_value / worst_gradient for this device");
             goto done;
@@ -108,17 +127,23 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
         tl.value = wv->valuedouble, tl.grad = wg->valuedouble, tl.why = "peer";
         tl.errors = cJSON_GetObjectItemCaseSensitive(dev, "errors");
     }
-    keel_step_opts so = {.cfg = &ck->cfg, .type = type, .batch = B, .window = T, .backward = true, .recompute = rm, .keep_hidden = true};
+    keel_step_opts so = {
+        .cfg = &ck->cfg, .type = type, .batch = B, .window = T, .backward = true, .recompute = rm, .keep_hidden = true};
     if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_checkpoint_load(ck, st->m, be)) goto done;
     const keel_qwen35 *m = st->m;
     const keel_qwen35_out out = st->out;
     {
         int32_t *iv = malloc((size_t)(B * T) * 4), *tv = malloc((size_t)(B * T) * 4);
-        for (int64_t i = 0; i < B * T; i++) iv[i] = (int32_t)keel_st_get(ids_t, i), tv[i] = (int32_t)keel_st_get(tgt_t, i);
+        for (int64_t i = 0; i < B * T; i++)
+            iv[i] = (int32_t)keel_st_get(ids_t, i), tv[i] = (int32_t)keel_st_get(tgt_t, i);
         int w = keel_step_write_batch(st, iv, tv);
         free(iv), free(tv);
         keel_tracer *tr = to->path ? keel_tracer_new(to->data, to->max_bytes) : NULL;
-        if (w || (tr && keel_tracer_begin(tr, be, st->g)) || keel_session_run(st->s, tr ? keel_tracer_node : NULL, tr)) { keel_tracer_free(tr); goto done; }
+        if (w || (tr && keel_tracer_begin(tr, be, st->g)) ||
+            keel_session_run(st->s, tr ? keel_tracer_node : NULL, tr)) {
+            keel_tracer_free(tr);
+            goto done;
+        }
         if (tr) {
             int wr = keel_trace_write(tr, to->path);
             if (!wr) printf("trace of %lld nodes written to %s\n", (long long)tr->n, to->path);
@@ -126,8 +151,9 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
             if (wr) goto done;
         }
     }
-    printf("%s on %s (%s, %s weights, %lld layers, B=%lld T=%lld, recompute %s)\n", ckpt_dir, backend, keel_type_name(type),
-           ck->dtype[0] ? ck->dtype : "stored", (long long)ck->cfg.layers, (long long)B, (long long)T, rm->text);
+    printf("%s on %s (%s, %s weights, %lld layers, B=%lld T=%lld, recompute %s)\n", ckpt_dir, backend,
+           keel_type_name(type), ck->dtype[0] ? ck->dtype : "stored", (long long)ck->cfg.layers, (long long)B,
+           (long long)T, rm->text);
     compare(be, out.logits, ref, "logits", &tl, ty, false);
     compare(be, out.loss, ref, "loss", &tl, ty, false);
     for (int i = 0; i < ck->cfg.layers; i++) {
@@ -135,18 +161,23 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
         snprintf(nm, sizeof nm, "hidden.%d", i);
         compare(be, out.hidden[i], ref, nm, &tl, ty, false);
     }
-    {   /* the last hidden state: transformers reports it after the final norm; say which matched */
+    { /* the last hidden state: transformers reports it after the final norm; say which matched */
         char nm[32];
         snprintf(nm, sizeof nm, "hidden.%lld", (long long)ck->cfg.layers);
         const keel_st_tensor *r = keel_st_find(ref, nm);
-        double *pre = keel_tensor_read_f64(be, out.hidden[ck->cfg.layers]), *post = keel_tensor_read_f64(be, out.normed);
+        double *pre = keel_tensor_read_f64(be, out.hidden[ck->cfg.layers]),
+               *post = keel_tensor_read_f64(be, out.normed);
         if (r && pre && post && keel_st_numel(r) == keel_nelements(out.normed)) {
-            double e_pre = rel_err(pre, r, keel_nelements(out.normed)), e_post = rel_err(post, r, keel_nelements(out.normed));
+            double e_pre = rel_err(pre, r, keel_nelements(out.normed)),
+                   e_post = rel_err(post, r, keel_nelements(out.normed));
             double e = fmin(e_pre, e_post), tol_v = tl.value;
-            printf("  %-58s rel err %.3e  (tol %.2e %s)  %s   [taken %s the final norm; the other side: %.1e]\n", nm, e, tol_v, tl.why,
-                   e <= tol_v ? "PASS" : "FAIL", e_post <= e_pre ? "after" : "before", fmax(e_pre, e_post));
-            if (e <= tol_v) ty->pass++;
-            else ty->fail++;
+            printf("  %-58s rel err %.3e  (tol %.2e %s)  %s   [taken %s the final norm; the other side: %.1e]\n", nm, e,
+                   tol_v, tl.why, e <= tol_v ? "PASS" : "FAIL", e_post <= e_pre ? "after" : "before",
+                   fmax(e_pre, e_post));
+            if (e <= tol_v)
+                ty->pass++;
+            else
+                ty->fail++;
             ty->worst_value = fmax(ty->worst_value, e);
         } else {
             printf("  %-58s missing from the reference or of another size  FAIL\n", nm);
@@ -183,28 +214,52 @@ int cmd_check_reference(int argc, char **argv) {
     long long threads = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--backend") == 0 && v) backends = v, i++;
-        else if (strcmp(a, "--checkpoint") == 0 && v) only = v, i++;
-        else if (strcmp(a, "--recompute") == 0 && v) rmode = v, i++;
-        else if (strcmp(a, "--trace") == 0 && v) to.path = v, i++;
-        else if (strcmp(a, "--trace-data") == 0) to.data = true;
-        else if (strcmp(a, "--trace-max-bytes") == 0) { long long b = cli_int(a, v, 0); if (b < 0) return 2; to.max_bytes = (size_t)b; i++; }
-        else if (strcmp(a, "--threads") == 0) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
-        else if (a[0] != '-' && !dir) dir = a;
+        if (strcmp(a, "--backend") == 0 && v)
+            backends = v, i++;
+        else if (strcmp(a, "--checkpoint") == 0 && v)
+            only = v, i++;
+        else if (strcmp(a, "--recompute") == 0 && v)
+            rmode = v, i++;
+        else if (strcmp(a, "--trace") == 0 && v)
+            to.path = v, i++;
+        else if (strcmp(a, "--trace-data") == 0)
+            to.data = true;
+        else if (strcmp(a, "--trace-max-bytes") == 0) {
+            long long b = cli_int(a, v, 0);
+            if (b < 0) return 2;
+            to.max_bytes = (size_t)b;
+            i++;
+        } else if (strcmp(a, "--threads") == 0) {
+            if ((threads = cli_int(a, v, 1)) < 0) return 2;
+            i++;
+        } else if (a[0] != '-' && !dir)
+            dir = a;
         else {
-            fprintf(stderr, "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR] [--recompute MODE] [--threads N]\n"
-                            "                            [--trace FILE [--trace-data] [--trace-max-bytes N]]\n"
-                            "keel check-reference: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr,
+                    "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR] [--recompute MODE] "
+                    "[--threads N]\n"
+                    "                            [--trace FILE [--trace-data] [--trace-max-bytes N]]\n"
+                    "keel check-reference: unknown or incomplete option '%s'\n",
+                    a);
             return 2;
         }
     }
-    if (!dir) { fprintf(stderr, "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR]\n"); return 2; }
+    if (!dir) {
+        fprintf(stderr, "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR]\n");
+        return 2;
+    }
     keel_recompute_mode rm;
-    if (keel_recompute_parse(rmode, &rm)) { fprintf(stderr, "keel check-reference: %s\n", keel_last_error()); return 2; }
+    if (keel_recompute_parse(rmode, &rm)) {
+        fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
+        return 2;
+    }
     char refp[4096];
     snprintf(refp, sizeof refp, "%s/reference.safetensors", dir);
     keel_st_file *ref = keel_st_open(refp);
-    if (!ref) { fprintf(stderr, "keel check-reference: %s\n", keel_last_error()); return 2; }
+    if (!ref) {
+        fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
+        return 2;
+    }
     cJSON *peer = NULL; /* the peer's float32 errors, when the fixture has them */
     snprintf(refp, sizeof refp, "%s/peer-f32.json", dir);
     struct stat pst;
@@ -213,8 +268,12 @@ int cmd_check_reference(int argc, char **argv) {
         keel_st_close(ref);
         return 2;
     }
-    if (peer) printf("float32 tolerances: no worse than the peer's worst value and gradient errors (%s, transformers %s)\n", refp,
-                     cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(peer, "transformers")) ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(peer, "transformers")) : "?");
+    if (peer)
+        printf("float32 tolerances: no worse than the peer's worst value and gradient errors (%s, transformers %s)\n",
+               refp,
+               cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(peer, "transformers"))
+                   ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(peer, "transformers"))
+                   : "?");
     char *subs[64];
     int n_sub = 0;
     if (only) {
@@ -230,7 +289,11 @@ int cmd_check_reference(int argc, char **argv) {
         if (d) closedir(d);
         qsort(subs, (size_t)n_sub, sizeof *subs, cmp_str);
     }
-    if (n_sub == 0) { fprintf(stderr, "keel check-reference: no checkpoint folder (with config.json) in %s\n", dir); keel_st_close(ref); return 2; }
+    if (n_sub == 0) {
+        fprintf(stderr, "keel check-reference: no checkpoint folder (with config.json) in %s\n", dir);
+        keel_st_close(ref);
+        return 2;
+    }
     if (to.path && (n_sub != 1 || strchr(backends, ','))) {
         fprintf(stderr, "keel check-reference: --trace needs one --checkpoint and one --backend\n");
         for (int i = 0; i < n_sub; i++) free(subs[i]);
@@ -244,8 +307,10 @@ int cmd_check_reference(int argc, char **argv) {
     for (char *b = strtok(bl, ","); b; b = strtok(NULL, ","))
         for (int i = 0; i < n_sub; i++) {
             char p[4096];
-            if (subs[i][0] == '/') snprintf(p, sizeof p, "%s", subs[i]); /* an absolute --checkpoint */
-            else snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
+            if (subs[i][0] == '/')
+                snprintf(p, sizeof p, "%s", subs[i]); /* an absolute --checkpoint */
+            else
+                snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
             if (check_one(p, b, (int)threads, &rm, &to, ref, peer, &ty)) errors++;
         }
     for (int i = 0; i < n_sub; i++) free(subs[i]);
@@ -253,6 +318,7 @@ int cmd_check_reference(int argc, char **argv) {
     cJSON_Delete(peer);
     printf("worst relative error: values %.3e, gradients %.3e\n", ty.worst_value, ty.worst_grad);
     if (peer) printf("tensors whose error is above the peer's own on that tensor: %d\n", ty.above_peer);
-    printf("%s: %d passed, %d failed%s\n", ty.fail || errors ? "FAIL" : "PASS", ty.pass, ty.fail, errors ? " (and errors above)" : "");
+    printf("%s: %d passed, %d failed%s\n", ty.fail || errors ? "FAIL" : "PASS", ty.pass, ty.fail,
+           errors ? " (and errors above)" : "");
     return ty.fail || errors ? 1 : 0;
 }

@@ -46,7 +46,8 @@ static int verify_saved(const char *dir, const keel_qwen35 *m, keel_backend *be,
         const keel_st_tensor *s = keel_checkpoint_find(ck, m->params[p]->name);
         size_t bytes = (size_t)keel_nelements(m->params[p]) * keel_type_size(dtype);
         void *buf = malloc(bytes ? bytes : 1);
-        if (!s || !buf || keel_tensor_read(be, m->params[p], buf, dtype) || s->nbytes != bytes || memcmp(buf, s->data, bytes)) {
+        if (!s || !buf || keel_tensor_read(be, m->params[p], buf, dtype) || s->nbytes != bytes ||
+            memcmp(buf, s->data, bytes)) {
             fprintf(stderr, "keel save: '%s' does not read back identical\n", m->params[p]->name);
             bad++;
         }
@@ -60,38 +61,63 @@ int cmd_save(int argc, char **argv) {
     const char *src = NULL, *out = NULL, *layout = NULL, *dts = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--dtype") == 0 && v) dts = v, i++;
-        else if (strcmp(a, "--layout") == 0 && v) layout = v, i++;
-        else if (a[0] != '-' && !src) src = a;
-        else if (a[0] != '-' && !out) out = a;
+        if (strcmp(a, "--dtype") == 0 && v)
+            dts = v, i++;
+        else if (strcmp(a, "--layout") == 0 && v)
+            layout = v, i++;
+        else if (a[0] != '-' && !src)
+            src = a;
+        else if (a[0] != '-' && !out)
+            out = a;
         else {
-            fprintf(stderr, "usage: keel save SRC_DIR OUT_DIR [--dtype f32|bf16|f16] [--layout text|multimodal]\n"
-                            "keel save: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr,
+                    "usage: keel save SRC_DIR OUT_DIR [--dtype f32|bf16|f16] [--layout text|multimodal]\n"
+                    "keel save: unknown or incomplete option '%s'\n",
+                    a);
             return 2;
         }
     }
-    if (!src || !out) { fprintf(stderr, "usage: keel save SRC_DIR OUT_DIR [--dtype f32|bf16|f16] [--layout text|multimodal]\n"); return 2; }
-    if (layout && strcmp(layout, "text") && strcmp(layout, "multimodal")) { fprintf(stderr, "keel save: --layout expects text or multimodal\n"); return 2; }
+    if (!src || !out) {
+        fprintf(stderr, "usage: keel save SRC_DIR OUT_DIR [--dtype f32|bf16|f16] [--layout text|multimodal]\n");
+        return 2;
+    }
+    if (layout && strcmp(layout, "text") && strcmp(layout, "multimodal")) {
+        fprintf(stderr, "keel save: --layout expects text or multimodal\n");
+        return 2;
+    }
     keel_checkpoint *ck = keel_checkpoint_open(src);
-    if (!ck) { fprintf(stderr, "keel save: %s\n", keel_last_error()); return 1; }
+    if (!ck) {
+        fprintf(stderr, "keel save: %s\n", keel_last_error());
+        return 1;
+    }
     keel_type dtype = KEEL_F32;
-    int st = keel_type_from_name(ck->dtype[0] ? (strcmp(ck->dtype, "BF16") == 0 ? "bf16" : strcmp(ck->dtype, "F16") == 0 ? "f16" : "f32") : "f32");
+    int st = keel_type_from_name(ck->dtype[0] ? (strcmp(ck->dtype, "BF16") == 0  ? "bf16"
+                                                 : strcmp(ck->dtype, "F16") == 0 ? "f16"
+                                                                                 : "f32")
+                                              : "f32");
     dtype = (keel_type)st;
-    if (dts && parse_dtype(dts, &dtype)) { keel_checkpoint_close(ck); return 2; }
+    if (dts && parse_dtype(dts, &dtype)) {
+        keel_checkpoint_close(ck);
+        return 2;
+    }
     bool mm = layout ? strcmp(layout, "multimodal") == 0 : ck->multimodal;
     keel_backend *be = keel_backend_new("cpu", 2);
     keel_step *L = load_params(be, &ck->cfg);
-    int rc = !L || keel_checkpoint_load(ck, L->m, be) || keel_checkpoint_save(out, L->m, be, dtype, ck, mm) || verify_saved(out, L->m, be, dtype);
-    if (rc) fprintf(stderr, "keel save: %s\n", keel_last_error());
-    else printf("saved %s -> %s (%s layout, %s, %d tensors; reloaded bitwise identical)\n", src, out, mm ? "multimodal" : "text",
-                keel_type_name(dtype), L->m->n_params);
+    int rc = !L || keel_checkpoint_load(ck, L->m, be) || keel_checkpoint_save(out, L->m, be, dtype, ck, mm) ||
+             verify_saved(out, L->m, be, dtype);
+    if (rc)
+        fprintf(stderr, "keel save: %s\n", keel_last_error());
+    else
+        printf("saved %s -> %s (%s layout, %s, %d tensors; reloaded bitwise identical)\n", src, out,
+               mm ? "multimodal" : "text", keel_type_name(dtype), L->m->n_params);
     keel_step_free(L);
     keel_backend_free(be);
     keel_checkpoint_close(ck);
     return rc ? 1 : 0;
 }
 
-#define INIT_USAGE "usage: keel init (--preset tiny|small|0.8b | --config CONFIG.json) OUT_DIR [--seed N] [--dtype f32|bf16]\n"
+#define INIT_USAGE                                                                                                     \
+    "usage: keel init (--preset tiny|small|0.8b | --config CONFIG.json) OUT_DIR [--seed N] [--dtype f32|bf16]\n"
 
 int cmd_init(int argc, char **argv) {
     const char *pre = NULL, *cfg_path = NULL, *out = NULL, *dts = "f32";
@@ -99,21 +125,34 @@ int cmd_init(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf(INIT_USAGE "  a Qwen3.5-family checkpoint with random weights (transformers' initialisation), from a preset\n"
+            printf(INIT_USAGE
+                   "  a Qwen3.5-family checkpoint with random weights (transformers' initialisation), from a preset\n"
                    "  or from a Hugging Face config.json (either layout)\n");
             return 0;
         }
-        if (strcmp(a, "--preset") == 0 && v) pre = v, i++;
-        else if (strcmp(a, "--config") == 0 && v) cfg_path = v, i++;
-        else if (strcmp(a, "--dtype") == 0 && v) dts = v, i++;
-        else if (strcmp(a, "--seed") == 0) { if ((seed = cli_int(a, v, 0)) < 0) return 2; i++; }
-        else if (a[0] != '-' && !out) out = a;
-        else { fprintf(stderr, INIT_USAGE "keel init: unknown or incomplete option '%s'\n", a); return 2; }
+        if (strcmp(a, "--preset") == 0 && v)
+            pre = v, i++;
+        else if (strcmp(a, "--config") == 0 && v)
+            cfg_path = v, i++;
+        else if (strcmp(a, "--dtype") == 0 && v)
+            dts = v, i++;
+        else if (strcmp(a, "--seed") == 0) {
+            if ((seed = cli_int(a, v, 0)) < 0) return 2;
+            i++;
+        } else if (a[0] != '-' && !out)
+            out = a;
+        else {
+            fprintf(stderr, INIT_USAGE "keel init: unknown or incomplete option '%s'\n", a);
+            return 2;
+        }
     }
     keel_type dtype;
     keel_qwen35_config c;
     bool mm;
-    if (!(pre || cfg_path) || (pre && cfg_path) || !out) { fprintf(stderr, INIT_USAGE "keel init: give one of --preset and --config, and OUT_DIR\n"); return 2; }
+    if (!(pre || cfg_path) || (pre && cfg_path) || !out) {
+        fprintf(stderr, INIT_USAGE "keel init: give one of --preset and --config, and OUT_DIR\n");
+        return 2;
+    }
     if (parse_dtype(dts, &dtype)) return 2;
     if (pre ? keel_qwen35_preset(pre, &c) : keel_hf_config_read_file(cfg_path, &c, &mm)) {
         fprintf(stderr, "keel init: %s\n", keel_last_error());
@@ -121,10 +160,13 @@ int cmd_init(int argc, char **argv) {
     }
     keel_backend *be = keel_backend_new("cpu", 2);
     keel_step *L = load_params(be, &c);
-    int rc = !L || keel_qwen35_init_weights(L->m, be, (uint64_t)seed) || keel_checkpoint_save(out, L->m, be, dtype, NULL, false);
-    if (rc) fprintf(stderr, "keel init: %s\n", keel_last_error());
-    else printf("wrote %s: %s %s, %lld layers, %s, seed %lld\n", out, pre ? "preset" : "config", pre ? pre : cfg_path, (long long)c.layers,
-                keel_type_name(dtype), seed);
+    int rc = !L || keel_qwen35_init_weights(L->m, be, (uint64_t)seed) ||
+             keel_checkpoint_save(out, L->m, be, dtype, NULL, false);
+    if (rc)
+        fprintf(stderr, "keel init: %s\n", keel_last_error());
+    else
+        printf("wrote %s: %s %s, %lld layers, %s, seed %lld\n", out, pre ? "preset" : "config", pre ? pre : cfg_path,
+               (long long)c.layers, keel_type_name(dtype), seed);
     keel_step_free(L);
     keel_backend_free(be);
     return rc ? 1 : 0;
@@ -142,18 +184,40 @@ int cmd_info(int argc, char **argv) {
     bool run = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--batch") == 0) { if ((B = cli_int(a, v, 1)) < 0) return 2; i++; }
-        else if (strcmp(a, "--window") == 0) { if ((T = cli_int(a, v, 1)) < 0) return 2; i++; }
-        else if (strcmp(a, "--threads") == 0) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
-        else if (strcmp(a, "--run") == 0) run = true;
-        else if (strcmp(a, "--dump-logits") == 0 && v) dump = v, run = true, i++;
-        else if (strcmp(a, "--recompute") == 0 && v) rmode = v, i++;
-        else if (a[0] != '-' && !dir) dir = a;
-        else { fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE] [--threads N]\nkeel info: unknown or incomplete option '%s'\n", a); return 2; }
+        if (strcmp(a, "--batch") == 0) {
+            if ((B = cli_int(a, v, 1)) < 0) return 2;
+            i++;
+        } else if (strcmp(a, "--window") == 0) {
+            if ((T = cli_int(a, v, 1)) < 0) return 2;
+            i++;
+        } else if (strcmp(a, "--threads") == 0) {
+            if ((threads = cli_int(a, v, 1)) < 0) return 2;
+            i++;
+        } else if (strcmp(a, "--run") == 0)
+            run = true;
+        else if (strcmp(a, "--dump-logits") == 0 && v)
+            dump = v, run = true, i++;
+        else if (strcmp(a, "--recompute") == 0 && v)
+            rmode = v, i++;
+        else if (a[0] != '-' && !dir)
+            dir = a;
+        else {
+            fprintf(stderr,
+                    "usage: keel info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits "
+                    "FILE] [--threads N]\nkeel info: unknown or incomplete option '%s'\n",
+                    a);
+            return 2;
+        }
     }
-    if (!dir) { fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--run] [--threads N]\n"); return 2; }
+    if (!dir) {
+        fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--run] [--threads N]\n");
+        return 2;
+    }
     keel_checkpoint *ck = keel_checkpoint_open(dir);
-    if (!ck) { fprintf(stderr, "keel info: %s\n", keel_last_error()); return 1; }
+    if (!ck) {
+        fprintf(stderr, "keel info: %s\n", keel_last_error());
+        return 1;
+    }
     const keel_qwen35_config *c = &ck->cfg;
     int n_full = 0;
     for (int64_t i = 0; i < c->layers; i++) n_full += c->full_attention[i];
@@ -163,34 +227,55 @@ int cmd_info(int argc, char **argv) {
     for (int p = 0; p < m->n_params; p++) n_par += keel_nelements(m->params[p]);
     printf("%s: %s layout, weights %s\n", dir, ck->multimodal ? "multimodal" : "text", ck->dtype);
     printf("layers %lld (%lld Gated DeltaNet, %d gated attention), hidden %lld, ffn %lld, vocab %lld, %s head\n",
-           (long long)c->layers, (long long)c->layers - n_full, n_full, (long long)c->hidden, (long long)c->ffn, (long long)c->vocab,
-           c->tied ? "tied" : "untied");
+           (long long)c->layers, (long long)c->layers - n_full, n_full, (long long)c->hidden, (long long)c->ffn,
+           (long long)c->vocab, c->tied ? "tied" : "untied");
     printf("parameters: %lld (%.3f B)\n", (long long)n_par, (double)n_par / 1e9);
     keel_recompute_mode run_mode;
-    if (keel_recompute_parse(rmode, &run_mode)) { fprintf(stderr, "keel info: %s\n", keel_last_error()); keel_qwen35_free(m); keel_ctx_free(ctx); keel_checkpoint_close(ck); return 2; }
+    if (keel_recompute_parse(rmode, &run_mode)) {
+        fprintf(stderr, "keel info: %s\n", keel_last_error());
+        keel_qwen35_free(m);
+        keel_ctx_free(ctx);
+        keel_checkpoint_close(ck);
+        return 2;
+    }
     keel_qwen35_free(m);
     keel_ctx_free(ctx);
     ctx = NULL, m = NULL;
     double gib = 1024.0 * 1024 * 1024, moments = (double)n_par * 4 * 2 / gib;
-    printf("\ntraining step, float32, batch %lld x window %lld, planned by keel's memory plan (AdamW moments: %.2f GiB more):\n", B, T, moments);
+    printf("\ntraining step, float32, batch %lld x window %lld, planned by keel's memory plan (AdamW moments: %.2f GiB "
+           "more):\n",
+           B, T, moments);
     printf("%-12s %14s %22s %14s %16s\n", "recompute", "planned peak", "params+grads+moments", "activations", "total");
     const char *modes[] = {"off", "full", "every:2", "every:4", rmode};
-    int n_modes = 4 + (strcmp(rmode, "off") && strcmp(rmode, "full") && strcmp(rmode, "every:2") && strcmp(rmode, "every:4"));
+    int n_modes =
+        4 + (strcmp(rmode, "off") && strcmp(rmode, "full") && strcmp(rmode, "every:2") && strcmp(rmode, "every:4"));
     keel_step *kept = NULL; /* the --recompute mode's step, for --run */
     int rc = 1, run_failed = 0;
     for (int mi = 0; mi < n_modes; mi++) { /* build each mode's graph; keep the one --run uses */
         bool keep = strcmp(modes[mi], rmode) == 0 && !kept;
         keel_recompute_mode rm;
         keel_recompute_parse(modes[mi], &rm);
-        keel_step_opts so = {.cfg = c, .type = KEEL_F32, .batch = B, .window = T, .backward = true, .recompute = &rm, .keep_logits = keep && dump};
+        keel_step_opts so = {.cfg = c,
+                             .type = KEEL_F32,
+                             .batch = B,
+                             .window = T,
+                             .backward = true,
+                             .recompute = &rm,
+                             .keep_logits = keep && dump};
         keel_step *st = keel_step_build(&so);
-        if (!st) { fprintf(stderr, "keel info: %s\n", keel_last_error()); goto done; }
+        if (!st) {
+            fprintf(stderr, "keel info: %s\n", keel_last_error());
+            goto done;
+        }
         keel_plan *pl = keel_plan_make(st->g, NULL);
         double planned = (double)pl->total_bytes / gib, act = (double)pl->peak_activation_bytes / gib;
-        printf("%-12s %10.2f GiB %18.2f GiB %10.2f GiB %12.2f GiB\n", modes[mi], planned, (double)pl->persistent_bytes / gib + moments, act, planned + moments);
+        printf("%-12s %10.2f GiB %18.2f GiB %10.2f GiB %12.2f GiB\n", modes[mi], planned,
+               (double)pl->persistent_bytes / gib + moments, act, planned + moments);
         keel_plan_free(pl);
-        if (keep) kept = st;
-        else keel_step_free(st);
+        if (keep)
+            kept = st;
+        else
+            keel_step_free(st);
     }
     if (run) {
         keel_backend *be = keel_backend_new("cpu", (int)threads);
@@ -208,17 +293,21 @@ int cmd_info(int argc, char **argv) {
         double secs = keel_now_s() - t0;
         float loss = NAN;
         keel_tensor_read(be, kept->out.loss, &loss, KEEL_F32);
-        printf("\nran one forward + backward on cpu (recompute %s, %lld threads): %s, loss %.4f, %.1f s, %.0f tokens/s\n", rmode, threads,
-               r ? keel_last_error() : "ok", loss, secs, (double)(B * T) / secs);
+        printf(
+            "\nran one forward + backward on cpu (recompute %s, %lld threads): %s, loss %.4f, %.1f s, %.0f tokens/s\n",
+            rmode, threads, r ? keel_last_error() : "ok", loss, secs, (double)(B * T) / secs);
         printf("process peak RSS %.2f GiB (the plan for this graph: %.2f GiB; weights as loaded: %.2f GiB)\n",
                (double)peak_rss_kib() / (1024.0 * 1024), planned, (double)n_par * 4 / gib);
         if (dump && !r) { /* input ids [B,T] and logits [B,T,V], as a transformers run would name them */
             double *lg = keel_tensor_read_f64(be, kept->out.logits), *idd = malloc((size_t)(B * T) * sizeof(double));
             for (long long i = 0; i < B * T; i++) idd[i] = iv[i];
-            keel_st_entry e[2] = {{.name = "input_ids", .type = KEEL_I32, .n_dims = 2, .shape = {B, T}, .values = idd},
-                                  {.name = "logits", .type = KEEL_F32, .n_dims = 3, .shape = {B, T, c->vocab}, .values = lg}};
-            if (!lg || keel_st_write(dump, e, 2)) fprintf(stderr, "keel info: %s\n", keel_last_error()), r = -1;
-            else printf("wrote input ids and logits to %s\n", dump);
+            keel_st_entry e[2] = {
+                {.name = "input_ids", .type = KEEL_I32, .n_dims = 2, .shape = {B, T}, .values = idd},
+                {.name = "logits", .type = KEEL_F32, .n_dims = 3, .shape = {B, T, c->vocab}, .values = lg}};
+            if (!lg || keel_st_write(dump, e, 2))
+                fprintf(stderr, "keel info: %s\n", keel_last_error()), r = -1;
+            else
+                printf("wrote input ids and logits to %s\n", dump);
             free(lg), free(idd);
         }
         run_failed = r != 0;
@@ -240,8 +329,9 @@ static void export_progress(void *ud, int done, int total) {
     if (done == total) fputc('\n', stderr);
 }
 
-#define EXPORT_USAGE "usage: keel export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR]\n" \
-                     "                        [--tokenizer FILE | --byte-vocab] [--name NAME]\n"
+#define EXPORT_USAGE                                                                                                   \
+    "usage: keel export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR]\n"                         \
+    "                        [--tokenizer FILE | --byte-vocab] [--name NAME]\n"
 
 int cmd_export(int argc, char **argv) {
     const char *fmt = NULL, *src = NULL, *out = NULL, *type = "f16", *adapter_dir = NULL;
@@ -249,38 +339,71 @@ int cmd_export(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf(EXPORT_USAGE "  write a checkpoint as a GGUF file for llama.cpp's qwen35 architecture (llama.cpp, Ollama, LM Studio)\n"
-                   "  --type       the matrices' type: f32, f16 (default), bf16, or q8_0 (llama.cpp's 8-bit blocks);\n"
-                   "               norms, biases and the DeltaNet conv stay float32\n"
-                   "  --adapter    a LoRA adapter in PEFT's format, merged into the weights first (W + alpha/r B A, float64)\n"
-                   "  --tokenizer  a tokenizer.json to embed instead of CHECKPOINT/tokenizer.json (tokenizer_config.json\n"
-                   "               beside it gives special tokens and the chat template)\n"
-                   "  --byte-vocab the model was trained on bytes (ids 0-255; automatic for a vocabulary of 256 or a\n"
-                   "               checkpoint keel train wrote from bytes): a byte-level vocabulary llama.cpp accepts\n"
-                   "  --name       general.name (default: the checkpoint folder's name)\n");
+            printf(
+                EXPORT_USAGE
+                "  write a checkpoint as a GGUF file for llama.cpp's qwen35 architecture (llama.cpp, Ollama, LM "
+                "Studio)\n"
+                "  --type       the matrices' type: f32, f16 (default), bf16, or q8_0 (llama.cpp's 8-bit blocks);\n"
+                "               norms, biases and the DeltaNet conv stay float32\n"
+                "  --adapter    a LoRA adapter in PEFT's format, merged into the weights first (W + alpha/r B A, "
+                "float64)\n"
+                "  --tokenizer  a tokenizer.json to embed instead of CHECKPOINT/tokenizer.json (tokenizer_config.json\n"
+                "               beside it gives special tokens and the chat template)\n"
+                "  --byte-vocab the model was trained on bytes (ids 0-255; automatic for a vocabulary of 256 or a\n"
+                "               checkpoint keel train wrote from bytes): a byte-level vocabulary llama.cpp accepts\n"
+                "  --name       general.name (default: the checkpoint folder's name)\n");
             return 0;
         }
-        if (strcmp(a, "--type") == 0 && v) type = v, i++;
-        else if (strcmp(a, "--tokenizer") == 0 && v) o.tokenizer = v, i++;
-        else if (strcmp(a, "--adapter") == 0 && v) adapter_dir = v, i++;
-        else if (strcmp(a, "--byte-vocab") == 0) o.byte_vocab = true;
-        else if (strcmp(a, "--name") == 0 && v) o.name = v, i++;
-        else if (a[0] != '-' && !fmt) fmt = a;
-        else if (a[0] != '-' && !src) src = a;
-        else if (a[0] != '-' && !out) out = a;
-        else { fprintf(stderr, EXPORT_USAGE "keel export: unknown or incomplete option '%s'\n", a); return 2; }
+        if (strcmp(a, "--type") == 0 && v)
+            type = v, i++;
+        else if (strcmp(a, "--tokenizer") == 0 && v)
+            o.tokenizer = v, i++;
+        else if (strcmp(a, "--adapter") == 0 && v)
+            adapter_dir = v, i++;
+        else if (strcmp(a, "--byte-vocab") == 0)
+            o.byte_vocab = true;
+        else if (strcmp(a, "--name") == 0 && v)
+            o.name = v, i++;
+        else if (a[0] != '-' && !fmt)
+            fmt = a;
+        else if (a[0] != '-' && !src)
+            src = a;
+        else if (a[0] != '-' && !out)
+            out = a;
+        else {
+            fprintf(stderr, EXPORT_USAGE "keel export: unknown or incomplete option '%s'\n", a);
+            return 2;
+        }
     }
-    if (!fmt || strcmp(fmt, "gguf")) { fprintf(stderr, EXPORT_USAGE "keel export: the format is 'gguf' (got '%s')\n", fmt ? fmt : ""); return 2; }
-    if (!src || !out) { fprintf(stderr, EXPORT_USAGE); return 2; }
-    static const struct { const char *name; keel_ggml_type t; } types[] = {
-        {"f32", KEEL_GGML_F32}, {"f16", KEEL_GGML_F16}, {"bf16", KEEL_GGML_BF16}, {"q8_0", KEEL_GGML_Q8_0}};
+    if (!fmt || strcmp(fmt, "gguf")) {
+        fprintf(stderr, EXPORT_USAGE "keel export: the format is 'gguf' (got '%s')\n", fmt ? fmt : "");
+        return 2;
+    }
+    if (!src || !out) {
+        fprintf(stderr, EXPORT_USAGE);
+        return 2;
+    }
+    static const struct {
+        const char *name;
+        keel_ggml_type t;
+    } types[] = {{"f32", KEEL_GGML_F32}, {"f16", KEEL_GGML_F16}, {"bf16", KEEL_GGML_BF16}, {"q8_0", KEEL_GGML_Q8_0}};
     int ti = -1;
-    for (int i = 0; i < 4; i++) if (strcmp(type, types[i].name) == 0) ti = i;
-    if (ti < 0) { fprintf(stderr, "keel export: --type expects f32, f16, bf16 or q8_0, got '%s'\n", type); return 2; }
-    if (o.tokenizer && o.byte_vocab) { fprintf(stderr, "keel export: --tokenizer and --byte-vocab exclude each other\n"); return 2; }
+    for (int i = 0; i < 4; i++)
+        if (strcmp(type, types[i].name) == 0) ti = i;
+    if (ti < 0) {
+        fprintf(stderr, "keel export: --type expects f32, f16, bf16 or q8_0, got '%s'\n", type);
+        return 2;
+    }
+    if (o.tokenizer && o.byte_vocab) {
+        fprintf(stderr, "keel export: --tokenizer and --byte-vocab exclude each other\n");
+        return 2;
+    }
     o.type = types[ti].t, o.progress = export_progress, o.ud = (void *)out;
     keel_checkpoint *ck = keel_checkpoint_open(src);
-    if (!ck) { fprintf(stderr, "keel export: %s\n", keel_last_error()); return 1; }
+    if (!ck) {
+        fprintf(stderr, "keel export: %s\n", keel_last_error());
+        return 1;
+    }
     if (keel_gguf_check_config(&ck->cfg)) {
         fprintf(stderr, "keel export: %s: %s\n", src, keel_last_error());
         keel_checkpoint_close(ck);
@@ -297,9 +420,12 @@ int cmd_export(int argc, char **argv) {
     int n_merged = 0;
     int rc = !L || keel_checkpoint_load(ck, L->m, be) || (ad && keel_adapter_merge(ad, L->m, be, &n_merged)) ||
              keel_gguf_export(ck, L->m, be, out, &o);
-    if (rc) fprintf(stderr, "keel export: %s\n", keel_last_error());
+    if (rc)
+        fprintf(stderr, "keel export: %s\n", keel_last_error());
     else {
-        if (ad) printf("merged %s into %d weights (rank %lld, alpha %g, scale %g)\n", adapter_dir, n_merged, (long long)ad->r, ad->alpha, ad->scale);
+        if (ad)
+            printf("merged %s into %d weights (rank %lld, alpha %g, scale %g)\n", adapter_dir, n_merged,
+                   (long long)ad->r, ad->alpha, ad->scale);
         printf("exported %s -> %s (qwen35, %s matrices, %d tensors)\n", src, out, type, L->m->n_params);
     }
     keel_adapter_close(ad);

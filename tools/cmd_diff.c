@@ -31,11 +31,16 @@ static int parse_config(const char *s, run_config *c) {
         if (!eq) return keel_fail("config '%s': '%s' is not key=value", s, kv);
         *eq = 0;
         const char *v = eq + 1;
-        if (!strcmp(kv, "recompute")) snprintf(c->recompute, sizeof c->recompute, "%s", v);
-        else if (!strcmp(kv, "backend")) snprintf(c->backend, sizeof c->backend, "%s", v);
-        else if (!strcmp(kv, "fault")) snprintf(c->fault, sizeof c->fault, "%s", v);
-        else if (!strcmp(kv, "threads")) c->threads = atoi(v);
-        else return keel_fail("config '%s': unknown key '%s' (recompute, threads, backend, fault)", s, kv);
+        if (!strcmp(kv, "recompute"))
+            snprintf(c->recompute, sizeof c->recompute, "%s", v);
+        else if (!strcmp(kv, "backend"))
+            snprintf(c->backend, sizeof c->backend, "%s", v);
+        else if (!strcmp(kv, "fault"))
+            snprintf(c->fault, sizeof c->fault, "%s", v);
+        else if (!strcmp(kv, "threads"))
+            c->threads = atoi(v);
+        else
+            return keel_fail("config '%s': unknown key '%s' (recompute, threads, backend, fault)", s, kv);
         /* recompute layers:1,3 contains a comma: take the rest of a layers: list */
         if (!strcmp(kv, "recompute") && !strncmp(v, "layers:", 7)) {
             char *rest;
@@ -87,12 +92,13 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
     if (j->model_dir) {
         ck = keel_checkpoint_open(j->model_dir);
         if (!ck) goto done;
-        keel_step_opts so = {.cfg = &ck->cfg, .type = type, .batch = 1, .window = j->T, .backward = true, .recompute = &rm};
+        keel_step_opts so = {
+            .cfg = &ck->cfg, .type = type, .batch = 1, .window = j->T, .backward = true, .recompute = &rm};
         if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_checkpoint_load(ck, st->m, be) ||
             keel_step_write_batch(st, j->ids, j->tgt))
             goto done;
         g = st->g, s = st->s; /* st's */
-    } else { /* ACC(type=f32,ne_a=[4096,17,1,1],ne_b=[4096,16,1,1]): rows 1..16 of a get b added */
+    } else {                  /* ACC(type=f32,ne_a=[4096,17,1,1],ne_b=[4096,16,1,1]): rows 1..16 of a get b added */
         keel_tensor *a = keel_set_name(keel_set_flags(keel_new_2d(ctx, type, 4096, 17), KEEL_FLAG_INPUT), "a");
         keel_tensor *b = keel_set_name(keel_set_flags(keel_new_2d(ctx, type, 4096, 16), KEEL_FLAG_INPUT), "b");
         keel_tensor *out = keel_acc(ctx, a, b, a->nb[1], a->nb[2], a->nb[3], a->nb[1], false);
@@ -106,31 +112,43 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
             st = st * 6364136223846793005ull + 1442695040888963407ull;
             double x = (double)(int)(st >> 40) / 16777216.0 - 0.5;
             float xf = (float)x;
-            if (type == KEEL_F32) memcpy(v + (size_t)i * 4, &xf, 4);
-            else memcpy(v + (size_t)i * 8, &x, 8);
+            if (type == KEEL_F32)
+                memcpy(v + (size_t)i * 4, &xf, 4);
+            else
+                memcpy(v + (size_t)i * 8, &x, 8);
         }
         int w = keel_tensor_write(be, a, v, type) || keel_tensor_write(be, b, v + 4096 * es, type);
         free(v);
         if (w) goto done;
     }
     if (keel_tracer_begin(tr, be, g) || keel_session_run(s, keel_tracer_node, tr)) goto done;
-    if (tr->flip && !tr->flipped) { keel_fail("fault flip:%s: no node of that name ran", tr->flip); goto done; }
+    if (tr->flip && !tr->flipped) {
+        keel_fail("fault flip:%s: no node of that name ran", tr->flip);
+        goto done;
+    }
     rc = 0;
 done:
-    if (st) keel_step_free(st);
-    else keel_session_free(s), keel_graph_free(g);
+    if (st)
+        keel_step_free(st);
+    else
+        keel_session_free(s), keel_graph_free(g);
     keel_checkpoint_close(ck);
     keel_ctx_free(ctx);
     keel_backend_free(be);
-    if (rc) { keel_tracer_free(tr); return NULL; }
+    if (rc) {
+        keel_tracer_free(tr);
+        return NULL;
+    }
     return tr;
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: keel diff TRACE_A TRACE_B [--tolerance NMSE]\n"
-                    "       keel diff --model DIR [--data FILE] [--tokenizer FILE] [--window T] --a CONFIG --b CONFIG [--tolerance NMSE]\n"
-                    "       keel diff --case acc --a CONFIG --b CONFIG\n"
-                    "CONFIG: comma-separated recompute=MODE, threads=N, backend=ref|cpu, fault=copy-row-limit:N|flip:NODE\n");
+    fprintf(stderr,
+            "usage: keel diff TRACE_A TRACE_B [--tolerance NMSE]\n"
+            "       keel diff --model DIR [--data FILE] [--tokenizer FILE] [--window T] --a CONFIG --b CONFIG "
+            "[--tolerance NMSE]\n"
+            "       keel diff --case acc --a CONFIG --b CONFIG\n"
+            "CONFIG: comma-separated recompute=MODE, threads=N, backend=ref|cpu, fault=copy-row-limit:N|flip:NODE\n");
     return 2;
 }
 
@@ -141,40 +159,68 @@ int cmd_diff(int argc, char **argv) {
     int nf = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--model") && v) model = v, i++;
-        else if (!strcmp(a, "--data") && v) data = v, i++;
-        else if (!strcmp(a, "--tokenizer") && v) tok = v, i++;
-        else if (!strcmp(a, "--case") && v) kase = v, i++;
-        else if (!strcmp(a, "--a") && v) ca = v, i++;
-        else if (!strcmp(a, "--b") && v) cb = v, i++;
-        else if (!strcmp(a, "--tolerance") && v) tol = atof(v), i++;
-        else if (!strcmp(a, "--window")) { if ((T = cli_int(a, v, 2)) < 0) return 2; i++; }
-        else if (!strcmp(a, "--trace-max-bytes")) { if ((max_bytes = cli_int(a, v, 0)) < 0) return 2; i++; }
-        else if (a[0] != '-' && nf < 2) files[nf++] = a;
-        else { fprintf(stderr, "keel diff: unknown or incomplete option '%s'\n", a); return usage(); }
+        if (!strcmp(a, "--model") && v)
+            model = v, i++;
+        else if (!strcmp(a, "--data") && v)
+            data = v, i++;
+        else if (!strcmp(a, "--tokenizer") && v)
+            tok = v, i++;
+        else if (!strcmp(a, "--case") && v)
+            kase = v, i++;
+        else if (!strcmp(a, "--a") && v)
+            ca = v, i++;
+        else if (!strcmp(a, "--b") && v)
+            cb = v, i++;
+        else if (!strcmp(a, "--tolerance") && v)
+            tol = atof(v), i++;
+        else if (!strcmp(a, "--window")) {
+            if ((T = cli_int(a, v, 2)) < 0) return 2;
+            i++;
+        } else if (!strcmp(a, "--trace-max-bytes")) {
+            if ((max_bytes = cli_int(a, v, 0)) < 0) return 2;
+            i++;
+        } else if (a[0] != '-' && nf < 2)
+            files[nf++] = a;
+        else {
+            fprintf(stderr, "keel diff: unknown or incomplete option '%s'\n", a);
+            return usage();
+        }
     }
     if (nf == 2) {
         keel_tracer *ta = keel_trace_read(files[0]), *tb = ta ? keel_trace_read(files[1]) : NULL;
-        if (!ta || !tb) { fprintf(stderr, "keel diff: %s\n", keel_last_error()); keel_tracer_free(ta); return 2; }
+        if (!ta || !tb) {
+            fprintf(stderr, "keel diff: %s\n", keel_last_error());
+            keel_tracer_free(ta);
+            return 2;
+        }
         int r = keel_trace_diff(ta, tb, tol, stdout);
         keel_tracer_free(ta), keel_tracer_free(tb);
         return r;
     }
     if (nf || (!model && !kase) || (kase && strcmp(kase, "acc")) || !ca || !cb) return usage();
     run_config A, B;
-    if (parse_config(ca, &A) || parse_config(cb, &B)) { fprintf(stderr, "keel diff: %s\n", keel_last_error()); return 2; }
+    if (parse_config(ca, &A) || parse_config(cb, &B)) {
+        fprintf(stderr, "keel diff: %s\n", keel_last_error());
+        return 2;
+    }
     job j = {.model_dir = model, .T = T, .max_bytes = (size_t)max_bytes};
     int32_t *ids = NULL, *tgt = NULL;
     if (model) { /* one window of the data: its tokens (or bytes) and the next ones */
         keel_qwen35_config cfg;
         bool mm;
-        if (keel_hf_config_read(model, &cfg, &mm)) { fprintf(stderr, "keel diff: %s\n", keel_last_error()); return 2; }
+        if (keel_hf_config_read(model, &cfg, &mm)) {
+            fprintf(stderr, "keel diff: %s\n", keel_last_error());
+            return 2;
+        }
         ids = malloc((size_t)T * 4), tgt = malloc((size_t)T * 4);
         unsigned char *text = NULL;
         size_t n = 0;
         if (data) {
             FILE *f = fopen(data, "rb");
-            if (!f) { fprintf(stderr, "keel diff: cannot read %s\n", data); return 2; }
+            if (!f) {
+                fprintf(stderr, "keel diff: cannot read %s\n", data);
+                return 2;
+            }
             text = malloc(1 << 20);
             n = fread(text, 1, 1 << 20, f);
             fclose(f);
@@ -183,20 +229,30 @@ int cmd_diff(int argc, char **argv) {
         size_t nt = 0;
         if (tok && data) {
             keel_tokenizer *t = keel_tokenizer_load(tok);
-            if (!t || keel_tokenizer_encode(t, (char *)text, n, &tk, &nt)) { fprintf(stderr, "keel diff: %s\n", keel_last_error()); return 2; }
+            if (!t || keel_tokenizer_encode(t, (char *)text, n, &tk, &nt)) {
+                fprintf(stderr, "keel diff: %s\n", keel_last_error());
+                return 2;
+            }
             keel_tokenizer_free(t);
         }
         for (long long i = 0; i < T; i++) {
             int64_t at = i, next = i + 1;
             int32_t x = nt > (size_t)next ? tk[at] : n > (size_t)next ? text[at] : (int32_t)((at * 7919) % cfg.vocab);
-            int32_t y = nt > (size_t)next ? tk[next] : n > (size_t)next ? text[next] : (int32_t)((next * 7919) % cfg.vocab);
+            int32_t y = nt > (size_t)next  ? tk[next]
+                        : n > (size_t)next ? text[next]
+                                           : (int32_t)((next * 7919) % cfg.vocab);
             ids[i] = (int32_t)(x % cfg.vocab), tgt[i] = (int32_t)(y % cfg.vocab);
         }
         free(text), free(tk);
         j.ids = ids, j.tgt = tgt;
     }
     keel_tracer *ta = run_one(&j, &A), *tb = ta ? run_one(&j, &B) : NULL;
-    if (!ta || !tb) { fprintf(stderr, "keel diff: %s\n", keel_last_error()); keel_tracer_free(ta); free(ids), free(tgt); return 2; }
+    if (!ta || !tb) {
+        fprintf(stderr, "keel diff: %s\n", keel_last_error());
+        keel_tracer_free(ta);
+        free(ids), free(tgt);
+        return 2;
+    }
     printf("A: %s (%lld nodes traced)\nB: %s (%lld nodes traced)\n", ca, (long long)ta->n, cb, (long long)tb->n);
     int r = keel_trace_diff(ta, tb, tol, stdout);
     keel_tracer_free(ta), keel_tracer_free(tb);

@@ -17,18 +17,41 @@ int cmd_eval(int argc, char **argv) {
     long long T = 128, B = 8, threads = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--model") && v) model = v, i++;
-        else if (!strcmp(a, "--tokenizer") && v) tokp = v, i++;
-        else if (!strcmp(a, "--backend") && v) backend = v, i++;
-        else if (!strcmp(a, "--data")) { while (i + 1 < argc && argv[i + 1][0] != '-' && n_data < 64) data[n_data++] = argv[++i]; }
-        else if (!strcmp(a, "--window")) { if ((T = cli_int(a, v, 1)) < 0) return 2; i++; }
-        else if (!strcmp(a, "--batch")) { if ((B = cli_int(a, v, 1)) < 0) return 2; i++; }
-        else if (!strcmp(a, "--threads")) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
-        else { fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads N]\nkeel eval: unknown or incomplete option '%s'\n", a); return 2; }
+        if (!strcmp(a, "--model") && v)
+            model = v, i++;
+        else if (!strcmp(a, "--tokenizer") && v)
+            tokp = v, i++;
+        else if (!strcmp(a, "--backend") && v)
+            backend = v, i++;
+        else if (!strcmp(a, "--data")) {
+            while (i + 1 < argc && argv[i + 1][0] != '-' && n_data < 64) data[n_data++] = argv[++i];
+        } else if (!strcmp(a, "--window")) {
+            if ((T = cli_int(a, v, 1)) < 0) return 2;
+            i++;
+        } else if (!strcmp(a, "--batch")) {
+            if ((B = cli_int(a, v, 1)) < 0) return 2;
+            i++;
+        } else if (!strcmp(a, "--threads")) {
+            if ((threads = cli_int(a, v, 1)) < 0) return 2;
+            i++;
+        } else {
+            fprintf(stderr,
+                    "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] "
+                    "[--backend cpu|cuda|ref] [--threads N]\nkeel eval: unknown or incomplete option '%s'\n",
+                    a);
+            return 2;
+        }
     }
-    if (!model || !n_data) { fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads N]\n"); return 2; }
+    if (!model || !n_data) {
+        fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] "
+                        "[--backend cpu|cuda|ref] [--threads N]\n");
+        return 2;
+    }
     keel_checkpoint *ck = keel_checkpoint_open(model);
-    if (!ck) { fprintf(stderr, "keel eval: %s\n", keel_last_error()); return 1; }
+    if (!ck) {
+        fprintf(stderr, "keel eval: %s\n", keel_last_error());
+        return 1;
+    }
     bool tok_failed;
     keel_tokenizer *tok = keel_tokenizer_for(tokp, model, &tok_failed);
     keel_dataset d = {0};
@@ -36,9 +59,15 @@ int cmd_eval(int argc, char **argv) {
     keel_backend *be = keel_backend_new(backend, (int)threads);
     keel_step *st = NULL;
     if (!be || tok_failed || keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL)) goto done;
-    if (tok && keel_tokenizer_vocab_size(tok) > ck->cfg.vocab) { keel_fail("the tokenizer has more tokens than the model's vocabulary"); goto done; }
+    if (tok && keel_tokenizer_vocab_size(tok) > ck->cfg.vocab) {
+        keel_fail("the tokenizer has more tokens than the model's vocabulary");
+        goto done;
+    }
     int64_t W = keel_dataset_windows(&d, T);
-    if (W < 1) { keel_fail("--window %lld is longer than the data (%lld tokens)", T, (long long)d.n_train); goto done; }
+    if (W < 1) {
+        keel_fail("--window %lld is longer than the data (%lld tokens)", T, (long long)d.n_train);
+        goto done;
+    }
     if (B > W) B = W;
     keel_step_opts so = {.cfg = &ck->cfg, .type = KEEL_F32, .batch = B, .window = T};
     if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_checkpoint_load(ck, st->m, be)) goto done;
@@ -46,14 +75,17 @@ int cmd_eval(int argc, char **argv) {
     double sum = 0;
     int64_t nb = 0;
     for (int64_t w = 0; w + B <= W; w += B, nb++) { /* every whole batch of consecutive windows */
-        for (int64_t b = 0; b < B; b++) memcpy(iv + b * T, d.train + (w + b) * T, (size_t)T * 4), memcpy(tv + b * T, d.train + (w + b) * T + 1, (size_t)T * 4);
+        for (int64_t b = 0; b < B; b++)
+            memcpy(iv + b * T, d.train + (w + b) * T, (size_t)T * 4),
+                memcpy(tv + b * T, d.train + (w + b) * T + 1, (size_t)T * 4);
         float l;
         if (keel_step_run(st, iv, tv, NULL, NULL) || keel_tensor_read(be, st->out.loss, &l, KEEL_F32)) break;
         sum += l;
     }
     free(iv), free(tv);
     if (nb) {
-        printf("%s on %lld windows of %lld tokens (%lld tokens): loss %.4f, perplexity %.2f\n", model, (long long)(nb * B), T, (long long)(nb * B * T), sum / (double)nb, exp(sum / (double)nb));
+        printf("%s on %lld windows of %lld tokens (%lld tokens): loss %.4f, perplexity %.2f\n", model,
+               (long long)(nb * B), T, (long long)(nb * B * T), sum / (double)nb, exp(sum / (double)nb));
         rc = 0;
     }
 done:

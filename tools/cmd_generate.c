@@ -18,7 +18,10 @@
 #include "train/step.h"
 #include "util/error.h"
 
-typedef struct { double p; int32_t id; } cand;
+typedef struct {
+    double p;
+    int32_t id;
+} cand;
 static int by_p(const void *a, const void *b) {
     double x = ((const cand *)a)->p, y = ((const cand *)b)->p;
     return (x < y) - (x > y);
@@ -28,7 +31,8 @@ typedef struct {
     keel_ctx *ctx;
     keel_qwen35 *m;
     keel_backend *be;
-    float *k[KEEL_QWEN35_MAX_LAYERS], *v[KEEL_QWEN35_MAX_LAYERS], *S[KEEL_QWEN35_MAX_LAYERS], *conv[KEEL_QWEN35_MAX_LAYERS];
+    float *k[KEEL_QWEN35_MAX_LAYERS], *v[KEEL_QWEN35_MAX_LAYERS], *S[KEEL_QWEN35_MAX_LAYERS],
+        *conv[KEEL_QWEN35_MAX_LAYERS];
     int64_t seen; /* tokens in the caches */
 } decoder;
 
@@ -45,7 +49,9 @@ static int run_tokens(decoder *d, const int32_t *ids, int64_t n, float *last_log
     keel_tensor *tp = keel_set_flags(keel_new_1d(d->ctx, KEEL_I32, n), KEEL_FLAG_INPUT);
     for (int i = 0; i < c->layers; i++) {
         if (c->full_attention[i]) {
-            if (d->seen) in.k[i] = leaf(d->ctx, c->head_dim, c->kv_heads, d->seen, 1), in.v[i] = leaf(d->ctx, c->head_dim, c->kv_heads, d->seen, 1);
+            if (d->seen)
+                in.k[i] = leaf(d->ctx, c->head_dim, c->kv_heads, d->seen, 1),
+                in.v[i] = leaf(d->ctx, c->head_dim, c->kv_heads, d->seen, 1);
         } else {
             in.S[i] = leaf(d->ctx, c->lv_dim, c->lk_dim, c->lv_heads, 1);
             in.conv[i] = leaf(d->ctx, C, K - 1, 1, 1);
@@ -58,7 +64,8 @@ static int run_tokens(decoder *d, const int32_t *ids, int64_t n, float *last_log
     outs[no++] = logits;
     for (int i = 0; i < c->layers; i++) {
         keel_tensor *x[4] = {out.k[i], out.v[i], out.S[i], out.conv[i]};
-        for (int j = 0; j < 4; j++) if (x[j]) outs[no++] = x[j];
+        for (int j = 0; j < 4; j++)
+            if (x[j]) outs[no++] = x[j];
     }
     keel_graph *g = keel_graph_build(d->ctx, outs, no);
     keel_session *s = g ? keel_session_new(d->be, g, NULL) : NULL;
@@ -70,12 +77,18 @@ static int run_tokens(decoder *d, const int32_t *ids, int64_t n, float *last_log
     free(pv);
     for (int i = 0; i < c->layers && !rc; i++) {
         if (c->full_attention[i]) {
-            if (d->seen) rc = keel_tensor_write(d->be, in.k[i], d->k[i], KEEL_F32) || keel_tensor_write(d->be, in.v[i], d->v[i], KEEL_F32);
+            if (d->seen)
+                rc = keel_tensor_write(d->be, in.k[i], d->k[i], KEEL_F32) ||
+                     keel_tensor_write(d->be, in.v[i], d->v[i], KEEL_F32);
         } else {
-            rc = keel_tensor_write(d->be, in.S[i], d->S[i], KEEL_F32) || keel_tensor_write(d->be, in.conv[i], d->conv[i], KEEL_F32);
+            rc = keel_tensor_write(d->be, in.S[i], d->S[i], KEEL_F32) ||
+                 keel_tensor_write(d->be, in.conv[i], d->conv[i], KEEL_F32);
         }
     }
-    if (rc || keel_session_run(s, NULL, NULL)) { rc = -1; goto done; }
+    if (rc || keel_session_run(s, NULL, NULL)) {
+        rc = -1;
+        goto done;
+    }
     float *all = malloc((size_t)keel_nelements(logits) * sizeof *all);
     rc = keel_tensor_read(d->be, logits, all, KEEL_F32);
     memcpy(last_logits, all + (n - 1) * c->vocab, (size_t)c->vocab * sizeof *all);
@@ -99,7 +112,8 @@ done:
 static int32_t pick(const float *lg, int64_t V, double temp, double top_p, uint64_t *r, cand *c) {
     int32_t next = 0;
     if (temp == 0) {
-        for (int64_t k = 1; k < V; k++) if (lg[k] > lg[next]) next = (int32_t)k;
+        for (int64_t k = 1; k < V; k++)
+            if (lg[k] > lg[next]) next = (int32_t)k;
         return next;
     }
     double mx = -INFINITY, z = 0, cum = 0;
@@ -111,7 +125,11 @@ static int32_t pick(const float *lg, int64_t V, double temp, double top_p, uint6
     *r ^= *r << 13, *r ^= *r >> 7, *r ^= *r << 17;
     double u = (double)(*r >> 11) / 9007199254740992.0 * cum;
     next = c[keep - 1].id;
-    for (int64_t k = 0; k < keep; k++) if ((u -= c[k].p) <= 0) { next = c[k].id; break; }
+    for (int64_t k = 0; k < keep; k++)
+        if ((u -= c[k].p) <= 0) {
+            next = c[k].id;
+            break;
+        }
     return next;
 }
 
@@ -126,7 +144,8 @@ static float *full_logits(decoder *d, const int32_t *ids, int64_t T) {
     float *lg = NULL;
     int32_t *pv = malloc((size_t)T * sizeof *pv);
     for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
-    if (s && !keel_tensor_write(d->be, ti, ids, KEEL_I32) && !keel_tensor_write(d->be, tp, pv, KEEL_I32) && !keel_session_run(s, NULL, NULL)) {
+    if (s && !keel_tensor_write(d->be, ti, ids, KEEL_I32) && !keel_tensor_write(d->be, tp, pv, KEEL_I32) &&
+        !keel_session_run(s, NULL, NULL)) {
         lg = malloc((size_t)keel_nelements(out.logits) * sizeof *lg);
         if (keel_tensor_read(d->be, out.logits, lg, KEEL_F32)) free(lg), lg = NULL;
     }
@@ -164,8 +183,14 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n) {
 static int dump_logits(decoder *d, const int32_t *ids, int64_t T, const char *path) {
     float *lg = full_logits(d, ids, T);
     if (!lg) return -1;
-    keel_st_entry e[2] = {{.name = "input_ids", .type = KEEL_I32, .n_dims = 1, .shape = {T}, .raw = ids, .raw_dtype = "I32"},
-                          {.name = "logits", .type = KEEL_F32, .n_dims = 2, .shape = {T, d->m->cfg.vocab}, .raw = lg, .raw_dtype = "F32"}};
+    keel_st_entry e[2] = {
+        {.name = "input_ids", .type = KEEL_I32, .n_dims = 1, .shape = {T}, .raw = ids, .raw_dtype = "I32"},
+        {.name = "logits",
+         .type = KEEL_F32,
+         .n_dims = 2,
+         .shape = {T, d->m->cfg.vocab},
+         .raw = lg,
+         .raw_dtype = "F32"}};
     int rc = keel_st_write(path, e, 2);
     free(lg);
     return rc;
@@ -179,33 +204,62 @@ int cmd_generate(int argc, char **argv) {
     bool verify = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--model") && v) model = v, i++;
-        else if (!strcmp(a, "--tokenizer") && v) tokp = v, i++;
-        else if (!strcmp(a, "--prompt") && v) prompt = v, i++;
-        else if (!strcmp(a, "--backend") && v) backend = v, i++;
-        else if (!strcmp(a, "--max-tokens")) { if ((max_tokens = cli_int(a, v, 1)) < 0) return 2; i++; }
-        else if (!strcmp(a, "--seed")) { if ((seed = cli_int(a, v, 0)) < 0) return 2; i++; }
-        else if (!strcmp(a, "--threads")) { if ((threads = cli_int(a, v, 1)) < 0) return 2; i++; }
-        else if (!strcmp(a, "--temperature") && v) temp = atof(v), i++;
-        else if (!strcmp(a, "--top-p") && v) top_p = atof(v), i++;
-        else if (!strcmp(a, "--verify")) verify = true;
-        else if (!strcmp(a, "--prompt-ids") && v) prompt_ids = v, i++;
-        else if (!strcmp(a, "--print-ids")) print_ids = true;
-        else if (!strcmp(a, "--dump-logits") && v) dump = v, i++;
+        if (!strcmp(a, "--model") && v)
+            model = v, i++;
+        else if (!strcmp(a, "--tokenizer") && v)
+            tokp = v, i++;
+        else if (!strcmp(a, "--prompt") && v)
+            prompt = v, i++;
+        else if (!strcmp(a, "--backend") && v)
+            backend = v, i++;
+        else if (!strcmp(a, "--max-tokens")) {
+            if ((max_tokens = cli_int(a, v, 1)) < 0) return 2;
+            i++;
+        } else if (!strcmp(a, "--seed")) {
+            if ((seed = cli_int(a, v, 0)) < 0) return 2;
+            i++;
+        } else if (!strcmp(a, "--threads")) {
+            if ((threads = cli_int(a, v, 1)) < 0) return 2;
+            i++;
+        } else if (!strcmp(a, "--temperature") && v)
+            temp = atof(v), i++;
+        else if (!strcmp(a, "--top-p") && v)
+            top_p = atof(v), i++;
+        else if (!strcmp(a, "--verify"))
+            verify = true;
+        else if (!strcmp(a, "--prompt-ids") && v)
+            prompt_ids = v, i++;
+        else if (!strcmp(a, "--print-ids"))
+            print_ids = true;
+        else if (!strcmp(a, "--dump-logits") && v)
+            dump = v, i++;
         else {
-            fprintf(stderr, "usage: keel generate --model DIR --prompt TEXT [--max-tokens N] [--temperature X] [--top-p P] [--seed N]\n"
-                            "                     [--tokenizer FILE] [--backend cpu|cuda|ref] [--threads N] [--verify]\n"
-                            "                     [--prompt-ids N,N,...] [--print-ids] [--dump-logits FILE.safetensors]\n"
-                            "keel generate: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr,
+                    "usage: keel generate --model DIR --prompt TEXT [--max-tokens N] [--temperature X] [--top-p P] "
+                    "[--seed N]\n"
+                    "                     [--tokenizer FILE] [--backend cpu|cuda|ref] [--threads N] [--verify]\n"
+                    "                     [--prompt-ids N,N,...] [--print-ids] [--dump-logits FILE.safetensors]\n"
+                    "keel generate: unknown or incomplete option '%s'\n",
+                    a);
             return 2;
         }
     }
-    if (!model || temp < 0 || top_p <= 0 || top_p > 1) { fprintf(stderr, "keel generate: --model DIR is required; --temperature >= 0; 0 < --top-p <= 1\n"); return 2; }
+    if (!model || temp < 0 || top_p <= 0 || top_p > 1) {
+        fprintf(stderr, "keel generate: --model DIR is required; --temperature >= 0; 0 < --top-p <= 1\n");
+        return 2;
+    }
     keel_checkpoint *ck = keel_checkpoint_open(model);
-    if (!ck) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); return 1; }
+    if (!ck) {
+        fprintf(stderr, "keel generate: %s\n", keel_last_error());
+        return 1;
+    }
     bool tok_failed;
     keel_tokenizer *tok = keel_tokenizer_for(tokp, model, &tok_failed);
-    if (tok_failed) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); keel_checkpoint_close(ck); return 1; }
+    if (tok_failed) {
+        fprintf(stderr, "keel generate: %s\n", keel_last_error());
+        keel_checkpoint_close(ck);
+        return 1;
+    }
     int32_t *pids = NULL;
     size_t np = 0;
     if (prompt_ids) {
@@ -216,26 +270,39 @@ int cmd_generate(int argc, char **argv) {
             return 2;
         }
     } else if (tok) {
-        if (keel_tokenizer_encode(tok, prompt, strlen(prompt), &pids, &np)) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); return 1; }
+        if (keel_tokenizer_encode(tok, prompt, strlen(prompt), &pids, &np)) {
+            fprintf(stderr, "keel generate: %s\n", keel_last_error());
+            return 1;
+        }
     } else {
         np = strlen(prompt);
         pids = malloc((np + 1) * sizeof *pids);
         for (size_t i = 0; i < np; i++) pids[i] = (unsigned char)prompt[i];
     }
-    if (np == 0) { pids = realloc(pids, sizeof *pids), pids[0] = tok ? keel_tokenizer_added_id(tok, "<|endoftext|>") : 0, np = 1; }
+    if (np == 0) {
+        pids = realloc(pids, sizeof *pids), pids[0] = tok ? keel_tokenizer_added_id(tok, "<|endoftext|>") : 0, np = 1;
+    }
     int64_t V = ck->cfg.vocab, T = (int64_t)np + max_tokens;
     for (size_t i = 0; i < np; i++)
-        if (pids[i] < 0 || pids[i] >= V) { fprintf(stderr, "keel generate: prompt token %d is outside the model's vocabulary %lld\n", pids[i], (long long)V); return 1; }
+        if (pids[i] < 0 || pids[i] >= V) {
+            fprintf(stderr, "keel generate: prompt token %d is outside the model's vocabulary %lld\n", pids[i],
+                    (long long)V);
+            return 1;
+        }
     decoder d = {.be = keel_backend_new(backend, (int)threads)};
     keel_step_opts wo = {.cfg = &ck->cfg, .type = KEEL_F32, .weights_only = true};
-    keel_step *ws = d.be ? keel_step_build(&wo) : NULL; /* the weights, placed once; decoding graphs share its context */
+    keel_step *ws =
+        d.be ? keel_step_build(&wo) : NULL; /* the weights, placed once; decoding graphs share its context */
     if (ws && keel_step_place(ws, d.be)) keel_step_free(ws), ws = NULL;
     if (ws) d.ctx = ws->ctx, d.m = ws->m;
     int rc = 1;
     int32_t *seq = calloc((size_t)T, sizeof *seq);
     float *lg = malloc((size_t)V * sizeof *lg), *lg_all = malloc((size_t)(V * T) * sizeof *lg_all);
     cand *c = malloc((size_t)V * sizeof *c);
-    if (!ws || keel_checkpoint_load(ck, d.m, d.be)) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); goto done; }
+    if (!ws || keel_checkpoint_load(ck, d.m, d.be)) {
+        fprintf(stderr, "keel generate: %s\n", keel_last_error());
+        goto done;
+    }
     for (int i = 0; i < d.m->n_params; i++) d.m->params[i]->flags |= KEEL_FLAG_BOUND;
     const keel_qwen35_config *cf = &ck->cfg;
     int64_t C = 2 * cf->lk_heads * cf->lk_dim + cf->lv_heads * cf->lv_dim;
@@ -247,19 +314,31 @@ int cmd_generate(int argc, char **argv) {
     memcpy(seq, pids, np * sizeof *seq);
     uint64_t r = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
     int64_t len = (int64_t)np;
-    if (run_tokens(&d, seq, len, lg)) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); goto done; }
+    if (run_tokens(&d, seq, len, lg)) {
+        fprintf(stderr, "keel generate: %s\n", keel_last_error());
+        goto done;
+    }
     while (len < T) {
         memcpy(lg_all + len * V, lg, (size_t)V * sizeof *lg); /* the logits that chose token len */
         seq[len] = pick(lg, V, temp, top_p, &r, c);
         len++;
-        if (len < T && run_tokens(&d, &seq[len - 1], 1, lg)) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); goto done; }
+        if (len < T && run_tokens(&d, &seq[len - 1], 1, lg)) {
+            fprintf(stderr, "keel generate: %s\n", keel_last_error());
+            goto done;
+        }
     }
-    if (dump && dump_logits(&d, pids, (int64_t)np, dump)) { fprintf(stderr, "keel generate: %s\n", keel_last_error()); goto done; }
+    if (dump && dump_logits(&d, pids, (int64_t)np, dump)) {
+        fprintf(stderr, "keel generate: %s\n", keel_last_error());
+        goto done;
+    }
     char *text = NULL;
     size_t tl = 0;
-    if (print_ids) for (int64_t i = 0; i < len; i++) printf("%d%c", seq[i], i + 1 < len ? ',' : '\n');
-    else if (tok && keel_tokenizer_decode(tok, seq, (size_t)len, &text, &tl) == 0) fwrite(text, 1, tl, stdout);
-    else for (int64_t i = 0; i < len; i++) putchar(seq[i] >= 32 && seq[i] < 127 ? seq[i] : seq[i] == '\n' ? '\n' : '?');
+    if (print_ids)
+        for (int64_t i = 0; i < len; i++) printf("%d%c", seq[i], i + 1 < len ? ',' : '\n');
+    else if (tok && keel_tokenizer_decode(tok, seq, (size_t)len, &text, &tl) == 0)
+        fwrite(text, 1, tl, stdout);
+    else
+        for (int64_t i = 0; i < len; i++) putchar(seq[i] >= 32 && seq[i] < 127 ? seq[i] : seq[i] == '\n' ? '\n' : '?');
     if (!print_ids) putchar('\n');
     free(text);
     rc = 0;
@@ -280,7 +359,8 @@ int cmd_generate(int argc, char **argv) {
             differ += ia != ib;
         }
         printf("verify: incremental vs full forward over %lld generated positions: worst relative logits error %.2e, "
-               "%lld positions whose top token differs\n", (long long)(T - (int64_t)np), worst, (long long)differ);
+               "%lld positions whose top token differs\n",
+               (long long)(T - (int64_t)np), worst, (long long)differ);
         if (!full || worst > 1e-5 || differ) rc = 1;
         free(full);
     }

@@ -43,9 +43,22 @@ int cmd_test_model(int argc, char **argv) {
         fprintf(stderr, "keel test-model: unknown option '%s'\n", argv[i]);
         return 2;
     }
-    keel_qwen35_config c = {.vocab = 37, .hidden = 16, .layers = 2, .ffn = 24, .heads = 4, .kv_heads = 2, .head_dim = 8,
-                            .lk_heads = 2, .lv_heads = 4, .lk_dim = 4, .lv_dim = 6, .conv_kernel = 4,
-                            .rope_theta = 10000.0, .partial_rotary = 0.5, .rms_eps = 1e-6, .tied = true};
+    keel_qwen35_config c = {.vocab = 37,
+                            .hidden = 16,
+                            .layers = 2,
+                            .ffn = 24,
+                            .heads = 4,
+                            .kv_heads = 2,
+                            .head_dim = 8,
+                            .lk_heads = 2,
+                            .lv_heads = 4,
+                            .lk_dim = 4,
+                            .lv_dim = 6,
+                            .conv_kernel = 4,
+                            .rope_theta = 10000.0,
+                            .partial_rotary = 0.5,
+                            .rms_eps = 1e-6,
+                            .tied = true};
     c.full_attention[1] = 1; /* layer 0: Gated DeltaNet, layer 1: gated attention */
     const int64_t T = 7, B = 2;
     int32_t ids[T * B], tgt[T * B];
@@ -66,8 +79,10 @@ int cmd_test_model(int argc, char **argv) {
     for (int i = 0; i < R->m->n_params; i++) {
         const char *nm = R->m->params[i]->name;
         for (int64_t j = 0; j < keel_nelements(R->m->params[i]); j++) {
-            if (strstr(nm, "proj") || strstr(nm, "embed")) vals[i][j] *= 15.0;
-            else if (strstr(nm, "norm") && !strstr(nm, "linear_attn.norm")) vals[i][j] = 0.1 * sin(1.0 + (double)j + i);
+            if (strstr(nm, "proj") || strstr(nm, "embed"))
+                vals[i][j] *= 15.0;
+            else if (strstr(nm, "norm") && !strstr(nm, "linear_attn.norm"))
+                vals[i][j] = 0.1 * sin(1.0 + (double)j + i);
         }
     }
     for (int i = 0; i < R->m->n_params; i++) /* the cpu model runs in f32: give both the same values */
@@ -104,7 +119,8 @@ int cmd_test_model(int argc, char **argv) {
         int m = 0;
         idx[m++] = 0, idx[m++] = p->ne[0] - 1, idx[m++] = n - 1;
         uint64_t s2 = 99 + (uint64_t)i;
-        while (m < FD_PER_PARAM && m < n) idx[m++] = (int64_t)(((s2 = s2 * 6364136223846793005ull + 1) >> 33) % (uint64_t)n);
+        while (m < FD_PER_PARAM && m < n)
+            idx[m++] = (int64_t)(((s2 = s2 * 6364136223846793005ull + 1) >> 33) % (uint64_t)n);
         double worst = 0;
         static const double off[4] = {-2, -1, 1, 2}, wt[4] = {1, -8, 8, -1};
         for (int k = 0; k < m; k++) {
@@ -124,7 +140,8 @@ int cmd_test_model(int argc, char **argv) {
             worst = fmax(worst, e);
         }
         double num = 0, den = 0;
-        for (int64_t j = 0; j < n; j++) num += (gc[i][j] - ga[i][j]) * (gc[i][j] - ga[i][j]), den += ga[i][j] * ga[i][j];
+        for (int64_t j = 0; j < n; j++)
+            num += (gc[i][j] - ga[i][j]) * (gc[i][j] - ga[i][j]), den += ga[i][j] * ga[i][j];
         double e_cpu = den > 0 ? num / den : num;
         bool ok = worst <= 1e-6 && e_cpu <= 1e-7;
         if (!ok) fails++;

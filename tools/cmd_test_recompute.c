@@ -41,7 +41,8 @@ static uint64_t hash_tensor(uint64_t h, keel_backend *be, const keel_tensor *t) 
     return h;
 }
 
-static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, const char *mode, int threads, outcome *o) {
+static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, const char *mode, int threads,
+                    outcome *o) {
     memset(o, 0, sizeof *o);
     keel_recompute_mode rm;
     if (keel_recompute_parse(mode, &rm)) return -1;
@@ -89,23 +90,39 @@ done:
     return rc;
 }
 
-static int check_model(const char *what, const keel_qwen35_config *cfg, const keel_checkpoint *ck, int *pass, int *fail) {
-    static const struct { const char *mode; int threads; } runs[] = {
+static int check_model(const char *what, const keel_qwen35_config *cfg, const keel_checkpoint *ck, int *pass,
+                       int *fail) {
+    static const struct {
+        const char *mode;
+        int threads;
+    } runs[] = {
         {"off", 2}, {"full", 2}, {"every:2", 2}, {"layers:1,3", 2}, {"off", 1}, {"full", 1},
     };
     outcome base, o;
-    printf("%s\n%-12s %7s %12s %12s %7s  %s\n", what, "mode", "threads", "planned", "activations", "clones", "loss, gradients (3 steps), parameters vs off");
+    printf("%s\n%-12s %7s %12s %12s %7s  %s\n", what, "mode", "threads", "planned", "activations", "clones",
+           "loss, gradients (3 steps), parameters vs off");
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         outcome *x = r == 0 ? &base : &o;
-        if (run_mode(cfg, ck, runs[r].mode, runs[r].threads, x)) { (*fail)++; continue; }
+        if (run_mode(cfg, ck, runs[r].mode, runs[r].threads, x)) {
+            (*fail)++;
+            continue;
+        }
         bool same = true;
         for (int k = 0; k < STEPS; k++) same = same && x->loss[k] == base.loss[k] && x->grads[k] == base.grads[k];
         same = same && x->params == base.params;
         bool rewrote = strcmp(runs[r].mode, "off") == 0 || x->clones > 0;
-        printf("%-12s %7d %9.2f MiB %9.2f MiB %7lld  %s\n", runs[r].mode, runs[r].threads, (double)x->planned / 1048576.0,
-               (double)x->activations / 1048576.0, (long long)x->clones,
-               r == 0 ? "(the reference)" : same && rewrote ? "bitwise identical" : !rewrote ? "NOT REWRITTEN" : "DIFFERENT");
-        if (r > 0) { if (same && rewrote) (*pass)++; else (*fail)++; }
+        printf("%-12s %7d %9.2f MiB %9.2f MiB %7lld  %s\n", runs[r].mode, runs[r].threads,
+               (double)x->planned / 1048576.0, (double)x->activations / 1048576.0, (long long)x->clones,
+               r == 0            ? "(the reference)"
+               : same && rewrote ? "bitwise identical"
+               : !rewrote        ? "NOT REWRITTEN"
+                                 : "DIFFERENT");
+        if (r > 0) {
+            if (same && rewrote)
+                (*pass)++;
+            else
+                (*fail)++;
+        }
     }
     return 0;
 }
@@ -113,23 +130,45 @@ static int check_model(const char *what, const keel_qwen35_config *cfg, const ke
 int cmd_test_recompute(int argc, char **argv) {
     const char *fixture = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--fixture") == 0 && i + 1 < argc) fixture = argv[++i];
-        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) backend_name = argv[++i];
-        else { fprintf(stderr, "usage: keel test-recompute [--fixture CHECKPOINT_DIR] [--backend cpu|cuda|ref]\n"); return 2; }
+        if (strcmp(argv[i], "--fixture") == 0 && i + 1 < argc)
+            fixture = argv[++i];
+        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            backend_name = argv[++i];
+        else {
+            fprintf(stderr, "usage: keel test-recompute [--fixture CHECKPOINT_DIR] [--backend cpu|cuda|ref]\n");
+            return 2;
+        }
     }
     int pass = 0, fail = 0;
     printf("backend %s\n", backend_name);
     if (fixture) {
         keel_checkpoint *ck = keel_checkpoint_open(fixture);
-        if (!ck) { fprintf(stderr, "keel test-recompute: %s\n", keel_last_error()); return 2; }
+        if (!ck) {
+            fprintf(stderr, "keel test-recompute: %s\n", keel_last_error());
+            return 2;
+        }
         check_model(fixture, &ck->cfg, ck, &pass, &fail);
         keel_checkpoint_close(ck);
     }
-    keel_qwen35_config c = {.vocab = 97, .hidden = 32, .layers = 8, .ffn = 48, .heads = 4, .kv_heads = 2, .head_dim = 8,
-                            .lk_heads = 2, .lv_heads = 4, .lk_dim = 8, .lv_dim = 8, .conv_kernel = 4,
-                            .rope_theta = 10000.0, .partial_rotary = 0.5, .rms_eps = 1e-6, .tied = false};
+    keel_qwen35_config c = {.vocab = 97,
+                            .hidden = 32,
+                            .layers = 8,
+                            .ffn = 48,
+                            .heads = 4,
+                            .kv_heads = 2,
+                            .head_dim = 8,
+                            .lk_heads = 2,
+                            .lv_heads = 4,
+                            .lk_dim = 8,
+                            .lv_dim = 8,
+                            .conv_kernel = 4,
+                            .rope_theta = 10000.0,
+                            .partial_rotary = 0.5,
+                            .rms_eps = 1e-6,
+                            .tied = false};
     for (int i = 0; i < 8; i++) c.full_attention[i] = (i + 1) % 4 == 0;
-    check_model("random 8-layer model (6 Gated DeltaNet + 2 gated attention layers, untied head)", &c, NULL, &pass, &fail);
+    check_model("random 8-layer model (6 Gated DeltaNet + 2 gated attention layers, untied head)", &c, NULL, &pass,
+                &fail);
     printf("%d passed, %d failed\n", pass, fail);
     return fail ? 1 : 0;
 }

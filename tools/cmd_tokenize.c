@@ -11,17 +11,24 @@
 #include "util/error.h"
 #include "util/file.h"
 
-
 static int run_cases(keel_tokenizer *t, const char *path, const char *expect) {
     size_t n;
     char *s = keel_read_file(path, &n);
-    if (!s) { fprintf(stderr, "keel tokenize: cannot read %s\n", path); return 2; }
+    if (!s) {
+        fprintf(stderr, "keel tokenize: cannot read %s\n", path);
+        return 2;
+    }
     cJSON *arr = cJSON_Parse(s);
     free(s);
-    if (!cJSON_IsArray(arr)) { fprintf(stderr, "keel tokenize: %s: not a JSON array of cases\n", path); cJSON_Delete(arr); return 2; }
+    if (!cJSON_IsArray(arr)) {
+        fprintf(stderr, "keel tokenize: %s: not a JSON array of cases\n", path);
+        cJSON_Delete(arr);
+        return 2;
+    }
     int pass = 0, fail = 0, k = 0;
     for (const cJSON *c = arr->child; c; c = c->next, k++) {
-        const cJSON *text = cJSON_GetObjectItemCaseSensitive(c, "text"), *want = cJSON_GetObjectItemCaseSensitive(c, expect);
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(c, "text"),
+                    *want = cJSON_GetObjectItemCaseSensitive(c, expect);
         if (!cJSON_IsString(text) || !cJSON_IsArray(want)) {
             printf("case %d: FAIL (no \"text\" or no \"%s\" array)\n", k, expect);
             fail++;
@@ -31,7 +38,8 @@ static int run_cases(keel_tokenizer *t, const char *path, const char *expect) {
         size_t ni;
         char preview[48];
         snprintf(preview, sizeof preview, "%s", text->valuestring);
-        for (char *p = preview; *p; p++) if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
+        for (char *p = preview; *p; p++)
+            if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
         if (keel_tokenizer_encode(t, text->valuestring, strlen(text->valuestring), &ids, &ni)) {
             printf("case %d \"%s\": FAIL (%s)\n", k, preview, keel_last_error());
             fail++;
@@ -50,8 +58,8 @@ static int run_cases(keel_tokenizer *t, const char *path, const char *expect) {
             printf("case %d \"%s\": OK (%zu ids, round trip OK)\n", k, preview, ni);
             pass++;
         } else if (!same) {
-            printf("case %d \"%s\": FAIL (first difference at position %zu: got %d, expected %d; %zu ids vs %zu)\n", k, preview, first,
-                   first < ni ? ids[first] : -1, w ? (int)w->valuedouble : -1, ni, nw);
+            printf("case %d \"%s\": FAIL (first difference at position %zu: got %d, expected %d; %zu ids vs %zu)\n", k,
+                   preview, first, first < ni ? ids[first] : -1, w ? (int)w->valuedouble : -1, ni, nw);
             fail++;
         } else {
             printf("case %d \"%s\": FAIL (decode(encode(text)) is not NFC(text))\n", k, preview);
@@ -69,32 +77,50 @@ int cmd_tokenize(int argc, char **argv) {
     bool tokens = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--tokenizer") && v) tok = v, i++;
-        else if (!strcmp(a, "--file") && v) file = v, i++;
-        else if (!strcmp(a, "--cases") && v) cases = v, i++;
-        else if (!strcmp(a, "--expect") && v) expect = v, i++;
-        else if (!strcmp(a, "--ids")) tokens = false;
-        else if (!strcmp(a, "--tokens")) tokens = true;
-        else if (a[0] != '-' && !text) text = a;
+        if (!strcmp(a, "--tokenizer") && v)
+            tok = v, i++;
+        else if (!strcmp(a, "--file") && v)
+            file = v, i++;
+        else if (!strcmp(a, "--cases") && v)
+            cases = v, i++;
+        else if (!strcmp(a, "--expect") && v)
+            expect = v, i++;
+        else if (!strcmp(a, "--ids"))
+            tokens = false;
+        else if (!strcmp(a, "--tokens"))
+            tokens = true;
+        else if (a[0] != '-' && !text)
+            text = a;
         else {
-            fprintf(stderr, "usage: keel tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]\n"
-                            "keel tokenize: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr,
+                    "usage: keel tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON "
+                    "--expect NAME]\n"
+                    "keel tokenize: unknown or incomplete option '%s'\n",
+                    a);
             return 2;
         }
     }
     if (!tok || (!!text + !!file + !!cases) != 1 || (cases && !expect)) {
-        fprintf(stderr, "usage: keel tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]\n");
+        fprintf(stderr, "usage: keel tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON "
+                        "--expect NAME]\n");
         return 2;
     }
     keel_tokenizer *t = keel_tokenizer_load(tok);
-    if (!t) { fprintf(stderr, "keel tokenize: %s\n", keel_last_error()); return 2; }
+    if (!t) {
+        fprintf(stderr, "keel tokenize: %s\n", keel_last_error());
+        return 2;
+    }
     int rc = 0;
     if (cases) {
         rc = run_cases(t, cases, expect);
     } else {
         size_t n = text ? strlen(text) : 0;
         char *buf = file ? keel_read_file(file, &n) : NULL;
-        if (file && !buf) { fprintf(stderr, "keel tokenize: cannot read %s\n", file); keel_tokenizer_free(t); return 2; }
+        if (file && !buf) {
+            fprintf(stderr, "keel tokenize: cannot read %s\n", file);
+            keel_tokenizer_free(t);
+            return 2;
+        }
         int32_t *ids;
         size_t ni;
         if (keel_tokenizer_encode(t, file ? buf : text, n, &ids, &ni)) {
@@ -103,8 +129,10 @@ int cmd_tokenize(int argc, char **argv) {
             rc = 1;
         } else {
             for (size_t i = 0; i < ni; i++) {
-                if (tokens) printf("%s%s", i ? " " : "", keel_tokenizer_token(t, ids[i]));
-                else printf("%s%d", i ? " " : "", ids[i]);
+                if (tokens)
+                    printf("%s%s", i ? " " : "", keel_tokenizer_token(t, ids[i]));
+                else
+                    printf("%s%d", i ? " " : "", ids[i]);
             }
             printf("\n");
             free(ids);

@@ -50,7 +50,8 @@ int cmd_train(int argc, char **argv) {
             if (pid == 0) {
                 char rank[16];
                 snprintf(rank, sizeof rank, "%d", r);
-                setenv("KEEL_RANK", rank, 1), setenv("KEEL_WORLD_SIZE", world, 1), setenv("KEEL_MASTER_ADDR", "127.0.0.1", 1), setenv("KEEL_MASTER_PORT", port, 1);
+                setenv("KEEL_RANK", rank, 1), setenv("KEEL_WORLD_SIZE", world, 1),
+                    setenv("KEEL_MASTER_ADDR", "127.0.0.1", 1), setenv("KEEL_MASTER_PORT", port, 1);
                 setenv("KEEL_LOCAL_RANK", rank, 1); /* one GPU per process: rank r takes GPU r */
                 _exit(keel_train_run(&o));
             }
@@ -66,7 +67,8 @@ int cmd_train(int argc, char **argv) {
             if (pid == 0) { /* a failure happened; the others are still running */
                 usleep(50000);
                 if ((waited_ms += 50) == 5000)
-                    for (int k = 0; k < o.nproc; k++) if (pids[k] > 0) kill(pids[k], SIGTERM);
+                    for (int k = 0; k < o.nproc; k++)
+                        if (pids[k] > 0) kill(pids[k], SIGTERM);
                 continue;
             }
             left--;

@@ -19,24 +19,32 @@ typedef struct {
 } command;
 
 static const command COMMANDS[] = {
-    {"train", cmd_train, true, "train (--model DIR | --preset NAME | --init CONFIG.json | --resume DIR) --data PATH... --out DIR [...]",
+    {"train", cmd_train, true,
+     "train (--model DIR | --preset NAME | --init CONFIG.json | --resume DIR) --data PATH... --out DIR [...]",
      "train or fine-tune a Qwen3.5-family model (keel train --help lists every flag)"},
     {"generate", cmd_generate, false,
-     "generate --model DIR (--prompt TEXT | --prompt-ids N,N,...) [--max-tokens N] [--temperature X] [--top-p P] [--seed N]\n"
-     "                 [--tokenizer FILE] [--backend cpu|cuda|ref] [--threads N] [--verify] [--print-ids] [--dump-logits FILE]",
+     "generate --model DIR (--prompt TEXT | --prompt-ids N,N,...) [--max-tokens N] [--temperature X] [--top-p P] "
+     "[--seed N]\n"
+     "                 [--tokenizer FILE] [--backend cpu|cuda|ref] [--threads N] [--verify] [--print-ids] "
+     "[--dump-logits FILE]",
      "sample from a checkpoint, incrementally (KV cache, DeltaNet states)"},
-    {"eval", cmd_eval, false, "eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads N]",
+    {"eval", cmd_eval, false,
+     "eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads "
+     "N]",
      "loss and perplexity of a checkpoint on text"},
     {"plot", cmd_plot, false, "plot METRICS.jsonl -o loss.svg", "train and eval loss against tokens seen"},
-    {"export", cmd_export, true, "export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE | --byte-vocab]",
+    {"export", cmd_export, true,
+     "export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE | --byte-vocab]",
      "a GGUF file for llama.cpp, Ollama and LM Studio (keel export --help)"},
     {"save", cmd_save, false, "save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal]",
      "write a checkpoint folder (as transformers does) and check it reloads bitwise"},
     {"init", cmd_init, true, "init (--preset tiny|small|0.8b | --config CONFIG.json) OUT [--seed N] [--dtype f32|bf16]",
      "a Qwen3.5-family checkpoint with random weights"},
-    {"info", cmd_info, false, "info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE] [--threads N]",
+    {"info", cmd_info, false,
+     "info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE] [--threads N]",
      "layers, parameters, training memory per recompute mode; --run times one forward + backward"},
-    {"tokenize", cmd_tokenize, false, "tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]",
+    {"tokenize", cmd_tokenize, false,
+     "tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]",
      "byte-level BPE, identical to Hugging Face tokenizers"},
     {"diff", cmd_diff, false,
      "diff TRACE_A TRACE_B [--tolerance NMSE]\n"
@@ -45,7 +53,8 @@ static const command COMMANDS[] = {
      "the first node whose inputs agree but whose output does not (CONFIG: recompute=, threads=, backend=, fault=)"},
     {"test-ops", cmd_test_ops, true, "test-ops [--backend ref,cpu,cuda] [--op NAME,...] [--grad] [--expect-fault N]",
      "check every op (and with --grad, every gradient) against the float64 reference"},
-    {"test-model", cmd_test_model, false, "test-model", "whole-model gradient check: a Qwen3.5 layer pair against finite differences"},
+    {"test-model", cmd_test_model, false, "test-model",
+     "whole-model gradient check: a Qwen3.5 layer pair against finite differences"},
     {"test-recompute", cmd_test_recompute, false, "test-recompute [--fixture CHECKPOINT] [--backend cpu|cuda]",
      "recompute modes off, full, every:2, layers:1,3 give bitwise identical training"},
     {"check-reference", cmd_check_reference, false,
@@ -60,7 +69,8 @@ static const command COMMANDS[] = {
      "MB/s next to the npm Qwen3 tokenizer (node) on the same text; ids compared"},
     {"bench", cmd_bench, false,
      "bench train [--backend cuda|cpu] [--preset 0.8b] [--batch 4] [--window 1024] [--steps 5] [--warmup 2]\n"
-     "                 [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py] [--python python3] [--no-torch]",
+     "                 [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py] [--python python3] "
+     "[--no-torch]",
      "training steps of a Qwen3.5-0.8B-shaped model next to PyTorch + transformers, tokens/s and peak memory"},
     {"ops", cmd_ops, false, "ops", "list the op table"},
 };
@@ -68,7 +78,8 @@ static const command COMMANDS[] = {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: keel <command> [options]     (keel <command> --help: one command)\n\ncommands:\n");
-    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %s\n                 %s\n", COMMANDS[i].synopsis, COMMANDS[i].summary);
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        fprintf(f, "  %s\n                 %s\n", COMMANDS[i].synopsis, COMMANDS[i].summary);
     fprintf(f, "\nenvironment: KEEL_FAULT=copy-row-limit:N makes the cpu copy path copy only N elements per row\n"
                "(the fault the op tests must catch).\n");
 }
@@ -76,7 +87,8 @@ static void usage(FILE *f) {
 /* keel CMD --help for a command without a --help of its own: its rows of the table. */
 static int command_help(const char *name) {
     for (size_t i = 0; i < N_COMMANDS; i++)
-        if (strcmp(COMMANDS[i].name, name) == 0) printf("usage: keel %s\n  %s\n", COMMANDS[i].synopsis, COMMANDS[i].summary);
+        if (strcmp(COMMANDS[i].name, name) == 0)
+            printf("usage: keel %s\n  %s\n", COMMANDS[i].synopsis, COMMANDS[i].summary);
     return 0;
 }
 

@@ -88,7 +88,9 @@ int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t n
 
 int keel_build_backward(keel_graph *g, keel_tensor *loss) {
     if (!loss) return keel_fail("autodiff: no loss");
-    if (keel_nelements(loss) != 1) return keel_fail("autodiff: loss '%s' has %lld elements, expected 1", loss->name, (long long)keel_nelements(loss));
+    if (keel_nelements(loss) != 1)
+        return keel_fail("autodiff: loss '%s' has %lld elements, expected 1", loss->name,
+                         (long long)keel_nelements(loss));
     keel_grad_acc acc = {.g = g, .ctx = g->ctx};
     if (grow(&acc)) goto fail;
     for (int64_t i = 0; i < g->n_leafs; i++)
@@ -99,7 +101,10 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
         for (int s = 0; s < info->arity; s++)
             if ((info->grad_srcs >> s & 1) && acc.needs[t->src[s]->id]) acc.needs[t->id] = 1;
     }
-    if (!acc.needs[loss->id]) { free(acc.needs), free(acc.owned); return keel_fail("autodiff: loss '%s' does not depend on any parameter", loss->name); }
+    if (!acc.needs[loss->id]) {
+        free(acc.needs), free(acc.owned);
+        return keel_fail("autodiff: loss '%s' does not depend on any parameter", loss->name);
+    }
     loss->flags |= KEEL_FLAG_LOSS;
     int64_t first_new = keel_ctx_count(g->ctx);
     g->grads[loss->id] = keel_fill(g->ctx, loss->type, loss->ne, 1.0);
@@ -141,7 +146,10 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
      * that runs the backward pass from the last layer to the first. */
     int64_t n_ids = keel_ctx_count(g->ctx);
     uint8_t *want = calloc((size_t)n_ids, 1);
-    if (!want) { keel_fail("out of memory"); goto fail; }
+    if (!want) {
+        keel_fail("out of memory");
+        goto fail;
+    }
     for (int64_t i = 0; i < g->n_leafs; i++) {
         keel_tensor *p = g->leafs[i];
         if ((p->flags & KEEL_FLAG_PARAM) && g->grads[p->id]) want[g->grads[p->id]->id] = 1;
@@ -157,7 +165,10 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
     for (int64_t id = first_new; id < n_ids; id++) {
         if (!want[id]) continue;
         keel_tensor *t = keel_ctx_tensor(g->ctx, id);
-        if (keel_graph_expand(g, t)) { free(want); goto fail; }
+        if (keel_graph_expand(g, t)) {
+            free(want);
+            goto fail;
+        }
     }
     free(want);
     free(acc.needs);

@@ -6,7 +6,10 @@
 #include "util/error.h"
 
 #define WANT(i) keel_grad_wanted(acc, i)
-#define ADD(i, x) do { if (WANT(i) && keel_grad_add(acc, i, (x))) return -1; } while (0)
+#define ADD(i, x)                                                                                                      \
+    do {                                                                                                               \
+        if (WANT(i) && keel_grad_add(acc, i, (x))) return -1;                                                          \
+    } while (0)
 
 /* dy summed down to the shape of a broadcast source. */
 static keel_tensor *reduce_to(keel_ctx *ctx, keel_tensor *dy, const keel_tensor *like) {
@@ -50,8 +53,8 @@ static int r_get_rows(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_
 }
 static keel_tensor *window_view(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy) {
     const keel_tensor *b = t->src[1];
-    return keel_cont(ctx, keel_view_4d(ctx, dy, b->ne[0], b->ne[1], b->ne[2], b->ne[3], t->ip[0], t->ip[1], t->ip[2],
-                                       t->ip[3]));
+    return keel_cont(
+        ctx, keel_view_4d(ctx, dy, b->ne[0], b->ne[1], b->ne[2], b->ne[3], t->ip[0], t->ip[1], t->ip[2], t->ip[3]));
 }
 static int r_acc(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     ADD(0, dy);
@@ -173,7 +176,8 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
 }
 static int r_conv1d(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *x = t->src[0], *w = t->src[1];
-    if (WANT(0)) ADD(0, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_INPUT, (keel_tensor *const[]){dy, w}, 2, NULL, 0, NULL, 0));
+    if (WANT(0))
+        ADD(0, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_INPUT, (keel_tensor *const[]){dy, w}, 2, NULL, 0, NULL, 0));
     if (WANT(1))
         ADD(1, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_WEIGHT, (keel_tensor *const[]){x, dy}, 2, (int64_t[]){w->ne[0]}, 1,
                            NULL, 0));
@@ -188,7 +192,8 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
     int64_t es = (int64_t)keel_type_size(pk->type), nqk = Dk * Hv * T * B, nv = Dv * Hv * T * B, ng = Hv * T * B;
     for (int which = 0; which < 2; which++) { /* dq, dk: per value head, summed over each key head's group */
         if (!WANT(which)) continue;
-        keel_tensor *per = keel_view_4d(ctx, pk, Dk, Hv, T, B, Dk * es, Dk * Hv * es, Dk * Hv * T * es, which * nqk * es);
+        keel_tensor *per =
+            keel_view_4d(ctx, pk, Dk, Hv, T, B, Dk * es, Dk * Hv * es, Dk * Hv * T * es, which * nqk * es);
         keel_tensor *sum;
         if (r == 1) {
             sum = keel_cont(ctx, per);
@@ -199,9 +204,14 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
         }
         ADD(which, sum);
     }
-    if (WANT(2)) ADD(2, keel_cont(ctx, keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, Dv * Hv * es, Dv * Hv * T * es, 2 * nqk * es)));
-    if (WANT(3)) ADD(3, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, (2 * nqk + nv) * es)));
-    if (WANT(4)) ADD(4, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, (2 * nqk + nv + ng) * es)));
+    if (WANT(2))
+        ADD(2,
+            keel_cont(ctx, keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, Dv * Hv * es, Dv * Hv * T * es, 2 * nqk * es)));
+    if (WANT(3))
+        ADD(3, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, (2 * nqk + nv) * es)));
+    if (WANT(4))
+        ADD(4, keel_cont(ctx,
+                         keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, (2 * nqk + nv + ng) * es)));
     return 0;
 }
 static int r_cross_entropy(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {

@@ -23,10 +23,13 @@ const char *keel_backend_list(void) {
 
 keel_backend *keel_backend_new(const char *name, int n_threads) {
     keel_backend *be = NULL;
-    if (strcmp(name, "ref") == 0) be = keel_backend_ref_new();
-    else if (strcmp(name, "cpu") == 0) be = keel_backend_cpu_new(n_threads);
+    if (strcmp(name, "ref") == 0)
+        be = keel_backend_ref_new();
+    else if (strcmp(name, "cpu") == 0)
+        be = keel_backend_cpu_new(n_threads);
 #ifdef KEEL_HAVE_CUDA
-    else if (strcmp(name, "cuda") == 0) be = keel_backend_cuda_new();
+    else if (strcmp(name, "cuda") == 0)
+        be = keel_backend_cuda_new();
 #endif
     else {
         keel_fail("unknown backend '%s' (this build has: %s)", name, keel_backend_list());
@@ -51,30 +54,35 @@ int keel_backend_read_fault(keel_backend *be) {
     return 0;
 }
 
-int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit, const char *what,
-                          int32_t **out) {
+int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit,
+                          const char *what, int32_t **out) {
     int64_t n = keel_nelements(ids);
     int32_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
     if (!v) return keel_fail("out of memory reading the ids of '%s'", t->name);
-    if (keel_tensor_read(be, ids, v, KEEL_I32)) { free(v); return -1; }
+    if (keel_tensor_read(be, ids, v, KEEL_I32)) {
+        free(v);
+        return -1;
+    }
     for (int64_t i = 0; i < n; i++)
         if (v[i] < 0 || v[i] >= limit) {
-            int rc = keel_fail("%s '%s': %s %d at flat index %lld outside [0,%lld)", keel_op_get(t->op)->name, t->name, what, v[i],
-                               (long long)i, (long long)limit);
+            int rc = keel_fail("%s '%s': %s %d at flat index %lld outside [0,%lld)", keel_op_get(t->op)->name, t->name,
+                               what, v[i], (long long)i, (long long)limit);
             free(v);
             return rc;
         }
-    if (out) *out = v;
-    else free(v);
+    if (out)
+        *out = v;
+    else
+        free(v);
     return 0;
 }
 
 void keel_rows_by_id(const int32_t *ids, int64_t n, int64_t R, int64_t *start, int64_t *items) {
     for (int64_t r = 0; r <= R; r++) start[r] = 0;
     for (int64_t i = 0; i < n; i++) start[ids[i] + 1]++;
-    for (int64_t r = 0; r < R; r++) start[r + 1] += start[r]; /* start[r]: where group r begins */
+    for (int64_t r = 0; r < R; r++) start[r + 1] += start[r];   /* start[r]: where group r begins */
     for (int64_t i = 0; i < n; i++) items[start[ids[i]]++] = i; /* ascending i; start[r] ends at group r's end */
-    for (int64_t r = R; r > 0; r--) start[r] = start[r - 1];   /* ... which is where group r + 1 begins */
+    for (int64_t r = R; r > 0; r--) start[r] = start[r - 1];    /* ... which is where group r + 1 begins */
     start[0] = 0;
 }
 
@@ -86,9 +94,9 @@ int keel_backend_callback_failed(const keel_tensor *t) {
 
 /* Sources that hold integer indices rather than values. */
 static bool is_index_src(int op, int i) {
-    return i == 1 && (op == KEEL_OP_GET_ROWS || op == KEEL_OP_GET_ROWS_BACK || op == KEEL_OP_ROPE ||
-                      op == KEEL_OP_ROPE_BACK || op == KEEL_OP_CROSS_ENTROPY_LOSS ||
-                      op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK);
+    return i == 1 &&
+           (op == KEEL_OP_GET_ROWS || op == KEEL_OP_GET_ROWS_BACK || op == KEEL_OP_ROPE || op == KEEL_OP_ROPE_BACK ||
+            op == KEEL_OP_CROSS_ENTROPY_LOSS || op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK);
 }
 
 bool keel_backend_f32_supports(const keel_tensor *t) {
@@ -143,11 +151,17 @@ keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_
         }
     }
     keel_session *s = calloc(1, sizeof *s);
-    if (!s) { keel_fail("out of memory"); return NULL; }
+    if (!s) {
+        keel_fail("out of memory");
+        return NULL;
+    }
     s->be = be;
     s->g = g;
     s->plan = keel_plan_make(g, opts);
-    if (!s->plan) { free(s); return NULL; }
+    if (!s->plan) {
+        free(s);
+        return NULL;
+    }
     s->arena = be->alloc(be, s->plan->total_bytes ? s->plan->total_bytes : KEEL_ALIGN);
     if (!s->arena) {
         keel_fail("backend %s: cannot allocate %zu bytes for the graph", be->name, s->plan->total_bytes);
@@ -205,7 +219,13 @@ int keel_tensor_read(keel_backend *be, const keel_tensor *t, void *host, keel_ty
 
 double *keel_tensor_read_f64(keel_backend *be, const keel_tensor *t) {
     double *d = malloc((size_t)keel_nelements(t) * sizeof *d);
-    if (!d) { keel_fail("out of memory reading '%s'", t->name); return NULL; }
-    if (keel_tensor_read(be, t, d, KEEL_F64)) { free(d); return NULL; }
+    if (!d) {
+        keel_fail("out of memory reading '%s'", t->name);
+        return NULL;
+    }
+    if (keel_tensor_read(be, t, d, KEEL_F64)) {
+        free(d);
+        return NULL;
+    }
     return d;
 }

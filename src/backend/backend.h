@@ -55,8 +55,8 @@ int keel_backend_run_concat(keel_backend *be, const keel_tensor *t);
 /* The int32 index tensor `ids` of node t (GET_ROWS ids, ROPE positions' kin, cross-entropy
  * targets), read in flat order through the backend and checked to lie in [0, limit): a bad one is
  * an error naming the node, the value and where it is. With out, the caller gets the values (free). */
-int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit, const char *what,
-                          int32_t **out);
+int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit,
+                          const char *what, int32_t **out);
 /* For GET_ROWS_BACK: the items i (0 <= i < n) grouped by ids[i] in [0, R), each group in
  * ascending i (the fixed summation order): group r is items[start[r] .. start[r+1]). start holds
  * R + 1 values, items n. */

@@ -8,7 +8,10 @@ void *keel_host_alloc(keel_backend *be, size_t bytes) {
     size_t n = (bytes + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
     return aligned_alloc(KEEL_ALIGN, n ? n : KEEL_ALIGN);
 }
-void keel_host_free(keel_backend *be, void *p) { (void)be; free(p); }
+void keel_host_free(keel_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
 int keel_host_write(keel_backend *be, void *dst, const void *host, size_t n) {
     (void)be;
     memcpy(dst, host, n);

@@ -23,11 +23,11 @@
 
 struct keel_coll {
     int rank, size;
-    int *peer;     /* rank 0: socket per rank (peer[0] unused); others: peer[0] is rank 0 */
+    int *peer; /* rank 0: socket per rank (peer[0] unused); others: peer[0] is rank 0 */
     void *tmp;
     size_t tmp_n; /* bytes */
     double timeout_s;
-    float *stage;  /* host staging of gradient buffers for the TCP all-reduce */
+    float *stage;   /* host staging of gradient buffers for the TCP all-reduce */
     size_t stage_n; /* floats */
 #ifdef KEEL_HAVE_NCCL
     keel_nccl *nccl; /* gradient sums on the GPU, when attached */
@@ -38,7 +38,8 @@ static int set_timeout(int fd, double s) {
     struct timeval tv = {(time_t)s, (suseconds_t)((s - (double)(time_t)s) * 1e6)};
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) || setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    return setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) ||
+           setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
 static int xfer(int fd, void *buf, size_t n, bool send_it, int me, int other) {
@@ -57,7 +58,8 @@ static int xfer(int fd, void *buf, size_t n, bool send_it, int me, int other) {
 
 keel_coll *keel_coll_from_env(double timeout_s, int *failed) {
     *failed = 0;
-    const char *ws = getenv("KEEL_WORLD_SIZE"), *rs = getenv("KEEL_RANK"), *addr = getenv("KEEL_MASTER_ADDR"), *port = getenv("KEEL_MASTER_PORT");
+    const char *ws = getenv("KEEL_WORLD_SIZE"), *rs = getenv("KEEL_RANK"), *addr = getenv("KEEL_MASTER_ADDR"),
+               *port = getenv("KEEL_MASTER_PORT");
     /* started by mpirun or srun: their rank and size, when keel's own are not set */
     if (!ws) ws = getenv("OMPI_COMM_WORLD_SIZE"), rs = getenv("OMPI_COMM_WORLD_RANK");
     if (!ws) ws = getenv("SLURM_NTASKS"), rs = getenv("SLURM_PROCID");
@@ -65,11 +67,15 @@ keel_coll *keel_coll_from_env(double timeout_s, int *failed) {
     *failed = 1;
     int size = atoi(ws), rank = rs ? atoi(rs) : -1, prt = port ? atoi(port) : 0;
     if (rank < 0 || rank >= size || prt <= 0 || prt > 65535 || size > 1024) {
-        keel_fail("KEEL_RANK (%s), KEEL_WORLD_SIZE (%s), KEEL_MASTER_PORT (%s): need 0 <= rank < size and a port", rs ? rs : "unset", ws, port ? port : "unset");
+        keel_fail("KEEL_RANK (%s), KEEL_WORLD_SIZE (%s), KEEL_MASTER_PORT (%s): need 0 <= rank < size and a port",
+                  rs ? rs : "unset", ws, port ? port : "unset");
         return NULL;
     }
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)prt)};
-    if (inet_pton(AF_INET, addr ? addr : "127.0.0.1", &sa.sin_addr) != 1) { keel_fail("KEEL_MASTER_ADDR '%s' is not an IPv4 address", addr); return NULL; }
+    if (inet_pton(AF_INET, addr ? addr : "127.0.0.1", &sa.sin_addr) != 1) {
+        keel_fail("KEEL_MASTER_ADDR '%s' is not an IPv4 address", addr);
+        return NULL;
+    }
     keel_coll *c = calloc(1, sizeof *c);
     c->rank = rank, c->size = size, c->timeout_s = timeout_s;
     c->peer = calloc((size_t)size, sizeof *c->peer);
@@ -87,9 +93,12 @@ keel_coll *keel_coll_from_env(double timeout_s, int *failed) {
         for (int k = 1; k < size; k++) {
             int fd = accept(ls, NULL, NULL);
             int32_t r = -1;
-            if (fd < 0 || set_timeout(fd, timeout_s) || xfer(fd, &r, 4, false, 0, -1) || r <= 0 || r >= size || c->peer[r] >= 0) {
-                if (fd < 0) keel_fail("rank 0: %d of %d ranks joined within %.0f s", k, size, timeout_s);
-                else if (r <= 0 || r >= size) keel_fail("rank 0: a peer claimed rank %d", r);
+            if (fd < 0 || set_timeout(fd, timeout_s) || xfer(fd, &r, 4, false, 0, -1) || r <= 0 || r >= size ||
+                c->peer[r] >= 0) {
+                if (fd < 0)
+                    keel_fail("rank 0: %d of %d ranks joined within %.0f s", k, size, timeout_s);
+                else if (r <= 0 || r >= size)
+                    keel_fail("rank 0: a peer claimed rank %d", r);
                 if (fd >= 0) close(fd);
                 close(ls);
                 keel_coll_free(c);
@@ -106,14 +115,19 @@ keel_coll *keel_coll_from_env(double timeout_s, int *failed) {
             if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) break;
             if (fd >= 0) close(fd);
             if (keel_now_s() - t0 > timeout_s) {
-                keel_fail("rank %d: cannot reach rank 0 at %s:%d within %.0f s", rank, addr ? addr : "127.0.0.1", prt, timeout_s);
+                keel_fail("rank %d: cannot reach rank 0 at %s:%d within %.0f s", rank, addr ? addr : "127.0.0.1", prt,
+                          timeout_s);
                 keel_coll_free(c);
                 return NULL;
             }
             usleep(50000);
         }
         int32_t r = rank;
-        if (set_timeout(fd, timeout_s) || xfer(fd, &r, 4, true, rank, 0)) { close(fd); keel_coll_free(c); return NULL; }
+        if (set_timeout(fd, timeout_s) || xfer(fd, &r, 4, true, rank, 0)) {
+            close(fd);
+            keel_coll_free(c);
+            return NULL;
+        }
         c->peer[0] = fd;
     }
     *failed = 0;
@@ -125,7 +139,8 @@ void keel_coll_free(keel_coll *c) {
 #ifdef KEEL_HAVE_NCCL
     keel_nccl_free(c->nccl);
 #endif
-    for (int i = 0; i < c->size; i++) if (c->peer[i] >= 0) close(c->peer[i]);
+    for (int i = 0; i < c->size; i++)
+        if (c->peer[i] >= 0) close(c->peer[i]);
     free(c->peer), free(c->tmp), free(c->stage), free(c);
 }
 
@@ -151,8 +166,10 @@ static int allreduce(keel_coll *c, void *buf, size_t n, size_t es) {
         if (xfer(c->peer[r], &len, 8, false, 0, r)) return -1;
         if (len != n) return keel_fail("rank 0: rank %d sent %llu values, expected %zu", r, (unsigned long long)len, n);
         if (xfer(c->peer[r], c->tmp, n * es, false, 0, r)) return -1;
-        if (es == 4) for (size_t i = 0; i < n; i++) ((float *)buf)[i] += ((float *)c->tmp)[i];
-        else for (size_t i = 0; i < n; i++) ((double *)buf)[i] += ((double *)c->tmp)[i];
+        if (es == 4)
+            for (size_t i = 0; i < n; i++) ((float *)buf)[i] += ((float *)c->tmp)[i];
+        else
+            for (size_t i = 0; i < n; i++) ((double *)buf)[i] += ((double *)c->tmp)[i];
     }
     for (int r = 1; r < c->size; r++)
         if (xfer(c->peer[r], buf, n * es, true, 0, r)) return -1;

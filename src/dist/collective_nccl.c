@@ -25,7 +25,8 @@ struct keel_nccl {
 };
 
 static int fail_abort(keel_nccl *n, const char *what, ncclResult_t r) {
-    int rc = keel_fail("rank %d: NCCL %s: %s", n->rank, what, r == ncclInProgress ? "did not finish in time (a rank died or hangs?)" : ncclGetErrorString(r));
+    int rc = keel_fail("rank %d: NCCL %s: %s", n->rank, what,
+                       r == ncclInProgress ? "did not finish in time (a rank died or hangs?)" : ncclGetErrorString(r));
     ncclCommAbort(n->comm); /* frees the GPU work stuck on the other ranks' behalf */
     n->comm = NULL;
     return rc;
@@ -50,14 +51,19 @@ int keel_nccl_unique_id(unsigned char id[KEEL_NCCL_ID_BYTES]) {
     return 0;
 }
 
-keel_nccl *keel_nccl_new(keel_backend *be, int rank, int size, const unsigned char id[KEEL_NCCL_ID_BYTES], double timeout_s) {
+keel_nccl *keel_nccl_new(keel_backend *be, int rank, int size, const unsigned char id[KEEL_NCCL_ID_BYTES],
+                         double timeout_s) {
     keel_nccl *n = calloc(1, sizeof *n);
-    if (!n) { keel_fail("out of memory"); return NULL; }
+    if (!n) {
+        keel_fail("out of memory");
+        return NULL;
+    }
     n->rank = rank, n->timeout_s = timeout_s, n->compute = (cudaStream_t)keel_cuda_stream(be);
     if (cudaStreamCreateWithFlags(&n->comm_stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&n->queued, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming) != cudaSuccess) {
-        keel_fail("rank %d: cannot create the NCCL stream and events: %s", rank, cudaGetErrorString(cudaGetLastError()));
+        keel_fail("rank %d: cannot create the NCCL stream and events: %s", rank,
+                  cudaGetErrorString(cudaGetLastError()));
         keel_nccl_free(n);
         return NULL;
     }
@@ -81,8 +87,10 @@ keel_nccl *keel_nccl_new(keel_backend *be, int rank, int size, const unsigned ch
 void keel_nccl_free(keel_nccl *n) {
     if (!n) return;
     if (n->comm) {
-        if (n->pending) ncclCommAbort(n->comm);
-        else ncclCommDestroy(n->comm);
+        if (n->pending)
+            ncclCommAbort(n->comm);
+        else
+            ncclCommDestroy(n->comm);
     }
     if (n->comm_stream) cudaStreamDestroy(n->comm_stream);
     if (n->queued) cudaEventDestroy(n->queued);
@@ -93,11 +101,13 @@ void keel_nccl_free(keel_nccl *n) {
 int keel_nccl_allreduce(keel_nccl *n, keel_tensor *const *ts, int count) {
     if (!n->comm) return keel_fail("rank %d: the NCCL communicator was aborted", n->rank);
     /* the sums read what the backward pass queued so far on the compute stream */
-    if (cudaEventRecord(n->queued, n->compute) != cudaSuccess || cudaStreamWaitEvent(n->comm_stream, n->queued, 0) != cudaSuccess)
+    if (cudaEventRecord(n->queued, n->compute) != cudaSuccess ||
+        cudaStreamWaitEvent(n->comm_stream, n->queued, 0) != cudaSuccess)
         return keel_fail("rank %d: cannot order the NCCL stream: %s", n->rank, cudaGetErrorString(cudaGetLastError()));
     ncclResult_t r = ncclGroupStart();
     for (int i = 0; i < count && (r == ncclSuccess || r == ncclInProgress); i++)
-        r = ncclAllReduce(ts[i]->data, ts[i]->data, (size_t)keel_nelements(ts[i]), ncclFloat32, ncclSum, n->comm, n->comm_stream);
+        r = ncclAllReduce(ts[i]->data, ts[i]->data, (size_t)keel_nelements(ts[i]), ncclFloat32, ncclSum, n->comm,
+                          n->comm_stream);
     ncclResult_t e = ncclGroupEnd();
     if (r == ncclSuccess || r == ncclInProgress) r = e;
     n->pending = true;
@@ -113,7 +123,8 @@ int keel_nccl_wait(keel_nccl *n) {
     for (;;) {
         cudaError_t q = cudaEventQuery(n->done);
         if (q == cudaSuccess) break;
-        if (q != cudaErrorNotReady) return keel_fail("rank %d: the NCCL stream failed: %s", n->rank, cudaGetErrorString(q));
+        if (q != cudaErrorNotReady)
+            return keel_fail("rank %d: the NCCL stream failed: %s", n->rank, cudaGetErrorString(q));
         ncclResult_t r;
         ncclCommGetAsyncError(n->comm, &r);
         if (r != ncclSuccess && r != ncclInProgress) return fail_abort(n, "all-reduce", r);
@@ -123,6 +134,7 @@ int keel_nccl_wait(keel_nccl *n) {
     n->pending = false;
     /* the optimiser, on the compute stream, reads the sums */
     if (cudaStreamWaitEvent(n->compute, n->done, 0) != cudaSuccess)
-        return keel_fail("rank %d: cannot order the compute stream: %s", n->rank, cudaGetErrorString(cudaGetLastError()));
+        return keel_fail("rank %d: cannot order the compute stream: %s", n->rank,
+                         cudaGetErrorString(cudaGetLastError()));
     return 0;
 }

@@ -17,7 +17,7 @@ struct keel_grad_sync {
     keel_backend *be;
     keel_tensor **bufs; /* in completion order */
     bucket *b;
-    int n_b, next;      /* buckets [0, next) are started */
+    int n_b, next; /* buckets [0, next) are started */
     int64_t n_nodes;
     bool verbose;
 };
@@ -88,12 +88,14 @@ void keel_grad_sync_begin(keel_grad_sync *s) { s->next = 0; }
 static int start(keel_grad_sync *s, int64_t after) {
     bucket *b = &s->b[s->next];
     if (s->verbose && after >= 0)
-        fprintf(stderr, "dist: rank %d: bucket %d of %d (%d gradients, %.2f MiB) started after node %lld of %lld, during the run\n",
-                keel_coll_rank(s->c), s->next + 1, s->n_b, b->count, (double)b->bytes / 1048576.0, (long long)after,
-                (long long)s->n_nodes);
+        fprintf(
+            stderr,
+            "dist: rank %d: bucket %d of %d (%d gradients, %.2f MiB) started after node %lld of %lld, during the run\n",
+            keel_coll_rank(s->c), s->next + 1, s->n_b, b->count, (double)b->bytes / 1048576.0, (long long)after,
+            (long long)s->n_nodes);
     else if (s->verbose)
-        fprintf(stderr, "dist: rank %d: bucket %d of %d (%d gradients, %.2f MiB) started after the run\n", keel_coll_rank(s->c),
-                s->next + 1, s->n_b, b->count, (double)b->bytes / 1048576.0);
+        fprintf(stderr, "dist: rank %d: bucket %d of %d (%d gradients, %.2f MiB) started after the run\n",
+                keel_coll_rank(s->c), s->next + 1, s->n_b, b->count, (double)b->bytes / 1048576.0);
     s->next++;
     return keel_coll_allreduce_tensors(s->c, s->be, s->bufs + b->first, b->count);
 }

@@ -13,7 +13,8 @@
 typedef struct keel_nccl keel_nccl;
 
 int keel_nccl_unique_id(unsigned char id[KEEL_NCCL_ID_BYTES]);
-keel_nccl *keel_nccl_new(keel_backend *be, int rank, int size, const unsigned char id[KEEL_NCCL_ID_BYTES], double timeout_s);
+keel_nccl *keel_nccl_new(keel_backend *be, int rank, int size, const unsigned char id[KEEL_NCCL_ID_BYTES],
+                         double timeout_s);
 void keel_nccl_free(keel_nccl *n);
 /* Starts the in-place sum of the contiguous float32 tensors over ranks (one NCCL group). */
 int keel_nccl_allreduce(keel_nccl *n, keel_tensor *const *ts, int count);

@@ -48,12 +48,21 @@ static int ensure_visited(keel_graph *g, int64_t id) {
 /* Iterative post-order walk: deep models would overflow a recursive one. */
 int keel_graph_expand(keel_graph *g, keel_tensor *root) {
     if (!root) return keel_fail("graph: NULL output (an earlier constructor failed: %s)", keel_last_error());
-    typedef struct { keel_tensor *t; int next; } frame;
+    typedef struct {
+        keel_tensor *t;
+        int next;
+    } frame;
     int64_t n = 0, cap = 64;
     frame *st = malloc((size_t)cap * sizeof *st);
     if (!st) return keel_fail("out of memory walking the graph");
-    if (ensure_visited(g, root->id)) { free(st); return -1; }
-    if (g->visited[root->id]) { free(st); return 0; }
+    if (ensure_visited(g, root->id)) {
+        free(st);
+        return -1;
+    }
+    if (g->visited[root->id]) {
+        free(st);
+        return 0;
+    }
     g->visited[root->id] = 1;
     st[n++] = (frame){root, 0};
     int rc = 0;
@@ -69,15 +78,20 @@ int keel_graph_expand(keel_graph *g, keel_tensor *root) {
             if (n == cap) {
                 cap *= 2;
                 frame *ns = realloc(st, (size_t)cap * sizeof *ns);
-                if (!ns) { rc = keel_fail("out of memory walking the graph"); break; }
+                if (!ns) {
+                    rc = keel_fail("out of memory walking the graph");
+                    break;
+                }
                 st = ns;
             }
             st[n++] = (frame){s, 0};
             continue;
         }
         n--;
-        if (t->op == KEEL_OP_NONE) rc = push(&g->leafs, &g->n_leafs, &g->cap_leafs, t);
-        else rc = push(&g->nodes, &g->n_nodes, &g->cap_nodes, t);
+        if (t->op == KEEL_OP_NONE)
+            rc = push(&g->leafs, &g->n_leafs, &g->cap_leafs, t);
+        else
+            rc = push(&g->nodes, &g->n_nodes, &g->cap_nodes, t);
     }
     free(st);
     if (g->grads == NULL) g->n_forward = g->n_nodes;
@@ -86,9 +100,15 @@ int keel_graph_expand(keel_graph *g, keel_tensor *root) {
 
 keel_graph *keel_graph_build(keel_ctx *ctx, keel_tensor *const *outputs, int n_outputs) {
     keel_graph *g = keel_graph_new(ctx);
-    if (!g) { keel_fail("out of memory for a graph"); return NULL; }
+    if (!g) {
+        keel_fail("out of memory for a graph");
+        return NULL;
+    }
     for (int i = 0; i < n_outputs; i++) {
-        if (keel_graph_expand(g, outputs[i])) { keel_graph_free(g); return NULL; }
+        if (keel_graph_expand(g, outputs[i])) {
+            keel_graph_free(g);
+            return NULL;
+        }
         outputs[i]->flags |= KEEL_FLAG_OUTPUT;
     }
     return g;

@@ -11,10 +11,10 @@ typedef struct keel_graph {
     int64_t n_nodes, cap_nodes;
     keel_tensor **leafs;
     int64_t n_leafs, cap_leafs;
-    int64_t n_forward;      /* nodes before the backward pass was appended (== n_nodes without one) */
-    keel_tensor **grads;    /* by tensor id: the gradient of that tensor, after keel_build_backward */
+    int64_t n_forward;   /* nodes before the backward pass was appended (== n_nodes without one) */
+    keel_tensor **grads; /* by tensor id: the gradient of that tensor, after keel_build_backward */
     int64_t n_grads;
-    uint8_t *visited;       /* by tensor id */
+    uint8_t *visited; /* by tensor id */
     int64_t n_visited;
 } keel_graph;
 

@@ -20,7 +20,8 @@ void keel_adapter_close(keel_adapter *a) {
 /* A field that must be absent, false, empty or "none" for a plain merge. */
 static int refuse_if_set(const cJSON *cfg, const char *key, const char *path, const char *why) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
-    bool set = v && !cJSON_IsNull(v) && !cJSON_IsFalse(v) && !(cJSON_IsString(v) && strcmp(v->valuestring, "none") == 0) &&
+    bool set = v && !cJSON_IsNull(v) && !cJSON_IsFalse(v) &&
+               !(cJSON_IsString(v) && strcmp(v->valuestring, "none") == 0) &&
                !((cJSON_IsObject(v) || cJSON_IsArray(v)) && cJSON_GetArraySize(v) == 0);
     return set ? keel_fail("%s: \"%s\" is set: %s", path, key, why) : 0;
 }
@@ -32,10 +33,12 @@ keel_adapter *keel_adapter_open(const char *dir) {
     if (!cfg) return NULL;
     keel_adapter *a = calloc(1, sizeof *a);
     const char *type = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cfg, "peft_type"));
-    const cJSON *r = cJSON_GetObjectItemCaseSensitive(cfg, "r"), *alpha = cJSON_GetObjectItemCaseSensitive(cfg, "lora_alpha");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(cfg, "r"),
+                *alpha = cJSON_GetObjectItemCaseSensitive(cfg, "lora_alpha");
     int rc = !a ? keel_fail("out of memory") : 0;
     if (!rc && type && strcmp(type, "LORA")) rc = keel_fail("%s: peft_type \"%s\" (only LORA adapters merge)", p, type);
-    if (!rc && !(cJSON_IsNumber(r) && r->valuedouble >= 1 && r->valuedouble == floor(r->valuedouble) && r->valuedouble < 1e9))
+    if (!rc &&
+        !(cJSON_IsNumber(r) && r->valuedouble >= 1 && r->valuedouble == floor(r->valuedouble) && r->valuedouble < 1e9))
         rc = keel_fail("%s: \"r\" must be a positive integer", p);
     if (!rc && !(cJSON_IsNumber(alpha) && isfinite(alpha->valuedouble)))
         rc = keel_fail("%s: \"lora_alpha\" must be a finite number", p);
@@ -47,7 +50,8 @@ keel_adapter *keel_adapter_open(const char *dir) {
     rc = rc || refuse_if_set(cfg, "fan_in_fan_out", p, "transposed (Conv1D) weights are not Qwen3.5's");
     if (!rc) {
         a->r = (int64_t)r->valuedouble, a->alpha = alpha->valuedouble;
-        a->scale = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "use_rslora")) ? a->alpha / sqrt((double)a->r) : a->alpha / (double)a->r;
+        a->scale = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "use_rslora")) ? a->alpha / sqrt((double)a->r)
+                                                                                     : a->alpha / (double)a->r;
         a->dir = strdup(dir);
         snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
         a->file = a->dir ? keel_st_open(p) : NULL;
@@ -65,8 +69,10 @@ static int target_of(const char *stored, char *out, size_t n, char *which) {
     const char *s = stored;
     if (strncmp(s, "base_model.model.", 17) == 0) s += 17;
     char tmp[512];
-    if (strncmp(s, "model.language_model.", 21) == 0) snprintf(tmp, sizeof tmp, "model.%s", s + 21);
-    else snprintf(tmp, sizeof tmp, "%s", s);
+    if (strncmp(s, "model.language_model.", 21) == 0)
+        snprintf(tmp, sizeof tmp, "model.%s", s + 21);
+    else
+        snprintf(tmp, sizeof tmp, "%s", s);
     size_t len = strlen(tmp);
     const char *suffix[2] = {".lora_A.weight", ".lora_B.weight"};
     for (int k = 0; k < 2; k++) {
@@ -92,12 +98,14 @@ int keel_adapter_merge(const keel_adapter *a, const keel_qwen35 *m, keel_backend
     for (int i = 0; i < f->n; i++) { /* every tensor must be a LoRA factor whose partner is there */
         char target[512], which, t2[512], w2;
         if (!target_of(f->t[i].name, target, sizeof target, &which))
-            return keel_fail("%s: tensor '%s' is not a LoRA factor (lora_A / lora_B); embedding adapters and DoRA are not supported",
-                             f->path, f->t[i].name);
+            return keel_fail(
+                "%s: tensor '%s' is not a LoRA factor (lora_A / lora_B); embedding adapters and DoRA are not supported",
+                f->path, f->t[i].name);
         bool partner = false;
         for (int j = 0; j < f->n && !partner; j++)
             partner = j != i && target_of(f->t[j].name, t2, sizeof t2, &w2) && w2 != which && strcmp(t2, target) == 0;
-        if (!partner) return keel_fail("%s: '%s' has no lora_%c partner", f->path, f->t[i].name, which == 'A' ? 'B' : 'A');
+        if (!partner)
+            return keel_fail("%s: '%s' has no lora_%c partner", f->path, f->t[i].name, which == 'A' ? 'B' : 'A');
     }
     for (int i = 0; i < f->n; i++) {
         char target[512], which;
@@ -111,10 +119,12 @@ int keel_adapter_merge(const keel_adapter *a, const keel_qwen35 *m, keel_backend
         keel_tensor *W = param_named(m, target);
         if (!W) return keel_fail("%s: '%s' targets '%s', which this model does not have", f->path, A->name, target);
         int64_t in = W->ne[0], out = keel_nelements(W) / in, r = a->r;
-        if (A->n_dims != 2 || B->n_dims != 2 || A->shape[0] != r || A->shape[1] != in || B->shape[0] != out || B->shape[1] != r)
-            return keel_fail("%s: '%s' [%lld, %lld] and its lora_B [%lld, %lld] do not fit '%s' [%lld, %lld] at rank %lld", f->path, A->name,
-                             (long long)A->shape[0], (long long)(A->n_dims > 1 ? A->shape[1] : 0), (long long)B->shape[0],
-                             (long long)(B->n_dims > 1 ? B->shape[1] : 0), target, (long long)out, (long long)in, (long long)r);
+        if (A->n_dims != 2 || B->n_dims != 2 || A->shape[0] != r || A->shape[1] != in || B->shape[0] != out ||
+            B->shape[1] != r)
+            return keel_fail(
+                "%s: '%s' [%lld, %lld] and its lora_B [%lld, %lld] do not fit '%s' [%lld, %lld] at rank %lld", f->path,
+                A->name, (long long)A->shape[0], (long long)(A->n_dims > 1 ? A->shape[1] : 0), (long long)B->shape[0],
+                (long long)(B->n_dims > 1 ? B->shape[1] : 0), target, (long long)out, (long long)in, (long long)r);
         double *w = keel_tensor_read_f64(be, W);
         double *ad = malloc((size_t)(r * in) * sizeof *ad), *row = malloc((size_t)r * sizeof *row);
         if (!w || !ad || !row) {

@@ -15,18 +15,23 @@
 #include "util/error.h"
 #include "util/file.h"
 
-
 /* The integer fields of config.json, read and written from this one list. */
 static const struct {
     const char *key;
     size_t off;
 } INT_FIELDS[] = {
-    {"vocab_size", offsetof(keel_qwen35_config, vocab)}, {"hidden_size", offsetof(keel_qwen35_config, hidden)},
-    {"num_hidden_layers", offsetof(keel_qwen35_config, layers)}, {"intermediate_size", offsetof(keel_qwen35_config, ffn)},
-    {"num_attention_heads", offsetof(keel_qwen35_config, heads)}, {"num_key_value_heads", offsetof(keel_qwen35_config, kv_heads)},
-    {"head_dim", offsetof(keel_qwen35_config, head_dim)}, {"linear_num_key_heads", offsetof(keel_qwen35_config, lk_heads)},
-    {"linear_num_value_heads", offsetof(keel_qwen35_config, lv_heads)}, {"linear_key_head_dim", offsetof(keel_qwen35_config, lk_dim)},
-    {"linear_value_head_dim", offsetof(keel_qwen35_config, lv_dim)}, {"linear_conv_kernel_dim", offsetof(keel_qwen35_config, conv_kernel)},
+    {"vocab_size", offsetof(keel_qwen35_config, vocab)},
+    {"hidden_size", offsetof(keel_qwen35_config, hidden)},
+    {"num_hidden_layers", offsetof(keel_qwen35_config, layers)},
+    {"intermediate_size", offsetof(keel_qwen35_config, ffn)},
+    {"num_attention_heads", offsetof(keel_qwen35_config, heads)},
+    {"num_key_value_heads", offsetof(keel_qwen35_config, kv_heads)},
+    {"head_dim", offsetof(keel_qwen35_config, head_dim)},
+    {"linear_num_key_heads", offsetof(keel_qwen35_config, lk_heads)},
+    {"linear_num_value_heads", offsetof(keel_qwen35_config, lv_heads)},
+    {"linear_key_head_dim", offsetof(keel_qwen35_config, lk_dim)},
+    {"linear_value_head_dim", offsetof(keel_qwen35_config, lv_dim)},
+    {"linear_conv_kernel_dim", offsetof(keel_qwen35_config, conv_kernel)},
 };
 #define N_INT_FIELDS (sizeof INT_FIELDS / sizeof INT_FIELDS[0])
 
@@ -66,19 +71,23 @@ int keel_hf_config_read_file(const char *path, keel_qwen35_config *cfg, bool *mu
         rc = keel_fail("%s: model_type \"%s\": mixture-of-experts models are not supported", path, mt->valuestring);
     int64_t experts = 0;
     if (!rc && get_int(path, c, "num_experts", &experts, false) == 0 && experts > 0)
-        rc = keel_fail("%s: field \"num_experts\" = %lld: mixture-of-experts models are not supported", path, (long long)experts);
+        rc = keel_fail("%s: field \"num_experts\" = %lld: mixture-of-experts models are not supported", path,
+                       (long long)experts);
     for (size_t i = 0; i < N_INT_FIELDS && !rc; i++)
         if (get_int(path, c, INT_FIELDS[i].key, (int64_t *)((char *)cfg + INT_FIELDS[i].off), true)) rc = -1;
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c, "rope_parameters");
     cfg->rope_theta = 10000.0, cfg->partial_rotary = 1.0, cfg->rms_eps = 1e-6;
-    if (!rc && (get_num(path, c, "rope_theta", &cfg->rope_theta) < 0 || get_num(path, c, "partial_rotary_factor", &cfg->partial_rotary) < 0 ||
+    if (!rc && (get_num(path, c, "rope_theta", &cfg->rope_theta) < 0 ||
+                get_num(path, c, "partial_rotary_factor", &cfg->partial_rotary) < 0 ||
                 get_num(path, c, "rms_norm_eps", &cfg->rms_eps) < 0))
         rc = -1;
     if (!rc && cJSON_IsObject(rp)) {
         const cJSON *rt = cJSON_GetObjectItemCaseSensitive(rp, "rope_type");
         if (cJSON_IsString(rt) && strcmp(rt->valuestring, "default") != 0)
-            rc = keel_fail("%s: rope_parameters.rope_type \"%s\" is not supported (only \"default\")", path, rt->valuestring);
-        if (!rc && (get_num(path, rp, "rope_theta", &cfg->rope_theta) < 0 || get_num(path, rp, "partial_rotary_factor", &cfg->partial_rotary) < 0))
+            rc = keel_fail("%s: rope_parameters.rope_type \"%s\" is not supported (only \"default\")", path,
+                           rt->valuestring);
+        if (!rc && (get_num(path, rp, "rope_theta", &cfg->rope_theta) < 0 ||
+                    get_num(path, rp, "partial_rotary_factor", &cfg->partial_rotary) < 0))
             rc = -1;
     }
     /* tie_word_embeddings: the text config's, else the top level's (the multimodal release keeps it there) */
@@ -86,15 +95,21 @@ int keel_hf_config_read_file(const char *path, keel_qwen35_config *cfg, bool *mu
     if (!tie) tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
     cfg->tied = tie ? cJSON_IsTrue(tie) : false;
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(c, "layer_types");
-    if (!rc && cfg->layers > KEEL_QWEN35_MAX_LAYERS) rc = keel_fail("%s: num_hidden_layers %lld exceeds %d", path, (long long)cfg->layers, KEEL_QWEN35_MAX_LAYERS);
+    if (!rc && cfg->layers > KEEL_QWEN35_MAX_LAYERS)
+        rc = keel_fail("%s: num_hidden_layers %lld exceeds %d", path, (long long)cfg->layers, KEEL_QWEN35_MAX_LAYERS);
     if (!rc && cJSON_IsArray(lt)) {
         if (cJSON_GetArraySize(lt) != cfg->layers)
-            rc = keel_fail("%s: layer_types has %d entries, num_hidden_layers is %lld", path, cJSON_GetArraySize(lt), (long long)cfg->layers);
+            rc = keel_fail("%s: layer_types has %d entries, num_hidden_layers is %lld", path, cJSON_GetArraySize(lt),
+                           (long long)cfg->layers);
         int i = 0;
         for (const cJSON *e = lt->child; e && !rc; e = e->next, i++) {
-            if (cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention")) cfg->full_attention[i] = 1;
-            else if (cJSON_IsString(e) && !strcmp(e->valuestring, "linear_attention")) cfg->full_attention[i] = 0;
-            else rc = keel_fail("%s: layer_types[%d] is \"%s\" (expected \"linear_attention\" or \"full_attention\")", path, i, cJSON_IsString(e) ? e->valuestring : "?");
+            if (cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention"))
+                cfg->full_attention[i] = 1;
+            else if (cJSON_IsString(e) && !strcmp(e->valuestring, "linear_attention"))
+                cfg->full_attention[i] = 0;
+            else
+                rc = keel_fail("%s: layer_types[%d] is \"%s\" (expected \"linear_attention\" or \"full_attention\")",
+                               path, i, cJSON_IsString(e) ? e->valuestring : "?");
         }
     } else if (!rc) { /* the family's default: every 4th layer is full attention */
         int64_t every = 4;
@@ -112,9 +127,15 @@ int keel_hf_config_read_file(const char *path, keel_qwen35_config *cfg, bool *mu
 
 keel_checkpoint *keel_checkpoint_open(const char *dir) {
     keel_checkpoint *c = calloc(1, sizeof *c);
-    if (!c) { keel_fail("out of memory"); return NULL; }
+    if (!c) {
+        keel_fail("out of memory");
+        return NULL;
+    }
     c->dir = strdup(dir);
-    if (keel_hf_config_read(dir, &c->cfg, &c->multimodal)) { keel_checkpoint_close(c); return NULL; }
+    if (keel_hf_config_read(dir, &c->cfg, &c->multimodal)) {
+        keel_checkpoint_close(c);
+        return NULL;
+    }
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     FILE *probe = fopen(path, "rb");
@@ -141,7 +162,12 @@ keel_checkpoint *keel_checkpoint_open(const char *dir) {
             char sp[4096];
             snprintf(sp, sizeof sp, "%s/%s", dir, names[i]);
             c->files[c->n_files] = keel_st_open(sp);
-            if (!c->files[c->n_files]) { free(names); cJSON_Delete(idx); keel_checkpoint_close(c); return NULL; }
+            if (!c->files[c->n_files]) {
+                free(names);
+                cJSON_Delete(idx);
+                keel_checkpoint_close(c);
+                return NULL;
+            }
             c->n_files++;
         }
         /* every entry of the map must be in the shard it names */
@@ -162,7 +188,10 @@ keel_checkpoint *keel_checkpoint_open(const char *dir) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         c->files = calloc(1, sizeof *c->files);
         c->files[0] = keel_st_open(path);
-        if (!c->files[0]) { keel_checkpoint_close(c); return NULL; }
+        if (!c->files[0]) {
+            keel_checkpoint_close(c);
+            return NULL;
+        }
         c->n_files = 1;
     }
     const keel_st_tensor *e = keel_checkpoint_find(c, "model.embed_tokens.weight");
@@ -188,7 +217,8 @@ static const char *text_name(const char *stored, char *buf, size_t n) {
 }
 
 static bool ignored(const char *stored) {
-    return strncmp(stored, "model.visual.", 13) == 0 || strncmp(stored, "mtp.", 4) == 0 || strncmp(stored, "visual.", 7) == 0;
+    return strncmp(stored, "model.visual.", 13) == 0 || strncmp(stored, "mtp.", 4) == 0 ||
+           strncmp(stored, "visual.", 7) == 0;
 }
 
 const keel_st_tensor *keel_checkpoint_find(const keel_checkpoint *c, const char *name) {
@@ -211,8 +241,11 @@ int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_ba
             const char *nm = text_name(stored, buf, sizeof buf);
             bool known = false;
             for (int p = 0; p < m->n_params && !known; p++) known = strcmp(m->params[p]->name, nm) == 0;
-            if (!known && m->cfg.tied && strcmp(nm, "lm_head.weight") == 0) known = true; /* a tied head may be stored */
-            if (!known) return keel_fail("%s: unexpected tensor '%s' (not part of this config's model)", c->files[f]->path, stored);
+            if (!known && m->cfg.tied && strcmp(nm, "lm_head.weight") == 0)
+                known = true; /* a tied head may be stored */
+            if (!known)
+                return keel_fail("%s: unexpected tensor '%s' (not part of this config's model)", c->files[f]->path,
+                                 stored);
         }
     for (int p = 0; p < m->n_params; p++) {
         keel_tensor *t = m->params[p];
@@ -221,17 +254,22 @@ int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_ba
         /* the stored shape reversed must be t's shape, ignoring unit dims (conv1d: [C,1,K] vs [K,C]) */
         int64_t want[4], got[KEEL_ST_MAX_DIMS];
         int nw = 0, ng = 0;
-        for (int d = 0; d < 4; d++) if (t->ne[d] != 1) want[nw++] = t->ne[d];
-        for (int d = s->n_dims - 1; d >= 0; d--) if (s->shape[d] != 1) got[ng++] = s->shape[d];
+        for (int d = 0; d < 4; d++)
+            if (t->ne[d] != 1) want[nw++] = t->ne[d];
+        for (int d = s->n_dims - 1; d >= 0; d--)
+            if (s->shape[d] != 1) got[ng++] = s->shape[d];
         bool same = nw == ng;
         for (int d = 0; d < nw && same; d++) same = want[d] == got[d];
         if (!same) {
             char sh[128] = "", ex[64];
-            for (int d = 0; d < s->n_dims; d++) snprintf(sh + strlen(sh), sizeof sh - strlen(sh), "%s%lld", d ? "," : "", (long long)s->shape[d]);
+            for (int d = 0; d < s->n_dims; d++)
+                snprintf(sh + strlen(sh), sizeof sh - strlen(sh), "%s%lld", d ? "," : "", (long long)s->shape[d]);
             snprintf(ex, sizeof ex, "%lld,%lld", (long long)t->ne[1], (long long)t->ne[0]);
-            return keel_fail("%s: tensor '%s' has shape [%s], the config needs [%s]", c->dir, s->name, sh, t->ne[1] > 1 ? ex : ex + strcspn(ex, ",") + 1);
+            return keel_fail("%s: tensor '%s' has shape [%s], the config needs [%s]", c->dir, s->name, sh,
+                             t->ne[1] > 1 ? ex : ex + strcspn(ex, ",") + 1);
         }
-        if (s->type < 0) return keel_fail("%s: tensor '%s' has dtype %s; keel reads F32, F16, BF16, F64", c->dir, s->name, s->dtype);
+        if (s->type < 0)
+            return keel_fail("%s: tensor '%s' has dtype %s; keel reads F32, F16, BF16, F64", c->dir, s->name, s->dtype);
         int64_t n = keel_nelements(t);
         if (s->type == (int)t->type && keel_is_contiguous(t)) {
             if (be->write(be, t->data, s->data, s->nbytes)) return -1;
@@ -241,7 +279,10 @@ int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_ba
         size_t es = keel_type_size(t->type);
         unsigned char *v = keel_is_contiguous(t) ? malloc((size_t)n * es) : NULL;
         if (!v) return keel_fail("out of memory loading '%s'", t->name);
-        if (!keel_type_is_float(t->type)) { free(v); return keel_fail("'%s': cannot load into %s", t->name, keel_type_name(t->type)); }
+        if (!keel_type_is_float(t->type)) {
+            free(v);
+            return keel_fail("'%s': cannot load into %s", t->name, keel_type_name(t->type));
+        }
         for (int64_t i = 0; i < n; i++) keel_store_value(t->type, v + (size_t)i * es, keel_st_get(s, i));
         int rc = be->write(be, t->data, v, (size_t)n * es);
         free(v);
@@ -280,10 +321,18 @@ static int write_file_synced(const char *path, const char *text) {
     size_t n = strlen(text), done = 0;
     while (done < n) {
         ssize_t w = write(fd, text + done, n - done);
-        if (w <= 0) { int e = errno; close(fd); return keel_fail("%s: write failed: %s", path, strerror(e)); }
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            return keel_fail("%s: write failed: %s", path, strerror(e));
+        }
         done += (size_t)w;
     }
-    if (fsync(fd) != 0) { int e = errno; close(fd); return keel_fail("%s: fsync failed: %s", path, strerror(e)); }
+    if (fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        return keel_fail("%s: fsync failed: %s", path, strerror(e));
+    }
     close(fd);
     return 0;
 }
@@ -305,11 +354,13 @@ int keel_checkpoint_save(const char *out_dir, const keel_qwen35 *m, keel_backend
 }
 
 int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
-                            const keel_checkpoint *src, bool multimodal, int (*extra)(const char *tmp_dir, void *ud), void *ud) {
+                            const keel_checkpoint *src, bool multimodal, int (*extra)(const char *tmp_dir, void *ud),
+                            void *ud) {
     if (dtype != KEEL_F32 && dtype != KEEL_BF16 && dtype != KEEL_F16 && dtype != KEEL_F64)
         return keel_fail("save: cannot store weights as %s", keel_type_name(dtype));
     if (multimodal && !(src && src->multimodal))
-        return keel_fail("save: the multimodal layout needs a multimodal source checkpoint (its config and vision weights)");
+        return keel_fail(
+            "save: the multimodal layout needs a multimodal source checkpoint (its config and vision weights)");
     char tmp[4096], path[4352];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out_dir, (long)getpid());
     remove_folder(tmp);
@@ -320,17 +371,26 @@ int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_back
     char **names = calloc((size_t)n_max, sizeof *names);
     void **bufs = calloc((size_t)n_max, sizeof *bufs);
     if (!e || !names || !bufs) rc = keel_fail("out of memory");
-    static const char *dt_names[KEEL_TYPE_COUNT] = {[KEEL_F32] = "F32", [KEEL_F16] = "F16", [KEEL_BF16] = "BF16", [KEEL_F64] = "F64"};
+    static const char *dt_names[KEEL_TYPE_COUNT] = {
+        [KEEL_F32] = "F32", [KEEL_F16] = "F16", [KEEL_BF16] = "BF16", [KEEL_F64] = "F64"};
     for (int p = 0; p < m->n_params && !rc; p++) {
         keel_tensor *t = m->params[p];
         size_t bytes = (size_t)keel_nelements(t) * keel_type_size(dtype);
         bufs[n] = malloc(bytes ? bytes : 1);
-        if (!bufs[n]) { rc = keel_fail("out of memory saving '%s'", t->name); break; }
-        if (keel_tensor_read(be, t, bufs[n], dtype)) { rc = -1; break; }
+        if (!bufs[n]) {
+            rc = keel_fail("out of memory saving '%s'", t->name);
+            break;
+        }
+        if (keel_tensor_read(be, t, bufs[n], dtype)) {
+            rc = -1;
+            break;
+        }
         const char *nm = t->name;
         char *full = malloc(strlen(nm) + 32);
-        if (multimodal && strncmp(nm, "model.", 6) == 0) sprintf(full, "model.language_model.%s", nm + 6);
-        else strcpy(full, nm);
+        if (multimodal && strncmp(nm, "model.", 6) == 0)
+            sprintf(full, "model.language_model.%s", nm + 6);
+        else
+            strcpy(full, nm);
         names[n] = full;
         e[n].name = full;
         e[n].raw = bufs[n];
@@ -380,7 +440,8 @@ int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_back
         snprintf(old, sizeof old, "%s.old.%ld", out_dir, (long)getpid());
         struct stat sb;
         bool had = stat(out_dir, &sb) == 0;
-        if (had && rename(out_dir, old) != 0) rc = keel_fail("%s: cannot move the previous checkpoint aside: %s", out_dir, strerror(errno));
+        if (had && rename(out_dir, old) != 0)
+            rc = keel_fail("%s: cannot move the previous checkpoint aside: %s", out_dir, strerror(errno));
         if (!rc && rename(tmp, out_dir) != 0) {
             rc = keel_fail("%s: cannot rename %s into place: %s", out_dir, tmp, strerror(errno));
             if (had) rename(old, out_dir);

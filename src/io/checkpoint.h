@@ -13,10 +13,10 @@
 typedef struct {
     char *dir;
     keel_qwen35_config cfg;
-    bool multimodal;          /* names under model.language_model. */
+    bool multimodal; /* names under model.language_model. */
     keel_st_file **files;
     int n_files;
-    char dtype[8];            /* dtype of the first text weight ("BF16", "F32", ...) */
+    char dtype[8]; /* dtype of the first text weight ("BF16", "F32", ...) */
 } keel_checkpoint;
 
 /* Reads config.json of dir into cfg; -1 with a message naming the file and field. */
@@ -42,6 +42,7 @@ int keel_checkpoint_save(const char *out_dir, const keel_qwen35 *m, keel_backend
 /* The same, calling extra(tmp_dir, ud) to add files (a trainer's state) before the folder is
  * swapped into place, so that they land, or not, together. */
 int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
-                            const keel_checkpoint *src, bool multimodal, int (*extra)(const char *tmp_dir, void *ud), void *ud);
+                            const keel_checkpoint *src, bool multimodal, int (*extra)(const char *tmp_dir, void *ud),
+                            void *ud);
 
 #endif

@@ -59,7 +59,9 @@ static int put_key(keel_gguf *g, const char *key, uint32_t type) {
     return put_string(g, key, strlen(key)) || put_u32(g, type);
 }
 
-int keel_gguf_u32(keel_gguf *g, const char *key, uint32_t v) { return put_key(g, key, GT_U32) || put_u32(g, v) ? -1 : 0; }
+int keel_gguf_u32(keel_gguf *g, const char *key, uint32_t v) {
+    return put_key(g, key, GT_U32) || put_u32(g, v) ? -1 : 0;
+}
 int keel_gguf_f32(keel_gguf *g, const char *key, float v) { return put_key(g, key, GT_F32) || put(g, &v, 4) ? -1 : 0; }
 int keel_gguf_bool(keel_gguf *g, const char *key, bool v) {
     uint8_t b = v;
@@ -91,20 +93,27 @@ int keel_gguf_arr_str(keel_gguf *g, const char *key, const char *const *v, const
 
 size_t keel_ggml_nbytes(keel_ggml_type type, int64_t ne0, int64_t n) {
     switch (type) {
-    case KEEL_GGML_F32: return (size_t)n * 4;
+    case KEEL_GGML_F32:
+        return (size_t)n * 4;
     case KEEL_GGML_F16:
-    case KEEL_GGML_BF16: return (size_t)n * 2;
-    case KEEL_GGML_Q8_0: return ne0 % KEEL_Q8_0_BLOCK ? 0 : (size_t)(n / KEEL_Q8_0_BLOCK) * (2 + KEEL_Q8_0_BLOCK);
+    case KEEL_GGML_BF16:
+        return (size_t)n * 2;
+    case KEEL_GGML_Q8_0:
+        return ne0 % KEEL_Q8_0_BLOCK ? 0 : (size_t)(n / KEEL_Q8_0_BLOCK) * (2 + KEEL_Q8_0_BLOCK);
     }
     return 0;
 }
 
 const char *keel_ggml_type_name(keel_ggml_type type) {
     switch (type) {
-    case KEEL_GGML_F32: return "f32";
-    case KEEL_GGML_F16: return "f16";
-    case KEEL_GGML_BF16: return "bf16";
-    case KEEL_GGML_Q8_0: return "q8_0";
+    case KEEL_GGML_F32:
+        return "f32";
+    case KEEL_GGML_F16:
+        return "f16";
+    case KEEL_GGML_BF16:
+        return "bf16";
+    case KEEL_GGML_Q8_0:
+        return "q8_0";
     }
     return "?";
 }
@@ -114,7 +123,9 @@ int keel_gguf_tensor(keel_gguf *g, const char *name, keel_ggml_type type, int n_
     int64_t n = 1;
     for (int d = 0; d < n_dims; d++) n *= ne[d];
     size_t nbytes = keel_ggml_nbytes(type, ne[0], n);
-    if (!nbytes) return keel_fail("gguf: tensor '%s': rows of %lld cannot be stored as %s", name, (long long)ne[0], keel_ggml_type_name(type));
+    if (!nbytes)
+        return keel_fail("gguf: tensor '%s': rows of %lld cannot be stored as %s", name, (long long)ne[0],
+                         keel_ggml_type_name(type));
     if (g->n_t == g->cap_t) {
         int cap = g->cap_t ? 2 * g->cap_t : 64;
         tensor_desc *t = realloc(g->t, (size_t)cap * sizeof *t);
@@ -159,8 +170,8 @@ int keel_gguf_write(const keel_gguf *g, const char *path, keel_gguf_fill fill, v
     /* the head: magic, version, counts, metadata, tensor descriptions with their data offsets */
     keel_gguf head = {0};
     size_t offset = 0, max_bytes = 0;
-    int rc = put(&head, "GGUF", 4) || put_u32(&head, 3) || put_u64(&head, (uint64_t)g->n_t) || put_u64(&head, g->n_kv) ||
-             put(&head, g->kv, g->kv_len);
+    int rc = put(&head, "GGUF", 4) || put_u32(&head, 3) || put_u64(&head, (uint64_t)g->n_t) ||
+             put_u64(&head, g->n_kv) || put(&head, g->kv, g->kv_len);
     for (int i = 0; i < g->n_t && !rc; i++) {
         const tensor_desc *t = &g->t[i];
         rc = put_string(&head, t->name, strlen(t->name)) || put_u32(&head, (uint32_t)t->n_dims);
@@ -194,7 +205,8 @@ int keel_gguf_write(const keel_gguf *g, const char *path, keel_gguf_fill fill, v
             fclose(f), unlink(tmp), free(head.kv), free(buf);
             return -1;
         }
-        ok = fwrite(buf, 1, t->nbytes, f) == t->nbytes && fwrite(zeros, 1, pad_to(t->nbytes) - t->nbytes, f) == pad_to(t->nbytes) - t->nbytes;
+        ok = fwrite(buf, 1, t->nbytes, f) == t->nbytes &&
+             fwrite(zeros, 1, pad_to(t->nbytes) - t->nbytes, f) == pad_to(t->nbytes) - t->nbytes;
         if (progress) progress(ud, i + 1, g->n_t);
     }
     int err = errno;

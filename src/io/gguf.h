@@ -14,7 +14,7 @@
 typedef enum { KEEL_GGML_F32 = 0, KEEL_GGML_F16 = 1, KEEL_GGML_Q8_0 = 8, KEEL_GGML_BF16 = 30 } keel_ggml_type;
 
 #define KEEL_GGUF_ALIGNMENT 32
-#define KEEL_Q8_0_BLOCK 32 /* values per q8_0 block: a float16 scale, then 32 int8 */
+#define KEEL_Q8_0_BLOCK     32 /* values per q8_0 block: a float16 scale, then 32 int8 */
 
 typedef struct keel_gguf keel_gguf;
 

@@ -19,9 +19,8 @@ static const struct {
     int type;
     size_t size;
 } DTYPES[] = {
-    {"F32", KEEL_F32, 4}, {"F16", KEEL_F16, 2}, {"BF16", KEEL_BF16, 2}, {"F64", KEEL_F64, 8},
-    {"I32", KEEL_I32, 4}, {"I64", -1, 8},       {"I16", -1, 2},         {"I8", -1, 1},
-    {"U8", -1, 1},        {"BOOL", -1, 1},
+    {"F32", KEEL_F32, 4}, {"F16", KEEL_F16, 2}, {"BF16", KEEL_BF16, 2}, {"F64", KEEL_F64, 8}, {"I32", KEEL_I32, 4},
+    {"I64", -1, 8},       {"I16", -1, 2},       {"I8", -1, 1},          {"U8", -1, 1},        {"BOOL", -1, 1},
 };
 
 static int dtype_index(const char *s) {
@@ -47,12 +46,18 @@ void keel_st_release(keel_st_file *f) {
 int keel_st_parse(const void *buf, size_t size, const char *label, keel_st_file *out) {
     memset(out, 0, sizeof *out);
     const unsigned char *b = buf;
-    if (size < 8) return keel_fail("%s: %zu bytes is too short for a safetensors file (8-byte header length missing)", label, size);
+    if (size < 8)
+        return keel_fail("%s: %zu bytes is too short for a safetensors file (8-byte header length missing)", label,
+                         size);
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--) hl = hl << 8 | b[i];
-    if (hl > size - 8) return keel_fail("%s: header length %llu runs past the end of the file (%zu bytes)", label, (unsigned long long)hl, size);
-    if (hl > MAX_HEADER) return keel_fail("%s: header length %llu exceeds the 100 MB limit", label, (unsigned long long)hl);
-    if (hl < 2) return keel_fail("%s: header length %llu is too short for a JSON object", label, (unsigned long long)hl);
+    if (hl > size - 8)
+        return keel_fail("%s: header length %llu runs past the end of the file (%zu bytes)", label,
+                         (unsigned long long)hl, size);
+    if (hl > MAX_HEADER)
+        return keel_fail("%s: header length %llu exceeds the 100 MB limit", label, (unsigned long long)hl);
+    if (hl < 2)
+        return keel_fail("%s: header length %llu is too short for a JSON object", label, (unsigned long long)hl);
     char *json = malloc(hl + 1);
     if (!json) return keel_fail("%s: out of memory for a %llu-byte header", label, (unsigned long long)hl);
     memcpy(json, b + 8, hl);
@@ -85,15 +90,22 @@ int keel_st_parse(const void *buf, size_t size, const char *label, keel_st_file 
         cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(it, "shape"),
               *of = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
         if (!cJSON_IsObject(it) || !cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(of)) {
-            rc = keel_fail("%s: tensor '%s': entry needs \"dtype\" (string), \"shape\" and \"data_offsets\" (arrays)", label, nm);
+            rc = keel_fail("%s: tensor '%s': entry needs \"dtype\" (string), \"shape\" and \"data_offsets\" (arrays)",
+                           label, nm);
             break;
         }
         int di = dtype_index(dt->valuestring);
-        if (di < 0) { rc = keel_fail("%s: tensor '%s': unknown dtype '%s'", label, nm, dt->valuestring); break; }
+        if (di < 0) {
+            rc = keel_fail("%s: tensor '%s': unknown dtype '%s'", label, nm, dt->valuestring);
+            break;
+        }
         snprintf(t->dtype, sizeof t->dtype, "%s", DTYPES[di].name);
         t->type = DTYPES[di].type;
         t->n_dims = cJSON_GetArraySize(sh);
-        if (t->n_dims > KEEL_ST_MAX_DIMS) { rc = keel_fail("%s: tensor '%s': %d dimensions (at most %d)", label, nm, t->n_dims, KEEL_ST_MAX_DIMS); break; }
+        if (t->n_dims > KEEL_ST_MAX_DIMS) {
+            rc = keel_fail("%s: tensor '%s': %d dimensions (at most %d)", label, nm, t->n_dims, KEEL_ST_MAX_DIMS);
+            break;
+        }
         double numel = 1;
         int d = 0;
         for (cJSON *s = sh->child; s; s = s->next, d++) {
@@ -112,14 +124,19 @@ int keel_st_parse(const void *buf, size_t size, const char *label, keel_st_file 
             break;
         }
         double b0 = of->child->valuedouble, b1 = of->child->next->valuedouble;
-        if (b1 < b0) { rc = keel_fail("%s: tensor '%s': data_offsets [%.0f, %.0f] end before they begin", label, nm, b0, b1); break; }
+        if (b1 < b0) {
+            rc = keel_fail("%s: tensor '%s': data_offsets [%.0f, %.0f] end before they begin", label, nm, b0, b1);
+            break;
+        }
         if (b1 > (double)data_size) {
-            rc = keel_fail("%s: tensor '%s': data_offsets [%.0f, %.0f] out of range: the data section has %zu bytes", label, nm, b0, b1, data_size);
+            rc = keel_fail("%s: tensor '%s': data_offsets [%.0f, %.0f] out of range: the data section has %zu bytes",
+                           label, nm, b0, b1, data_size);
             break;
         }
         double want = numel * (double)DTYPES[di].size;
         if (want != b1 - b0) {
-            rc = keel_fail("%s: tensor '%s': shape and dtype %s need %.0f bytes, data_offsets give %.0f", label, nm, t->dtype, want, b1 - b0);
+            rc = keel_fail("%s: tensor '%s': shape and dtype %s need %.0f bytes, data_offsets give %.0f", label, nm,
+                           t->dtype, want, b1 - b0);
             break;
         }
         t->data = data + (size_t)b0;
@@ -132,7 +149,8 @@ int keel_st_parse(const void *buf, size_t size, const char *label, keel_st_file 
         for (int i = 1; i < out->n && !rc; i++) {
             const char *prev_end = (const char *)by[i - 1]->data + by[i - 1]->nbytes;
             if (by[i - 1]->nbytes && by[i]->nbytes && (const char *)by[i]->data < prev_end)
-                rc = keel_fail("%s: tensors '%s' and '%s' overlap in the data section", label, by[i - 1]->name, by[i]->name);
+                rc = keel_fail("%s: tensors '%s' and '%s' overlap in the data section", label, by[i - 1]->name,
+                               by[i]->name);
         }
         free(by);
     }
@@ -144,13 +162,23 @@ int keel_st_parse(const void *buf, size_t size, const char *label, keel_st_file 
 
 keel_st_file *keel_st_open(const char *path) {
     int fd = open(path, O_RDONLY);
-    if (fd < 0) { keel_fail("%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    if (fd < 0) {
+        keel_fail("%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
     struct stat st;
-    if (fstat(fd, &st) != 0) { close(fd); keel_fail("%s: cannot stat: %s", path, strerror(errno)); return NULL; }
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        keel_fail("%s: cannot stat: %s", path, strerror(errno));
+        return NULL;
+    }
     size_t size = (size_t)st.st_size;
     void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     close(fd);
-    if (size && map == MAP_FAILED) { keel_fail("%s: cannot map: %s", path, strerror(errno)); return NULL; }
+    if (size && map == MAP_FAILED) {
+        keel_fail("%s: cannot map: %s", path, strerror(errno));
+        return NULL;
+    }
     keel_st_file *f = calloc(1, sizeof *f);
     if (!f || keel_st_parse(map, size, path, f)) {
         if (map) munmap(map, size);
@@ -185,19 +213,29 @@ int64_t keel_st_numel(const keel_st_tensor *t) {
 
 double keel_st_get(const keel_st_tensor *t, int64_t i) {
     const unsigned char *p = t->data;
-    if (!strcmp(t->dtype, "I64")) { int64_t v; memcpy(&v, p + 8 * i, 8); return (double)v; }
+    if (!strcmp(t->dtype, "I64")) {
+        int64_t v;
+        memcpy(&v, p + 8 * i, 8);
+        return (double)v;
+    }
     if (t->type < 0) return 0;
     return keel_load_value((keel_type)t->type, p + (size_t)i * keel_type_size((keel_type)t->type));
 }
 
 static const char *st_dtype(keel_type t) {
     switch (t) {
-    case KEEL_F32: return "F32";
-    case KEEL_F16: return "F16";
-    case KEEL_BF16: return "BF16";
-    case KEEL_F64: return "F64";
-    case KEEL_I32: return "I32";
-    default: return NULL;
+    case KEEL_F32:
+        return "F32";
+    case KEEL_F16:
+        return "F16";
+    case KEEL_BF16:
+        return "BF16";
+    case KEEL_F64:
+        return "F64";
+    case KEEL_I32:
+        return "I32";
+    default:
+        return NULL;
     }
 }
 
@@ -209,11 +247,15 @@ int keel_st_write(const char *path, const keel_st_entry *e, int n) {
     for (int i = 0; i < n; i++) {
         const char *dt = e[i].raw ? e[i].raw_dtype : st_dtype(e[i].type);
         int di = dt ? dtype_index(dt) : -1;
-        if (di < 0) { cJSON_Delete(root); return keel_fail("%s: tensor '%s': cannot store type %s", path, e[i].name, dt ? dt : "?"); }
+        if (di < 0) {
+            cJSON_Delete(root);
+            return keel_fail("%s: tensor '%s': cannot store type %s", path, e[i].name, dt ? dt : "?");
+        }
         int64_t numel = 1;
         cJSON *o = cJSON_AddObjectToObject(root, e[i].name), *sh = cJSON_AddArrayToObject(o, "shape"), *of;
         cJSON_AddStringToObject(o, "dtype", dt);
-        for (int d = 0; d < e[i].n_dims; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e[i].shape[d])), numel *= e[i].shape[d];
+        for (int d = 0; d < e[i].n_dims; d++)
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e[i].shape[d])), numel *= e[i].shape[d];
         size_t bytes = (size_t)numel * DTYPES[di].size;
         of = cJSON_AddArrayToObject(o, "data_offsets");
         cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
@@ -227,7 +269,10 @@ int keel_st_write(const char *path, const keel_st_entry *e, int n) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "wb");
-    if (!f) { free(hdr); return keel_fail("%s: cannot create: %s", tmp, strerror(errno)); }
+    if (!f) {
+        free(hdr);
+        return keel_fail("%s: cannot create: %s", tmp, strerror(errno));
+    }
     uint64_t len = hl + pad;
     unsigned char lb[8];
     for (int i = 0; i < 8; i++) lb[i] = (unsigned char)(len >> (8 * i));

@@ -13,8 +13,8 @@
 
 typedef struct {
     char *name;
-    char dtype[8];  /* "F32", "BF16", ... as in the header */
-    int type;       /* keel_type, or -1 for a dtype keel does not compute in (I64, U8, ...) */
+    char dtype[8]; /* "F32", "BF16", ... as in the header */
+    int type;      /* keel_type, or -1 for a dtype keel does not compute in (I64, U8, ...) */
     int n_dims;
     int64_t shape[KEEL_ST_MAX_DIMS];
     const void *data;
@@ -42,12 +42,12 @@ int64_t keel_st_numel(const keel_st_tensor *t);
 
 typedef struct {
     const char *name;
-    keel_type type;      /* stored type */
+    keel_type type; /* stored type */
     int n_dims;
     int64_t shape[KEEL_ST_MAX_DIMS];
-    const double *values; /* converted to `type` on write, or: */
-    const void *raw;      /* bytes already in the stored dtype (values == NULL) */
-    const char *raw_dtype;/* the stored dtype of raw ("F32", "BF16", "I64", ...) */
+    const double *values;  /* converted to `type` on write, or: */
+    const void *raw;       /* bytes already in the stored dtype (values == NULL) */
+    const char *raw_dtype; /* the stored dtype of raw ("F32", "BF16", "I64", ...) */
 } keel_st_entry;
 
 int keel_st_write(const char *path, const keel_st_entry *e, int n);

@@ -12,17 +12,56 @@
 int keel_qwen35_preset(const char *name, keel_qwen35_config *c) {
     memset(c, 0, sizeof *c);
     if (strcmp(name, "0.8b") == 0) {
-        *c = (keel_qwen35_config){.vocab = 248320, .hidden = 1024, .layers = 24, .ffn = 3584, .heads = 8, .kv_heads = 2,
-                                  .head_dim = 256, .lk_heads = 16, .lv_heads = 16, .lk_dim = 128, .lv_dim = 128,
-                                  .conv_kernel = 4, .rope_theta = 1e7, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
+        *c = (keel_qwen35_config){.vocab = 248320,
+                                  .hidden = 1024,
+                                  .layers = 24,
+                                  .ffn = 3584,
+                                  .heads = 8,
+                                  .kv_heads = 2,
+                                  .head_dim = 256,
+                                  .lk_heads = 16,
+                                  .lv_heads = 16,
+                                  .lk_dim = 128,
+                                  .lv_dim = 128,
+                                  .conv_kernel = 4,
+                                  .rope_theta = 1e7,
+                                  .partial_rotary = 0.25,
+                                  .rms_eps = 1e-6,
+                                  .tied = true};
     } else if (strcmp(name, "tiny") == 0) {
-        *c = (keel_qwen35_config){.vocab = 512, .hidden = 64, .layers = 4, .ffn = 160, .heads = 4, .kv_heads = 2,
-                                  .head_dim = 32, .lk_heads = 2, .lv_heads = 4, .lk_dim = 16, .lv_dim = 24,
-                                  .conv_kernel = 4, .rope_theta = 1e7, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
+        *c = (keel_qwen35_config){.vocab = 512,
+                                  .hidden = 64,
+                                  .layers = 4,
+                                  .ffn = 160,
+                                  .heads = 4,
+                                  .kv_heads = 2,
+                                  .head_dim = 32,
+                                  .lk_heads = 2,
+                                  .lv_heads = 4,
+                                  .lk_dim = 16,
+                                  .lv_dim = 24,
+                                  .conv_kernel = 4,
+                                  .rope_theta = 1e7,
+                                  .partial_rotary = 0.25,
+                                  .rms_eps = 1e-6,
+                                  .tied = true};
     } else if (strcmp(name, "small") == 0) {
-        *c = (keel_qwen35_config){.vocab = 256, .hidden = 128, .layers = 4, .ffn = 320, .heads = 4, .kv_heads = 2,
-                                  .head_dim = 32, .lk_heads = 2, .lv_heads = 4, .lk_dim = 32, .lv_dim = 32,
-                                  .conv_kernel = 4, .rope_theta = 10000.0, .partial_rotary = 0.25, .rms_eps = 1e-6, .tied = true};
+        *c = (keel_qwen35_config){.vocab = 256,
+                                  .hidden = 128,
+                                  .layers = 4,
+                                  .ffn = 320,
+                                  .heads = 4,
+                                  .kv_heads = 2,
+                                  .head_dim = 32,
+                                  .lk_heads = 2,
+                                  .lv_heads = 4,
+                                  .lk_dim = 32,
+                                  .lv_dim = 32,
+                                  .conv_kernel = 4,
+                                  .rope_theta = 10000.0,
+                                  .partial_rotary = 0.25,
+                                  .rms_eps = 1e-6,
+                                  .tied = true};
     } else {
         return keel_fail("unknown preset '%s' (tiny, small, 0.8b)", name);
     }
@@ -31,23 +70,41 @@ int keel_qwen35_preset(const char *name, keel_qwen35_config *c) {
 }
 
 int keel_qwen35_config_check(const keel_qwen35_config *c) {
-#define POS(f) if (c->f <= 0) return keel_fail("config: %s must be positive (got %lld)", #f, (long long)c->f)
-    POS(vocab); POS(hidden); POS(layers); POS(ffn); POS(heads); POS(kv_heads); POS(head_dim);
-    POS(lk_heads); POS(lv_heads); POS(lk_dim); POS(lv_dim); POS(conv_kernel);
+#define POS(f)                                                                                                         \
+    if (c->f <= 0) return keel_fail("config: %s must be positive (got %lld)", #f, (long long)c->f)
+    POS(vocab);
+    POS(hidden);
+    POS(layers);
+    POS(ffn);
+    POS(heads);
+    POS(kv_heads);
+    POS(head_dim);
+    POS(lk_heads);
+    POS(lv_heads);
+    POS(lk_dim);
+    POS(lv_dim);
+    POS(conv_kernel);
 #undef POS
-    if (c->layers > KEEL_QWEN35_MAX_LAYERS) return keel_fail("config: %lld layers (keel supports up to %d)", (long long)c->layers, KEEL_QWEN35_MAX_LAYERS);
-    if (c->heads % c->kv_heads) return keel_fail("config: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", (long long)c->heads, (long long)c->kv_heads);
-    if (c->lv_heads % c->lk_heads) return keel_fail("config: linear_num_value_heads %lld is not a multiple of linear_num_key_heads %lld", (long long)c->lv_heads, (long long)c->lk_heads);
+    if (c->layers > KEEL_QWEN35_MAX_LAYERS)
+        return keel_fail("config: %lld layers (keel supports up to %d)", (long long)c->layers, KEEL_QWEN35_MAX_LAYERS);
+    if (c->heads % c->kv_heads)
+        return keel_fail("config: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
+                         (long long)c->heads, (long long)c->kv_heads);
+    if (c->lv_heads % c->lk_heads)
+        return keel_fail("config: linear_num_value_heads %lld is not a multiple of linear_num_key_heads %lld",
+                         (long long)c->lv_heads, (long long)c->lk_heads);
     int64_t rot = (int64_t)(c->partial_rotary * (double)c->head_dim);
     if (c->partial_rotary <= 0 || c->partial_rotary > 1 || rot % 2 || rot <= 0)
-        return keel_fail("config: partial_rotary_factor %g gives %lld rotary dims of head_dim %lld (need an even count > 0)", c->partial_rotary, (long long)rot, (long long)c->head_dim);
+        return keel_fail(
+            "config: partial_rotary_factor %g gives %lld rotary dims of head_dim %lld (need an even count > 0)",
+            c->partial_rotary, (long long)rot, (long long)c->head_dim);
     if (!(c->rope_theta > 0)) return keel_fail("config: rope_theta must be positive");
     if (!(c->rms_eps > 0)) return keel_fail("config: rms_norm_eps must be positive");
     return 0;
 }
 
-static keel_tensor *param(keel_qwen35 *m, keel_ctx *ctx, keel_type type, int64_t n0, int64_t n1, const char *fmt, int layer,
-                          const char *leaf) {
+static keel_tensor *param(keel_qwen35 *m, keel_ctx *ctx, keel_type type, int64_t n0, int64_t n1, const char *fmt,
+                          int layer, const char *leaf) {
     keel_tensor *t = n1 > 1 ? keel_new_2d(ctx, type, n0, n1) : keel_new_1d(ctx, type, n0);
     if (!t) return NULL;
     char name[KEEL_NAME_MAX];
@@ -61,10 +118,17 @@ static keel_tensor *param(keel_qwen35 *m, keel_ctx *ctx, keel_type type, int64_t
 keel_qwen35 *keel_qwen35_new(keel_ctx *ctx, const keel_qwen35_config *c, keel_type type) {
     if (keel_qwen35_config_check(c)) return NULL;
     keel_qwen35 *m = calloc(1, sizeof *m);
-    if (!m) { keel_fail("out of memory"); return NULL; }
+    if (!m) {
+        keel_fail("out of memory");
+        return NULL;
+    }
     m->cfg = *c;
     m->params = calloc((size_t)(c->layers * 16 + 4), sizeof *m->params);
-    if (!m->params) { free(m); keel_fail("out of memory"); return NULL; }
+    if (!m->params) {
+        free(m);
+        keel_fail("out of memory");
+        return NULL;
+    }
     int64_t D = c->hidden, kd = c->lk_heads * c->lk_dim, vd = c->lv_heads * c->lv_dim;
     m->embed = param(m, ctx, type, D, c->vocab, "model.embed_tokens.weight%.0d%s", 0, "");
     for (int i = 0; i < c->layers; i++) {
@@ -98,7 +162,10 @@ keel_qwen35 *keel_qwen35_new(keel_ctx *ctx, const keel_qwen35_config *c, keel_ty
     m->final_norm = param(m, ctx, type, D, 1, "model.norm.weight%.0d%s", 0, "");
     m->lm_head = c->tied ? m->embed : param(m, ctx, type, D, c->vocab, "lm_head.weight%.0d%s", 0, "");
     for (int i = 0; i < m->n_params; i++)
-        if (!m->params[i]) { keel_qwen35_free(m); return NULL; }
+        if (!m->params[i]) {
+            keel_qwen35_free(m);
+            return NULL;
+        }
     return m;
 }
 
@@ -115,8 +182,9 @@ static keel_tensor *norm1p(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double
 
 static keel_tensor *linear(keel_ctx *ctx, keel_tensor *w, keel_tensor *x) { return keel_mul_mat(ctx, w, x); }
 
-static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L, keel_tensor *h,
-                                    keel_tensor *pos, keel_tensor *kin, keel_tensor *vin, keel_tensor **kout, keel_tensor **vout) {
+static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L,
+                                    keel_tensor *h, keel_tensor *pos, keel_tensor *kin, keel_tensor *vin,
+                                    keel_tensor **kout, keel_tensor **vout) {
     int64_t hd = c->head_dim, H = c->heads, KV = c->kv_heads, T = h->ne[1], B = h->ne[2];
     int64_t es = (int64_t)keel_type_size(h->type);
     keel_tensor *qg = linear(ctx, L->q, h); /* per head [q | gate] */
@@ -139,14 +207,16 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35_config *c, 
     return linear(ctx, L->o, keel_reshape_3d(ctx, o, hd * H, T, B));
 }
 
-static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L, keel_tensor *h,
-                                   keel_tensor *S_in, keel_tensor *conv_in, keel_tensor **S_out, keel_tensor **conv_out) {
+static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L,
+                                   keel_tensor *h, keel_tensor *S_in, keel_tensor *conv_in, keel_tensor **S_out,
+                                   keel_tensor **conv_out) {
     int64_t Dk = c->lk_dim, Hk = c->lk_heads, Dv = c->lv_dim, Hv = c->lv_heads, T = h->ne[1], B = h->ne[2];
     int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(h->type), K = c->conv_kernel;
     keel_tensor *pre = linear(ctx, L->qkv, h), *conv;
     if (conv_in) { /* decoding: the last K-1 inputs come first; keep the outputs of the new tokens */
         keel_tensor *cat = keel_concat(ctx, conv_in, pre, 1);
-        conv = keel_view_3d(ctx, keel_conv1d(ctx, cat, L->conv), C, T, B, C * es, C * (T + K - 1) * es, (K - 1) * C * es);
+        conv =
+            keel_view_3d(ctx, keel_conv1d(ctx, cat, L->conv), C, T, B, C * es, C * (T + K - 1) * es, (K - 1) * C * es);
         *conv_out = keel_cont(ctx, keel_view_3d(ctx, cat, C, K - 1, B, C * es, C * (T + K - 1) * es, T * C * es));
     } else {
         conv = keel_conv1d(ctx, pre, L->conv);
@@ -162,9 +232,11 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35_config *c, c
                               keel_neg(ctx, keel_exp(ctx, L->A_log)));
     keel_tensor *o;
     if (S_in) { /* decoding: start from S_in, keep the final state */
-        keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_STATE, (keel_tensor *const[]){q, k, v, g, beta, S_in}, 6, NULL, 0, NULL, 0);
+        keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_STATE,
+                                      (keel_tensor *const[]){q, k, v, g, beta, S_in}, 6, NULL, 0, NULL, 0);
         o = keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, Dv * Hv * es, Dv * Hv * T * es, 0);
-        *S_out = keel_cont(ctx, keel_view_4d(ctx, pk, Dv, Dk, Hv, B, Dv * es, Dv * Dk * es, Dv * Dk * Hv * es, Dv * Hv * T * B * es));
+        *S_out = keel_cont(
+            ctx, keel_view_4d(ctx, pk, Dv, Dk, Hv, B, Dv * es, Dv * Dk * es, Dv * Dk * Hv * es, Dv * Hv * T * B * es));
     } else {
         o = keel_gated_delta_net(ctx, q, k, v, g, beta); /* [Dv, Hv, T, B] */
     }
@@ -192,7 +264,8 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
                                                 cout ? &cout->S[i] : NULL, cout ? &cout->conv[i] : NULL);
         x = keel_add(ctx, x, mix);
         keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps);
-        keel_tensor *mlp = linear(ctx, L->down, keel_mul(ctx, keel_silu(ctx, linear(ctx, L->gate, h2)), linear(ctx, L->up, h2)));
+        keel_tensor *mlp =
+            linear(ctx, L->down, keel_mul(ctx, keel_silu(ctx, linear(ctx, L->gate, h2)), linear(ctx, L->up, h2)));
         x = keel_add(ctx, x, mlp);
         keel_set_name(x, "hidden.%d", i + 1);
         out->hidden[i + 1] = x;
@@ -227,7 +300,6 @@ keel_tensor *keel_qwen35_forward_cached(keel_ctx *ctx, const keel_qwen35 *m, kee
     return o.logits;
 }
 
-
 double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed) {
     double **v = calloc((size_t)m->n_params, sizeof *v);
     if (!v) return NULL;
@@ -235,20 +307,32 @@ double **keel_qwen35_init_values(const keel_qwen35 *m, uint64_t seed) {
         const keel_tensor *p = m->params[i];
         int64_t n = keel_nelements(p);
         v[i] = malloc((size_t)n * sizeof(double));
-        if (!v[i]) { for (int j = 0; j < i; j++) free(v[j]); free(v); return NULL; }
+        if (!v[i]) {
+            for (int j = 0; j < i; j++) free(v[j]);
+            free(v);
+            return NULL;
+        }
         uint64_t s = seed * 0x100000001b3ull + (uint64_t)i * 0x9e3779b97f4a7c15ull;
         const char *nm = p->name;
         enum { ZERO, ONE, ALOG, CONV, NORMAL } kind = NORMAL;
-        if (strstr(nm, "layernorm") || strstr(nm, "q_norm") || strstr(nm, "k_norm") || !strcmp(nm, "model.norm.weight")) kind = ZERO;
-        else if (strstr(nm, "linear_attn.norm.weight") || strstr(nm, "dt_bias")) kind = ONE;
-        else if (strstr(nm, "A_log")) kind = ALOG;
-        else if (strstr(nm, "conv1d")) kind = CONV;
+        if (strstr(nm, "layernorm") || strstr(nm, "q_norm") || strstr(nm, "k_norm") || !strcmp(nm, "model.norm.weight"))
+            kind = ZERO;
+        else if (strstr(nm, "linear_attn.norm.weight") || strstr(nm, "dt_bias"))
+            kind = ONE;
+        else if (strstr(nm, "A_log"))
+            kind = ALOG;
+        else if (strstr(nm, "conv1d"))
+            kind = CONV;
         for (int64_t j = 0; j < n; j++) {
             double x;
-            if (kind == ZERO) x = 0.0;
-            else if (kind == ONE) x = 1.0;
-            else if (kind == ALOG) x = log(16.0 * (1.0 - keel_uniform01(&s))); /* log U(0,16], as transformers */
-            else if (kind == CONV) x = (2.0 * keel_uniform01(&s) - 1.0) / sqrt((double)p->ne[0]);
+            if (kind == ZERO)
+                x = 0.0;
+            else if (kind == ONE)
+                x = 1.0;
+            else if (kind == ALOG)
+                x = log(16.0 * (1.0 - keel_uniform01(&s))); /* log U(0,16], as transformers */
+            else if (kind == CONV)
+                x = (2.0 * keel_uniform01(&s) - 1.0) / sqrt((double)p->ne[0]);
             else { /* normal(0, 0.02) by Box-Muller */
                 double a = keel_uniform01(&s), b = keel_uniform01(&s);
                 x = 0.02 * sqrt(-2.0 * log(a > 1e-300 ? a : 1e-300)) * cos(6.283185307179586 * b);

@@ -12,11 +12,11 @@
 
 typedef struct {
     int64_t vocab, hidden, layers, ffn;
-    int64_t heads, kv_heads, head_dim;                 /* gated full attention */
+    int64_t heads, kv_heads, head_dim;                       /* gated full attention */
     int64_t lk_heads, lv_heads, lk_dim, lv_dim, conv_kernel; /* Gated DeltaNet */
     double rope_theta, partial_rotary, rms_eps;
     bool tied;
-    uint8_t full_attention[KEEL_QWEN35_MAX_LAYERS];    /* per layer: 1 gated attention, 0 DeltaNet */
+    uint8_t full_attention[KEEL_QWEN35_MAX_LAYERS]; /* per layer: 1 gated attention, 0 DeltaNet */
 } keel_qwen35_config;
 
 typedef struct {
@@ -45,11 +45,11 @@ keel_qwen35 *keel_qwen35_new(keel_ctx *ctx, const keel_qwen35_config *c, keel_ty
 void keel_qwen35_free(keel_qwen35 *m);
 
 typedef struct {
-    keel_tensor *logits;                          /* [V, T, B] */
-    keel_tensor *loss;                            /* [1], when targets were given */
+    keel_tensor *logits;                             /* [V, T, B] */
+    keel_tensor *loss;                               /* [1], when targets were given */
     keel_tensor *hidden[KEEL_QWEN35_MAX_LAYERS + 1]; /* hidden[0] embeddings, hidden[i] after layer i */
-    keel_tensor *normed;                          /* after the final norm */
-    keel_layer_map layers;                        /* for activation recompute */
+    keel_tensor *normed;                             /* after the final norm */
+    keel_layer_map layers;                           /* for activation recompute */
 } keel_qwen35_out;
 
 /* The input leaves of a forward graph: ids and targets [T, B] and positions [T] (i32), named
@@ -57,8 +57,8 @@ typedef struct {
 int keel_qwen35_inputs(keel_ctx *ctx, int64_t T, int64_t B, keel_tensor **ids, keel_tensor **tgt, keel_tensor **pos);
 
 /* Forward graph for ids [T, B] (i32), positions [T] (i32), targets [T, B] (i32, or NULL). */
-int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos,
-                        keel_tensor *targets, keel_qwen35_out *out);
+int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos, keel_tensor *targets,
+                        keel_qwen35_out *out);
 
 /* Decoding state per layer: attention layers k, v [head_dim, kv_heads, T_seen, 1] (after the
  * norms and RoPE); DeltaNet layers S [Dv, Dk, Hv, 1] and conv [C, K-1, 1] (the last K-1 inputs

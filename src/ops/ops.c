@@ -12,11 +12,16 @@
  * has a backward rule or a reason here. */
 static const char *nograd_reason(int op) {
     switch (op) {
-    case KEEL_OP_NONE: return "leaf: a parameter's gradient is the result, not a rule";
-    case KEEL_OP_FILL: return "constant: no inputs";
-    case KEEL_OP_ADAMW: return "optimizer step: updates state in place, never differentiated";
-    case KEEL_OP_GATED_DELTA_NET_STATE: return "decoding with a carried state: training uses GATED_DELTA_NET";
-    default: return NULL;
+    case KEEL_OP_NONE:
+        return "leaf: a parameter's gradient is the result, not a rule";
+    case KEEL_OP_FILL:
+        return "constant: no inputs";
+    case KEEL_OP_ADAMW:
+        return "optimizer step: updates state in place, never differentiated";
+    case KEEL_OP_GATED_DELTA_NET_STATE:
+        return "decoding with a carried state: training uses GATED_DELTA_NET";
+    default:
+        return NULL;
     }
 }
 
@@ -74,9 +79,9 @@ static int shape_fail(const keel_tensor *t, const char *fmt, ...) {
     return keel_fail("%s: %s (%s)", info->name, msg, shapes);
 }
 
-#define REQ(cond, ...)                                                                             \
-    do {                                                                                           \
-        if (!(cond)) return shape_fail(t, __VA_ARGS__);                                            \
+#define REQ(cond, ...)                                                                                                 \
+    do {                                                                                                               \
+        if (!(cond)) return shape_fail(t, __VA_ARGS__);                                                                \
     } while (0)
 
 static bool can_repeat(const keel_tensor *small, const int64_t *ne) {
@@ -120,7 +125,8 @@ static int shape_rule(keel_tensor *t) {
     case KEEL_OP_VIEW: {
         int64_t ne[4], nb[4];
         for (int i = 0; i < 4; i++) ne[i] = t->ip[i], nb[i] = t->ip[4 + i];
-        for (int i = 0; i < 4; i++) REQ(ne[i] > 0 && nb[i] >= 0, "ne[%d]=%lld nb[%d]=%lld invalid", i, (long long)ne[i], i, (long long)nb[i]);
+        for (int i = 0; i < 4; i++)
+            REQ(ne[i] > 0 && nb[i] >= 0, "ne[%d]=%lld nb[%d]=%lld invalid", i, (long long)ne[i], i, (long long)nb[i]);
         REQ(nb[0] == (int64_t)keel_type_size(a->type), "nb[0] must be the element size");
         keel_tensor *root = keel_root(a);
         t->type = a->type;
@@ -130,8 +136,8 @@ static int shape_rule(keel_tensor *t) {
         t->view_src = root;
         t->view_offs = a->view_offs + t->ip[8];
         REQ(t->view_offs + (int64_t)keel_nbytes(t) <= (int64_t)keel_nbytes(root),
-            "view [offset %lld, %zu bytes] is outside its root's %zu bytes", (long long)t->view_offs,
-            keel_nbytes(t), keel_nbytes(root));
+            "view [offset %lld, %zu bytes] is outside its root's %zu bytes", (long long)t->view_offs, keel_nbytes(t),
+            keel_nbytes(root));
         return 0;
     }
     case KEEL_OP_RESHAPE: {
@@ -196,8 +202,8 @@ static int shape_rule(keel_tensor *t) {
         t->ne[0] = t->ip[0], t->ne[1] = t->ip[1], t->ne[2] = t->ip[2], t->ne[3] = t->ip[3];
         return 0; /* type set by keel_fill */
     case KEEL_OP_REPEAT:
-        REQ(can_repeat(a, t->ip), "src0 does not tile [%lld,%lld,%lld,%lld]", (long long)t->ip[0],
-            (long long)t->ip[1], (long long)t->ip[2], (long long)t->ip[3]);
+        REQ(can_repeat(a, t->ip), "src0 does not tile [%lld,%lld,%lld,%lld]", (long long)t->ip[0], (long long)t->ip[1],
+            (long long)t->ip[2], (long long)t->ip[3]);
         set_shape(t, a->type, t->ip[0], t->ip[1], t->ip[2], t->ip[3]);
         return 0;
     case KEEL_OP_REPEAT_BACK: {
@@ -277,8 +283,7 @@ static int shape_rule(keel_tensor *t) {
         return 0;
     case KEEL_OP_CONV1D:
         REQ(a->type == b->type, "types differ");
-        REQ(a->ne[3] == 1 && b->ne[1] == a->ne[0] && b->ne[2] == 1 && b->ne[3] == 1,
-            "want x [C,T,B] and w [K,C]");
+        REQ(a->ne[3] == 1 && b->ne[1] == a->ne[0] && b->ne[2] == 1 && b->ne[3] == 1, "want x [C,T,B] and w [K,C]");
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], 1);
         return 0;
     case KEEL_OP_CONV1D_BACK_INPUT:
@@ -304,7 +309,8 @@ static int shape_rule(keel_tensor *t) {
             set_shape(t, a->type, Dv, Hv, T, B);
         } else if (op == KEEL_OP_GATED_DELTA_NET_STATE) {
             const keel_tensor *s0 = t->src[5];
-            REQ(s0->type == a->type && s0->ne[0] == Dv && s0->ne[1] == Dk && s0->ne[2] == Hv && s0->ne[3] == B, "S0 must be [Dv,Dk,Hv,B]");
+            REQ(s0->type == a->type && s0->ne[0] == Dv && s0->ne[1] == Dk && s0->ne[2] == Hv && s0->ne[3] == B,
+                "S0 must be [Dv,Dk,Hv,B]");
             set_shape(t, a->type, Dv * Hv * T * B + Dv * Dk * Hv * B, 1, 1, 1);
         } else {
             REQ(keel_same_shape(t->src[5], v) && t->src[5]->type == a->type, "do must be shaped like v");
@@ -326,7 +332,8 @@ static int shape_rule(keel_tensor *t) {
         return 0;
     case KEEL_OP_ADAMW:
         for (int i = 1; i < 4; i++)
-            REQ(keel_same_shape(a, t->src[i]) && t->src[i]->type == a->type, "p, g, m, v must share one shape and type");
+            REQ(keel_same_shape(a, t->src[i]) && t->src[i]->type == a->type,
+                "p, g, m, v must share one shape and type");
         REQ(keel_type_is_float(a->type) && keel_is_contiguous(a), "parameter must be contiguous and real");
         REQ(t->ip[0] >= 1, "step must be >= 1");
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
@@ -357,9 +364,18 @@ static void default_name(keel_tensor *t) {
 keel_tensor *keel_op_new(keel_ctx *ctx, int op, keel_tensor *const *src, int n_src, const int64_t *ip, int n_ip,
                          const double *fp, int n_fp) {
     const keel_op_info *info = keel_op_get(op);
-    if (!info || op == KEEL_OP_NONE) { keel_fail("keel_op_new: bad op %d", op); return NULL; }
-    if (n_src != info->arity) { keel_fail("%s: %d sources given, %d expected", info->name, n_src, info->arity); return NULL; }
-    if (n_ip > KEEL_MAX_IP || n_fp > KEEL_MAX_FP) { keel_fail("%s: too many parameters", info->name); return NULL; }
+    if (!info || op == KEEL_OP_NONE) {
+        keel_fail("keel_op_new: bad op %d", op);
+        return NULL;
+    }
+    if (n_src != info->arity) {
+        keel_fail("%s: %d sources given, %d expected", info->name, n_src, info->arity);
+        return NULL;
+    }
+    if (n_ip > KEEL_MAX_IP || n_fp > KEEL_MAX_FP) {
+        keel_fail("%s: too many parameters", info->name);
+        return NULL;
+    }
     for (int i = 0; i < n_src; i++)
         if (!src[i]) return NULL; /* an earlier constructor failed: its message stands */
     keel_tensor *t = keel_tensor_alloc(ctx);
@@ -375,12 +391,12 @@ keel_tensor *keel_op_new(keel_ctx *ctx, int op, keel_tensor *const *src, int n_s
     return t;
 }
 
-#define SRCS(...) ((keel_tensor *const[]){__VA_ARGS__})
-#define IPS(...) ((const int64_t[]){__VA_ARGS__})
-#define FPS(...) ((const double[]){__VA_ARGS__})
-#define NARG(T, ...) (int)(sizeof((T[]){__VA_ARGS__}) / sizeof(T))
+#define SRCS(...)         ((keel_tensor *const[]){__VA_ARGS__})
+#define IPS(...)          ((const int64_t[]){__VA_ARGS__})
+#define FPS(...)          ((const double[]){__VA_ARGS__})
+#define NARG(T, ...)      (int)(sizeof((T[]){__VA_ARGS__}) / sizeof(T))
 #define OP(op, srcs, ...) keel_op_new(ctx, op, SRCS srcs, NARG(keel_tensor *, ECHO srcs), __VA_ARGS__)
-#define ECHO(...) __VA_ARGS__
+#define ECHO(...)         __VA_ARGS__
 
 keel_tensor *keel_fill(keel_ctx *ctx, keel_type type, const int64_t ne[4], double value) {
     keel_tensor *t = keel_op_new(ctx, KEEL_OP_FILL, NULL, 0, ne, 4, FPS(value), 1);
@@ -433,7 +449,9 @@ keel_tensor *keel_permute(keel_ctx *ctx, keel_tensor *a, int ax0, int ax1, int a
     return OP(KEEL_OP_PERMUTE, (a), IPS(ax0, ax1, ax2, ax3), 4, NULL, 0);
 }
 keel_tensor *keel_transpose(keel_ctx *ctx, keel_tensor *a) { return OP(KEEL_OP_TRANSPOSE, (a), NULL, 0, NULL, 0); }
-keel_tensor *keel_cpy(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) { return OP(KEEL_OP_CPY, (a, b), NULL, 0, NULL, 0); }
+keel_tensor *keel_cpy(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
+    return OP(KEEL_OP_CPY, (a, b), NULL, 0, NULL, 0);
+}
 keel_tensor *keel_cont(keel_ctx *ctx, keel_tensor *a) { return OP(KEEL_OP_CONT, (a), NULL, 0, NULL, 0); }
 keel_tensor *keel_dup(keel_ctx *ctx, keel_tensor *a) { return OP(KEEL_OP_DUP, (a), NULL, 0, NULL, 0); }
 keel_tensor *keel_get_rows(keel_ctx *ctx, keel_tensor *a, keel_tensor *ids) {
@@ -459,10 +477,18 @@ keel_tensor *keel_repeat_back(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4]
 keel_tensor *keel_concat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int dim) {
     return OP(KEEL_OP_CONCAT, (a, b), IPS(dim), 1, NULL, 0);
 }
-keel_tensor *keel_add(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) { return OP(KEEL_OP_ADD, (a, b), NULL, 0, NULL, 0); }
-keel_tensor *keel_sub(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) { return OP(KEEL_OP_SUB, (a, b), NULL, 0, NULL, 0); }
-keel_tensor *keel_mul(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) { return OP(KEEL_OP_MUL, (a, b), NULL, 0, NULL, 0); }
-keel_tensor *keel_div(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) { return OP(KEEL_OP_DIV, (a, b), NULL, 0, NULL, 0); }
+keel_tensor *keel_add(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
+    return OP(KEEL_OP_ADD, (a, b), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_sub(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
+    return OP(KEEL_OP_SUB, (a, b), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_mul(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
+    return OP(KEEL_OP_MUL, (a, b), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_div(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
+    return OP(KEEL_OP_DIV, (a, b), NULL, 0, NULL, 0);
+}
 keel_tensor *keel_scale(keel_ctx *ctx, keel_tensor *a, double s, double b) {
     return OP(KEEL_OP_SCALE, (a), NULL, 0, FPS(s, b), 2);
 }

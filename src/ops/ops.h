@@ -8,12 +8,12 @@
 #include "tensor/tensor.h"
 
 typedef struct {
-    const char *name;     /* "MUL_MAT" */
+    const char *name; /* "MUL_MAT" */
     int arity;
-    int flags;            /* OPF_* */
-    int grad_srcs;        /* bit i: src i receives a gradient */
-    const char *params;   /* parameter layout */
-    const char *nograd;   /* why the op has no gradient (NULL when it has one) */
+    int flags;          /* OPF_* */
+    int grad_srcs;      /* bit i: src i receives a gradient */
+    const char *params; /* parameter layout */
+    const char *nograd; /* why the op has no gradient (NULL when it has one) */
 } keel_op_info;
 
 const keel_op_info *keel_op_get(int op);
@@ -27,8 +27,8 @@ int keel_op_alias_src(const keel_tensor *t);
 keel_tensor keel_acc_window(const keel_tensor *t);
 
 /* The generic constructor: every typed one below calls it, and recompute clones nodes with it. */
-keel_tensor *keel_op_new(keel_ctx *ctx, int op, keel_tensor *const *src, int n_src, const int64_t *ip,
-                         int n_ip, const double *fp, int n_fp);
+keel_tensor *keel_op_new(keel_ctx *ctx, int op, keel_tensor *const *src, int n_src, const int64_t *ip, int n_ip,
+                         const double *fp, int n_fp);
 /* FILL has no sources: its type and shape are parameters. */
 keel_tensor *keel_fill(keel_ctx *ctx, keel_type type, const int64_t ne[4], double value);
 keel_tensor *keel_zeros_like(keel_ctx *ctx, const keel_tensor *t);

@@ -7,7 +7,9 @@
 #include "ops/ops.h"
 #include "util/error.h"
 
-typedef struct { size_t off, size; } block;
+typedef struct {
+    size_t off, size;
+} block;
 
 typedef struct {
     block *free;

@@ -14,7 +14,7 @@ typedef struct {
 } keel_plan_opts;
 
 typedef struct {
-    size_t *offset;          /* by tensor id: arena offset of a root, SIZE_MAX when not placed */
+    size_t *offset; /* by tensor id: arena offset of a root, SIZE_MAX when not placed */
     int64_t n_offset;
     size_t total_bytes;      /* arena size: the planned peak */
     size_t persistent_bytes; /* leaves and outputs (parameters, gradients, optimizer state, inputs) */

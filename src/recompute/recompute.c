@@ -10,8 +10,14 @@
 int keel_recompute_parse(const char *s, keel_recompute_mode *m) {
     memset(m, 0, sizeof *m);
     snprintf(m->text, sizeof m->text, "%s", s);
-    if (strcmp(s, "off") == 0) { m->kind = KEEL_RC_OFF; return 0; }
-    if (strcmp(s, "full") == 0) { m->kind = KEEL_RC_FULL; return 0; }
+    if (strcmp(s, "off") == 0) {
+        m->kind = KEEL_RC_OFF;
+        return 0;
+    }
+    if (strcmp(s, "full") == 0) {
+        m->kind = KEEL_RC_FULL;
+        return 0;
+    }
     if (strncmp(s, "every:", 6) == 0) {
         char *end;
         long n = strtol(s + 6, &end, 10);
@@ -39,10 +45,10 @@ int keel_recompute_parse(const char *s, keel_recompute_mode *m) {
 
 typedef struct {
     keel_graph *g;
-    uint8_t *keep;        /* by id: forward tensors never recomputed */
-    uint8_t *is_forward;  /* by id */
-    keel_tensor **clone;  /* by id: the clone of a forward tensor */
-    keel_tensor **out;    /* the new node list */
+    uint8_t *keep;       /* by id: forward tensors never recomputed */
+    uint8_t *is_forward; /* by id */
+    keel_tensor **clone; /* by id: the clone of a forward tensor */
+    keel_tensor **out;   /* the new node list */
     int64_t n_out, cap_out, n_clones;
 } rc_state;
 
@@ -66,8 +72,9 @@ static keel_tensor *clone_of(rc_state *st, keel_tensor *s) {
         src[k] = clone_of(st, s->src[k]);
         if (!src[k]) return NULL;
     }
-    keel_tensor *c = s->op == KEEL_OP_FILL ? keel_fill(st->g->ctx, s->type, s->ne, s->fp[0])
-                                           : keel_op_new(st->g->ctx, s->op, src, info->arity, s->ip, KEEL_MAX_IP, s->fp, KEEL_MAX_FP);
+    keel_tensor *c = s->op == KEEL_OP_FILL
+                         ? keel_fill(st->g->ctx, s->type, s->ne, s->fp[0])
+                         : keel_op_new(st->g->ctx, s->op, src, info->arity, s->ip, KEEL_MAX_IP, s->fp, KEEL_MAX_FP);
     if (!c) return NULL;
     keel_set_name(c, "%.*s@recompute", KEEL_NAME_MAX - 11, s->name);
     if (push(st, c)) return NULL;
@@ -86,7 +93,10 @@ int64_t keel_recompute_apply(keel_graph *g, const keel_layer_map *lm, const keel
     st.keep = calloc((size_t)cap, 1);
     st.is_forward = calloc((size_t)cap, 1);
     st.clone = calloc((size_t)cap, sizeof *st.clone);
-    if (!st.keep || !st.is_forward || !st.clone) { free(st.keep), free(st.is_forward), free(st.clone); return keel_fail("out of memory"); }
+    if (!st.keep || !st.is_forward || !st.clone) {
+        free(st.keep), free(st.is_forward), free(st.clone);
+        return keel_fail("out of memory");
+    }
     for (int64_t i = 0; i < g->n_forward; i++) st.is_forward[g->nodes[i]->id] = 1;
     /* What is kept: everything outside the layers, persistent tensors, ops with side effects or
      * in-place writes, the chosen layer boundaries, and all of the layers not listed. */
@@ -99,14 +109,17 @@ int64_t keel_recompute_apply(keel_graph *g, const keel_layer_map *lm, const keel
                 in_layer = true;
                 layer_kept = m->kind == KEEL_RC_LAYERS && !m->layers[l];
             }
-        bool persistent = t->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_LOSS | KEEL_FLAG_PARAM | KEEL_FLAG_INPUT | KEEL_FLAG_CHECKPOINT);
-        bool effects = (info->flags & (OPF_SIDE_EFFECT | OPF_INPLACE0 | OPF_INPLACE1)) || ((info->flags & OPF_INPLACE0_OPT) && t->ip[4]);
+        bool persistent =
+            t->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_LOSS | KEEL_FLAG_PARAM | KEEL_FLAG_INPUT | KEEL_FLAG_CHECKPOINT);
+        bool effects = (info->flags & (OPF_SIDE_EFFECT | OPF_INPLACE0 | OPF_INPLACE1)) ||
+                       ((info->flags & OPF_INPLACE0_OPT) && t->ip[4]);
         if (!in_layer || layer_kept || persistent || effects) st.keep[t->id] = 1;
     }
     for (int l = 0; l <= lm->n_layers; l++) {
         keel_tensor *b = lm->boundary[l];
         if (!b) continue;
-        bool keep = m->kind == KEEL_RC_FULL || m->kind == KEEL_RC_LAYERS || (m->kind == KEEL_RC_EVERY && l % m->every == 0);
+        bool keep =
+            m->kind == KEEL_RC_FULL || m->kind == KEEL_RC_LAYERS || (m->kind == KEEL_RC_EVERY && l % m->every == 0);
         if (keep || l == 0 || l == lm->n_layers) st.keep[b->id] = 1;
         if (keep) b->flags |= KEEL_FLAG_CHECKPOINT;
     }
@@ -119,7 +132,10 @@ int64_t keel_recompute_apply(keel_graph *g, const keel_layer_map *lm, const keel
         int arity = keel_op_get(b->op)->arity, alias = keel_op_alias_src(b);
         for (int k = 0; k < arity && !rc; k++) {
             keel_tensor *old = b->src[k], *c = clone_of(&st, old);
-            if (!c) { rc = -1; break; }
+            if (!c) {
+                rc = -1;
+                break;
+            }
             if (c == old) continue;
             b->src[k] = c;
             if (k == alias) { /* a view or in-place result follows its source to the clone's bytes */

@@ -14,8 +14,8 @@ typedef enum { KEEL_RC_OFF, KEEL_RC_FULL, KEEL_RC_EVERY, KEEL_RC_LAYERS } keel_r
 
 typedef struct {
     keel_rc_kind kind;
-    int every;                                   /* every:N */
-    uint8_t layers[KEEL_RECOMPUTE_MAX_LAYERS];   /* layers:i,j,... */
+    int every;                                 /* every:N */
+    uint8_t layers[KEEL_RECOMPUTE_MAX_LAYERS]; /* layers:i,j,... */
     char text[64];
 } keel_recompute_mode;
 

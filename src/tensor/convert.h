@@ -40,7 +40,7 @@ KEEL_HD uint16_t keel_cvt_f32_to_f16(float f) {
     uint32_t ax = x & 0x7fffffffu;
     if (ax >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0));
     if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to >= 65520: inf */
-    if (ax < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
+    if (ax < 0x38800000u) {                                  /* below the smallest normal half: subnormal or zero */
         float a;
         memcpy(&a, &ax, 4);
         /* a * 2^24 rounded to nearest even integer gives the subnormal mantissa */
@@ -72,23 +72,63 @@ KEEL_HD uint16_t keel_cvt_f32_to_bf16(float f) {
 /* One element of type `type` (a keel_type value) at p, as float64; and the reverse. */
 KEEL_HD double keel_cvt_load(int type, const void *p) {
     switch (type) {
-    case 0: { float f; memcpy(&f, p, 4); return f; }                                /* F32 */
-    case 1: { uint16_t h; memcpy(&h, p, 2); return keel_cvt_f16_to_f32(h); }        /* F16 */
-    case 2: { uint16_t h; memcpy(&h, p, 2); return keel_cvt_bf16_to_f32(h); }       /* BF16 */
-    case 3: { int32_t i; memcpy(&i, p, 4); return i; }                              /* I32 */
-    case 4: { double d; memcpy(&d, p, 8); return d; }                               /* F64 */
-    default: return NAN;
+    case 0: {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    } /* F32 */
+    case 1: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return keel_cvt_f16_to_f32(h);
+    } /* F16 */
+    case 2: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return keel_cvt_bf16_to_f32(h);
+    } /* BF16 */
+    case 3: {
+        int32_t i;
+        memcpy(&i, p, 4);
+        return i;
+    } /* I32 */
+    case 4: {
+        double d;
+        memcpy(&d, p, 8);
+        return d;
+    } /* F64 */
+    default:
+        return NAN;
     }
 }
 
 KEEL_HD void keel_cvt_store(int type, void *p, double v) {
     switch (type) {
-    case 0: { float f = (float)v; memcpy(p, &f, 4); break; }
-    case 1: { uint16_t h = keel_cvt_f32_to_f16((float)v); memcpy(p, &h, 2); break; }
-    case 2: { uint16_t h = keel_cvt_f32_to_bf16((float)v); memcpy(p, &h, 2); break; }
-    case 3: { int32_t i = (int32_t)v; memcpy(p, &i, 4); break; }
-    case 4: memcpy(p, &v, 8); break;
-    default: break;
+    case 0: {
+        float f = (float)v;
+        memcpy(p, &f, 4);
+        break;
+    }
+    case 1: {
+        uint16_t h = keel_cvt_f32_to_f16((float)v);
+        memcpy(p, &h, 2);
+        break;
+    }
+    case 2: {
+        uint16_t h = keel_cvt_f32_to_bf16((float)v);
+        memcpy(p, &h, 2);
+        break;
+    }
+    case 3: {
+        int32_t i = (int32_t)v;
+        memcpy(p, &i, 4);
+        break;
+    }
+    case 4:
+        memcpy(p, &v, 8);
+        break;
+    default:
+        break;
     }
 }
 

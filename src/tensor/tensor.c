@@ -56,12 +56,18 @@ keel_tensor *keel_tensor_alloc(keel_ctx *ctx) {
         if (ctx->n_blocks == ctx->cap_blocks) {
             int64_t cap = ctx->cap_blocks ? ctx->cap_blocks * 2 : 16;
             keel_tensor **nb = realloc(ctx->blocks, (size_t)cap * sizeof *nb);
-            if (!nb) { keel_fail("out of memory growing the tensor context"); return NULL; }
+            if (!nb) {
+                keel_fail("out of memory growing the tensor context");
+                return NULL;
+            }
             ctx->blocks = nb;
             ctx->cap_blocks = cap;
         }
         ctx->blocks[ctx->n_blocks] = calloc(BLOCK, sizeof(keel_tensor));
-        if (!ctx->blocks[ctx->n_blocks]) { keel_fail("out of memory for tensor records"); return NULL; }
+        if (!ctx->blocks[ctx->n_blocks]) {
+            keel_fail("out of memory for tensor records");
+            return NULL;
+        }
         ctx->n_blocks++;
     }
     keel_tensor *t = &ctx->blocks[ctx->count / BLOCK][ctx->count % BLOCK];
@@ -77,10 +83,19 @@ void keel_set_contiguous_strides(keel_tensor *t) {
 }
 
 keel_tensor *keel_new(keel_ctx *ctx, keel_type type, int n_dims, const int64_t *ne) {
-    if ((unsigned)type >= KEEL_TYPE_COUNT) { keel_fail("keel_new: unknown type %d", (int)type); return NULL; }
-    if (n_dims < 1 || n_dims > KEEL_MAX_DIMS) { keel_fail("keel_new: %d dims (1..4)", n_dims); return NULL; }
+    if ((unsigned)type >= KEEL_TYPE_COUNT) {
+        keel_fail("keel_new: unknown type %d", (int)type);
+        return NULL;
+    }
+    if (n_dims < 1 || n_dims > KEEL_MAX_DIMS) {
+        keel_fail("keel_new: %d dims (1..4)", n_dims);
+        return NULL;
+    }
     for (int i = 0; i < n_dims; i++)
-        if (ne[i] <= 0) { keel_fail("keel_new: ne[%d] = %lld must be positive", i, (long long)ne[i]); return NULL; }
+        if (ne[i] <= 0) {
+            keel_fail("keel_new: ne[%d] = %lld must be positive", i, (long long)ne[i]);
+            return NULL;
+        }
     keel_tensor *t = keel_tensor_alloc(ctx);
     if (!t) return NULL;
     t->type = type;
@@ -145,8 +160,7 @@ bool keel_same_shape(const keel_tensor *a, const keel_tensor *b) {
 keel_tensor *keel_root(keel_tensor *t) { return t->view_src ? t->view_src : t; }
 
 const char *keel_shape_str(const int64_t ne[4], char *buf, size_t n) {
-    snprintf(buf, n, "[%lld,%lld,%lld,%lld]", (long long)ne[0], (long long)ne[1], (long long)ne[2],
-             (long long)ne[3]);
+    snprintf(buf, n, "[%lld,%lld,%lld,%lld]", (long long)ne[0], (long long)ne[1], (long long)ne[2], (long long)ne[3]);
     return buf;
 }
 

@@ -25,9 +25,9 @@ enum {
 };
 
 #define KEEL_MAX_DIMS 4
-#define KEEL_MAX_SRC 6
-#define KEEL_MAX_IP 12
-#define KEEL_MAX_FP 6
+#define KEEL_MAX_SRC  6
+#define KEEL_MAX_IP   12
+#define KEEL_MAX_FP   6
 #define KEEL_NAME_MAX 112
 
 typedef struct keel_ctx keel_ctx;
@@ -46,8 +46,8 @@ typedef struct keel_tensor {
     int64_t view_offs;
     uint32_t flags;
     char name[KEEL_NAME_MAX];
-    void *data;     /* address of element 0 in the backend's buffer, once allocated */
-    int64_t id;     /* creation index in its context: stable across identical builds */
+    void *data; /* address of element 0 in the backend's buffer, once allocated */
+    int64_t id; /* creation index in its context: stable across identical builds */
     keel_ctx *ctx;
 } keel_tensor;
 
@@ -65,8 +65,7 @@ keel_tensor *keel_new(keel_ctx *ctx, keel_type type, int n_dims, const int64_t *
 keel_tensor *keel_new_1d(keel_ctx *ctx, keel_type type, int64_t ne0);
 keel_tensor *keel_new_2d(keel_ctx *ctx, keel_type type, int64_t ne0, int64_t ne1);
 keel_tensor *keel_new_3d(keel_ctx *ctx, keel_type type, int64_t ne0, int64_t ne1, int64_t ne2);
-keel_tensor *keel_new_4d(keel_ctx *ctx, keel_type type, int64_t ne0, int64_t ne1, int64_t ne2,
-                         int64_t ne3);
+keel_tensor *keel_new_4d(keel_ctx *ctx, keel_type type, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
 
 keel_tensor *keel_set_name(keel_tensor *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 keel_tensor *keel_set_flags(keel_tensor *t, uint32_t flags); /* ORs the flags in */

@@ -270,11 +270,14 @@ int keel_cases_all(op_case **out) {
             break;
         case KEEL_OP_REPEAT:
         case KEEL_OP_REPEAT_BACK: {
-            static const int64_t small[][4] = {{31, 1, 1, 1}, {1, 5, 1, 1}, {3, 2, 1, 1}, {4097, 1, 1, 1}, {2, 1, 1, 1}};
-            static const int64_t big[][4] = {{31, 4, 1, 1}, {31, 5, 1, 1}, {6, 4, 3, 2}, {4097, 3, 1, 1}, {2, 65537, 1, 1}};
+            static const int64_t small[][4] = {
+                {31, 1, 1, 1}, {1, 5, 1, 1}, {3, 2, 1, 1}, {4097, 1, 1, 1}, {2, 1, 1, 1}};
+            static const int64_t big[][4] = {
+                {31, 4, 1, 1}, {31, 5, 1, 1}, {6, 4, 3, 2}, {4097, 3, 1, 1}, {2, 65537, 1, 1}};
             for (int s = 0; s < 5; s++) {
                 c = C(&l, op);
-                const int64_t *in = op == KEEL_OP_REPEAT ? small[s] : big[s], *to = op == KEEL_OP_REPEAT ? big[s] : small[s];
+                const int64_t *in = op == KEEL_OP_REPEAT ? small[s] : big[s],
+                              *to = op == KEEL_OP_REPEAT ? big[s] : small[s];
                 I(c, KEEL_F32, in[0], in[1], in[2], in[3])->view = s == 2 ? VIEW_TRANSPOSED : VIEW_NONE;
                 P(c, 4, to, 0, NULL);
             }
@@ -345,7 +348,8 @@ int keel_cases_all(op_case **out) {
             break;
         case KEEL_OP_ROPE:
         case KEEL_OP_ROPE_BACK: {
-            static const int64_t sh[][5] = {{32, 4, 7, 2, 32}, {256, 2, 5, 1, 64}, {4098, 1, 3, 1, 1024}, {4, 65537, 1, 1, 4}, {128, 2, 9, 1, 128}};
+            static const int64_t sh[][5] = {
+                {32, 4, 7, 2, 32}, {256, 2, 5, 1, 64}, {4098, 1, 3, 1, 1024}, {4, 65537, 1, 1, 4}, {128, 2, 9, 1, 128}};
             for (int s = 0; s < 5; s++) {
                 c = C(&l, op);
                 I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view = s == 4 ? VIEW_PERMUTED : VIEW_NONE;
@@ -358,9 +362,15 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_OUT_PROD: {
             /* a [K,M], b [K,N] (MUL_MAT); a [I,K], b [J,K] (OUT_PROD) */
             static const int64_t mm[][8] = {
-                {1, 3, 1, 1, 1, 2, 1, 1},          {31, 5, 1, 1, 31, 3, 1, 1},   {1024, 7, 1, 1, 1024, 4, 1, 1},
-                {1025, 9, 1, 1, 1025, 3, 1, 1},   {4096, 3, 1, 1, 4096, 2, 1, 1}, {4097, 5, 1, 1, 4097, 3, 1, 1},
-                {300, 130, 1, 1, 300, 70, 1, 1}, {64, 96, 1, 1, 64, 80, 1, 1},   {16, 8, 2, 2, 16, 5, 6, 2},
+                {1, 3, 1, 1, 1, 2, 1, 1},
+                {31, 5, 1, 1, 31, 3, 1, 1},
+                {1024, 7, 1, 1, 1024, 4, 1, 1},
+                {1025, 9, 1, 1, 1025, 3, 1, 1},
+                {4096, 3, 1, 1, 4096, 2, 1, 1},
+                {4097, 5, 1, 1, 4097, 3, 1, 1},
+                {300, 130, 1, 1, 300, 70, 1, 1},
+                {64, 96, 1, 1, 64, 80, 1, 1},
+                {16, 8, 2, 2, 16, 5, 6, 2},
                 {4, 3, 1, 1, 4, 65537, 1, 1},
                 /* one weight against every matrix of b / a group summed into one result: the
                  * cuda backend's single wide product (cuda_matmul.cu, merges) */
@@ -371,7 +381,9 @@ int keel_cases_all(op_case **out) {
                 const int64_t *x = mm[s];
                 if (op == KEEL_OP_MUL_MAT) {
                     I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 7 ? VIEW_TRANSPOSED : VIEW_NONE;
-                    I(c, KEEL_F32, x[4], x[5], x[6], x[7])->view = s == 8 ? VIEW_PERMUTED : s == 1 ? VIEW_STRIDED : VIEW_NONE;
+                    I(c, KEEL_F32, x[4], x[5], x[6], x[7])->view = s == 8   ? VIEW_PERMUTED
+                                                                   : s == 1 ? VIEW_STRIDED
+                                                                            : VIEW_NONE;
                 } else { /* same sizes, K moved to dim 1; groups of the broadcast case summed */
                     I(c, KEEL_F32, x[1], x[0], x[6], x[7])->view = s == 7 ? VIEW_TRANSPOSED : VIEW_NONE;
                     I(c, KEEL_F32, x[5], x[4], x[6], x[7])->view = s == 1 ? VIEW_STRIDED : VIEW_NONE;
@@ -401,7 +413,10 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_GATED_DELTA_NET_BACK: {
             /* Dk, Hk, T, B, Dv, Hv */
             /* the last: Dk = 160 > 128, the cuda kernels' 8-registers-a-lane variant */
-            static const int64_t sh[][6] = {{4, 1, 5, 1, 3, 1}, {8, 2, 130, 2, 6, 4}, {16, 1, 65, 1, 16, 2}, {5, 2, 3, 1, 7, 2},
+            static const int64_t sh[][6] = {{4, 1, 5, 1, 3, 1},
+                                            {8, 2, 130, 2, 6, 4},
+                                            {16, 1, 65, 1, 16, 2},
+                                            {5, 2, 3, 1, 7, 2},
                                             {160, 1, 20, 1, 3, 2}};
             for (int s = 0; s < 5; s++) {
                 const int64_t *x = sh[s];

@@ -15,12 +15,12 @@
 #include "util/rng.h"
 
 #define GUARD_BYTES 256
-#define GUARD_BYTE 0xA5
+#define GUARD_BYTE  0xA5
 #define POISON_BYTE 0xFF /* NaN in every real type */
 #define DEFAULT_TOL 1e-7
-#define FD_REL_TOL 1e-6
-#define FD_FLOOR 1e-3 /* relative-error denominator floor, as a fraction of the tensor's largest |gradient| */
-#define FD_SAMPLES 64
+#define FD_REL_TOL  1e-6
+#define FD_FLOOR    1e-3 /* relative-error denominator floor, as a fraction of the tensor's largest |gradient| */
+#define FD_SAMPLES  64
 
 /* ---- values ---- */
 
@@ -33,21 +33,33 @@ static double normal(uint64_t *s) {
 /* The value as stored in `type` (what both the oracle and the backend under test receive). */
 static double round_to(keel_type type, double v) {
     switch (type) {
-    case KEEL_F32: return (float)v;
-    case KEEL_F16: return keel_f16_to_f32(keel_f32_to_f16((float)v));
-    case KEEL_BF16: return keel_bf16_to_f32(keel_f32_to_bf16((float)v));
-    case KEEL_I32: return (double)(int32_t)v;
-    default: return v;
+    case KEEL_F32:
+        return (float)v;
+    case KEEL_F16:
+        return keel_f16_to_f32(keel_f32_to_f16((float)v));
+    case KEEL_BF16:
+        return keel_bf16_to_f32(keel_f32_to_bf16((float)v));
+    case KEEL_I32:
+        return (double)(int32_t)v;
+    default:
+        return v;
     }
 }
 
 static void leaf_shape(const case_input *in, int64_t ne[4]) {
     memcpy(ne, in->ne, 4 * sizeof(int64_t));
     switch (in->view) {
-    case VIEW_TRANSPOSED: ne[0] = in->ne[1], ne[1] = in->ne[0]; break;
-    case VIEW_PERMUTED: ne[0] = in->ne[1], ne[1] = in->ne[2], ne[2] = in->ne[0]; break;
-    case VIEW_STRIDED: ne[0] = in->ne[0] + 3, ne[1] = in->ne[1] + 1; break;
-    default: break;
+    case VIEW_TRANSPOSED:
+        ne[0] = in->ne[1], ne[1] = in->ne[0];
+        break;
+    case VIEW_PERMUTED:
+        ne[0] = in->ne[1], ne[1] = in->ne[2], ne[2] = in->ne[0];
+        break;
+    case VIEW_STRIDED:
+        ne[0] = in->ne[0] + 3, ne[1] = in->ne[1] + 1;
+        break;
+    default:
+        break;
     }
 }
 
@@ -58,12 +70,24 @@ static double *gen_values(const case_input *in, uint64_t seed, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         double x;
         switch (in->dom) {
-        case DOM_POSITIVE: x = 0.5 + 1.5 * keel_uniform01(&s); break;
-        case DOM_INDEX: x = (double)(keel_splitmix64(&s) % (uint64_t)in->index_max); break;
-        case DOM_GATE: x = -0.01 - 1.5 * keel_uniform01(&s); break;
-        case DOM_UNIT: x = 0.05 + 0.9 * keel_uniform01(&s); break;
-        case DOM_SMALL: x = 1e-4 * keel_uniform01(&s); break;
-        default: x = normal(&s); break;
+        case DOM_POSITIVE:
+            x = 0.5 + 1.5 * keel_uniform01(&s);
+            break;
+        case DOM_INDEX:
+            x = (double)(keel_splitmix64(&s) % (uint64_t)in->index_max);
+            break;
+        case DOM_GATE:
+            x = -0.01 - 1.5 * keel_uniform01(&s);
+            break;
+        case DOM_UNIT:
+            x = 0.05 + 0.9 * keel_uniform01(&s);
+            break;
+        case DOM_SMALL:
+            x = 1e-4 * keel_uniform01(&s);
+            break;
+        default:
+            x = normal(&s);
+            break;
         }
         v[i] = round_to(in->type, in->dom == DOM_INDEX ? x : x * sc);
     }
@@ -78,13 +102,17 @@ static double *host_read(keel_backend *be, const keel_tensor *t) {
     unsigned char *raw = malloc(nb);
     int64_t n = keel_nelements(t);
     double *out = malloc((size_t)n * sizeof *out);
-    if (!raw || !out || be->read(be, raw, t->data, nb)) { free(raw), free(out); return NULL; }
+    if (!raw || !out || be->read(be, raw, t->data, nb)) {
+        free(raw), free(out);
+        return NULL;
+    }
     int64_t k = 0;
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
         for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
             for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
                 for (int64_t i0 = 0; i0 < t->ne[0]; i0++)
-                    out[k++] = keel_load_value(t->type, raw + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
+                    out[k++] =
+                        keel_load_value(t->type, raw + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
     free(raw);
     return out;
 }
@@ -151,13 +179,19 @@ static int inst_build(inst *x, keel_backend *be, const op_case *c, uint64_t seed
         x->leaf[i] = lf;
         x->val[i] = gen_values(in, seed * 131 + (uint64_t)i, keel_nelements(lf));
         switch (in->view) {
-        case VIEW_TRANSPOSED: ins[i] = keel_transpose(ctx, lf); break;
-        case VIEW_PERMUTED: ins[i] = keel_permute(ctx, lf, 1, 2, 0, 3); break;
+        case VIEW_TRANSPOSED:
+            ins[i] = keel_transpose(ctx, lf);
+            break;
+        case VIEW_PERMUTED:
+            ins[i] = keel_permute(ctx, lf, 1, 2, 0, 3);
+            break;
         case VIEW_STRIDED:
             ins[i] = keel_view_4d(ctx, lf, in->ne[0], in->ne[1], in->ne[2], in->ne[3], lf->nb[1], lf->nb[2], lf->nb[3],
                                   lf->nb[1] + 2 * lf->nb[0]);
             break;
-        default: ins[i] = lf; break;
+        default:
+            ins[i] = lf;
+            break;
         }
         if (!ins[i]) return -1;
     }
@@ -262,10 +296,14 @@ static int64_t first_diff(const double *x, const double *ref, int64_t n, double 
 
 static const char *view_name(case_view v) {
     switch (v) {
-    case VIEW_TRANSPOSED: return "transposed";
-    case VIEW_PERMUTED: return "permuted";
-    case VIEW_STRIDED: return "strided";
-    default: return "";
+    case VIEW_TRANSPOSED:
+        return "transposed";
+    case VIEW_PERMUTED:
+        return "permuted";
+    case VIEW_STRIDED:
+        return "strided";
+    default:
+        return "";
     }
 }
 
@@ -279,8 +317,10 @@ static void make_label(op_case *c) {
     int k = snprintf(p, left, "%s(type=", keel_op_get(c->op)->name);
     p += k, left -= (size_t)k;
     keel_type ty = c->n_in ? c->in[0].type : KEEL_F32;
-    if (c->op == KEEL_OP_CPY) k = snprintf(p, left, "%s->%s", keel_type_name(c->in[0].type), keel_type_name(c->in[1].type));
-    else k = snprintf(p, left, "%s", keel_type_name(ty));
+    if (c->op == KEEL_OP_CPY)
+        k = snprintf(p, left, "%s->%s", keel_type_name(c->in[0].type), keel_type_name(c->in[1].type));
+    else
+        k = snprintf(p, left, "%s", keel_type_name(ty));
     p += k, left -= (size_t)k;
     for (int i = 0; i < c->n_in; i++) {
         char buf[64];
@@ -296,7 +336,8 @@ static void make_label(op_case *c) {
         k = snprintf(p, left, ",ne=%s", keel_shape_str(c->ip, buf, sizeof buf));
         p += k, left -= (size_t)k;
     }
-    if ((c->op == KEEL_OP_ACC || c->op == KEEL_OP_SET) && c->ip[4]) k = snprintf(p, left, ",inplace"), p += k, left -= (size_t)k;
+    if ((c->op == KEEL_OP_ACC || c->op == KEEL_OP_SET) && c->ip[4])
+        k = snprintf(p, left, ",inplace"), p += k, left -= (size_t)k;
     if (c->op == KEEL_OP_SOFT_MAX && c->ip[0]) k = snprintf(p, left, ",causal"), p += k, left -= (size_t)k;
     if (c->op == KEEL_OP_CONCAT) k = snprintf(p, left, ",dim=%lld", (long long)c->ip[0]), p += k, left -= (size_t)k;
     snprintf(p, left, ")");
@@ -341,8 +382,10 @@ static void outcome(suite *S, int bi, int op, const char *label, int64_t width, 
     bool good = ok != expect_fail;
     counts *pb = &S->per_be[bi], *po = &S->per_op[op][bi];
     pb->run++, po->run++;
-    if (good) pb->pass++, po->pass++;
-    else pb->fail++, po->fail++, S->failures++;
+    if (good)
+        pb->pass++, po->pass++;
+    else
+        pb->fail++, po->fail++, S->failures++;
     const char *verdict = ok ? "OK" : "FAIL";
     if (faulted)
         printf("%s %s: %s (%s; row %lld %s fault limit %lld: %s)\n", label, S->be[bi]->name, verdict, detail,
@@ -409,9 +452,11 @@ static void forward_case(suite *S, op_case *c, uint64_t seed) {
             double tol = c->tol > 0 ? c->tol : DEFAULT_TOL;
             ok = e <= tol;
             if (ok && e > S->worst_nmse[bi]) S->worst_nmse[bi] = e;
-            if (ok) snprintf(err, sizeof err, "nmse=%.1e", e);
-            else snprintf(err, sizeof err, "nmse=%.3g > %.0e, first difference at flat index %lld", e, tol,
-                          (long long)first_diff(out, ref_out, n, 1e-3));
+            if (ok)
+                snprintf(err, sizeof err, "nmse=%.1e", e);
+            else
+                snprintf(err, sizeof err, "nmse=%.3g > %.0e, first difference at flat index %lld", e, tol,
+                         (long long)first_diff(out, ref_out, n, 1e-3));
             /* cpu: 1 and 2 threads give the same bits; cuda: a second run gives the same bits */
             if (ok && S->o->check_threads && strcmp(be->name, "ref") != 0) {
                 double *out2 = NULL;
@@ -423,7 +468,8 @@ static void forward_case(suite *S, op_case *c, uint64_t seed) {
                 bool cpu = strcmp(be->name, "cpu") == 0;
                 if (!ok2 || memcmp(out, out2, (size_t)n * sizeof(double)) != 0) {
                     ok = false;
-                    snprintf(err, sizeof err, "%s", cpu ? "1 and 2 threads give different bits" : "two runs give different bits");
+                    snprintf(err, sizeof err, "%s",
+                             cpu ? "1 and 2 threads give different bits" : "two runs give different bits");
                 } else {
                     size_t len = strlen(err);
                     snprintf(err + len, sizeof err - len, "%s", cpu ? ", 1t==2t bitwise" : ", 2 runs bitwise");
@@ -509,9 +555,11 @@ static void grad_case(suite *S, op_case *c, uint64_t seed) {
     if (ok1) {
         ok1 = worst <= FD_REL_TOL;
         if (worst > S->worst_fd && ok1) S->worst_fd = worst;
-        if (ok1) snprintf(err, sizeof err, "analytic vs central differences: worst rel err %.1e", worst);
-        else snprintf(err, sizeof err, "analytic vs central differences: rel err %.3g at input %c flat index %lld", worst,
-                      'a' + worst_in, (long long)worst_at);
+        if (ok1)
+            snprintf(err, sizeof err, "analytic vs central differences: worst rel err %.1e", worst);
+        else
+            snprintf(err, sizeof err, "analytic vs central differences: rel err %.3g at input %c flat index %lld",
+                     worst, 'a' + worst_in, (long long)worst_at);
     }
     printf("%s grad ref(f64 vs finite differences): %s (%s)\n", c->label, ok1 ? "OK" : "FAIL", err);
     if (!ok1) S->failures++;
@@ -521,8 +569,10 @@ static void grad_case(suite *S, op_case *c, uint64_t seed) {
         inst x;
         double *gb[CASE_MAX_IN] = {0};
         bool ok = inst_build(&x, be, c, seed, false, true) == 0;
-        if (!ok) snprintf(err, sizeof err, "build: %s", keel_last_error());
-        else S->present[c->op][bi] = true;
+        if (!ok)
+            snprintf(err, sizeof err, "build: %s", keel_last_error());
+        else
+            S->present[c->op][bi] = true;
         if (ok) {
             char e2[512];
             double *dummy = NULL;
@@ -553,8 +603,12 @@ static void grad_case(suite *S, op_case *c, uint64_t seed) {
             for (int i = 0; i < c->n_in && ok2; i++)
                 if (gb[i] && memcmp(gb[i], g2[i], (size_t)keel_nelements(x.leaf[i]) * sizeof(double))) ok2 = false;
             bool cpu = strcmp(be->name, "cpu") == 0;
-            if (!ok2) ok = false, snprintf(err, sizeof err, "%s", cpu ? "1 and 2 threads give different gradient bits" : "two runs give different gradient bits");
-            else strncat(err, cpu ? ", 1t==2t bitwise" : ", 2 runs bitwise", sizeof err - strlen(err) - 1);
+            if (!ok2)
+                ok = false, snprintf(err, sizeof err, "%s",
+                                     cpu ? "1 and 2 threads give different gradient bits"
+                                         : "two runs give different gradient bits");
+            else
+                strncat(err, cpu ? ", 1t==2t bitwise" : ", 2 runs bitwise", sizeof err - strlen(err) - 1);
             for (int i = 0; i < CASE_MAX_IN; i++) free(g2[i]);
             free(dummy);
         }
@@ -615,22 +669,36 @@ int keel_test_ops(const keel_testops_opts *o) {
         for (int b = 0; b < S.n_be; b++) {
             counts *c = &S.per_op[op][b];
             char cell[64];
-            if (o->grad && !info->grad_srcs) snprintf(cell, sizeof cell, "no gradient");
-            else if (info->flags & OPF_VIEW && !o->grad) snprintf(cell, sizeof cell, "view %d/%d", c->pass, c->run);
-            else if (c->run == 0) snprintf(cell, sizeof cell, "MISSING (no case)");
-            else snprintf(cell, sizeof cell, "%s %d/%d", S.present[op][b] ? (o->grad ? "rule" : "yes") : "MISSING", c->pass, c->run);
+            if (o->grad && !info->grad_srcs)
+                snprintf(cell, sizeof cell, "no gradient");
+            else if (info->flags & OPF_VIEW && !o->grad)
+                snprintf(cell, sizeof cell, "view %d/%d", c->pass, c->run);
+            else if (c->run == 0)
+                snprintf(cell, sizeof cell, "MISSING (no case)");
+            else
+                snprintf(cell, sizeof cell, "%s %d/%d", S.present[op][b] ? (o->grad ? "rule" : "yes") : "MISSING",
+                         c->pass, c->run);
             printf(" %-18s", cell);
         }
         if (o->grad && !info->grad_srcs) printf("  (%s)", info->nograd ? info->nograd : "?");
         printf("\n");
         if (!info->grad_srcs || !o->grad) {
             /* every op has a kernel or is a view: a selected op with no case is a failure */
-            if (!o->grad) for (int b = 0; b < S.n_be; b++) if (S.per_op[op][b].run == 0) S.failures++;
+            if (!o->grad)
+                for (int b = 0; b < S.n_be; b++)
+                    if (S.per_op[op][b].run == 0) S.failures++;
         } else {
-            if (!keel_grad_rule_of(op)) { printf("  %s: differentiable but no backward rule\n", info->name); S.failures++; }
-            for (int b = 0; b < S.n_be; b++) if (S.per_op[op][b].run == 0) S.failures++;
+            if (!keel_grad_rule_of(op)) {
+                printf("  %s: differentiable but no backward rule\n", info->name);
+                S.failures++;
+            }
+            for (int b = 0; b < S.n_be; b++)
+                if (S.per_op[op][b].run == 0) S.failures++;
         }
-        if (!info->grad_srcs && !info->nograd) { printf("  %s: no gradient and no reason given\n", info->name); S.failures++; }
+        if (!info->grad_srcs && !info->nograd) {
+            printf("  %s: no gradient and no reason given\n", info->name);
+            S.failures++;
+        }
     }
     printf("\n");
     for (int b = 0; b < S.n_be; b++)

@@ -14,12 +14,12 @@ typedef enum { DOM_NORMAL, DOM_POSITIVE, DOM_INDEX, DOM_GATE, DOM_UNIT, DOM_SMAL
 typedef enum { VIEW_NONE, VIEW_TRANSPOSED, VIEW_PERMUTED, VIEW_STRIDED } case_view;
 
 typedef struct {
-    int64_t ne[4];     /* the shape the op sees */
-    keel_type type;    /* the type under test (the oracle uses f64 for real inputs) */
+    int64_t ne[4];  /* the shape the op sees */
+    keel_type type; /* the type under test (the oracle uses f64 for real inputs) */
     case_domain dom;
     int64_t index_max; /* DOM_INDEX: values in [0, index_max) */
     case_view view;
-    double scale;      /* values multiplied by this (0 means 1) */
+    double scale; /* values multiplied by this (0 means 1) */
 } case_input;
 
 typedef struct op_case op_case;
@@ -36,15 +36,15 @@ struct op_case {
     int n_ip;
     double fp[KEEL_MAX_FP];
     int n_fp;
-    keel_type fill_type;  /* FILL: result type */
-    bool keep_types;      /* the oracle uses the case's types (conversions under test) */
-    int no_grad_mask;     /* inputs never differentiated in this case */
-    uint32_t ip_elems;    /* bit i: ip[i] counts elements; the harness turns it into bytes of the built type */
-    double tol;           /* NMSE threshold for non-f64 results (0: the default 1e-7) */
-    int64_t width;        /* widest row the copy path moves, when not the widest row of the graph (composite cases):
+    keel_type fill_type; /* FILL: result type */
+    bool keep_types;     /* the oracle uses the case's types (conversions under test) */
+    int no_grad_mask;    /* inputs never differentiated in this case */
+    uint32_t ip_elems;   /* bit i: ip[i] counts elements; the harness turns it into bytes of the built type */
+    double tol;          /* NMSE threshold for non-f64 results (0: the default 1e-7) */
+    int64_t width;       /* widest row the copy path moves, when not the widest row of the graph (composite cases):
                              decides fault expectations */
     case_builder build;
-    const char *name;     /* composite cases: their own label */
+    const char *name; /* composite cases: their own label */
     char label[320];
 };
 
@@ -52,12 +52,12 @@ struct op_case {
 int keel_cases_all(op_case **out);
 
 typedef struct {
-    const char *backends;     /* comma list; NULL: every backend built in */
-    const char *ops;          /* comma list of op names; NULL: all */
-    bool grad;                /* run the gradient tiers instead of the forward tier */
+    const char *backends; /* comma list; NULL: every backend built in */
+    const char *ops;      /* comma list of op names; NULL: all */
+    bool grad;            /* run the gradient tiers instead of the forward tier */
     bool verbose;
-    int64_t expect_fault;     /* >0: expect cases wider than this to FAIL on non-ref backends, the rest to pass */
-    bool check_threads;       /* cpu: run 1 and 2 threads and compare bits (default on) */
+    int64_t expect_fault; /* >0: expect cases wider than this to FAIL on non-ref backends, the rest to pass */
+    bool check_threads;   /* cpu: run 1 and 2 threads and compare bits (default on) */
 } keel_testops_opts;
 
 /* Runs the suite and prints per-case lines, per-backend counts and the coverage table.

@@ -26,23 +26,44 @@ static uint64_t fnv(const void *p, size_t n) {
     return h;
 }
 
-typedef struct { char *s; uint32_t len; int32_t id; } vocab_slot;
-typedef struct { uint64_t key; int32_t rank, merged; } merge_slot; /* key 0: empty */
-typedef struct { char *key; uint32_t len; int32_t *ids; uint32_t n; } cache_slot;
+typedef struct {
+    char *s;
+    uint32_t len;
+    int32_t id;
+} vocab_slot;
+typedef struct {
+    uint64_t key;
+    int32_t rank, merged;
+} merge_slot; /* key 0: empty */
+typedef struct {
+    char *key;
+    uint32_t len;
+    int32_t *ids;
+    uint32_t n;
+} cache_slot;
 
 struct keel_tokenizer {
-    vocab_slot *vmap; size_t vcap;        /* token string -> id */
-    char **tok; uint32_t *tok_len; int32_t n_tok, cap_tok; /* id -> string */
-    merge_slot *mmap; size_t mcap;        /* (left, right) -> rank, merged id */
+    vocab_slot *vmap;
+    size_t vcap; /* token string -> id */
+    char **tok;
+    uint32_t *tok_len;
+    int32_t n_tok, cap_tok; /* id -> string */
+    merge_slot *mmap;
+    size_t mcap; /* (left, right) -> rank, merged id */
     int32_t n_merges;
-    int32_t byte_id[256];                 /* single-byte tokens */
-    unsigned char cp_byte[512];           /* byte map inverse: code point -> byte (code points < 512) */
-    struct { char *s; uint32_t len; int32_t id; } *added;
+    int32_t byte_id[256];       /* single-byte tokens */
+    unsigned char cp_byte[512]; /* byte map inverse: code point -> byte (code points < 512) */
+    struct {
+        char *s;
+        uint32_t len;
+        int32_t id;
+    } * added;
     int n_added;
     bool nfc;
     pcre2_code *re;
     pcre2_match_data *md;
-    cache_slot *cache; size_t ccap, cused;
+    cache_slot *cache;
+    size_t ccap, cused;
     uint64_t hash;
 };
 
@@ -108,8 +129,15 @@ static void byte_map(uint32_t cp[256]) {
 }
 
 static int utf8_put(uint32_t c, char *out) {
-    if (c < 0x80) { out[0] = (char)c; return 1; }
-    if (c < 0x800) { out[0] = (char)(0xc0 | c >> 6); out[1] = (char)(0x80 | (c & 0x3f)); return 2; }
+    if (c < 0x80) {
+        out[0] = (char)c;
+        return 1;
+    }
+    if (c < 0x800) {
+        out[0] = (char)(0xc0 | c >> 6);
+        out[1] = (char)(0x80 | (c & 0x3f));
+        return 2;
+    }
     out[0] = (char)(0xe0 | c >> 12), out[1] = (char)(0x80 | ((c >> 6) & 0x3f)), out[2] = (char)(0x80 | (c & 0x3f));
     return 3;
 }
@@ -132,7 +160,10 @@ static keel_tokenizer *alloc_tok(size_t n_vocab, size_t n_merges) {
     t->ccap = 1 << 16;
     t->cache = calloc(t->ccap, sizeof *t->cache);
     t->hash = 0xcbf29ce484222325ull;
-    if (!t->vmap || !t->mmap || !t->cache) { keel_tokenizer_free(t); return NULL; }
+    if (!t->vmap || !t->mmap || !t->cache) {
+        keel_tokenizer_free(t);
+        return NULL;
+    }
     return t;
 }
 
@@ -179,13 +210,15 @@ static int finish_bytes(keel_tokenizer *t, const char *path) {
         char s[4];
         int n = utf8_put(cp[b], s);
         t->byte_id[b] = vmap_get(t, s, (size_t)n);
-        if (t->byte_id[b] < 0) return keel_fail("%s: the vocabulary lacks the byte-level token for byte 0x%02x", path, b);
+        if (t->byte_id[b] < 0)
+            return keel_fail("%s: the vocabulary lacks the byte-level token for byte 0x%02x", path, b);
         t->cp_byte[cp[b]] = (unsigned char)b;
     }
     return 0;
 }
 
-static int add_merge(keel_tokenizer *t, const char *path, const char *a, size_t la, const char *b, size_t lb, int32_t rank) {
+static int add_merge(keel_tokenizer *t, const char *path, const char *a, size_t la, const char *b, size_t lb,
+                     int32_t rank) {
     int32_t ia = vmap_get(t, a, la), ib = vmap_get(t, b, lb);
     if (ia < 0 || ib < 0)
         return keel_fail("%s: merge %d '%.*s %.*s' names the unknown token '%.*s'", path, rank, (int)la, a, (int)lb, b,
@@ -195,7 +228,9 @@ static int add_merge(keel_tokenizer *t, const char *path, const char *a, size_t 
     memcpy(buf, a, la);
     memcpy(buf + la, b, lb);
     int32_t m = vmap_get(t, buf, la + lb);
-    if (m < 0) return keel_fail("%s: merge %d '%.*s %.*s' makes '%.*s', which is not in the vocabulary", path, rank, (int)la, a, (int)lb, b, (int)(la + lb), buf);
+    if (m < 0)
+        return keel_fail("%s: merge %d '%.*s %.*s' makes '%.*s', which is not in the vocabulary", path, rank, (int)la,
+                         a, (int)lb, b, (int)(la + lb), buf);
     mmap_put(t, ia, ib, rank, m);
     mix_hash(t, &rank, sizeof rank);
     mix_hash(t, buf, la + lb);
@@ -218,7 +253,6 @@ static int compile_regex(keel_tokenizer *t, const char *path, const char *patter
     return t->md ? 0 : keel_fail("out of memory");
 }
 
-
 /* The pre-tokenizer: Split(regex) and/or ByteLevel, possibly in a Sequence. */
 static int read_pretokenizer(keel_tokenizer *t, const char *path, const cJSON *pt) {
     if (!pt || cJSON_IsNull(pt)) return keel_fail("%s: no pre_tokenizer (byte-level BPE needs ByteLevel)", path);
@@ -231,8 +265,11 @@ static int read_pretokenizer(keel_tokenizer *t, const char *path, const cJSON *p
             const cJSON *et = cJSON_GetObjectItemCaseSensitive(e, "type");
             if (cJSON_IsString(et) && !strcmp(et->valuestring, "ByteLevel")) {
                 byte_level = true;
-                if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "use_regex")) && !t->re && compile_regex(t, path, GPT2_REGEX)) return -1;
-                if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "add_prefix_space"))) return keel_fail("%s: ByteLevel add_prefix_space is not supported", path);
+                if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "use_regex")) && !t->re &&
+                    compile_regex(t, path, GPT2_REGEX))
+                    return -1;
+                if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "add_prefix_space")))
+                    return keel_fail("%s: ByteLevel add_prefix_space is not supported", path);
             } else if (read_pretokenizer(t, path, e)) {
                 return -1;
             }
@@ -240,17 +277,21 @@ static int read_pretokenizer(keel_tokenizer *t, const char *path, const cJSON *p
         return byte_level || t->re ? 0 : keel_fail("%s: pre_tokenizer Sequence has no Split or ByteLevel", path);
     }
     if (!strcmp(ty, "Split")) {
-        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(pt, "pattern"), *beh = cJSON_GetObjectItemCaseSensitive(pt, "behavior");
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(pt, "pattern"),
+                    *beh = cJSON_GetObjectItemCaseSensitive(pt, "behavior");
         const cJSON *rx = pat ? cJSON_GetObjectItemCaseSensitive(pat, "Regex") : NULL;
         if (!cJSON_IsString(rx)) return keel_fail("%s: Split pre-tokenizer without a \"Regex\" pattern", path);
         if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated"))
-            return keel_fail("%s: Split behavior '%s' is not supported (Isolated)", path, cJSON_IsString(beh) ? beh->valuestring : "?");
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pt, "invert"))) return keel_fail("%s: Split invert is not supported", path);
+            return keel_fail("%s: Split behavior '%s' is not supported (Isolated)", path,
+                             cJSON_IsString(beh) ? beh->valuestring : "?");
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pt, "invert")))
+            return keel_fail("%s: Split invert is not supported", path);
         if (t->re) return keel_fail("%s: more than one regex pre-tokenizer", path);
         return compile_regex(t, path, rx->valuestring);
     }
     if (!strcmp(ty, "ByteLevel")) {
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pt, "add_prefix_space"))) return keel_fail("%s: ByteLevel add_prefix_space is not supported", path);
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pt, "add_prefix_space")))
+            return keel_fail("%s: ByteLevel add_prefix_space is not supported", path);
         const cJSON *ur = cJSON_GetObjectItemCaseSensitive(pt, "use_regex");
         return (!ur || cJSON_IsTrue(ur)) ? compile_regex(t, path, GPT2_REGEX) : 0;
     }
@@ -261,7 +302,11 @@ static int read_normalizer(keel_tokenizer *t, const char *path, const cJSON *n) 
     if (!n || cJSON_IsNull(n)) return 0;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(n, "type");
     const char *ty = cJSON_IsString(type) ? type->valuestring : "";
-    if (!strcmp(ty, "NFC")) { t->nfc = true; mix_hash(t, "NFC", 3); return 0; }
+    if (!strcmp(ty, "NFC")) {
+        t->nfc = true;
+        mix_hash(t, "NFC", 3);
+        return 0;
+    }
     if (!strcmp(ty, "Sequence")) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
         for (const cJSON *e = list ? list->child : NULL; e; e = e->next)
@@ -286,28 +331,50 @@ keel_tokenizer *keel_tokenizer_load(const char *path) {
     const cJSON *mtype = model ? cJSON_GetObjectItemCaseSensitive(model, "type") : NULL;
     const cJSON *vocab = model ? cJSON_GetObjectItemCaseSensitive(model, "vocab") : NULL;
     const cJSON *merges = model ? cJSON_GetObjectItemCaseSensitive(model, "merges") : NULL;
-    if (!cJSON_IsObject(model)) { keel_fail("%s: no \"model\" object", path); goto fail; }
+    if (!cJSON_IsObject(model)) {
+        keel_fail("%s: no \"model\" object", path);
+        goto fail;
+    }
     if (cJSON_IsString(mtype) && strcmp(mtype->valuestring, "BPE")) {
-        keel_fail("%s: model type '%s' is not supported: keel reads byte-level BPE tokenizers", path, mtype->valuestring);
+        keel_fail("%s: model type '%s' is not supported: keel reads byte-level BPE tokenizers", path,
+                  mtype->valuestring);
         goto fail;
     }
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"))) {
-        keel_fail("%s: a byte-fallback (SentencePiece-style) BPE is not supported: keel reads byte-level BPE tokenizers", path);
+        keel_fail(
+            "%s: a byte-fallback (SentencePiece-style) BPE is not supported: keel reads byte-level BPE tokenizers",
+            path);
         goto fail;
     }
-    if (!cJSON_IsObject(vocab)) { keel_fail("%s: model.vocab is missing (or not an object)", path); goto fail; }
-    if (!cJSON_IsArray(merges)) { keel_fail("%s: model.merges is missing (or not an array)", path); goto fail; }
+    if (!cJSON_IsObject(vocab)) {
+        keel_fail("%s: model.vocab is missing (or not an object)", path);
+        goto fail;
+    }
+    if (!cJSON_IsArray(merges)) {
+        keel_fail("%s: model.merges is missing (or not an array)", path);
+        goto fail;
+    }
     t = alloc_tok((size_t)cJSON_GetArraySize(vocab) + 1024, (size_t)cJSON_GetArraySize(merges));
-    if (!t) { keel_fail("out of memory"); goto fail; }
+    if (!t) {
+        keel_fail("out of memory");
+        goto fail;
+    }
     for (const cJSON *e = vocab->child; e; e = e->next) {
-        if (!cJSON_IsNumber(e)) { keel_fail("%s: vocab entry '%s' is not a number", path, e->string); goto fail; }
+        if (!cJSON_IsNumber(e)) {
+            keel_fail("%s: vocab entry '%s' is not a number", path, e->string);
+            goto fail;
+        }
         if (add_token(t, path, e->string, strlen(e->string), (int64_t)e->valuedouble)) goto fail;
     }
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     t->added = calloc((size_t)(cJSON_GetArraySize(added) + 1), sizeof *t->added);
     for (const cJSON *e = added ? added->child : NULL; e; e = e->next) {
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content"), *id = cJSON_GetObjectItemCaseSensitive(e, "id");
-        if (!cJSON_IsString(c) || !cJSON_IsNumber(id) || !*c->valuestring) { keel_fail("%s: an added token needs \"content\" and \"id\"", path); goto fail; }
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content"),
+                    *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+        if (!cJSON_IsString(c) || !cJSON_IsNumber(id) || !*c->valuestring) {
+            keel_fail("%s: an added token needs \"content\" and \"id\"", path);
+            goto fail;
+        }
         if (add_token(t, path, c->valuestring, strlen(c->valuestring), (int64_t)id->valuedouble)) goto fail;
         t->added[t->n_added].s = strdup(c->valuestring);
         t->added[t->n_added].len = (uint32_t)strlen(c->valuestring);
@@ -319,9 +386,13 @@ keel_tokenizer *keel_tokenizer_load(const char *path) {
     for (const cJSON *e = merges->child; e; e = e->next, rank++) {
         if (cJSON_IsString(e)) { /* "a b" */
             const char *s = e->valuestring, *sp = strchr(s, ' ');
-            if (!sp || strchr(sp + 1, ' ')) { keel_fail("%s: merge %d '%s' is not two tokens separated by one space", path, rank, s); goto fail; }
+            if (!sp || strchr(sp + 1, ' ')) {
+                keel_fail("%s: merge %d '%s' is not two tokens separated by one space", path, rank, s);
+                goto fail;
+            }
             if (add_merge(t, path, s, (size_t)(sp - s), sp + 1, strlen(sp + 1), rank)) goto fail;
-        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) && cJSON_IsString(e->child->next)) {
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) &&
+                   cJSON_IsString(e->child->next)) {
             const char *a = e->child->valuestring, *b = e->child->next->valuestring;
             if (add_merge(t, path, a, strlen(a), b, strlen(b), rank)) goto fail;
         } else {
@@ -331,7 +402,8 @@ keel_tokenizer *keel_tokenizer_load(const char *path) {
     }
     if (read_normalizer(t, path, cJSON_GetObjectItemCaseSensitive(root, "normalizer"))) goto fail;
     if (read_pretokenizer(t, path, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"))) goto fail;
-    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder"), *dt = dec ? cJSON_GetObjectItemCaseSensitive(dec, "type") : NULL;
+    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder"),
+                *dt = dec ? cJSON_GetObjectItemCaseSensitive(dec, "type") : NULL;
     if (dec && !cJSON_IsNull(dec) && (!cJSON_IsString(dt) || strcmp(dt->valuestring, "ByteLevel"))) {
         keel_fail("%s: decoder '%s' is not supported (ByteLevel)", path, cJSON_IsString(dt) ? dt->valuestring : "?");
         goto fail;
@@ -351,11 +423,20 @@ keel_tokenizer *keel_tokenizer_load_gpt2(const char *encoder_json, const char *v
     char *bpe = keel_read_file(vocab_bpe, &n);
     keel_tokenizer *t = NULL;
     if (!bpe) goto fail;
-    if (!cJSON_IsObject(enc)) { keel_fail("%s: not a JSON object of token ids", encoder_json); goto fail; }
+    if (!cJSON_IsObject(enc)) {
+        keel_fail("%s: not a JSON object of token ids", encoder_json);
+        goto fail;
+    }
     t = alloc_tok((size_t)cJSON_GetArraySize(enc), 60000);
-    if (!t) { keel_fail("out of memory"); goto fail; }
+    if (!t) {
+        keel_fail("out of memory");
+        goto fail;
+    }
     for (const cJSON *e = enc->child; e; e = e->next) {
-        if (!cJSON_IsNumber(e)) { keel_fail("%s: entry '%s' is not a number", encoder_json, e->string); goto fail; }
+        if (!cJSON_IsNumber(e)) {
+            keel_fail("%s: entry '%s' is not a number", encoder_json, e->string);
+            goto fail;
+        }
         if (add_token(t, encoder_json, e->string, strlen(e->string), (int64_t)e->valuedouble)) goto fail;
     }
     t->added = calloc(1, sizeof *t->added);
@@ -368,7 +449,10 @@ keel_tokenizer *keel_tokenizer_load_gpt2(const char *encoder_json, const char *v
         if (len && line[len - 1] == '\r') line[--len] = 0;
         if (!len || !strncmp(line, "#version", 8)) continue;
         char *sp = strchr(line, ' ');
-        if (!sp) { keel_fail("%s: merge line %d '%s' has no space", vocab_bpe, rank, line); goto fail; }
+        if (!sp) {
+            keel_fail("%s: merge line %d '%s' has no space", vocab_bpe, rank, line);
+            goto fail;
+        }
         if (add_merge(t, vocab_bpe, line, (size_t)(sp - line), sp + 1, strlen(sp + 1), rank)) goto fail;
         rank++;
     }
@@ -412,7 +496,10 @@ void keel_tokenizer_free(keel_tokenizer *t) {
 
 /* ---- encoding ---- */
 
-typedef struct { int32_t *v; size_t n, cap; } idvec;
+typedef struct {
+    int32_t *v;
+    size_t n, cap;
+} idvec;
 
 static int push_id(idvec *o, int32_t id) {
     if (o->n == o->cap) {
@@ -425,7 +512,10 @@ static int push_id(idvec *o, int32_t id) {
     return 0;
 }
 
-typedef struct { int32_t rank; int32_t pos; } heap_item;
+typedef struct {
+    int32_t rank;
+    int32_t pos;
+} heap_item;
 
 static void heap_push(heap_item *h, int *n, heap_item x) {
     int i = (*n)++;
@@ -460,17 +550,20 @@ static int bpe_piece(keel_tokenizer *t, const unsigned char *s, size_t n, idvec 
     size_t ci = fnv(s, n) & (t->ccap - 1);
     cache_slot *cs = &t->cache[ci];
     if (cs->key && cs->len == n && !memcmp(cs->key, s, n)) {
-        for (uint32_t i = 0; i < cs->n; i++) if (push_id(out, cs->ids[i])) return -1;
+        for (uint32_t i = 0; i < cs->n; i++)
+            if (push_id(out, cs->ids[i])) return -1;
         return 0;
     }
     int32_t stack_sym[64], stack_prev[64], stack_next[64];
     heap_item stack_heap[128];
-    int32_t *sym = n <= 64 ? stack_sym : malloc(n * sizeof *sym), *prev = n <= 64 ? stack_prev : malloc(n * sizeof *prev),
+    int32_t *sym = n <= 64 ? stack_sym : malloc(n * sizeof *sym),
+            *prev = n <= 64 ? stack_prev : malloc(n * sizeof *prev),
             *next = n <= 64 ? stack_next : malloc(n * sizeof *next);
     heap_item *heap = n <= 64 ? stack_heap : malloc(2 * n * sizeof *heap);
     if (!sym || !prev || !next || !heap) return keel_fail("out of memory");
     int nh = 0;
-    for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[s[i]], prev[i] = (int32_t)i - 1, next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    for (size_t i = 0; i < n; i++)
+        sym[i] = t->byte_id[s[i]], prev[i] = (int32_t)i - 1, next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     for (size_t i = 0; i + 1 < n; i++) {
         const merge_slot *m = mmap_get(t, sym[i], sym[i + 1]);
         if (m) heap_push(heap, &nh, (heap_item){m->rank, (int32_t)i});
@@ -517,7 +610,8 @@ static int encode_plain(keel_tokenizer *t, const char *s, size_t n, idvec *out) 
     char *norm = NULL;
     if (t->nfc && n) {
         utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        utf8proc_ssize_t r =
+            utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
         if (r < 0) return keel_fail("NFC failed: %s", utf8proc_errmsg(r));
         norm = (char *)dst;
         s = norm, n = (size_t)r;
@@ -529,11 +623,19 @@ static int encode_plain(keel_tokenizer *t, const char *s, size_t n, idvec *out) 
         PCRE2_SIZE at = 0;
         while (at < n && !rc) {
             int m = pcre2_jit_match(t->re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, t->md, NULL);
-            if (m == PCRE2_ERROR_JIT_BADOPTION) m = pcre2_match(t->re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, t->md, NULL);
-            if (m == PCRE2_ERROR_NOMATCH) { rc = bpe_piece(t, (const unsigned char *)s + at, n - at, out); break; }
-            if (m < 0) { rc = keel_fail("PCRE2 match error %d", m); break; }
+            if (m == PCRE2_ERROR_JIT_BADOPTION)
+                m = pcre2_match(t->re, (PCRE2_SPTR)s, n, at, PCRE2_NO_UTF_CHECK, t->md, NULL);
+            if (m == PCRE2_ERROR_NOMATCH) {
+                rc = bpe_piece(t, (const unsigned char *)s + at, n - at, out);
+                break;
+            }
+            if (m < 0) {
+                rc = keel_fail("PCRE2 match error %d", m);
+                break;
+            }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
-            if (ov[0] > at) rc = bpe_piece(t, (const unsigned char *)s + at, ov[0] - at, out); /* an unmatched gap is a piece */
+            if (ov[0] > at)
+                rc = bpe_piece(t, (const unsigned char *)s + at, ov[0] - at, out); /* an unmatched gap is a piece */
             if (!rc) rc = bpe_piece(t, (const unsigned char *)s + ov[0], ov[1] - ov[0], out);
             if (ov[1] == ov[0]) { /* an empty match: step over one character */
                 PCRE2_SIZE nx = ov[1] + 1;
@@ -569,17 +671,23 @@ int keel_tokenizer_encode(keel_tokenizer *t, const char *text, size_t len, int32
     while (i < len && !rc) { /* added tokens first, longest match */
         int best = -1;
         for (int a = 0; a < t->n_added; a++)
-            if (t->added[a].len <= len - i && text[i] == t->added[a].s[0] && !memcmp(text + i, t->added[a].s, t->added[a].len) &&
-                (best < 0 || t->added[a].len > t->added[best].len))
+            if (t->added[a].len <= len - i && text[i] == t->added[a].s[0] &&
+                !memcmp(text + i, t->added[a].s, t->added[a].len) && (best < 0 || t->added[a].len > t->added[best].len))
                 best = a;
-        if (best < 0) { i++; continue; }
+        if (best < 0) {
+            i++;
+            continue;
+        }
         if (i > seg) rc = encode_plain(t, text + seg, i - seg, &out);
         if (!rc) rc = push_id(&out, t->added[best].id);
         i += t->added[best].len;
         seg = i;
     }
     if (!rc && len > seg) rc = encode_plain(t, text + seg, len - seg, &out);
-    if (rc) { free(out.v); return -1; }
+    if (rc) {
+        free(out.v);
+        return -1;
+    }
     *ids = out.v ? out.v : malloc(sizeof(int32_t));
     *n_ids = out.n;
     return 0;
@@ -590,22 +698,35 @@ int keel_tokenizer_decode(const keel_tokenizer *t, const int32_t *ids, size_t n,
     char *s = malloc(cap);
     if (!s) return keel_fail("out of memory");
     for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= t->n_tok || !t->tok[ids[i]]) { free(s); return keel_fail("decode: id %d at position %zu is not in the vocabulary", ids[i], i); }
+        if (ids[i] < 0 || ids[i] >= t->n_tok || !t->tok[ids[i]]) {
+            free(s);
+            return keel_fail("decode: id %d at position %zu is not in the vocabulary", ids[i], i);
+        }
         const char *p = t->tok[ids[i]];
         uint32_t pl = t->tok_len[ids[i]];
         if (k + pl + 1 > cap) {
             cap = 2 * (k + pl + 1);
             char *ns = realloc(s, cap);
-            if (!ns) { free(s); return keel_fail("out of memory"); }
+            if (!ns) {
+                free(s);
+                return keel_fail("out of memory");
+            }
             s = ns;
         }
         bool is_added = false;
         for (int a = 0; a < t->n_added && !is_added; a++) is_added = t->added[a].id == ids[i];
-        if (is_added) { memcpy(s + k, p, pl); k += pl; continue; }
+        if (is_added) {
+            memcpy(s + k, p, pl);
+            k += pl;
+            continue;
+        }
         for (uint32_t j = 0; j < pl;) { /* byte-level: each code point stands for one byte */
             utf8proc_int32_t cp;
             utf8proc_ssize_t r = utf8proc_iterate((const utf8proc_uint8_t *)p + j, pl - j, &cp);
-            if (r <= 0 || cp >= 512) { free(s); return keel_fail("decode: token %d is not byte-level", ids[i]); }
+            if (r <= 0 || cp >= 512) {
+                free(s);
+                return keel_fail("decode: token %d is not byte-level", ids[i]);
+            }
             s[k++] = (char)t->cp_byte[cp];
             j += (uint32_t)r;
         }
@@ -616,7 +737,9 @@ int keel_tokenizer_decode(const keel_tokenizer *t, const int32_t *ids, size_t n,
     return 0;
 }
 
-const char *keel_tokenizer_token(const keel_tokenizer *t, int32_t id) { return id >= 0 && id < t->n_tok ? t->tok[id] : NULL; }
+const char *keel_tokenizer_token(const keel_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_tok ? t->tok[id] : NULL;
+}
 int32_t keel_tokenizer_vocab_size(const keel_tokenizer *t) { return t->n_tok; }
 uint64_t keel_tokenizer_hash(const keel_tokenizer *t) { return t->hash; }
 
@@ -633,7 +756,8 @@ char *keel_tokenizer_normalize(const keel_tokenizer *t, const char *text, size_t
         return c;
     }
     utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len, &dst, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    utf8proc_ssize_t r =
+        utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len, &dst, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
     if (r < 0) return NULL;
     *out_len = (size_t)r;
     return (char *)dst;

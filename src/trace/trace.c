@@ -29,18 +29,25 @@ static unsigned char *gather(keel_backend *be, const keel_tensor *t, size_t *n_b
     int64_t n = keel_nelements(t);
     if (keel_is_contiguous(t)) { /* already in flat order */
         unsigned char *out = malloc(span ? span : 1);
-        if (!out || be->read(be, out, t->data, span)) { free(out); return NULL; }
+        if (!out || be->read(be, out, t->data, span)) {
+            free(out);
+            return NULL;
+        }
         *n_bytes = span;
         return out;
     }
     unsigned char *raw = malloc(span), *out = malloc((size_t)n * es);
-    if (!raw || !out || be->read(be, raw, t->data, span)) { free(raw), free(out); return NULL; }
+    if (!raw || !out || be->read(be, raw, t->data, span)) {
+        free(raw), free(out);
+        return NULL;
+    }
     int64_t k = 0;
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
         for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
             for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
                 for (int64_t i0 = 0; i0 < t->ne[0]; i0++, k++)
-                    memcpy(out + (size_t)k * es, raw + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3], es);
+                    memcpy(out + (size_t)k * es, raw + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3],
+                           es);
     free(raw);
     *n_bytes = (size_t)n * es;
     return out;
@@ -88,11 +95,15 @@ static int record(keel_tracer *tr, keel_backend *be, const keel_tensor *x, bool 
     r->hash = XXH64(bytes, nb, 0);
     int64_t n = keel_nelements(x);
     size_t es = keel_type_size(x->type);
-    int64_t stride = tr->sample > 0 && n > tr->sample ? (n + tr->sample - 1) / tr->sample : 1, nd = (n + stride - 1) / stride;
+    int64_t stride = tr->sample > 0 && n > tr->sample ? (n + tr->sample - 1) / tr->sample : 1,
+            nd = (n + stride - 1) / stride;
     bool keep = tr->keep_data && tr->data_bytes + (size_t)nd * 8 <= tr->max_data_bytes;
-    if (keep) r->data = malloc((size_t)nd * sizeof(double)), r->n_data = nd, r->data_stride = stride, tr->data_bytes += (size_t)nd * 8;
+    if (keep)
+        r->data = malloc((size_t)nd * sizeof(double)), r->n_data = nd, r->data_stride = stride,
+        tr->data_bytes += (size_t)nd * 8;
     for (int64_t i = 0, k = 0, next = 0; i < n; i++) {
-        double v = x->type == KEEL_F32 ? (double)((const float *)(const void *)bytes)[i] : keel_load_value(x->type, bytes + (size_t)i * es);
+        double v = x->type == KEEL_F32 ? (double)((const float *)(const void *)bytes)[i]
+                                       : keel_load_value(x->type, bytes + (size_t)i * es);
         r->nnz += v != 0;
         r->sumsq += v * v;
         if (r->data && i == next) r->data[k++] = v, next += stride;
@@ -151,27 +162,35 @@ int keel_trace_write(const keel_tracer *t, const char *path) {
     for (int64_t i = 0; i < t->n; i++) {
         const keel_trace_rec *r = &t->r[i];
         fwrite(r->name, 1, KEEL_NAME_MAX, f);
-        put_u64(f, (uint64_t)(uint32_t)r->op), put_u64(f, (uint64_t)(uint32_t)r->type), put_u64(f, (uint64_t)(uint32_t)r->n_src);
+        put_u64(f, (uint64_t)(uint32_t)r->op), put_u64(f, (uint64_t)(uint32_t)r->type),
+            put_u64(f, (uint64_t)(uint32_t)r->n_src);
         for (int k = 0; k < 4; k++) put_u64(f, (uint64_t)r->ne[k]), put_u64(f, (uint64_t)r->nb[k]);
         for (int k = 0; k < r->n_src; k++) put_u64(f, r->src_hash[k]), fwrite(r->src_name[k], 1, KEEL_NAME_MAX, f);
-        put_u64(f, r->hash), put_u64(f, (uint64_t)r->nnz), put_f64(f, r->sumsq), put_f64(f, r->first), put_f64(f, r->last);
+        put_u64(f, r->hash), put_u64(f, (uint64_t)r->nnz), put_f64(f, r->sumsq), put_f64(f, r->first),
+            put_f64(f, r->last);
         put_u64(f, (uint64_t)(r->data ? r->n_data : 0)), put_u64(f, (uint64_t)(r->data ? r->data_stride : 1));
         for (int64_t j = 0; r->data && j < r->n_data; j++) put_f64(f, r->data[j]);
     }
     bool ok = !ferror(f);
     ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path)) { remove(tmp); return keel_fail("%s: write failed", path); }
+    if (!ok || rename(tmp, path)) {
+        remove(tmp);
+        return keel_fail("%s: write failed", path);
+    }
     return 0;
 }
 
 keel_tracer *keel_trace_read(const char *path) {
     FILE *f = fopen(path, "rb");
-    if (!f) { keel_fail("%s: cannot open", path); return NULL; }
+    if (!f) {
+        keel_fail("%s: cannot open", path);
+        return NULL;
+    }
     char magic[8];
     uint64_t n;
     /* version 1 files have no data stride (every value kept) */
-    if (fread(magic, 1, 8, f) != 8 || (memcmp(magic, "KEELTRC1", 8) && memcmp(magic, "KEELTRC2", 8)) || get_u64(f, &n) ||
-        n > (1u << 30)) {
+    if (fread(magic, 1, 8, f) != 8 || (memcmp(magic, "KEELTRC1", 8) && memcmp(magic, "KEELTRC2", 8)) ||
+        get_u64(f, &n) || n > (1u << 30)) {
         fclose(f);
         keel_fail("%s: not a keel trace (bad magic or count)", path);
         return NULL;
@@ -183,7 +202,8 @@ keel_tracer *keel_trace_read(const char *path) {
     for (uint64_t i = 0; i < n; i++) {
         keel_trace_rec *r = &t->r[t->n];
         uint64_t op = 0, ty = 0, ns = 0, v = 0, nd = 0, stride = 1;
-        bool ok = fread(r->name, 1, KEEL_NAME_MAX, f) == KEEL_NAME_MAX && !get_u64(f, &op) && !get_u64(f, &ty) && !get_u64(f, &ns) && ns <= KEEL_MAX_SRC;
+        bool ok = fread(r->name, 1, KEEL_NAME_MAX, f) == KEEL_NAME_MAX && !get_u64(f, &op) && !get_u64(f, &ty) &&
+                  !get_u64(f, &ns) && ns <= KEEL_MAX_SRC;
         r->name[KEEL_NAME_MAX - 1] = 0;
         for (int k = 0; k < 4 && ok; k++) {
             ok = !get_u64(f, &v);
@@ -195,8 +215,9 @@ keel_tracer *keel_trace_read(const char *path) {
             ok = !get_u64(f, &r->src_hash[k]) && fread(r->src_name[k], 1, KEEL_NAME_MAX, f) == KEEL_NAME_MAX;
             r->src_name[k][KEEL_NAME_MAX - 1] = 0;
         }
-        ok = ok && !get_u64(f, &r->hash) && !get_u64(f, &v) && !get_f64(f, &r->sumsq) && !get_f64(f, &r->first) && !get_f64(f, &r->last) &&
-             !get_u64(f, &nd) && nd < (1ull << 34) && (!v2 || (!get_u64(f, &stride) && stride >= 1 && stride < (1ull << 40)));
+        ok = ok && !get_u64(f, &r->hash) && !get_u64(f, &v) && !get_f64(f, &r->sumsq) && !get_f64(f, &r->first) &&
+             !get_f64(f, &r->last) && !get_u64(f, &nd) && nd < (1ull << 34) &&
+             (!v2 || (!get_u64(f, &stride) && stride >= 1 && stride < (1ull << 40)));
         r->nnz = (int64_t)v;
         r->data_stride = (int64_t)stride;
         if (ok && nd) {
@@ -263,7 +284,10 @@ int keel_trace_diff(const keel_tracer *a, const keel_tracer *b, double tol, FILE
         const keel_trace_rec *rb = &b->r[i];
         canonical(rb->name, cn, sizeof cn);
         const keel_trace_rec *ra = find(a, cn);
-        if (!ra || ra->op != rb->op) { unaligned++; continue; }
+        if (!ra || ra->op != rb->op) {
+            unaligned++;
+            continue;
+        }
         compared++;
         if (same_output(ra, rb, tol)) {
             if (ra->hash != rb->hash) { /* within the tolerance: remember the closest call */
@@ -290,38 +314,49 @@ int keel_trace_diff(const keel_tracer *a, const keel_tracer *b, double tol, FILE
         }
         char sh[64], st[96];
         keel_shape_str(rb->ne, sh, sizeof sh);
-        snprintf(st, sizeof st, "[%lld,%lld,%lld,%lld]", (long long)rb->nb[0], (long long)rb->nb[1], (long long)rb->nb[2], (long long)rb->nb[3]);
-        fprintf(out, "first divergence: node '%s' (%s, %s, shape %s, strides %s)\n", rb->name, keel_op_get(rb->op)->name,
-                keel_type_name((keel_type)rb->type), sh, st);
-        fprintf(out, "  its %d input(s) are %s in both runs:", rb->n_src, tol > 0 ? "equal within the tolerance" : "byte-identical");
+        snprintf(st, sizeof st, "[%lld,%lld,%lld,%lld]", (long long)rb->nb[0], (long long)rb->nb[1],
+                 (long long)rb->nb[2], (long long)rb->nb[3]);
+        fprintf(out, "first divergence: node '%s' (%s, %s, shape %s, strides %s)\n", rb->name,
+                keel_op_get(rb->op)->name, keel_type_name((keel_type)rb->type), sh, st);
+        fprintf(out, "  its %d input(s) are %s in both runs:", rb->n_src,
+                tol > 0 ? "equal within the tolerance" : "byte-identical");
         for (int k = 0; k < rb->n_src; k++) fprintf(out, " '%s'", rb->src_name[k]);
-        fprintf(out, "\n  output hash A %016llx, B %016llx\n", (unsigned long long)ra->hash, (unsigned long long)rb->hash);
+        fprintf(out, "\n  output hash A %016llx, B %016llx\n", (unsigned long long)ra->hash,
+                (unsigned long long)rb->hash);
         if (ra->data && rb->data && ra->n_data == rb->n_data && ra->data_stride == rb->data_stride) {
             int64_t first = -1;
             for (int64_t j = 0; j < ra->n_data && first < 0; j++)
-                if (memcmp(&ra->data[j], &rb->data[j], 8) && !(tol > 0 && fabs(ra->data[j] - rb->data[j]) <= sqrt(tol) * fabs(ra->data[j])))
+                if (memcmp(&ra->data[j], &rb->data[j], 8) &&
+                    !(tol > 0 && fabs(ra->data[j] - rb->data[j]) <= sqrt(tol) * fabs(ra->data[j])))
                     first = j;
             fprintf(out, "  first differing flat index%s: %lld (A %.9g, B %.9g); nmse %.3g\n",
-                    ra->data_stride > 1 ? " among the sampled values" : "", first >= 0 ? (long long)(first * ra->data_stride) : -1LL,
-                    first >= 0 ? ra->data[first] : NAN, first >= 0 ? rb->data[first] : NAN, nmse(ra, rb));
+                    ra->data_stride > 1 ? " among the sampled values" : "",
+                    first >= 0 ? (long long)(first * ra->data_stride) : -1LL, first >= 0 ? ra->data[first] : NAN,
+                    first >= 0 ? rb->data[first] : NAN, nmse(ra, rb));
         } else {
             fprintf(out, "  first differing flat index: unknown (no data in the traces: record with --trace-data)\n");
         }
-        fprintf(out, "  non-zeros: A %lld, B %lld; sum of squares: A %.9g, B %.9g; first/last: A %.6g/%.6g, B %.6g/%.6g\n",
+        fprintf(out,
+                "  non-zeros: A %lld, B %lld; sum of squares: A %.9g, B %.9g; first/last: A %.6g/%.6g, B %.6g/%.6g\n",
                 (long long)ra->nnz, (long long)rb->nnz, ra->sumsq, rb->sumsq, ra->first, ra->last, rb->first, rb->last);
-        fprintf(out, "  earlier nodes that already differed only because their inputs did: %lld", (long long)n_chain_total);
+        fprintf(out, "  earlier nodes that already differed only because their inputs did: %lld",
+                (long long)n_chain_total);
         for (int c = 0; c < n_chain; c++) fprintf(out, "%s'%s'", c ? ", " : " (", chain[c]->name);
         fprintf(out, "%s\n", n_chain ? (n_chain_total > n_chain ? ", ...)" : ")") : "");
-        fprintf(out, "  (compared %lld nodes up to it; %lld of B's records had no counterpart in A)\n", (long long)compared, (long long)unaligned);
+        fprintf(out, "  (compared %lld nodes up to it; %lld of B's records had no counterpart in A)\n",
+                (long long)compared, (long long)unaligned);
         return 1;
     }
     if (n_chain_total)
-        fprintf(out, "no node diverged on its own, but %lld differ because their inputs (leaves) differ, the first '%s'\n",
+        fprintf(out,
+                "no node diverged on its own, but %lld differ because their inputs (leaves) differ, the first '%s'\n",
                 (long long)n_chain_total, chain[0]->name);
     else
-        fprintf(out, "no divergence in %lld nodes (%lld of B's records had no counterpart in A)\n", (long long)compared, (long long)unaligned);
+        fprintf(out, "no divergence in %lld nodes (%lld of B's records had no counterpart in A)\n", (long long)compared,
+                (long long)unaligned);
     if (worst_rec)
-        fprintf(out, "largest normalised squared error among nodes that differ within the tolerance: %.3g at '%s' (%s)\n", worst,
-                worst_rec->name, keel_op_get(worst_rec->op)->name);
+        fprintf(out,
+                "largest normalised squared error among nodes that differ within the tolerance: %.3g at '%s' (%s)\n",
+                worst, worst_rec->name, keel_op_get(worst_rec->op)->name);
     return n_chain_total ? 1 : 0;
 }

@@ -13,7 +13,7 @@
 #include "backend/backend.h"
 
 typedef struct {
-    char name[KEEL_NAME_MAX];  /* as in the graph; a recomputed clone ends in "@recompute" */
+    char name[KEEL_NAME_MAX]; /* as in the graph; a recomputed clone ends in "@recompute" */
     int32_t op, type, n_src;
     int64_t ne[4], nb[4];
     uint64_t src_hash[KEEL_MAX_SRC];
@@ -30,10 +30,10 @@ typedef struct {
     int64_t n, cap;
     bool keep_data;
     size_t max_data_bytes, data_bytes;
-    int64_t sample; /* > 0: keep at most this many evenly spaced values per node (large models) */
+    int64_t sample;       /* > 0: keep at most this many evenly spaced values per node (large models) */
     uint64_t *hash_by_id; /* tensor id -> last recorded hash (inputs are read through this) */
     int64_t n_ids;
-    const char *flip;     /* fault: flip one element of this node's output after it runs */
+    const char *flip; /* fault: flip one element of this node's output after it runs */
     bool flipped;
 } keel_tracer;
 

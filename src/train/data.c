@@ -14,7 +14,10 @@
 #include "util/rng.h"
 #include "util/file.h"
 
-typedef struct { char **path; int n, cap; } file_list;
+typedef struct {
+    char **path;
+    int n, cap;
+} file_list;
 
 static int add_path(file_list *l, const char *p) {
     if (l->n == l->cap) {
@@ -53,8 +56,10 @@ static int collect(file_list *l, const char *p) {
     return rc;
 }
 
-
-typedef struct { int32_t *v; int64_t n, cap; } tokvec;
+typedef struct {
+    int32_t *v;
+    int64_t n, cap;
+} tokvec;
 
 static int push(tokvec *t, const int32_t *ids, int64_t n) {
     if (t->n + n > t->cap) {
@@ -129,7 +134,8 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
         FILE *f = fopen(cache_path, "rb");
         uint64_t hdr[6];
         if (f && fread(hdr, 8, 6, f) == 6 && hdr[0] == 0x314b4f544c45454bull && hdr[1] == key) {
-            d->n_train = (int64_t)hdr[2], d->n_eval = (int64_t)hdr[3], d->n_docs = (int64_t)hdr[4], d->n_eval_docs = (int64_t)hdr[5];
+            d->n_train = (int64_t)hdr[2], d->n_eval = (int64_t)hdr[3], d->n_docs = (int64_t)hdr[4],
+            d->n_eval_docs = (int64_t)hdr[5];
             d->train = malloc((size_t)(d->n_train + 1) * 4), d->eval = malloc((size_t)(d->n_eval + 1) * 4);
             if (d->train && d->eval && fread(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
                 fread(d->eval, 4, (size_t)d->n_eval, f) == (size_t)d->n_eval) {
@@ -148,7 +154,10 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
     for (int i = 0; i < files.n && !rc; i++) {
         size_t n;
         char *text = keel_read_file(files.path[i], &n);
-        if (!text) { rc = -1; break; }
+        if (!text) {
+            rc = -1;
+            break;
+        }
         size_t len = strlen(files.path[i]);
         bool jsonl = len > 6 && !strcmp(files.path[i] + len - 6, ".jsonl");
         if (jsonl) {
@@ -161,11 +170,13 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
                 cJSON *o = cJSON_Parse(line);
                 const cJSON *t = o ? cJSON_GetObjectItemCaseSensitive(o, "text") : NULL;
                 if (!cJSON_IsString(t)) {
-                    rc = keel_fail("%s:%lld: not a JSON object with a \"text\" string", files.path[i], (long long)line_no);
+                    rc = keel_fail("%s:%lld: not a JSON object with a \"text\" string", files.path[i],
+                                   (long long)line_no);
                 } else {
                     char where[4200];
                     snprintf(where, sizeof where, "%s:%lld", files.path[i], (long long)line_no);
-                    rc = encode_doc(tok, t->valuestring, strlen(t->valuestring), where, eval_doc(seed, d->n_docs, eval_fraction) ? &ev : &tr, d->eot);
+                    rc = encode_doc(tok, t->valuestring, strlen(t->valuestring), where,
+                                    eval_doc(seed, d->n_docs, eval_fraction) ? &ev : &tr, d->eot);
                     d->n_eval_docs += eval_doc(seed, d->n_docs, eval_fraction);
                     d->n_docs++;
                 }
@@ -195,17 +206,22 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
     }
     for (int i = 0; i < files.n; i++) free(files.path[i]);
     free(files.path);
-    if (rc) { free(tr.v), free(ev.v); return rc; }
+    if (rc) {
+        free(tr.v), free(ev.v);
+        return rc;
+    }
     d->train = tr.v, d->n_train = tr.n, d->eval = ev.v ? ev.v : malloc(4), d->n_eval = ev.n;
     if (cache_path) { /* written whole, then renamed */
         char tmp[4200];
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", cache_path, (long)getpid()); /* ranks may write at once */
         FILE *f = fopen(tmp, "wb");
-        uint64_t hdr[6] = {0x314b4f544c45454bull, key, (uint64_t)d->n_train, (uint64_t)d->n_eval, (uint64_t)d->n_docs, (uint64_t)d->n_eval_docs};
+        uint64_t hdr[6] = {0x314b4f544c45454bull,   key, (uint64_t)d->n_train, (uint64_t)d->n_eval, (uint64_t)d->n_docs,
+                           (uint64_t)d->n_eval_docs};
         bool ok = f && fwrite(hdr, 8, 6, f) == 6 && fwrite(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
                   fwrite(d->eval, 4, (size_t)d->n_eval, f) == (size_t)d->n_eval;
         if (f) ok = fclose(f) == 0 && ok;
-        if (!ok || rename(tmp, cache_path)) remove(tmp); /* a cache is an optimisation: failing to write one is not an error */
+        if (!ok || rename(tmp, cache_path))
+            remove(tmp); /* a cache is an optimisation: failing to write one is not an error */
     }
     return 0;
 }
@@ -216,7 +232,6 @@ void keel_dataset_free(keel_dataset *d) {
 }
 
 int64_t keel_dataset_windows(const keel_dataset *d, int64_t T) { return d->n_train > T ? (d->n_train - 1) / T : 0; }
-
 
 /* The window of sample p: a fresh Fisher-Yates permutation of the windows for each epoch. */
 static int64_t window_of(int64_t W, uint64_t seed, int64_t p) {
@@ -238,7 +253,8 @@ static int64_t window_of(int64_t W, uint64_t seed, int64_t p) {
     return perm[p % W];
 }
 
-void keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids, int32_t *tgt) {
+void keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids,
+                        int32_t *tgt) {
     int64_t W = keel_dataset_windows(d, T);
     for (int64_t b = 0; b < B; b++) {
         int64_t start = window_of(W, seed, p + b) * T;

@@ -26,6 +26,7 @@ void keel_dataset_free(keel_dataset *d);
 
 /* Windows of the training stream: ids and targets [T, B] for samples p .. p+B-1. */
 int64_t keel_dataset_windows(const keel_dataset *d, int64_t T);
-void keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids, int32_t *tgt);
+void keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids,
+                        int32_t *tgt);
 
 #endif

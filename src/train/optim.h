@@ -9,8 +9,8 @@
  * moments are new float32 input leaves named "m.<param>" and "v.<param>", returned in mom[2i] and
  * mom[2i+1] (the caller zeroes them or loads saved ones); the updates, outputs of g, in opt[i]
  * (set the step with keel_adamw_set before each run). -1 with an error. */
-int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr,
-                      double weight_decay, keel_tensor **mom, keel_tensor **opt);
+int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, keel_tensor *const *grads, int n,
+                      double lr, double weight_decay, keel_tensor **mom, keel_tensor **opt);
 
 /* Sets what changes from one update to the next on n AdamW nodes: the 1-based step (bias
  * correction), the learning rate, and the factor the gradients are multiplied by first (clipping,

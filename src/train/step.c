@@ -18,21 +18,26 @@ static int freeze(keel_step *st, const char *pattern) {
         return keel_fail("--freeze '%s': %s", pattern, msg);
     }
     for (int i = 0; i < st->m->n_params; i++)
-        if (regexec(&re, st->m->params[i]->name, 0, NULL, 0) == 0) st->m->params[i]->flags &= ~(uint32_t)KEEL_FLAG_PARAM, st->n_frozen++;
+        if (regexec(&re, st->m->params[i]->name, 0, NULL, 0) == 0)
+            st->m->params[i]->flags &= ~(uint32_t)KEEL_FLAG_PARAM, st->n_frozen++;
     regfree(&re);
     return st->n_frozen ? 0 : keel_fail("--freeze '%s' matches no parameter", pattern);
 }
 
 keel_step *keel_step_build(const keel_step_opts *o) {
     keel_step *st = calloc(1, sizeof *st);
-    if (!st) { keel_fail("out of memory"); return NULL; }
+    if (!st) {
+        keel_fail("out of memory");
+        return NULL;
+    }
     st->ctx = keel_ctx_new();
     st->m = st->ctx ? keel_qwen35_new(st->ctx, o->cfg, o->type) : NULL;
     if (st->m && o->weights_only) {
         if (!(st->g = keel_graph_build(st->ctx, st->m->params, st->m->n_params))) goto fail;
         return st;
     }
-    if (!st->m || keel_qwen35_inputs(st->ctx, o->window, o->batch, &st->ids, o->logits_only ? NULL : &st->tgt, &st->pos) ||
+    if (!st->m ||
+        keel_qwen35_inputs(st->ctx, o->window, o->batch, &st->ids, o->logits_only ? NULL : &st->tgt, &st->pos) ||
         keel_qwen35_forward(st->ctx, st->m, st->ids, st->pos, st->tgt, &st->out))
         goto fail;
     if (o->freeze && freeze(st, o->freeze)) goto fail;
@@ -48,7 +53,8 @@ keel_step *keel_step_build(const keel_step_opts *o) {
     }
     st->g = keel_graph_build(st->ctx, outs, n);
     if (!st->g) goto fail;
-    if (o->backward && (o->logits_only ? keel_fail("a backward pass needs the loss (logits_only is set)") : keel_build_backward(st->g, st->out.loss)))
+    if (o->backward && (o->logits_only ? keel_fail("a backward pass needs the loss (logits_only is set)")
+                                       : keel_build_backward(st->g, st->out.loss)))
         goto fail;
     if (o->recompute && (st->clones = keel_recompute_apply(st->g, &st->out.layers, o->recompute)) < 0) goto fail;
     return st;
@@ -59,7 +65,8 @@ fail:
 
 keel_tensor *keel_step_grad(const keel_step *st, int i) { return keel_graph_grad(st->g, st->m->params[i]); }
 
-int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr, double weight_decay) {
+int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr,
+                    double weight_decay) {
     if (!params) n = st->m->n_params;
     st->opt_p = calloc((size_t)n, sizeof *st->opt_p);
     st->opt = calloc((size_t)n, sizeof *st->opt);
@@ -94,7 +101,8 @@ int keel_step_place(keel_step *st, keel_backend *be) {
     for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
     int rc = keel_tensor_write(be, st->pos, pv, KEEL_I32);
     free(pv);
-    for (int i = 0; i < 2 * st->n_opt && !rc; i++) rc = be->fill_bytes(be, st->mom[i]->data, 0, keel_nbytes(st->mom[i]));
+    for (int i = 0; i < 2 * st->n_opt && !rc; i++)
+        rc = be->fill_bytes(be, st->mom[i]->data, 0, keel_nbytes(st->mom[i]));
     return rc ? -1 : 0;
 }
 

@@ -19,7 +19,7 @@
 
 typedef struct {
     const keel_qwen35_config *cfg;
-    keel_type type;                       /* of parameters and activations: F32 (cpu, cuda), F64 (ref) */
+    keel_type type; /* of parameters and activations: F32 (cpu, cuda), F64 (ref) */
     int64_t batch, window;
     bool logits_only;                     /* no targets and no loss: the logits are the output */
     bool backward;                        /* the gradient of every parameter flagged PARAM */
@@ -36,12 +36,12 @@ typedef struct {
     keel_tensor *ids, *tgt, *pos; /* [T,B], [T,B] (NULL when logits_only), [T]; all NULL when weights_only */
     keel_qwen35_out out;
     keel_graph *g;
-    int clones;                   /* nodes the recompute rewrite added */
-    int n_frozen;                 /* parameters the freeze pattern matched */
-    int n_opt;                    /* AdamW (keel_step_adamw): the parameters it updates, */
-    keel_tensor **opt_p, **mom;   /* their moments (m, v per parameter), */
-    keel_tensor **opt;            /* and the update nodes */
-    keel_backend *be;             /* after keel_step_place */
+    int clones;                 /* nodes the recompute rewrite added */
+    int n_frozen;               /* parameters the freeze pattern matched */
+    int n_opt;                  /* AdamW (keel_step_adamw): the parameters it updates, */
+    keel_tensor **opt_p, **mom; /* their moments (m, v per parameter), */
+    keel_tensor **opt;          /* and the update nodes */
+    keel_backend *be;           /* after keel_step_place */
     keel_session *s;
 } keel_step;
 
@@ -52,7 +52,8 @@ keel_tensor *keel_step_grad(const keel_step *st, int i);
 /* Appends AdamW (betas 0.9/0.95, eps 1e-8; weight decay on matrices only) for params[i] with
  * gradient grads[i]; params NULL: every parameter of the model with its own gradient. Set its
  * step, learning rate and gradient scale before each update with keel_adamw_set. */
-int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr, double weight_decay);
+int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr,
+                    double weight_decay);
 /* Plans and binds the graph on be (which the caller keeps and frees), writes the positions and
  * zeroes AdamW's moments. */
 int keel_step_place(keel_step *st, keel_backend *be);

@@ -13,7 +13,10 @@
 
 char *keel_read_file(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
-    if (!f) { keel_fail("%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    if (!f) {
+        keel_fail("%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
     long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
     char *s = len >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)len + 1) : NULL;
     if (!s || fread(s, 1, (size_t)len, f) != (size_t)len) {

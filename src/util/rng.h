@@ -12,6 +12,8 @@ static inline uint64_t keel_splitmix64(uint64_t *s) {
 }
 
 /* Uniform in [0, 1) with 53 random bits. */
-static inline double keel_uniform01(uint64_t *s) { return (double)(keel_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0); }
+static inline double keel_uniform01(uint64_t *s) {
+    return (double)(keel_splitmix64(s) >> 11) * (1.0 / 9007199254740992.0);
+}
 
 #endif

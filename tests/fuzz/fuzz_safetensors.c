@@ -19,7 +19,8 @@ static uint64_t rnd(void) {
 static const char *SEEDS[] = {
     "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
     "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[24,32]}}",
-    "{\"w\":{\"dtype\":\"F16\",\"shape\":[],\"data_offsets\":[0,2]},\"v\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[8,16]}}",
+    "{\"w\":{\"dtype\":\"F16\",\"shape\":[],\"data_offsets\":[0,2]},\"v\":{\"dtype\":\"I64\",\"shape\":[1],\"data_"
+    "offsets\":[8,16]}}",
 };
 
 int main(int argc, char **argv) {
@@ -39,12 +40,31 @@ int main(int argc, char **argv) {
                 if (size == 0) break;
                 size_t at = rnd() % size;
                 switch (rnd() % 6) {
-                case 0: buf[at] ^= (unsigned char)(1u << (rnd() % 8)); break;
-                case 1: buf[at] = "0123456789-.e,[]{}\":"[rnd() % 20]; break;
-                case 2: if (size < sizeof buf - 1) { memmove(buf + at + 1, buf + at, size - at); buf[at] = (unsigned char)rnd(); size++; } break;
-                case 3: if (size > 1) { memmove(buf + at, buf + at + 1, size - at - 1); size--; } break;
-                case 4: size = at; break;
-                default: buf[rnd() % 8] = (unsigned char)rnd(); break;
+                case 0:
+                    buf[at] ^= (unsigned char)(1u << (rnd() % 8));
+                    break;
+                case 1:
+                    buf[at] = "0123456789-.e,[]{}\":"[rnd() % 20];
+                    break;
+                case 2:
+                    if (size < sizeof buf - 1) {
+                        memmove(buf + at + 1, buf + at, size - at);
+                        buf[at] = (unsigned char)rnd();
+                        size++;
+                    }
+                    break;
+                case 3:
+                    if (size > 1) {
+                        memmove(buf + at, buf + at + 1, size - at - 1);
+                        size--;
+                    }
+                    break;
+                case 4:
+                    size = at;
+                    break;
+                default:
+                    buf[rnd() % 8] = (unsigned char)rnd();
+                    break;
                 }
             }
             keel_st_file f;

@@ -15,11 +15,13 @@ static void build(model *m) {
     m->ctx = keel_ctx_new();
     int64_t ne[3][2] = {{8, 4}, {8, 4}, {64, 8}};
     for (int i = 0; i < 3; i++)
-        m->p[i] = keel_set_flags(keel_set_name(keel_new_2d(m->ctx, KEEL_F32, ne[i][0], ne[i][1]), "p%d", i), KEEL_FLAG_PARAM);
+        m->p[i] =
+            keel_set_flags(keel_set_name(keel_new_2d(m->ctx, KEEL_F32, ne[i][0], ne[i][1]), "p%d", i), KEEL_FLAG_PARAM);
     keel_tensor *x = keel_set_flags(keel_new_2d(m->ctx, KEEL_F32, 8, 3), KEEL_FLAG_INPUT);
-    keel_tensor *h = keel_mul_mat(m->ctx, m->p[0], x);                      /* [4,3] */
+    keel_tensor *h = keel_mul_mat(m->ctx, m->p[0], x); /* [4,3] */
     h = keel_silu(m->ctx, keel_add(m->ctx, h, keel_mul_mat(m->ctx, m->p[1], x)));
-    keel_tensor *loss = keel_add(m->ctx, keel_sum(m->ctx, keel_sqr(m->ctx, h)), keel_sum(m->ctx, keel_sqr(m->ctx, m->p[2])));
+    keel_tensor *loss =
+        keel_add(m->ctx, keel_sum(m->ctx, keel_sqr(m->ctx, h)), keel_sum(m->ctx, keel_sqr(m->ctx, m->p[2])));
     m->g = keel_graph_build(m->ctx, &loss, 1);
     assert_non_null(m->g);
     assert_int_equal(keel_build_backward(m->g, loss), 0);
@@ -49,7 +51,10 @@ static void buckets_follow_the_backward_pass(void **st) {
     int64_t sorted[3] = {m.at[0], m.at[1], m.at[2]};
     for (int i = 0; i < 3; i++)
         for (int j = i + 1; j < 3; j++)
-            if (sorted[j] < sorted[i]) { int64_t x = sorted[i]; sorted[i] = sorted[j], sorted[j] = x; }
+            if (sorted[j] < sorted[i]) {
+                int64_t x = sorted[i];
+                sorted[i] = sorted[j], sorted[j] = x;
+            }
     keel_grad_sync_begin(s);
     for (int64_t k = 0; k < m.g->n_nodes; k++) {
         assert_int_equal(keel_grad_sync_node(s, k), 0);

@@ -20,7 +20,8 @@ static void no_live_overlap(void **st) {
     keel_plan *p = keel_plan_make(g, NULL);
     assert_non_null(p);
     int64_t N = g->n_nodes;
-    int64_t *first = calloc((size_t)keel_ctx_count(ctx), sizeof(int64_t)), *last = calloc((size_t)keel_ctx_count(ctx), sizeof(int64_t));
+    int64_t *first = calloc((size_t)keel_ctx_count(ctx), sizeof(int64_t)),
+            *last = calloc((size_t)keel_ctx_count(ctx), sizeof(int64_t));
     for (int64_t i = 0; i < keel_ctx_count(ctx); i++) first[i] = -1, last[i] = -1;
     for (int64_t i = 0; i < g->n_leafs; i++) first[g->leafs[i]->id] = 0, last[g->leafs[i]->id] = N;
     for (int64_t i = 0; i < N; i++) {
@@ -39,7 +40,8 @@ static void no_live_overlap(void **st) {
             if (p->offset[j] == SIZE_MAX) continue;
             keel_tensor *b = keel_ctx_tensor(ctx, j);
             bool live_together = first[i] <= last[j] && first[j] <= last[i];
-            bool bytes_overlap = p->offset[i] < p->offset[j] + keel_nbytes(b) && p->offset[j] < p->offset[i] + keel_nbytes(a);
+            bool bytes_overlap =
+                p->offset[i] < p->offset[j] + keel_nbytes(b) && p->offset[j] < p->offset[i] + keel_nbytes(a);
             assert_false(live_together && bytes_overlap);
         }
     }

@@ -42,14 +42,18 @@ static void malformed_headers(void **st) {
     expect_error("{\"w\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]}}", 8, "out of range");
     expect_error("{\"w\": {\"dtype\": \"F32\", \"shape\": [3], \"data_offsets\": [0, 8]}}", 8, "need 12 bytes");
     expect_error("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]},"
-                 " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}", 16, "'a' and 'b' overlap");
-    expect_error("{\"w\": {\"dtype\": \"F32\", \"shape\": [-2], \"data_offsets\": [0, 8]}}", 8, "not a non-negative integer");
+                 " \"b\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [4, 12]}}",
+                 16, "'a' and 'b' overlap");
+    expect_error("{\"w\": {\"dtype\": \"F32\", \"shape\": [-2], \"data_offsets\": [0, 8]}}", 8,
+                 "not a non-negative integer");
     expect_error("{\"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [8, 0]}}", 8, "end before they begin");
     expect_error("{\"w\": 3}", 0, "'w': entry needs");
     /* a good one, with metadata */
     float v[2] = {1.5f, -2.0f};
     size_t size;
-    unsigned char *b = image("{\"__metadata__\": {\"format\": \"pt\"}, \"w\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", v, 8, &size);
+    unsigned char *b = image("{\"__metadata__\": {\"format\": \"pt\"}, \"w\": {\"dtype\": \"F32\", \"shape\": [2], "
+                             "\"data_offsets\": [0, 8]}}",
+                             v, 8, &size);
     assert_int_equal(keel_st_parse(b, size, "ok", &f), 0);
     assert_int_equal(f.n, 1);
     const keel_st_tensor *t = keel_st_find(&f, "w");
@@ -125,12 +129,16 @@ static int make_ckpt(const char *dir, const char *extra_cfg, int drop, const cha
         if (i == drop) continue;
         keel_tensor *t = m->params[i];
         e[n] = (keel_st_entry){.name = t->name, .type = KEEL_F32, .n_dims = t->ne[1] > 1 ? 2 : 1, .values = v[i]};
-        if (t->ne[1] > 1 && i == bad_shape) e[n].shape[0] = t->ne[0], e[n].shape[1] = t->ne[1]; /* transposed */
-        else if (t->ne[1] > 1) e[n].shape[0] = t->ne[1], e[n].shape[1] = t->ne[0];
-        else e[n].shape[0] = t->ne[0];
+        if (t->ne[1] > 1 && i == bad_shape)
+            e[n].shape[0] = t->ne[0], e[n].shape[1] = t->ne[1]; /* transposed */
+        else if (t->ne[1] > 1)
+            e[n].shape[0] = t->ne[1], e[n].shape[1] = t->ne[0];
+        else
+            e[n].shape[0] = t->ne[0];
         n++;
     }
-    if (extra_tensor) e[n++] = (keel_st_entry){.name = extra_tensor, .type = KEEL_F32, .n_dims = 1, .shape = {2}, .values = v[0]};
+    if (extra_tensor)
+        e[n++] = (keel_st_entry){.name = extra_tensor, .type = KEEL_F32, .n_dims = 1, .shape = {2}, .values = v[0]};
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     int rc = keel_st_write(p, e, n);
     for (int i = 0; i < m->n_params; i++) free(v[i]);

@@ -64,7 +64,7 @@ static void half_conversions(void **st) {
     (void)st;
     assert_int_equal(keel_f32_to_f16(1.0f), 0x3c00);
     assert_int_equal(keel_f32_to_f16(65504.0f), 0x7bff);
-    assert_int_equal(keel_f32_to_f16(65520.0f), 0x7c00);  /* rounds to inf */
+    assert_int_equal(keel_f32_to_f16(65520.0f), 0x7c00); /* rounds to inf */
     assert_int_equal(keel_f32_to_f16(-2.0f), 0xc000);
     assert_int_equal(keel_f32_to_f16(5.9604644775390625e-8f), 0x0001); /* smallest subnormal */
     assert_int_equal(keel_f32_to_f16(1.0f + 1.0f / 2048), 0x3c00);     /* tie to even */

@@ -1,7 +1,9 @@
 #include "unit.h"
 #include "backends/cpu/threadpool.h"
 
-typedef struct { int *hits; } arg_t;
+typedef struct {
+    int *hits;
+} arg_t;
 static void mark(void *a, int64_t b, int64_t e, int th) {
     (void)th;
     arg_t *x = a;

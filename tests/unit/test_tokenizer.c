@@ -18,9 +18,12 @@ static void write_tok(const char *path, const char *merges, const char *model_ex
         for (int b = 0; b < 256; b++) { /* GPT-2's byte map, written out independently of keel's */
             int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
             unsigned cp = printable ? (unsigned)b : (unsigned)(256 + n++);
-            if (cp == '"' || cp == '\\') fprintf(f, "\"\\%c\": %d,", cp, b);
-            else if (cp < 0x80) fprintf(f, "\"%c\": %d,", cp, b);
-            else fprintf(f, "\"%c%c\": %d,", 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f), b);
+            if (cp == '"' || cp == '\\')
+                fprintf(f, "\"\\%c\": %d,", cp, b);
+            else if (cp < 0x80)
+                fprintf(f, "\"%c\": %d,", cp, b);
+            else
+                fprintf(f, "\"%c%c\": %d,", 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f), b);
         }
         fprintf(f, "\"ab\": 256, \"bc\": 257, \"abc\": 258}");
     }
@@ -28,7 +31,9 @@ static void write_tok(const char *path, const char *merges, const char *model_ex
     fclose(f);
 }
 
-#define ISO "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\p{L}+| \"}, \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", \"use_regex\": false}]}"
+#define ISO                                                                                                            \
+    "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\p{L}+| \"}, "   \
+    "\"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", \"use_regex\": false}]}"
 
 static void encodes_by_rank(void **st) {
     (void)st;
@@ -73,10 +78,13 @@ static void refuses_malformed(void **st) {
     char path[] = "/tmp/keel_tok_XXXXXX";
     int fd = mkstemp(path);
     close(fd);
-    struct { const char *merges, *extra, *pretok, *needle; } cases[] = {
+    struct {
+        const char *merges, *extra, *pretok, *needle;
+    } cases[] = {
         {"[\"a b\"]", ", \"novocab\": 1", ISO, "model.vocab is missing"},
         {"[\"a q9\"]", "", ISO, "names the unknown token 'q9'"},
-        {"[\"a b\"]", "", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(unclosed\"}, \"behavior\": \"Isolated\"}", "PCRE2 rejects"},
+        {"[\"a b\"]", "", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(unclosed\"}, \"behavior\": \"Isolated\"}",
+         "PCRE2 rejects"},
         {"[\"a b\"]", ", \"byte_fallback\": true", ISO, "byte-fallback"},
         {"[\"a b c\"]", "", ISO, "not two tokens"},
         {"[\"c a\"]", "", ISO, "not in the vocabulary"},

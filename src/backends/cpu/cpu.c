@@ -51,7 +51,11 @@ static void cpu_destroy(keel_backend *be) {
 keel_backend *keel_backend_cpu_new(int n_threads) {
     keel_backend *be = calloc(1, sizeof *be);
     cpu_impl *im = calloc(1, sizeof *im);
-    if (!be || !im) { free(be), free(im); keel_fail("out of memory"); return NULL; }
+    if (!be || !im) {
+        free(be), free(im);
+        keel_fail("out of memory");
+        return NULL;
+    }
     be->name = "cpu";
     be->impl = im;
     be->supports = cpu_supports;

@@ -78,15 +78,18 @@ static void forward_task(void *arg, int64_t begin, int64_t end, int th) {
     lane_in L;
     float *mem = lane_alloc(c, &L);
     float *S = malloc((size_t)(Dk * Dv + 2 * Dv) * sizeof(float));
-    if (!mem || !S) { free(mem), free(S); __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED); return; }
+    if (!mem || !S) {
+        free(mem), free(S);
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
     float *u = S + Dk * Dv, *d = u + Dv;
     for (int64_t lane = begin; lane < end; lane++) {
         int64_t b = lane / c->Hv, hv = lane % c->Hv;
         gather(c, b, hv, &L, false);
         const keel_tensor *s0 = c->t->op == KEEL_OP_GATED_DELTA_NET_STATE ? c->t->src[5] : NULL;
         for (int64_t i = 0; i < Dk; i++)
-            for (int64_t j = 0; j < Dv; j++)
-                S[i * Dv + j] = s0 ? cpu_ldf(cpu_row(s0, i, hv, b) + j * s0->nb[0]) : 0.0f;
+            for (int64_t j = 0; j < Dv; j++) S[i * Dv + j] = s0 ? cpu_ldf(cpu_row(s0, i, hv, b) + j * s0->nb[0]) : 0.0f;
         for (int64_t t = 0; t < c->T; t++) {
             step(S, L.k + t * Dk, L.v + t * Dv, L.g[t], L.beta[t], Dk, Dv, u, d);
             const float *q = L.q + t * Dk;
@@ -103,7 +106,9 @@ static void forward_task(void *arg, int64_t begin, int64_t end, int th) {
                 for (int64_t j = 0; j < Dv; j++) cpu_stf(o + j * c->t->nb[0], u[j]);
             }
         }
-        if (s0) memcpy((float *)c->t->data + Dv * c->Hv * c->T * c->B + (b * c->Hv + hv) * Dk * Dv, S, (size_t)(Dk * Dv) * sizeof(float));
+        if (s0)
+            memcpy((float *)c->t->data + Dv * c->Hv * c->T * c->B + (b * c->Hv + hv) * Dk * Dv, S,
+                   (size_t)(Dk * Dv) * sizeof(float));
     }
     free(mem);
     free(S);
@@ -120,7 +125,11 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
     float *Sck = malloc((size_t)(n_chunks * n) * sizeof(float));
     float *Sl = malloc((size_t)((GDN_CHUNK + 1) * n) * sizeof(float));
     float *dS = malloc((size_t)(n + 4 * Dv) * sizeof(float));
-    if (!mem || !Sck || !Sl || !dS) { free(mem), free(Sck), free(Sl), free(dS); __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED); return; }
+    if (!mem || !Sck || !Sl || !dS) {
+        free(mem), free(Sck), free(Sl), free(dS);
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
     float *u = dS + n, *d = u + Dv, *dd = d + Dv, *tmp = dd + Dv;
     float *out = c->t->data;
     int64_t off_dk = Dk * Hv * T * B, off_dv = 2 * Dk * Hv * T * B, off_dg = off_dv + Dv * Hv * T * B,

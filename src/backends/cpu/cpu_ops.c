@@ -21,16 +21,26 @@ typedef struct {
 
 static float unary_f(int op, float x, const double *fp) {
     switch (op) {
-    case KEEL_OP_SCALE: return (float)fp[0] * x + (float)fp[1];
-    case KEEL_OP_SQR: return x * x;
-    case KEEL_OP_SQRT: return sqrtf(x);
-    case KEEL_OP_EXP: return expf(x);
-    case KEEL_OP_LOG: return logf(x);
-    case KEEL_OP_NEG: return -x;
-    case KEEL_OP_SILU: return x / (1.0f + expf(-x));
-    case KEEL_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case KEEL_OP_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
-    default: return NAN;
+    case KEEL_OP_SCALE:
+        return (float)fp[0] * x + (float)fp[1];
+    case KEEL_OP_SQR:
+        return x * x;
+    case KEEL_OP_SQRT:
+        return sqrtf(x);
+    case KEEL_OP_EXP:
+        return expf(x);
+    case KEEL_OP_LOG:
+        return logf(x);
+    case KEEL_OP_NEG:
+        return -x;
+    case KEEL_OP_SILU:
+        return x / (1.0f + expf(-x));
+    case KEEL_OP_SIGMOID:
+        return 1.0f / (1.0f + expf(-x));
+    case KEEL_OP_SOFTPLUS:
+        return x > 20.0f ? x : log1pf(expf(x));
+    default:
+        return NAN;
     }
 }
 
@@ -59,20 +69,36 @@ static void binary_task(void *arg, int64_t b, int64_t e, int th) {
         if (xn == 4 && yn == 4 && ny == n) {
             const float *xf = (const float *)(const void *)xs, *yf = (const float *)(const void *)ys;
             switch (t->op) {
-            case KEEL_OP_ADD: for (int64_t i = 0; i < n; i++) d[i] = xf[i] + yf[i]; break;
-            case KEEL_OP_SUB: for (int64_t i = 0; i < n; i++) d[i] = xf[i] - yf[i]; break;
-            case KEEL_OP_MUL: for (int64_t i = 0; i < n; i++) d[i] = xf[i] * yf[i]; break;
-            default: for (int64_t i = 0; i < n; i++) d[i] = xf[i] / yf[i]; break;
+            case KEEL_OP_ADD:
+                for (int64_t i = 0; i < n; i++) d[i] = xf[i] + yf[i];
+                break;
+            case KEEL_OP_SUB:
+                for (int64_t i = 0; i < n; i++) d[i] = xf[i] - yf[i];
+                break;
+            case KEEL_OP_MUL:
+                for (int64_t i = 0; i < n; i++) d[i] = xf[i] * yf[i];
+                break;
+            default:
+                for (int64_t i = 0; i < n; i++) d[i] = xf[i] / yf[i];
+                break;
             }
             continue;
         }
         for (int64_t i = 0; i < n; i++) {
             float u = F(xs + i * xn), v = F(ys + (i % ny) * yn);
             switch (t->op) {
-            case KEEL_OP_ADD: d[i] = u + v; break;
-            case KEEL_OP_SUB: d[i] = u - v; break;
-            case KEEL_OP_MUL: d[i] = u * v; break;
-            default: d[i] = u / v; break;
+            case KEEL_OP_ADD:
+                d[i] = u + v;
+                break;
+            case KEEL_OP_SUB:
+                d[i] = u - v;
+                break;
+            case KEEL_OP_MUL:
+                d[i] = u * v;
+                break;
+            default:
+                d[i] = u / v;
+                break;
             }
         }
     }
@@ -94,8 +120,10 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
         case KEEL_OP_MEAN: {
             double acc = 0;
             for (int64_t i = 0; i < n; i++) acc += F(s + i * an);
-            if (t->op == KEEL_OP_SUM) c->partial[r] = acc;
-            else W(d) = (float)(t->op == KEEL_OP_MEAN ? acc / (double)n : acc);
+            if (t->op == KEEL_OP_SUM)
+                c->partial[r] = acc;
+            else
+                W(d) = (float)(t->op == KEEL_OP_MEAN ? acc / (double)n : acc);
             break;
         }
         case KEEL_OP_RMS_NORM:
@@ -181,8 +209,8 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
             int32_t yv;
             const keel_tensor *tg = t->src[1];
             /* targets are read in flat order over the logits' rows */
-            int64_t ti0 = r % tg->ne[0], ti1 = (r / tg->ne[0]) % tg->ne[1], ti2 = (r / (tg->ne[0] * tg->ne[1])) % tg->ne[2],
-                    ti3 = r / (tg->ne[0] * tg->ne[1] * tg->ne[2]);
+            int64_t ti0 = r % tg->ne[0], ti1 = (r / tg->ne[0]) % tg->ne[1],
+                    ti2 = (r / (tg->ne[0] * tg->ne[1])) % tg->ne[2], ti3 = r / (tg->ne[0] * tg->ne[1] * tg->ne[2]);
             memcpy(&yv, cpu_row(tg, ti1, ti2, ti3) + ti0 * tg->nb[0], 4);
             float mx = -INFINITY;
             for (int64_t i = 0; i < n; i++) mx = fmaxf(mx, F(s + i * an));
@@ -197,7 +225,8 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
             }
             break;
         }
-        default: break;
+        default:
+            break;
         }
     }
 }
@@ -239,7 +268,9 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
                 for (int64_t bb = 0; bb < x->ne[2]; bb++)
                     for (int64_t tt = 0; tt < T; tt++) {
                         int64_t ts = tt - (K - 1) + j;
-                        if (ts >= 0) acc += (double)F(cpu_row(w, tt, bb, 0) + ch * w->nb[0]) * F(cpu_row(x, ts, bb, 0) + ch * x->nb[0]);
+                        if (ts >= 0)
+                            acc += (double)F(cpu_row(w, tt, bb, 0) + ch * w->nb[0]) *
+                                   F(cpu_row(x, ts, bb, 0) + ch * x->nb[0]);
                     }
                 W(cpu_row(t, ch, 0, 0) + 4 * j) = (float)acc;
             }
@@ -253,7 +284,8 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
             float acc = 0;
             for (int64_t j = 0; j < K; j++) {
                 int64_t ts = t->op == KEEL_OP_CONV1D ? tt - (K - 1) + j : tt + (K - 1) - j;
-                if (ts >= 0 && ts < T) acc += F(cpu_row(w, ch, 0, 0) + j * w->nb[0]) * F(cpu_row(x, ts, bb, 0) + ch * x->nb[0]);
+                if (ts >= 0 && ts < T)
+                    acc += F(cpu_row(w, ch, 0, 0) + j * w->nb[0]) * F(cpu_row(x, ts, bb, 0) + ch * x->nb[0]);
             }
             W(d + 4 * ch) = acc;
         }
@@ -323,10 +355,18 @@ static int mul_mat(keel_backend *be, const keel_tensor *t) {
     int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
         for (int64_t i2 = 0; i2 < t->ne[2]; i2++) {
-            keel_gemm_args g = {.M = t->ne[0], .N = t->ne[1], .K = a->ne[0],
-                                .A = cpu_row(a, 0, i2 / r2, i3 / r3), .a_m = a->nb[1], .a_k = a->nb[0],
-                                .B = cpu_row(b, 0, i2, i3), .b_k = b->nb[0], .b_n = b->nb[1],
-                                .C = (float *)(void *)cpu_row(t, 0, i2, i3), .c_m = t->nb[0], .c_n = t->nb[1]};
+            keel_gemm_args g = {.M = t->ne[0],
+                                .N = t->ne[1],
+                                .K = a->ne[0],
+                                .A = cpu_row(a, 0, i2 / r2, i3 / r3),
+                                .a_m = a->nb[1],
+                                .a_k = a->nb[0],
+                                .B = cpu_row(b, 0, i2, i3),
+                                .b_k = b->nb[0],
+                                .b_n = b->nb[1],
+                                .C = (float *)(void *)cpu_row(t, 0, i2, i3),
+                                .c_m = t->nb[0],
+                                .c_n = t->nb[1]};
             if (keel_cpu_gemm(cpu_pool(be), &g)) return -1;
         }
     return 0;
@@ -343,10 +383,18 @@ static int out_prod(keel_backend *be, const keel_tensor *t) {
             for (int64_t g3 = 0; g3 < r3; g3++)
                 for (int64_t g2 = 0; g2 < r2; g2++) {
                     int64_t s2 = i2 * r2 + g2, s3 = i3 * r3 + g3;
-                    keel_gemm_args g = {.M = t->ne[0], .N = t->ne[1], .K = a->ne[1],
-                                        .A = cpu_row(a, 0, s2, s3), .a_m = a->nb[0], .a_k = a->nb[1],
-                                        .B = cpu_row(b, 0, s2, s3), .b_k = b->nb[1], .b_n = b->nb[0],
-                                        .C = (float *)(void *)cpu_row(t, 0, i2, i3), .c_m = t->nb[0], .c_n = t->nb[1],
+                    keel_gemm_args g = {.M = t->ne[0],
+                                        .N = t->ne[1],
+                                        .K = a->ne[1],
+                                        .A = cpu_row(a, 0, s2, s3),
+                                        .a_m = a->nb[0],
+                                        .a_k = a->nb[1],
+                                        .B = cpu_row(b, 0, s2, s3),
+                                        .b_k = b->nb[1],
+                                        .b_n = b->nb[0],
+                                        .C = (float *)(void *)cpu_row(t, 0, i2, i3),
+                                        .c_m = t->nb[0],
+                                        .c_n = t->nb[1],
                                         .accumulate = !first};
                     if (keel_cpu_gemm(cpu_pool(be), &g)) return -1;
                     first = false;
@@ -354,7 +402,6 @@ static int out_prod(keel_backend *be, const keel_tensor *t) {
         }
     return 0;
 }
-
 
 int cpu_node(keel_backend *be, const keel_tensor *t) {
     node_ctx c = {.be = be, .t = t};
@@ -382,7 +429,8 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return ok ? 0 : keel_fail("cpu: out of memory in '%s'", t->name);
     }
     case KEEL_OP_ACC:
-    case KEEL_OP_SET: return keel_backend_run_acc_set(be, t);
+    case KEEL_OP_SET:
+        return keel_backend_run_acc_set(be, t);
     case KEEL_OP_FILL:
         keel_pool_for(pool, keel_nrows(t), fill_task, &c);
         return 0;
@@ -390,7 +438,8 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_REPEAT_BACK:
         keel_pool_for(pool, keel_nrows(t), repeat_task, &c);
         return 0;
-    case KEEL_OP_CONCAT: return keel_backend_run_concat(be, t);
+    case KEEL_OP_CONCAT:
+        return keel_backend_run_concat(be, t);
     case KEEL_OP_ADD:
     case KEEL_OP_SUB:
     case KEEL_OP_MUL:
@@ -438,8 +487,10 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_ROPE_BACK:
         keel_pool_for(pool, keel_nrows(a), row_task, &c);
         return 0;
-    case KEEL_OP_MUL_MAT: return mul_mat(be, t);
-    case KEEL_OP_OUT_PROD: return out_prod(be, t);
+    case KEEL_OP_MUL_MAT:
+        return mul_mat(be, t);
+    case KEEL_OP_OUT_PROD:
+        return out_prod(be, t);
     case KEEL_OP_CONV1D:
     case KEEL_OP_CONV1D_BACK_INPUT:
         keel_pool_for(pool, t->ne[1] * t->ne[2], conv_task, &c);
@@ -448,8 +499,10 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         keel_pool_for(pool, t->ne[1], conv_task, &c);
         return 0;
     case KEEL_OP_GATED_DELTA_NET:
-    case KEEL_OP_GATED_DELTA_NET_STATE: return cpu_gdn_forward(be, t);
-    case KEEL_OP_GATED_DELTA_NET_BACK: return cpu_gdn_backward(be, t);
+    case KEEL_OP_GATED_DELTA_NET_STATE:
+        return cpu_gdn_forward(be, t);
+    case KEEL_OP_GATED_DELTA_NET_BACK:
+        return cpu_gdn_backward(be, t);
     case KEEL_OP_ADAMW:
         keel_pool_for(pool, keel_nelements(t), adamw_task, &c);
         return 0;

@@ -39,12 +39,24 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const floa
     for (int64_t k = 0; k < kc; k++, Ap += MR, Bp += NR) {
         _mm_prefetch((const char *)(Ap + 8 * MR), _MM_HINT_T0);
         __m256 a0 = _mm256_load_ps(Ap), a1 = _mm256_load_ps(Ap + 8), b;
-        b = _mm256_broadcast_ss(Bp + 0); c00 = _mm256_fmadd_ps(a0, b, c00); c01 = _mm256_fmadd_ps(a1, b, c01);
-        b = _mm256_broadcast_ss(Bp + 1); c10 = _mm256_fmadd_ps(a0, b, c10); c11 = _mm256_fmadd_ps(a1, b, c11);
-        b = _mm256_broadcast_ss(Bp + 2); c20 = _mm256_fmadd_ps(a0, b, c20); c21 = _mm256_fmadd_ps(a1, b, c21);
-        b = _mm256_broadcast_ss(Bp + 3); c30 = _mm256_fmadd_ps(a0, b, c30); c31 = _mm256_fmadd_ps(a1, b, c31);
-        b = _mm256_broadcast_ss(Bp + 4); c40 = _mm256_fmadd_ps(a0, b, c40); c41 = _mm256_fmadd_ps(a1, b, c41);
-        b = _mm256_broadcast_ss(Bp + 5); c50 = _mm256_fmadd_ps(a0, b, c50); c51 = _mm256_fmadd_ps(a1, b, c51);
+        b = _mm256_broadcast_ss(Bp + 0);
+        c00 = _mm256_fmadd_ps(a0, b, c00);
+        c01 = _mm256_fmadd_ps(a1, b, c01);
+        b = _mm256_broadcast_ss(Bp + 1);
+        c10 = _mm256_fmadd_ps(a0, b, c10);
+        c11 = _mm256_fmadd_ps(a1, b, c11);
+        b = _mm256_broadcast_ss(Bp + 2);
+        c20 = _mm256_fmadd_ps(a0, b, c20);
+        c21 = _mm256_fmadd_ps(a1, b, c21);
+        b = _mm256_broadcast_ss(Bp + 3);
+        c30 = _mm256_fmadd_ps(a0, b, c30);
+        c31 = _mm256_fmadd_ps(a1, b, c31);
+        b = _mm256_broadcast_ss(Bp + 4);
+        c40 = _mm256_fmadd_ps(a0, b, c40);
+        c41 = _mm256_fmadd_ps(a1, b, c41);
+        b = _mm256_broadcast_ss(Bp + 5);
+        c50 = _mm256_fmadd_ps(a0, b, c50);
+        c51 = _mm256_fmadd_ps(a1, b, c51);
     }
     _mm256_store_ps(acc + 0, c00), _mm256_store_ps(acc + 8, c01);
     _mm256_store_ps(acc + 16, c10), _mm256_store_ps(acc + 24, c11);
@@ -75,8 +87,8 @@ const char *keel_cpu_gemm_kernel(void) {
 typedef struct {
     const keel_gemm_args *g;
     int64_t pc, kc;
-    float *Bp;       /* packed panel: for each NR column group, kc x NR */
-    float **Ap;      /* per thread: MC x kc, MR-row groups of kc x MR */
+    float *Bp;  /* packed panel: for each NR column group, kc x NR */
+    float **Ap; /* per thread: MC x kc, MR-row groups of kc x MR */
     int64_t n_mblk, n_nblk;
     tile_fn tile;
     bool avx2;
@@ -191,8 +203,10 @@ static void compute_blocks(void *arg, int64_t begin, int64_t end, int thread) {
                     const float *a = acc + j * MR;
                     if (g->c_m == 4) {
                         float *cc = (float *)col;
-                        if (first) memcpy(cc, a, (size_t)ni * 4);
-                        else for (int64_t i = 0; i < ni; i++) cc[i] += a[i];
+                        if (first)
+                            memcpy(cc, a, (size_t)ni * 4);
+                        else
+                            for (int64_t i = 0; i < ni; i++) cc[i] += a[i];
                     } else {
                         for (int64_t i = 0; i < ni; i++) {
                             float *cc = (float *)(col + i * g->c_m);
@@ -242,7 +256,8 @@ int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g) {
         for (int t = 0; t < nt; t++) free(c.Ap[t]);
     free(c.Ap);
     free(c.Bp);
-    if (rc) return keel_fail("cpu matmul: out of memory for %lldx%lldx%lld scratch", (long long)g->M,
-                             (long long)g->N, (long long)g->K);
+    if (rc)
+        return keel_fail("cpu matmul: out of memory for %lldx%lldx%lld scratch", (long long)g->M, (long long)g->N,
+                         (long long)g->K);
     return 0;
 }

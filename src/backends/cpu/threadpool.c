@@ -16,7 +16,10 @@ struct keel_pool {
     int64_t items;
 };
 
-typedef struct { keel_pool *p; int index; } worker_arg;
+typedef struct {
+    keel_pool *p;
+    int index;
+} worker_arg;
 
 static void run_share(keel_pool *p, int t) {
     int64_t per = (p->items + p->n - 1) / p->n, b = per * t, e = b + per;
@@ -53,13 +56,23 @@ keel_pool *keel_pool_new(int n_threads) {
     pthread_cond_init(&p->go, NULL);
     pthread_cond_init(&p->done, NULL);
     p->th = calloc((size_t)n_threads, sizeof *p->th);
-    if (!p->th) { free(p); return NULL; }
+    if (!p->th) {
+        free(p);
+        return NULL;
+    }
     for (int i = 1; i < n_threads; i++) { /* thread 0 is the caller */
         worker_arg *wa = malloc(sizeof *wa);
-        if (!wa) { p->n = i; break; }
+        if (!wa) {
+            p->n = i;
+            break;
+        }
         wa->p = p;
         wa->index = i;
-        if (pthread_create(&p->th[i], NULL, worker, wa)) { free(wa); p->n = i; break; }
+        if (pthread_create(&p->th[i], NULL, worker, wa)) {
+            free(wa);
+            p->n = i;
+            break;
+        }
     }
     return p;
 }

@@ -33,7 +33,10 @@ static void *cuda_alloc(keel_backend *be, size_t bytes) {
         if (p) im->live_p = p;
         size_t *s = (size_t *)realloc(im->live_n, (size_t)cap * sizeof *s);
         if (s) im->live_n = s;
-        if (!p || !s) { keel_fail("out of memory"); return NULL; }
+        if (!p || !s) {
+            keel_fail("out of memory");
+            return NULL;
+        }
         im->cap_live = cap;
     }
     void *d = NULL;
@@ -69,15 +72,19 @@ static void cuda_free(keel_backend *be, void *p) {
 int cuda_upload(keel_backend *be, void *dst, const void *host, size_t n, const keel_tensor *t) {
     cuda_impl *im = cuda_im(be);
     /* from pageable memory the copy is staged before it returns, so `host` may be reused */
-    if (cuda_check(cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, im->stream), "host-to-device copy", t)) return -1;
+    if (cuda_check(cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, im->stream), "host-to-device copy", t))
+        return -1;
     return cuda_check(cudaStreamSynchronize(im->stream), "host-to-device copy", t);
 }
 
-static int cuda_write(keel_backend *be, void *dst, const void *host, size_t n) { return cuda_upload(be, dst, host, n, NULL); }
+static int cuda_write(keel_backend *be, void *dst, const void *host, size_t n) {
+    return cuda_upload(be, dst, host, n, NULL);
+}
 
 static int cuda_read(keel_backend *be, void *host, const void *src, size_t n) {
     cuda_impl *im = cuda_im(be);
-    if (cuda_check(cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, im->stream), "device-to-host copy", NULL)) return -1;
+    if (cuda_check(cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, im->stream), "device-to-host copy", NULL))
+        return -1;
     return cuda_check(cudaStreamSynchronize(im->stream), "device-to-host copy", NULL);
 }
 
@@ -121,11 +128,13 @@ static bool cuda_supports(keel_backend *be, const keel_tensor *t) {
 static void note_node_kind(cuda_impl *im, const keel_tensor *t, float ms) {
     char key[208] = "", sh[64];
     int len = 0;
-    const keel_tensor *ops[3] = {keel_op_get(t->op)->arity > 0 ? t->src[0] : NULL, keel_op_get(t->op)->arity > 1 ? t->src[1] : NULL, t};
+    const keel_tensor *ops[3] = {keel_op_get(t->op)->arity > 0 ? t->src[0] : NULL,
+                                 keel_op_get(t->op)->arity > 1 ? t->src[1] : NULL, t};
     for (int k = 0; k < 3; k++) {
         if (!ops[k]) continue;
         keel_shape_str(ops[k]->ne, sh, sizeof sh);
-        len += snprintf(key + len, sizeof key - (size_t)len, "%s%s%s", k == 2 ? "-> " : "", sh, keel_is_contiguous(ops[k]) ? " " : "* ");
+        len += snprintf(key + len, sizeof key - (size_t)len, "%s%s%s", k == 2 ? "-> " : "", sh,
+                        keel_is_contiguous(ops[k]) ? " " : "* ");
         if (len >= (int)sizeof key) break;
     }
     int cap = (int)(sizeof im->prof_kind / sizeof im->prof_kind[0]), i = 0;
@@ -168,8 +177,9 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
     }
     cudaError_t e = cudaStreamSynchronize(im->stream);
     if (e != cudaSuccess)
-        return keel_fail("cuda: a kernel of nodes %lld..%lld failed: %s (%s); run with KEEL_CUDA_SYNC=1 to name the node",
-                         (long long)from, (long long)to - 1, cudaGetErrorString(e), cudaGetErrorName(e));
+        return keel_fail(
+            "cuda: a kernel of nodes %lld..%lld failed: %s (%s); run with KEEL_CUDA_SYNC=1 to name the node",
+            (long long)from, (long long)to - 1, cudaGetErrorString(e), cudaGetErrorName(e));
     return 0;
 }
 
@@ -204,9 +214,9 @@ static void print_profile(const cuda_impl *im) {
             if (!shown[i] && (best < 0 || im->prof_kind[i].ms > im->prof_kind[best].ms)) best = i;
         if (best < 0) break;
         shown[best] = true;
-        fprintf(stderr, "  %9.2f ms %6lld x %8.3f ms  %-20s %-60s e.g. %s\n", im->prof_kind[best].ms, (long long)im->prof_kind[best].n,
-                im->prof_kind[best].ms / (double)im->prof_kind[best].n, keel_op_get(im->prof_kind[best].op)->name,
-                im->prof_kind[best].shapes, im->prof_kind[best].name);
+        fprintf(stderr, "  %9.2f ms %6lld x %8.3f ms  %-20s %-60s e.g. %s\n", im->prof_kind[best].ms,
+                (long long)im->prof_kind[best].n, im->prof_kind[best].ms / (double)im->prof_kind[best].n,
+                keel_op_get(im->prof_kind[best].op)->name, im->prof_kind[best].shapes, im->prof_kind[best].name);
     }
 }
 
@@ -256,7 +266,11 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     }
     keel_backend *be = (keel_backend *)calloc(1, sizeof *be);
     cuda_impl *im = (cuda_impl *)calloc(1, sizeof *im);
-    if (!be || !im) { free(be), free(im); keel_fail("out of memory"); return NULL; }
+    if (!be || !im) {
+        free(be), free(im);
+        keel_fail("out of memory");
+        return NULL;
+    }
     be->name = "cuda";
     be->n_threads = 1;
     be->impl = im;
@@ -273,7 +287,8 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
         cublas_check(cublasSetMathMode(im->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode", NULL) ||
         /* cuBLAS's deterministic configuration (its default, said out loud): no atomics, one stream */
         cublas_check(cublasSetAtomicsMode(im->blas, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode", NULL) ||
-        (im->profile && (cuda_check(cudaEventCreate(&im->ev0), "event", NULL) || cuda_check(cudaEventCreate(&im->ev1), "event", NULL)))) {
+        (im->profile && (cuda_check(cudaEventCreate(&im->ev0), "event", NULL) ||
+                         cuda_check(cudaEventCreate(&im->ev1), "event", NULL)))) {
         if (im->blas) cublasDestroy(im->blas);
         if (im->stream) cudaStreamDestroy(im->stream);
         free(im), free(be);

@@ -16,7 +16,12 @@ static int64_t copy_row_len(const keel_backend *be, int64_t ne0) {
 /* ids (optional): int32 table [ne1, ne2] of source rows; then src is read at (i0, ids[i1,i2], 0, 0). */
 __global__ void k_copy(kt d, kt s, int64_t len, int acc, kt ids, int has_ids) {
     int64_t rows = d.ne[1] * d.ne[2] * d.ne[3];
-    int64_t es = d.type == 1 || d.type == 2 ? 2 : d.type == 4 ? 8 : 4, ses = s.type == 1 || s.type == 2 ? 2 : s.type == 4 ? 8 : 4;
+    int64_t es = d.type == 1 || d.type == 2 ? 2
+                 : d.type == 4              ? 8
+                                            : 4,
+            ses = s.type == 1 || s.type == 2 ? 2
+                  : s.type == 4              ? 8
+                                             : 4;
     bool plain = !has_ids && d.contig && s.contig && len == d.ne[0];
     GRID_STRIDE(e, len * rows) {
         const char *sp;
@@ -38,9 +43,12 @@ __global__ void k_copy(kt d, kt s, int64_t len, int acc, kt ids, int has_ids) {
             dp = kt_at(d, i0, i1, i2, i3);
         }
         if (d.type == s.type && !acc) { /* bit-exact move */
-            if (es == 4) *(uint32_t *)dp = *(const uint32_t *)sp;
-            else if (es == 2) *(uint16_t *)dp = *(const uint16_t *)sp;
-            else *(uint64_t *)dp = *(const uint64_t *)sp;
+            if (es == 4)
+                *(uint32_t *)dp = *(const uint32_t *)sp;
+            else if (es == 2)
+                *(uint16_t *)dp = *(const uint16_t *)sp;
+            else
+                *(uint64_t *)dp = *(const uint64_t *)sp;
         } else if (acc && d.type == 0 && s.type == 0) { /* float32 sums round in float32, as on the cpu */
             *(float *)dp = *(float *)dp + *(const float *)sp;
         } else {
@@ -51,7 +59,8 @@ __global__ void k_copy(kt d, kt s, int64_t len, int acc, kt ids, int has_ids) {
     }
 }
 
-static int launch(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate, const keel_tensor *ids) {
+static int launch(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate,
+                  const keel_tensor *ids) {
     if (!ids && !keel_same_shape(dst, src)) {
         char a[64], b[64];
         return keel_fail("cuda copy: shape %s of '%s' differs from %s of '%s'", keel_shape_str(dst->ne, a, sizeof a),
@@ -62,7 +71,7 @@ static int launch(keel_backend *be, const keel_tensor *dst, const keel_tensor *s
     kt none;
     memset(&none, 0, sizeof none);
     k_copy<<<cuda_blocks(n, 256), 256, 0, cuda_im(be)->stream>>>(kt_of(dst), kt_of(src), len, accumulate ? 1 : 0,
-                                                                   ids ? kt_of(ids) : none, ids ? 1 : 0);
+                                                                 ids ? kt_of(ids) : none, ids ? 1 : 0);
     return cuda_check(cudaGetLastError(), "copy kernel launch", dst);
 }
 

@@ -13,7 +13,7 @@
 #include "backends/cuda/cuda_internal.h"
 
 #define GDN_CHUNK 64 /* backward: inputs staged this many steps at a time */
-#define GDN_SUB 16   /* backward: states kept every GDN_SUB steps (divides GDN_CHUNK) */
+#define GDN_SUB   16 /* backward: states kept every GDN_SUB steps (divides GDN_CHUNK) */
 #define FWD_CHUNK 32 /* forward: steps staged at a time (a smaller stage lets 4 blocks share an SM) */
 #define FWD_WARPS 8  /* columns per forward block */
 #define BWD_WARPS 16 /* columns per backward block */
@@ -52,8 +52,8 @@ __device__ static stage stage_at(float *base, int chunk, int64_t Dk, int cols, b
 }
 
 /* Fill the stage with steps [t0, t0 + n) of lane (b, hv); columns j0 .. j0 + cols - 1 (0 past Dv). */
-__device__ static void stage_load(const stage &st, const gdn_args &A, int64_t b, int64_t hv, int64_t hk, int64_t t0, int n,
-                                  int64_t j0, int cols, bool with_q) {
+__device__ static void stage_load(const stage &st, const gdn_args &A, int64_t b, int64_t hv, int64_t hk, int64_t t0,
+                                  int n, int64_t j0, int cols, bool with_q) {
     int Dk = (int)A.Dk;
     for (int x = threadIdx.x; x < n * Dk; x += blockDim.x) {
         int s = x / Dk, i = x - s * Dk;
@@ -73,8 +73,7 @@ __device__ static void stage_load(const stage &st, const gdn_args &A, int64_t b,
 }
 
 /* This lane's entries i = lane + 32 r of a staged Dk vector (0 beyond Dk). */
-template <int R>
-__device__ static inline void lane_vec(const float *x, int64_t Dk, float *out) {
+template <int R> __device__ static inline void lane_vec(const float *x, int64_t Dk, float *out) {
     int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -104,7 +103,8 @@ __device__ static inline float step(float *S, const float *k, float eg, float bt
 /* Four 8-warp blocks share an SM (registers <= 64, a 33 KiB stage): the lanes of a 0.8B layer
  * take 2 waves of blocks. */
 template <int R>
-__global__ void __launch_bounds__(FWD_WARPS * 32, R <= 4 ? 4 : 2) k_gdn_fwd(gdn_args A, kt o, float *packed, int has_s0) {
+__global__ void __launch_bounds__(FWD_WARPS * 32, R <= 4 ? 4 : 2)
+    k_gdn_fwd(gdn_args A, kt o, float *packed, int has_s0) {
     extern __shared__ float smem[];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int64_t L = blockIdx.x, b = L / A.Hv, hv = L % A.Hv, hk = hv / (A.Hv / A.Hk);
@@ -133,8 +133,10 @@ __global__ void __launch_bounds__(FWD_WARPS * 32, R <= 4 ? 4 : 2) k_gdn_fwd(gdn_
             y = warp_sum(y);
             if (lane == 0) {
                 int64_t t = t0 + s;
-                if (packed) packed[((b * A.T + t) * A.Hv + hv) * A.Dv + j] = y;
-                else stf(kt_at(o, j, hv, t, b), y);
+                if (packed)
+                    packed[((b * A.T + t) * A.Hv + hv) * A.Dv + j] = y;
+                else
+                    stf(kt_at(o, j, hv, t, b), y);
             }
         }
     }
@@ -149,11 +151,11 @@ __global__ void __launch_bounds__(FWD_WARPS * 32, R <= 4 ? 4 : 2) k_gdn_fwd(gdn_
 }
 
 typedef struct {
-    float *ck;     /* [lane][Dv padded][n_subs][Dk] states at sub-chunk starts */
-    float *cs;     /* [lane][Dv padded][GDN_SUB + 1][Dk] the states of the sub-chunk being worked on */
-    float *pq, *pk; /* [group][row][Dk] per-block-of-columns parts of dq, dk */
+    float *ck;       /* [lane][Dv padded][n_subs][Dk] states at sub-chunk starts */
+    float *cs;       /* [lane][Dv padded][GDN_SUB + 1][Dk] the states of the sub-chunk being worked on */
+    float *pq, *pk;  /* [group][row][Dk] per-block-of-columns parts of dq, dk */
     double *pg, *pb; /* [group][row] parts of dg, dbeta */
-    float *out;    /* the packed result */
+    float *out;      /* the packed result */
     int64_t n_chunks, n_subs, rows;
 } gdn_bwd_buf;
 
@@ -234,7 +236,8 @@ __global__ void __launch_bounds__(BWD_WARPS * 32, R <= 4 ? 2 : 1) k_gdn_bwd(gdn_
                 int buf = (int)(t & 1);
                 float Sn[R]; /* the previous step's Sp, in flight while this step computes */
 #pragma unroll
-                for (int r = 0; r < R; r++) Sn[r] = s > 0 && lane + 32 * r < Dk ? cs[(s - 1) * Dk + lane + 32 * r] : 0.0f;
+                for (int r = 0; r < R; r++)
+                    Sn[r] = s > 0 && lane + 32 * r < Dk ? cs[(s - 1) * Dk + lane + 32 * r] : 0.0f;
                 lane_vec<R>(st.k + x * Dk, Dk, k);
                 lane_vec<R>(st.q + x * Dk, Dk, q);
                 float eg = st.eg[x], bt = st.beta[x], vj = st.v[x * BWD_WARPS + w], dOj = st.dO[x * BWD_WARPS + w];
@@ -282,12 +285,14 @@ __global__ void __launch_bounds__(BWD_WARPS * 32, R <= 4 ? 2 : 1) k_gdn_bwd(gdn_
                 int tid = threadIdx.x;
                 if (tid < Dk) {
                     float a1 = 0.0f, a2 = 0.0f;
-                    for (int y = 0; y < BWD_WARPS; y++) a1 += sq[(buf * BWD_WARPS + y) * Dk + tid], a2 += sk[(buf * BWD_WARPS + y) * Dk + tid];
+                    for (int y = 0; y < BWD_WARPS; y++)
+                        a1 += sq[(buf * BWD_WARPS + y) * Dk + tid], a2 += sk[(buf * BWD_WARPS + y) * Dk + tid];
                     W.pq[(grp * W.rows + row) * Dk + tid] = a1;
                     W.pk[(grp * W.rows + row) * Dk + tid] = a2;
                 } else if (tid == (int)blockDim.x - 1) {
                     double g1 = 0.0, b1 = 0.0;
-                    for (int y = 0; y < BWD_WARPS; y++) g1 += sd[(buf * BWD_WARPS + y) * 2], b1 += sd[(buf * BWD_WARPS + y) * 2 + 1];
+                    for (int y = 0; y < BWD_WARPS; y++)
+                        g1 += sd[(buf * BWD_WARPS + y) * 2], b1 += sd[(buf * BWD_WARPS + y) * 2 + 1];
                     W.pg[grp * W.rows + row] = g1;
                     W.pb[grp * W.rows + row] = b1;
                 }
@@ -320,7 +325,8 @@ __global__ void k_gdn_reduce(gdn_bwd_buf W, int64_t G, int64_t Dk, int64_t off_d
 static gdn_args args_of(const keel_tensor *t) {
     gdn_args A;
     memset(&A, 0, sizeof A);
-    A.q = kt_of(t->src[0]), A.k = kt_of(t->src[1]), A.v = kt_of(t->src[2]), A.g = kt_of(t->src[3]), A.beta = kt_of(t->src[4]);
+    A.q = kt_of(t->src[0]), A.k = kt_of(t->src[1]), A.v = kt_of(t->src[2]), A.g = kt_of(t->src[3]),
+    A.beta = kt_of(t->src[4]);
     if (t->op == KEEL_OP_GATED_DELTA_NET_BACK) A.dO = kt_of(t->src[5]);
     if (t->op == KEEL_OP_GATED_DELTA_NET_STATE) A.s0 = kt_of(t->src[5]);
     const keel_tensor *q = t->src[0], *v = t->src[2];
@@ -338,10 +344,14 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     cudaStream_t s = cuda_im(be)->stream;
     size_t shm = stage_floats(FWD_CHUNK, A.Dk, FWD_WARPS, false) * sizeof(float);
     if (A.Dk <= 128) {
-        if (cuda_check(cudaFuncSetAttribute(k_gdn_fwd<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm), "shared memory limit", t)) return -1;
+        if (cuda_check(cudaFuncSetAttribute(k_gdn_fwd<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
+                       "shared memory limit", t))
+            return -1;
         k_gdn_fwd<4><<<grid, FWD_WARPS * 32, shm, s>>>(A, o, packed, st ? 1 : 0);
     } else {
-        if (cuda_check(cudaFuncSetAttribute(k_gdn_fwd<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm), "shared memory limit", t)) return -1;
+        if (cuda_check(cudaFuncSetAttribute(k_gdn_fwd<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
+                       "shared memory limit", t))
+            return -1;
         k_gdn_fwd<8><<<grid, FWD_WARPS * 32, shm, s>>>(A, o, packed, st ? 1 : 0);
     }
     return cuda_check(cudaGetLastError(), "gated delta rule forward launch", t);
@@ -365,18 +375,24 @@ int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     if (!base) return -1;
     W.pg = (double *)base, W.pb = W.pg + n_d; /* doubles first: aligned */
     W.ck = (float *)(W.pb + n_d), W.cs = W.ck + n_ck, W.pq = W.cs + n_cs, W.pk = W.pq + n_p;
-    size_t shm = (stage_floats(GDN_CHUNK, A.Dk, BWD_WARPS, true) + 4 * BWD_WARPS * (size_t)A.Dk) * sizeof(float) + 4 * BWD_WARPS * sizeof(double);
+    size_t shm = (stage_floats(GDN_CHUNK, A.Dk, BWD_WARPS, true) + 4 * BWD_WARPS * (size_t)A.Dk) * sizeof(float) +
+                 4 * BWD_WARPS * sizeof(double);
     dim3 grid((unsigned)L, (unsigned)G);
     cudaStream_t s = cuda_im(be)->stream;
     if (A.Dk <= 128) {
-        if (cuda_check(cudaFuncSetAttribute(k_gdn_bwd<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm), "shared memory limit", t)) return -1;
+        if (cuda_check(cudaFuncSetAttribute(k_gdn_bwd<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
+                       "shared memory limit", t))
+            return -1;
         k_gdn_bwd<4><<<grid, BWD_WARPS * 32, shm, s>>>(A, W);
     } else {
-        if (cuda_check(cudaFuncSetAttribute(k_gdn_bwd<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm), "shared memory limit", t)) return -1;
+        if (cuda_check(cudaFuncSetAttribute(k_gdn_bwd<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
+                       "shared memory limit", t))
+            return -1;
         k_gdn_bwd<8><<<grid, BWD_WARPS * 32, shm, s>>>(A, W);
     }
     if (cuda_check(cudaGetLastError(), "gated delta rule backward launch", t)) return -1;
-    int64_t off_dk = A.Dk * A.Hv * A.T * A.B, off_dg = 2 * off_dk + A.Dv * A.Hv * A.T * A.B, off_db = off_dg + A.Hv * A.T * A.B;
+    int64_t off_dk = A.Dk * A.Hv * A.T * A.B, off_dg = 2 * off_dk + A.Dv * A.Hv * A.T * A.B,
+            off_db = off_dg + A.Hv * A.T * A.B;
     int64_t n = W.rows * A.Dk + W.rows;
     k_gdn_reduce<<<cuda_blocks(n, 256), 256, 0, s>>>(W, G, A.Dk, off_dk, off_dg, off_db);
     return cuda_check(cudaGetLastError(), "gated delta rule reduction launch", t);

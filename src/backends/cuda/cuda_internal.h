@@ -52,7 +52,8 @@ __device__ static inline void kt_unflat(const kt &t, int64_t e, int64_t *i) {
 __device__ static inline float ldf(const char *p) { return *(const float *)p; }
 __device__ static inline void stf(char *p, float v) { *(float *)p = v; }
 
-#define GRID_STRIDE(e, n) for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < (n); e += (int64_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(e, n)                                                                                              \
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < (n); e += (int64_t)gridDim.x * blockDim.x)
 
 typedef struct {
     cudaStream_t stream;
@@ -66,7 +67,12 @@ typedef struct {
     double prof_ms[KEEL_OP_COUNT];
     int64_t prof_n[KEEL_OP_COUNT];
     /* GPU time per op and operand layout (shapes, strided operands marked), the first node's name kept */
-    struct { double ms; int64_t n; int op; char name[KEEL_NAME_MAX], shapes[208]; } prof_kind[1024];
+    struct {
+        double ms;
+        int64_t n;
+        int op;
+        char name[KEEL_NAME_MAX], shapes[208];
+    } prof_kind[1024];
     int n_prof_kind;
     /* live allocations, for the peak-memory figure */
     void **live_p;

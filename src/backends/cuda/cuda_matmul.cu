@@ -7,8 +7,8 @@
 
 typedef struct {
     const float *p;
-    int64_t ld;        /* leading dimension, elements */
-    bool transposed;   /* stored as the transpose of (rows x cols) */
+    int64_t ld;               /* leading dimension, elements */
+    bool transposed;          /* stored as the transpose of (rows x cols) */
     int64_t stride2, stride3; /* elements between matrices along dims 2 and 3 */
 } mat;
 
@@ -54,7 +54,8 @@ static int prepare(keel_backend *be, const keel_tensor *t, const keel_tensor **a
     bool oka = describe(*a, ma), okb = describe(*b, mb);
     bool okc = describe(t, mc) && !mc->transposed;
     *c_tmp = !okc;
-    size_t need = (oka ? 0 : round_up((size_t)keel_nelements(*a) * 4)) + (okb ? 0 : round_up((size_t)keel_nelements(*b) * 4)) +
+    size_t need = (oka ? 0 : round_up((size_t)keel_nelements(*a) * 4)) +
+                  (okb ? 0 : round_up((size_t)keel_nelements(*b) * 4)) +
                   (okc ? 0 : round_up((size_t)keel_nelements(t) * 4));
     if (!need) return 0;
     char *base = (char *)cuda_scratch(be, need, t);
@@ -79,20 +80,22 @@ static int prepare(keel_backend *be, const keel_tensor *t, const keel_tensor **a
     return 0;
 }
 
-static int gemm(keel_backend *be, const keel_tensor *t, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-                int64_t k, const mat *A, const float *pa, const mat *B, const float *pb, float *pc, int64_t ldc,
-                float beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
+static int gemm(keel_backend *be, const keel_tensor *t, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
+                int64_t n, int64_t k, const mat *A, const float *pa, const mat *B, const float *pb, float *pc,
+                int64_t ldc, float beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || A->ld > INT32_MAX || B->ld > INT32_MAX || ldc > INT32_MAX)
-        return keel_fail("cuda: %s '%s': a matrix dimension exceeds cuBLAS's 32-bit limit", keel_op_get(t->op)->name, t->name);
+        return keel_fail("cuda: %s '%s': a matrix dimension exceeds cuBLAS's 32-bit limit", keel_op_get(t->op)->name,
+                         t->name);
     const float one = 1.0f;
     cublasStatus_t s;
     if (batch == 1)
-        s = cublasGemmEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, CUDA_R_32F, (int)A->ld, pb, CUDA_R_32F,
-                         (int)B->ld, &beta, pc, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        s = cublasGemmEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, CUDA_R_32F, (int)A->ld, pb,
+                         CUDA_R_32F, (int)B->ld, &beta, pc, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT);
     else
-        s = cublasGemmStridedBatchedEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, CUDA_R_32F, (int)A->ld, sa,
-                                       pb, CUDA_R_32F, (int)B->ld, sb, &beta, pc, CUDA_R_32F, (int)ldc, sc, (int)batch,
-                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        s = cublasGemmStridedBatchedEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, CUDA_R_32F,
+                                       (int)A->ld, sa, pb, CUDA_R_32F, (int)B->ld, sb, &beta, pc, CUDA_R_32F, (int)ldc,
+                                       sc, (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return cublas_check(s, "cublasGemmEx", t);
 }
 
@@ -110,14 +113,19 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
     cublasOperation_t opa = ma.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
     cublasOperation_t opb = mb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     float *c0 = (float *)(c_tmp ? tc.data : t->data);
-    if (a->ne[2] == 1 && a->ne[3] == 1 && merges(b, &mb) && merges(c_tmp ? &tc : t, &mc)) /* one weight, every matrix of b */
-        return gemm(be, t, opa, opb, M, N * t->ne[2] * t->ne[3], K, &ma, ma.p, &mb, mb.p, c0, mc.ld, 0.0f, 1, 0, 0, 0) ||
-               (c_tmp && cuda_copy(be, t, &tc, false)) ? -1 : 0;
+    if (a->ne[2] == 1 && a->ne[3] == 1 && merges(b, &mb) &&
+        merges(c_tmp ? &tc : t, &mc)) /* one weight, every matrix of b */
+        return gemm(be, t, opa, opb, M, N * t->ne[2] * t->ne[3], K, &ma, ma.p, &mb, mb.p, c0, mc.ld, 0.0f, 1, 0, 0,
+                    0) ||
+                       (c_tmp && cuda_copy(be, t, &tc, false))
+                   ? -1
+                   : 0;
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
         const float *pa3 = ma.p + (i3 / r3) * ma.stride3, *pb3 = mb.p + i3 * mb.stride3;
         float *pc3 = c0 + i3 * mc.stride3;
         if (r2 == 1) {
-            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3, &mb, pb3, pc3, mc.ld, 0.0f, t->ne[2], ma.stride2, mb.stride2, mc.stride2))
+            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3, &mb, pb3, pc3, mc.ld, 0.0f, t->ne[2], ma.stride2, mb.stride2,
+                     mc.stride2))
                 return -1;
             continue;
         }
@@ -143,14 +151,21 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
     int64_t I = t->ne[0], J = t->ne[1], K = a->ne[1], r2 = a->ne[2] / t->ne[2], r3 = a->ne[3] / t->ne[3];
     float *c0 = (float *)(c_tmp ? tc.data : t->data);
     if (I == 0 || J == 0) return 0;
-    if (K == 0) return cuda_check(cudaMemsetAsync(c0, 0, (size_t)keel_nelements(t) * 4, cuda_im(be)->stream), "memset", t) ||
-                       (c_tmp && cuda_copy(be, t, &tc, false)) ? -1 : 0;
+    if (K == 0)
+        return cuda_check(cudaMemsetAsync(c0, 0, (size_t)keel_nelements(t) * 4, cuda_im(be)->stream), "memset", t) ||
+                       (c_tmp && cuda_copy(be, t, &tc, false))
+                   ? -1
+                   : 0;
     /* a(i, k) is column-major I x K (op N) unless stored transposed; b(j, k) must become K x J */
     cublasOperation_t opa = ma.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opb = mb.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
-    if (t->ne[2] == 1 && t->ne[3] == 1 && merges(a, &ma) && merges(b, &mb)) /* one result: all of a and b's matrices are one long k */
-        return gemm(be, t, opa, opb, I, J, K * a->ne[2] * a->ne[3], &ma, ma.p, &mb, mb.p, c0, mc.ld, 0.0f, 1, 0, 0, 0) ||
-               (c_tmp && cuda_copy(be, t, &tc, false)) ? -1 : 0;
+    if (t->ne[2] == 1 && t->ne[3] == 1 && merges(a, &ma) &&
+        merges(b, &mb)) /* one result: all of a and b's matrices are one long k */
+        return gemm(be, t, opa, opb, I, J, K * a->ne[2] * a->ne[3], &ma, ma.p, &mb, mb.p, c0, mc.ld, 0.0f, 1, 0, 0,
+                    0) ||
+                       (c_tmp && cuda_copy(be, t, &tc, false))
+                   ? -1
+                   : 0;
     /* group members in a fixed order (g3 outer, g2 inner), each one call batched over the result
      * matrices along dim 2: the first assigns, the others add */
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
@@ -160,8 +175,8 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
             for (int64_t g2 = 0; g2 < r2; g2++) {
                 int64_t s3 = i3 * r3 + g3;
                 if (gemm(be, t, opa, opb, I, J, K, &ma, ma.p + g2 * ma.stride2 + s3 * ma.stride3, &mb,
-                         mb.p + g2 * mb.stride2 + s3 * mb.stride3, pc, mc.ld, first ? 0.0f : 1.0f, t->ne[2], r2 * ma.stride2,
-                         r2 * mb.stride2, mc.stride2))
+                         mb.p + g2 * mb.stride2 + s3 * mb.stride3, pc, mc.ld, first ? 0.0f : 1.0f, t->ne[2],
+                         r2 * ma.stride2, r2 * mb.stride2, mc.stride2))
                     return -1;
                 first = false;
             }

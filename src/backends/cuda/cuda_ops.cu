@@ -57,16 +57,26 @@ __device__ static float team_max(float v, double *sh, bool warp) {
 
 __device__ static float unary_f(int op, float x, float s, float b) {
     switch (op) {
-    case KEEL_OP_SCALE: return __fadd_rn(__fmul_rn(s, x), b);
-    case KEEL_OP_SQR: return x * x;
-    case KEEL_OP_SQRT: return sqrtf(x);
-    case KEEL_OP_EXP: return expf(x);
-    case KEEL_OP_LOG: return logf(x);
-    case KEEL_OP_NEG: return -x;
-    case KEEL_OP_SILU: return x / (1.0f + expf(-x));
-    case KEEL_OP_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case KEEL_OP_SOFTPLUS: return x > 20.0f ? x : log1pf(expf(x));
-    default: return NAN;
+    case KEEL_OP_SCALE:
+        return __fadd_rn(__fmul_rn(s, x), b);
+    case KEEL_OP_SQR:
+        return x * x;
+    case KEEL_OP_SQRT:
+        return sqrtf(x);
+    case KEEL_OP_EXP:
+        return expf(x);
+    case KEEL_OP_LOG:
+        return logf(x);
+    case KEEL_OP_NEG:
+        return -x;
+    case KEEL_OP_SILU:
+        return x / (1.0f + expf(-x));
+    case KEEL_OP_SIGMOID:
+        return 1.0f / (1.0f + expf(-x));
+    case KEEL_OP_SOFTPLUS:
+        return x > 20.0f ? x : log1pf(expf(x));
+    default:
+        return NAN;
     }
 }
 
@@ -121,7 +131,8 @@ __global__ void k_repeat(kt t, kt a) {
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
         int64_t i[4];
         kt_unflat(t, e, i);
-        stf(kt_at(t, i[0], i[1], i[2], i[3]), ldf(kt_at(a, i[0] % a.ne[0], i[1] % a.ne[1], i[2] % a.ne[2], i[3] % a.ne[3])));
+        stf(kt_at(t, i[0], i[1], i[2], i[3]),
+            ldf(kt_at(a, i[0] % a.ne[0], i[1] % a.ne[1], i[2] % a.ne[2], i[3] % a.ne[3])));
     }
 }
 
@@ -143,7 +154,8 @@ static int64_t chunk_terms(int64_t n_out, int64_t n_terms) {
  * offsets, tiles in flat order (dim 0 fastest), as the cpu backend sums them. */
 __global__ void k_repeat_back_part(kt t, kt a, int64_t per, int64_t n_chunks, double *part) {
     int64_t n_out = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
-    int64_t r0 = a.ne[0] / t.ne[0], r1 = a.ne[1] / t.ne[1], r2 = a.ne[2] / t.ne[2], n_tiles = r0 * r1 * r2 * (a.ne[3] / t.ne[3]);
+    int64_t r0 = a.ne[0] / t.ne[0], r1 = a.ne[1] / t.ne[1], r2 = a.ne[2] / t.ne[2],
+            n_tiles = r0 * r1 * r2 * (a.ne[3] / t.ne[3]);
     GRID_STRIDE(e, n_out * n_chunks) {
         int64_t o = e % n_out, c = e / n_out, i[4];
         kt_unflat(t, o, i);
@@ -153,7 +165,8 @@ __global__ void k_repeat_back_part(kt t, kt a, int64_t per, int64_t n_chunks, do
             /* the tile's coordinates, divided out once and then counted up like an odometer:
              * 64-bit divisions per term would cost more than the loads */
             int64_t q0 = q % r0, qq = q / r0, qa = qq % r1, qb = (qq / r1) % r2, qc = qq / (r1 * r2);
-            const char *p = kt_at(a, i[0] + q0 * t.ne[0], i[1] + qa * t.ne[1], i[2] + qb * t.ne[2], i[3] + qc * t.ne[3]);
+            const char *p =
+                kt_at(a, i[0] + q0 * t.ne[0], i[1] + qa * t.ne[1], i[2] + qb * t.ne[2], i[3] + qc * t.ne[3]);
             for (; q < q1; q++) {
                 acc += ldf(p);
                 p += t.ne[0] * a.nb[0];
@@ -292,8 +305,8 @@ __global__ void k_get_rows_back(kt t, kt dy, const int64_t *start, const int64_t
     }
 }
 
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2, float eps,
-                        float gs, float decay, float bc1, float bc2) {
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2,
+                        float eps, float gs, float decay, float bc1, float bc2) {
     GRID_STRIDE(i, n) {
         float gi = g[i] * gs;
         float mi = __fadd_rn(b1 * m[i], (1.0f - b1) * gi);
@@ -308,8 +321,8 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n,
 
 /* One block, or with `warp` one warp, per row of a (rows flat over dims 1..3). partial: float64
  * per row (SUM, CE). */
-__global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, double *partial, float p0, double eps, int64_t causal,
-                       int warp) {
+__global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, double *partial, float p0, double eps,
+                       int64_t causal, int warp) {
     __shared__ double sh[RT];
     int64_t n = a.ne[0], R = a.ne[1] * a.ne[2] * a.ne[3];
     int tid = warp ? (int)(threadIdx.x & 31) : (int)threadIdx.x, TS = warp ? 32 : RT;
@@ -328,8 +341,10 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
             for (int64_t i = tid; i < n; i += TS) acc += ldf(s + i * an);
             acc = team_sum(acc, sh, warp);
             if (tid == 0) {
-                if (op == KEEL_OP_SUM) partial[r] = acc;
-                else stf(d, (float)(op == KEEL_OP_MEAN ? acc / (double)n : acc));
+                if (op == KEEL_OP_SUM)
+                    partial[r] = acc;
+                else
+                    stf(d, (float)(op == KEEL_OP_MEAN ? acc / (double)n : acc));
             }
             break;
         }
@@ -404,11 +419,13 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
                 double N = (double)R;
                 float sc = (float)(1.0 / z), k = (float)(*dloss / N);
                 for (int64_t i = tid; i < n; i += TS)
-                    stf(d + i * t.nb[0], __fmul_rn(__fsub_rn(__fmul_rn(expf(ldf(s + i * an) - mx), sc), (float)(i == yv)), k));
+                    stf(d + i * t.nb[0],
+                        __fmul_rn(__fsub_rn(__fmul_rn(expf(ldf(s + i * an) - mx), sc), (float)(i == yv)), k));
             }
             break;
         }
-        default: break;
+        default:
+            break;
         }
     }
 }
@@ -431,7 +448,10 @@ static int get_rows_back(keel_backend *be, const keel_tensor *t) {
     if (keel_backend_read_ids(be, t, ids, t->ne[1], "id", &idv)) return -1;
     int64_t R = t->ne[1], N = keel_nelements(ids);
     int64_t *h = (int64_t *)malloc((size_t)(R + 1 + N) * sizeof(int64_t));
-    if (!h) { free(idv); return keel_fail("out of memory in '%s'", t->name); }
+    if (!h) {
+        free(idv);
+        return keel_fail("out of memory in '%s'", t->name);
+    }
     keel_rows_by_id(idv, N, R, h, h + R + 1);
     free(idv);
     int64_t *dev = (int64_t *)cuda_scratch(be, (size_t)(R + 1 + N) * sizeof(int64_t), t);
@@ -455,15 +475,16 @@ static int rows(keel_backend *be, const keel_tensor *t, double *partial) {
     unsigned blocks = (unsigned)(want < 65535LL * 8 ? want : 65535LL * 8);
     k_rows<<<blocks, RT, 0, st(be)>>>(t->op, partial ? none : kt_of(t), kt_of(a), has_y ? kt_of(t->src[1]) : none,
                                       ce ? kt_of(t->src[1]) : none,
-                                      t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ? (const float *)t->src[2]->data : NULL, partial,
-                                      (float)t->fp[0], t->fp[0], t->ip[0], warp ? 1 : 0);
+                                      t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ? (const float *)t->src[2]->data : NULL,
+                                      partial, (float)t->fp[0], t->fp[0], t->ip[0], warp ? 1 : 0);
     return 0;
 }
 
 static int reduce_all(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0];
     int64_t R = keel_nrows(a);
-    if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_read_ids(be, t, t->src[1], a->ne[0], "target", NULL)) return -1;
+    if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_read_ids(be, t, t->src[1], a->ne[0], "target", NULL))
+        return -1;
     double *partial = (double *)cuda_scratch(be, (size_t)(R ? R : 1) * sizeof(double), t);
     if (!partial || rows(be, t, partial)) return -1;
     k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, t->op == KEEL_OP_SUM ? 1.0 : (double)R);
@@ -480,8 +501,9 @@ static int rope(keel_backend *be, const keel_tensor *t) {
     free(freq);
     if (rc) return -1;
     int64_t n = w * keel_nrows(t);
-    if (n) k_rope<<<cuda_blocks(n, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), dev, nr,
-                                                          t->op == KEEL_OP_ROPE ? 1.0 : -1.0);
+    if (n)
+        k_rope<<<cuda_blocks(n, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), dev, nr,
+                                                        t->op == KEEL_OP_ROPE ? 1.0 : -1.0);
     return 0;
 }
 
@@ -494,17 +516,24 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     double *part = (double *)cuda_scratch(be, (size_t)(n_out * n_chunks) * sizeof(double), t);
     if (!part) return -1;
     bool conv = t->op == KEEL_OP_CONV1D_BACK_WEIGHT;
-    if (conv) k_conv_back_w_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), per, n_chunks, part);
-    else k_repeat_back_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), per, n_chunks, part);
+    if (conv)
+        k_conv_back_w_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(
+            kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), per, n_chunks, part);
+    else
+        k_repeat_back_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), per,
+                                                                                   n_chunks, part);
     if (n_chunks >= 64) /* few result elements: a block each */
-        k_finish_parts_blocks<<<(unsigned)(n_out < 65535 ? n_out : 65535), RT, 0, st(be)>>>(kt_of(t), part, n_out, n_chunks, conv ? 1 : 0);
+        k_finish_parts_blocks<<<(unsigned)(n_out < 65535 ? n_out : 65535), RT, 0, st(be)>>>(kt_of(t), part, n_out,
+                                                                                            n_chunks, conv ? 1 : 0);
     else
         k_finish_parts<<<cuda_blocks(n_out, 256), 256, 0, st(be)>>>(kt_of(t), part, n_out, n_chunks, conv ? 1 : 0);
     return 0;
 }
 
-#define EW(kernel, n, ...) \
-    do { if ((n) > 0) kernel<<<cuda_blocks((n), 256), 256, 0, st(be)>>>(__VA_ARGS__); } while (0)
+#define EW(kernel, n, ...)                                                                                             \
+    do {                                                                                                               \
+        if ((n) > 0) kernel<<<cuda_blocks((n), 256), 256, 0, st(be)>>>(__VA_ARGS__);                                   \
+    } while (0)
 
 int cuda_node(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
@@ -517,21 +546,31 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_GET_ROWS:
         if (keel_backend_read_ids(be, t, b, a->ne[1], "id", NULL)) return -1;
         return cuda_copy_rows(be, t, a, b);
-    case KEEL_OP_GET_ROWS_BACK: return get_rows_back(be, t);
+    case KEEL_OP_GET_ROWS_BACK:
+        return get_rows_back(be, t);
     case KEEL_OP_ACC:
-    case KEEL_OP_SET: return keel_backend_run_acc_set(be, t);
-    case KEEL_OP_FILL: EW(k_fill, n, kt_of(t), (float)t->fp[0]); return 0;
-    case KEEL_OP_REPEAT: EW(k_repeat, n, kt_of(t), kt_of(a)); return 0;
-    case KEEL_OP_REPEAT_BACK: return reduce_terms(be, t, keel_nelements(a) / (n ? n : 1));
-    case KEEL_OP_CONCAT: return keel_backend_run_concat(be, t);
+    case KEEL_OP_SET:
+        return keel_backend_run_acc_set(be, t);
+    case KEEL_OP_FILL:
+        EW(k_fill, n, kt_of(t), (float)t->fp[0]);
+        return 0;
+    case KEEL_OP_REPEAT:
+        EW(k_repeat, n, kt_of(t), kt_of(a));
+        return 0;
+    case KEEL_OP_REPEAT_BACK:
+        return reduce_terms(be, t, keel_nelements(a) / (n ? n : 1));
+    case KEEL_OP_CONCAT:
+        return keel_backend_run_concat(be, t);
     case KEEL_OP_ADD:
     case KEEL_OP_SUB:
     case KEEL_OP_MUL:
     case KEEL_OP_DIV: {
         kt kx = kt_of(t), ka = kt_of(a), kb = kt_of(b);
         int ymode = 0;
-        if (kx.contig && ka.contig && kb.contig && keel_same_shape(t, b)) ymode = 1;
-        else if (kx.contig && ka.contig && kb.contig && b->ne[0] == t->ne[0] && keel_nrows(b) == 1) ymode = 2;
+        if (kx.contig && ka.contig && kb.contig && keel_same_shape(t, b))
+            ymode = 1;
+        else if (kx.contig && ka.contig && kb.contig && b->ne[0] == t->ne[0] && keel_nrows(b) == 1)
+            ymode = 2;
         EW(k_binary, n, kx, ka, kb, t->op, ymode);
         return 0;
     }
@@ -543,10 +582,15 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_NEG:
     case KEEL_OP_SILU:
     case KEEL_OP_SIGMOID:
-    case KEEL_OP_SOFTPLUS: EW(k_unary, n, kt_of(t), kt_of(a), t->op, (float)t->fp[0], (float)t->fp[1]); return 0;
-    case KEEL_OP_SILU_BACK: EW(k_silu_back, n, kt_of(t), kt_of(a), kt_of(b)); return 0;
+    case KEEL_OP_SOFTPLUS:
+        EW(k_unary, n, kt_of(t), kt_of(a), t->op, (float)t->fp[0], (float)t->fp[1]);
+        return 0;
+    case KEEL_OP_SILU_BACK:
+        EW(k_silu_back, n, kt_of(t), kt_of(a), kt_of(b));
+        return 0;
     case KEEL_OP_SUM:
-    case KEEL_OP_CROSS_ENTROPY_LOSS: return reduce_all(be, t);
+    case KEEL_OP_CROSS_ENTROPY_LOSS:
+        return reduce_all(be, t);
     case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
         if (keel_backend_read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;
         return rows(be, t, NULL);
@@ -557,22 +601,30 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_RMS_NORM_BACK:
     case KEEL_OP_L2_NORM_BACK:
     case KEEL_OP_SOFT_MAX:
-    case KEEL_OP_SOFT_MAX_BACK: return rows(be, t, NULL);
+    case KEEL_OP_SOFT_MAX_BACK:
+        return rows(be, t, NULL);
     case KEEL_OP_ROPE:
-    case KEEL_OP_ROPE_BACK: return rope(be, t);
-    case KEEL_OP_MUL_MAT: return cuda_matmul(be, t);
-    case KEEL_OP_OUT_PROD: return cuda_out_prod(be, t);
+    case KEEL_OP_ROPE_BACK:
+        return rope(be, t);
+    case KEEL_OP_MUL_MAT:
+        return cuda_matmul(be, t);
+    case KEEL_OP_OUT_PROD:
+        return cuda_out_prod(be, t);
     case KEEL_OP_CONV1D:
     case KEEL_OP_CONV1D_BACK_INPUT:
         EW(k_conv, n, kt_of(t), kt_of(a), kt_of(b), t->op == KEEL_OP_CONV1D ? 1 : 0);
         return 0;
-    case KEEL_OP_CONV1D_BACK_WEIGHT: return reduce_terms(be, t, a->ne[1] * a->ne[2]);
+    case KEEL_OP_CONV1D_BACK_WEIGHT:
+        return reduce_terms(be, t, a->ne[1] * a->ne[2]);
     case KEEL_OP_GATED_DELTA_NET:
-    case KEEL_OP_GATED_DELTA_NET_STATE: return cuda_gdn_forward(be, t);
-    case KEEL_OP_GATED_DELTA_NET_BACK: return cuda_gdn_backward(be, t);
+    case KEEL_OP_GATED_DELTA_NET_STATE:
+        return cuda_gdn_forward(be, t);
+    case KEEL_OP_GATED_DELTA_NET_BACK:
+        return cuda_gdn_backward(be, t);
     case KEEL_OP_ADAMW: {
         float decay = (float)(1.0 - t->fp[0] * t->fp[4]);
-        float bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])), bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
+        float bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])),
+              bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
         EW(k_adamw, n, (float *)t->data, (const float *)b->data, (float *)t->src[2]->data, (float *)t->src[3]->data, n,
            (float)t->fp[0], (float)t->fp[1], (float)t->fp[2], (float)t->fp[3], (float)t->fp[5], decay, bc1, bc2);
         return 0;

@@ -23,9 +23,12 @@ static void put(const keel_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_
 
 /* Flat (contiguous-order) element access, for tensors of any strides. */
 static void unflat(const keel_tensor *t, int64_t i, int64_t *c) {
-    c[0] = i % t->ne[0]; i /= t->ne[0];
-    c[1] = i % t->ne[1]; i /= t->ne[1];
-    c[2] = i % t->ne[2]; c[3] = i / t->ne[2];
+    c[0] = i % t->ne[0];
+    i /= t->ne[0];
+    c[1] = i % t->ne[1];
+    i /= t->ne[1];
+    c[2] = i % t->ne[2];
+    c[3] = i / t->ne[2];
 }
 static double getf(const keel_tensor *t, int64_t i) {
     int64_t c[4];
@@ -38,10 +41,10 @@ static void putf(const keel_tensor *t, int64_t i, double v) {
     put(t, c[0], c[1], c[2], c[3], v);
 }
 
-#define FOR4(t)                                          \
-    for (int64_t i3 = 0; i3 < (t)->ne[3]; i3++)          \
-        for (int64_t i2 = 0; i2 < (t)->ne[2]; i2++)      \
-            for (int64_t i1 = 0; i1 < (t)->ne[1]; i1++)  \
+#define FOR4(t)                                                                                                        \
+    for (int64_t i3 = 0; i3 < (t)->ne[3]; i3++)                                                                        \
+        for (int64_t i2 = 0; i2 < (t)->ne[2]; i2++)                                                                    \
+            for (int64_t i1 = 0; i1 < (t)->ne[1]; i1++)                                                                \
                 for (int64_t i0 = 0; i0 < (t)->ne[0]; i0++)
 
 /* THE copy routine of this backend. */
@@ -60,33 +63,49 @@ static int ref_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor 
 
 static double unary(int op, double x, const double *fp) {
     switch (op) {
-    case KEEL_OP_SCALE: return fp[0] * x + fp[1];
-    case KEEL_OP_SQR: return x * x;
-    case KEEL_OP_SQRT: return sqrt(x);
-    case KEEL_OP_EXP: return exp(x);
-    case KEEL_OP_LOG: return log(x);
-    case KEEL_OP_NEG: return -x;
-    case KEEL_OP_SILU: return x / (1.0 + exp(-x));
-    case KEEL_OP_SIGMOID: return 1.0 / (1.0 + exp(-x));
-    case KEEL_OP_SOFTPLUS: return x > 20.0 ? x : log1p(exp(x));
-    default: return NAN;
+    case KEEL_OP_SCALE:
+        return fp[0] * x + fp[1];
+    case KEEL_OP_SQR:
+        return x * x;
+    case KEEL_OP_SQRT:
+        return sqrt(x);
+    case KEEL_OP_EXP:
+        return exp(x);
+    case KEEL_OP_LOG:
+        return log(x);
+    case KEEL_OP_NEG:
+        return -x;
+    case KEEL_OP_SILU:
+        return x / (1.0 + exp(-x));
+    case KEEL_OP_SIGMOID:
+        return 1.0 / (1.0 + exp(-x));
+    case KEEL_OP_SOFTPLUS:
+        return x > 20.0 ? x : log1p(exp(x));
+    default:
+        return NAN;
     }
 }
 
 static double binary(int op, double a, double b) {
     switch (op) {
-    case KEEL_OP_ADD: return a + b;
-    case KEEL_OP_SUB: return a - b;
-    case KEEL_OP_MUL: return a * b;
-    case KEEL_OP_DIV: return a / b;
-    default: return NAN;
+    case KEEL_OP_ADD:
+        return a + b;
+    case KEEL_OP_SUB:
+        return a - b;
+    case KEEL_OP_MUL:
+        return a * b;
+    case KEEL_OP_DIV:
+        return a / b;
+    default:
+        return NAN;
     }
 }
 
 /* Gated delta rule, one (batch, value head) lane, forward; states[c] receives S before step
  * c*chunk when states != NULL. */
 static void gdn_lane_forward(const keel_tensor *q, const keel_tensor *k, const keel_tensor *v, const keel_tensor *g,
-                             const keel_tensor *beta, const keel_tensor *s0, int64_t b, int64_t hv, double *S, double *o_out) {
+                             const keel_tensor *beta, const keel_tensor *s0, int64_t b, int64_t hv, double *S,
+                             double *o_out) {
     int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], Dv = v->ne[0], Hv = v->ne[1];
     int64_t hk = hv / (Hv / Hk);
     double *u = malloc((size_t)Dv * sizeof *u);
@@ -117,7 +136,11 @@ static int ref_gdn(const keel_tensor *t) {
     const keel_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *g = t->src[3], *beta = t->src[4];
     int64_t Dk = q->ne[0], T = q->ne[2], B = q->ne[3], Dv = v->ne[0], Hv = v->ne[1];
     double *S = malloc((size_t)(Dk * Dv) * sizeof *S), *o = malloc((size_t)(T * Dv) * sizeof *o);
-    if (!S || !o) { free(S); free(o); return keel_fail("ref: out of memory in '%s'", t->name); }
+    if (!S || !o) {
+        free(S);
+        free(o);
+        return keel_fail("ref: out of memory in '%s'", t->name);
+    }
     for (int64_t b = 0; b < B; b++)
         for (int64_t hv = 0; hv < Hv; hv++) {
             if (t->op == KEEL_OP_GATED_DELTA_NET_STATE) { /* packed: o, then the final state */
@@ -125,7 +148,8 @@ static int ref_gdn(const keel_tensor *t) {
                 for (int64_t tt = 0; tt < T; tt++)
                     for (int64_t j = 0; j < Dv; j++) putf(t, ((b * T + tt) * Hv + hv) * Dv + j, o[tt * Dv + j]);
                 for (int64_t i = 0; i < Dk; i++)
-                    for (int64_t j = 0; j < Dv; j++) putf(t, Dv * Hv * T * B + ((b * Hv + hv) * Dk + i) * Dv + j, S[i * Dv + j]);
+                    for (int64_t j = 0; j < Dv; j++)
+                        putf(t, Dv * Hv * T * B + ((b * Hv + hv) * Dk + i) * Dv + j, S[i * Dv + j]);
                 continue;
             }
             gdn_lane_forward(q, k, v, g, beta, NULL, b, hv, S, o);
@@ -291,9 +315,9 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_SUB:
     case KEEL_OP_MUL:
     case KEEL_OP_DIV:
-        FOR4(t) put(t, i0, i1, i2, i3,
-                    binary(t->op, get(a, i0, i1, i2, i3),
-                           get(b, i0 % b->ne[0], i1 % b->ne[1], i2 % b->ne[2], i3 % b->ne[3])));
+        FOR4(t)
+        put(t, i0, i1, i2, i3,
+            binary(t->op, get(a, i0, i1, i2, i3), get(b, i0 % b->ne[0], i1 % b->ne[1], i2 % b->ne[2], i3 % b->ne[3])));
         return 0;
     case KEEL_OP_SCALE:
     case KEEL_OP_SQR:
@@ -333,14 +357,21 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
                     double s = 0, sd = 0;
                     for (int64_t i = 0; i < n; i++) {
                         double x = get(a, i, i1, i2, i3);
-                        if (t->op == KEEL_OP_SUM_ROWS || t->op == KEEL_OP_MEAN) s += x;
-                        else s += x * x;
-                        if (t->op == KEEL_OP_RMS_NORM_BACK || t->op == KEEL_OP_L2_NORM_BACK || t->op == KEEL_OP_SOFT_MAX_BACK)
+                        if (t->op == KEEL_OP_SUM_ROWS || t->op == KEEL_OP_MEAN)
+                            s += x;
+                        else
+                            s += x * x;
+                        if (t->op == KEEL_OP_RMS_NORM_BACK || t->op == KEEL_OP_L2_NORM_BACK ||
+                            t->op == KEEL_OP_SOFT_MAX_BACK)
                             sd += x * get(b, i, i1, i2, i3);
                     }
                     switch (t->op) {
-                    case KEEL_OP_SUM_ROWS: put(t, 0, i1, i2, i3, s); break;
-                    case KEEL_OP_MEAN: put(t, 0, i1, i2, i3, s / (double)n); break;
+                    case KEEL_OP_SUM_ROWS:
+                        put(t, 0, i1, i2, i3, s);
+                        break;
+                    case KEEL_OP_MEAN:
+                        put(t, 0, i1, i2, i3, s / (double)n);
+                        break;
                     case KEEL_OP_RMS_NORM:
                     case KEEL_OP_L2_NORM: {
                         double m = t->op == KEEL_OP_RMS_NORM ? s / (double)n : s, sc = 1.0 / sqrt(m + t->fp[0]);
@@ -400,7 +431,10 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         double dir = t->op == KEEL_OP_ROPE ? 1.0 : -1.0;
         FOR4(t) {
             double x = get(a, i0, i1, i2, i3);
-            if (i0 >= nr) { put(t, i0, i1, i2, i3, x); continue; }
+            if (i0 >= nr) {
+                put(t, i0, i1, i2, i3, x);
+                continue;
+            }
             int64_t f = i0 % h;
             double ang = (double)(int32_t)get(b, i2, 0, 0, 0) * keel_rope_freq(t->fp[0], nr, f);
             double c = cos(ang), s = dir * sin(ang);
@@ -436,8 +470,10 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     }
     case KEEL_OP_GATED_DELTA_NET:
-    case KEEL_OP_GATED_DELTA_NET_STATE: return ref_gdn(t);
-    case KEEL_OP_GATED_DELTA_NET_BACK: return ref_gdn_back(t);
+    case KEEL_OP_GATED_DELTA_NET_STATE:
+        return ref_gdn(t);
+    case KEEL_OP_GATED_DELTA_NET_BACK:
+        return ref_gdn_back(t);
     case KEEL_OP_CROSS_ENTROPY_LOSS:
     case KEEL_OP_CROSS_ENTROPY_LOSS_BACK: {
         int64_t V = a->ne[0], N = keel_nrows(a);
