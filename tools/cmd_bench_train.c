@@ -25,9 +25,6 @@
 #include "util/error.h"
 #include "util/rng.h"
 
-#ifdef KEEL_HAVE_CUDA
-#include "backends/cuda/cuda_api.h"
-#endif
 
 typedef struct {
     const char *backend, *preset, *recompute, *torch, *python;
@@ -82,10 +79,7 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
     qsort(times + o->warmup, (size_t)o->steps, sizeof *times, bench_cmp_d);
     r->step_s = times[o->warmup + o->steps / 2];
     r->tokens_per_s = (double)(T * B) / r->step_s;
-#ifdef KEEL_HAVE_CUDA
-    if (!strcmp(be->name, "cuda"))
-        r->peak_bytes = (double)keel_cuda_peak_bytes(be), r->peak_what = "GPU memory keel allocated";
-#endif
+    if (be->peak_bytes) r->peak_bytes = (double)be->peak_bytes(be), r->peak_what = "device memory keel allocated";
     if (!r->peak_what) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);

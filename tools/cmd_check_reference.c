@@ -109,14 +109,14 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
         keel_checkpoint_close(ck);
         return -1;
     }
-    keel_type type = strcmp(backend, "ref") == 0 ? KEEL_F64 : KEEL_F32;
+    keel_type type = be->native_type;
     keel_step *st = NULL;
     int rc = -1;
     tolerances tl = {.value = type == KEEL_F64 ? 1e-10 : 2e-5,
                      .grad = type == KEEL_F64 ? 1e-10 : 1e-4,
                      .why = type == KEEL_F64 ? "float64" : "fixed"};
     if (type == KEEL_F32 && peer) { /* the peer's run on the same kind of device: its GPU run for cuda */
-        const cJSON *dev = strcmp(backend, "cuda") == 0 ? cJSON_GetObjectItemCaseSensitive(peer, "cuda") : NULL;
+        const cJSON *dev = be->on_device ? cJSON_GetObjectItemCaseSensitive(peer, "cuda") : NULL;
         if (!dev) dev = cJSON_GetObjectItemCaseSensitive(peer, "cpu");
         const cJSON *wv = cJSON_GetObjectItemCaseSensitive(dev, "worst_value"),
                     *wg = cJSON_GetObjectItemCaseSensitive(dev, "worst_gradient");

@@ -70,7 +70,7 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
     keel_tracer *tr = keel_tracer_new(true, j->max_bytes);
     if (!strncmp(c->fault, "copy-row-limit:", 15)) {
         be->fault_row_limit = atoll(c->fault + 15);
-        if (be->fault_row_limit <= 0 || !strcmp(be->name, "ref")) {
+        if (be->fault_row_limit <= 0 || be->oracle) {
             keel_fail("fault '%s': needs N > 0 and a backend other than ref (the oracle ignores faults)", c->fault);
             keel_backend_free(be), keel_tracer_free(tr);
             return NULL;
@@ -82,7 +82,7 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
         keel_backend_free(be), keel_tracer_free(tr);
         return NULL;
     }
-    keel_type type = strcmp(be->name, "ref") ? KEEL_F32 : KEEL_F64;
+    keel_type type = be->native_type;
     keel_ctx *ctx = keel_ctx_new();
     keel_graph *g = NULL;
     keel_session *s = NULL;

@@ -12,7 +12,15 @@ typedef struct keel_backend keel_backend;
 typedef int (*keel_node_cb)(keel_backend *be, const keel_tensor *node, int64_t index, void *ud);
 
 struct keel_backend {
-    const char *name;
+    const char *name; /* for messages: callers branch on what follows, never on the name */
+    /* What the backend is. */
+    keel_type native_type; /* the type its kernels compute in: F64 for the oracle, else F32 */
+    bool oracle;           /* the float64 reference every other backend is checked against; ignores KEEL_FAULT */
+    bool on_device;        /* buffers in device memory: transfers cost, collectives can run there (NCCL) */
+    bool thread_knob;      /* its thread count may be changed and must not change a bit (1 vs 2 threads are
+                              compared); without it, a second run is the repeat check */
+    /* The most memory it has held at once, for backends that track it (GPU memory); NULL otherwise. */
+    size_t (*peak_bytes)(keel_backend *be);
     int n_threads;
     /* KEEL_FAULT=copy-row-limit:N: the copy routine copies only the first N elements of each row,
      * re-creating the row-limited GPU dispatch this project exists to catch. 0 = off. The ref
@@ -35,32 +43,14 @@ struct keel_backend {
     void *impl;
 };
 
-/* "ref", "cpu" (and "cuda" when built with it). NULL with an error for an unknown name. */
+/* The registry (src/backends/registry.c): "ref", "cpu" (and "cuda" when built with it). NULL with
+ * an error for an unknown name. */
 keel_backend *keel_backend_new(const char *name, int n_threads);
 void keel_backend_free(keel_backend *be);
 /* Names of the backends built into this binary, e.g. "ref,cpu". */
 const char *keel_backend_list(void);
 /* Parse KEEL_FAULT into be->fault_row_limit (called by backends that honour it). -1 on a bad value. */
 int keel_backend_read_fault(keel_backend *be);
-
-/* The type rule of the float32 backends (cpu, cuda): the copy family converts between all types,
- * GET_ROWS takes int32 ids, every other op takes float32 values (int32 index sources) and gives
- * float32. */
-bool keel_backend_f32_supports(const keel_tensor *t);
-/* ACC and SET (`dst = src0` unless in place, then the window), and CONCAT, as calls of the
- * backend's one copy path; the float32 backends run them so. */
-int keel_backend_run_acc_set(keel_backend *be, const keel_tensor *t);
-int keel_backend_run_concat(keel_backend *be, const keel_tensor *t);
-
-/* The int32 index tensor `ids` of node t (GET_ROWS ids, ROPE positions' kin, cross-entropy
- * targets), read in flat order through the backend and checked to lie in [0, limit): a bad one is
- * an error naming the node, the value and where it is. With out, the caller gets the values (free). */
-int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit,
-                          const char *what, int32_t **out);
-/* For GET_ROWS_BACK: the items i (0 <= i < n) grouped by ids[i] in [0, R), each group in
- * ascending i (the fixed summation order): group r is items[start[r] .. start[r+1]). start holds
- * R + 1 values, items n. */
-void keel_rows_by_id(const int32_t *ids, int64_t n, int64_t R, int64_t *start, int64_t *items);
 
 /* For compute loops: the node callback after node t failed; keeps its message, adds the node. */
 int keel_backend_callback_failed(const keel_tensor *t);

@@ -192,7 +192,7 @@ int keel_coll_attach_backend(keel_coll *c, keel_backend *be, const char **name) 
     const char *want = getenv("KEEL_DIST_COLLECTIVE");
     if (want && *want && strcmp(want, "tcp") && strcmp(want, "nccl"))
         return keel_fail("KEEL_DIST_COLLECTIVE='%s': expected tcp or nccl", want);
-    bool gpu = strcmp(be->name, "cuda") == 0;
+    bool gpu = be->on_device;
 #ifdef KEEL_HAVE_NCCL
     if (gpu && !(want && !strcmp(want, "tcp"))) {
         unsigned char id[KEEL_NCCL_ID_BYTES];

@@ -377,7 +377,7 @@ static bool listed(const char *list, const char *name) {
 /* Records an outcome; under an expected fault, a wide case must fail and a narrow one pass. */
 static void outcome(suite *S, int bi, int op, const char *label, int64_t width, bool ok, const char *detail) {
     const keel_testops_opts *o = S->o;
-    bool faulted = o->expect_fault > 0 && strcmp(S->be[bi]->name, "ref") != 0;
+    bool faulted = o->expect_fault > 0 && !S->be[bi]->oracle;
     bool expect_fail = faulted && width > o->expect_fault;
     bool good = ok != expect_fail;
     counts *pb = &S->per_be[bi], *po = &S->per_op[op][bi];
@@ -457,15 +457,15 @@ static void forward_case(suite *S, op_case *c, uint64_t seed) {
             else
                 snprintf(err, sizeof err, "nmse=%.3g > %.0e, first difference at flat index %lld", e, tol,
                          (long long)first_diff(out, ref_out, n, 1e-3));
-            /* cpu: 1 and 2 threads give the same bits; cuda: a second run gives the same bits */
-            if (ok && S->o->check_threads && strcmp(be->name, "ref") != 0) {
+            /* a thread knob (cpu): 1 and 2 threads give the same bits; otherwise (cuda) a second run does */
+            if (ok && S->o->check_threads && !be->oracle) {
                 double *out2 = NULL;
                 int saved = be->n_threads;
                 be->set_threads(be, saved == 1 ? 2 : 1);
                 char err2[512];
                 bool ok2 = run_and_read(&x, be, &out2, NULL, err2, sizeof err2) == 0;
                 be->set_threads(be, saved);
-                bool cpu = strcmp(be->name, "cpu") == 0;
+                bool cpu = be->thread_knob;
                 if (!ok2 || memcmp(out, out2, (size_t)n * sizeof(double)) != 0) {
                     ok = false;
                     snprintf(err, sizeof err, "%s",
@@ -592,8 +592,8 @@ static void grad_case(suite *S, op_case *c, uint64_t seed) {
             snprintf(err, sizeof err, "gradient nmse=%.3g%s", worst_e, ok ? "" : " > tolerance");
             if (ok && worst_e > S->worst_nmse[bi]) S->worst_nmse[bi] = worst_e;
         }
-        /* cpu: 1 and 2 threads give the same bits; cuda: a second run gives the same bits */
-        if (ok && S->o->check_threads && strcmp(be->name, "ref") != 0) {
+        /* a thread knob (cpu): 1 and 2 threads give the same bits; otherwise (cuda) a second run does */
+        if (ok && S->o->check_threads && !be->oracle) {
             double *g2[CASE_MAX_IN] = {0}, *dummy = NULL;
             int saved = be->n_threads;
             be->set_threads(be, saved == 1 ? 2 : 1);
@@ -602,7 +602,7 @@ static void grad_case(suite *S, op_case *c, uint64_t seed) {
             be->set_threads(be, saved);
             for (int i = 0; i < c->n_in && ok2; i++)
                 if (gb[i] && memcmp(gb[i], g2[i], (size_t)keel_nelements(x.leaf[i]) * sizeof(double))) ok2 = false;
-            bool cpu = strcmp(be->name, "cpu") == 0;
+            bool cpu = be->thread_knob;
             if (!ok2)
                 ok = false, snprintf(err, sizeof err, "%s",
                                      cpu ? "1 and 2 threads give different gradient bits"

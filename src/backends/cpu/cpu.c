@@ -57,6 +57,7 @@ keel_backend *keel_backend_cpu_new(int n_threads) {
         return NULL;
     }
     be->name = "cpu";
+    be->native_type = KEEL_F32, be->thread_knob = true;
     be->impl = im;
     be->supports = cpu_supports;
     be->alloc = keel_host_alloc;

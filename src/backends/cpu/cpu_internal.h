@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backends/kernel_common.h"
 #include "backends/cpu/threadpool.h"
 
 typedef struct {

@@ -272,6 +272,7 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
         return NULL;
     }
     be->name = "cuda";
+    be->native_type = KEEL_F32, be->on_device = true, be->peak_bytes = keel_cuda_peak_bytes;
     be->n_threads = 1;
     be->impl = im;
     const char *sy = getenv("KEEL_CUDA_SYNC");

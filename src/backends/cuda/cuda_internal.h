@@ -11,6 +11,7 @@
 
 extern "C" {
 #include "backend/backend.h"
+#include "backends/kernel_common.h"
 #include "ops/ops.h"
 #include "util/error.h"
 }

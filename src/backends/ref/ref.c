@@ -550,6 +550,7 @@ keel_backend *keel_backend_ref_new(void) {
     keel_backend *be = calloc(1, sizeof *be);
     if (!be) return NULL;
     be->name = "ref";
+    be->native_type = KEEL_F64, be->oracle = true;
     be->n_threads = 1;
     be->supports = ref_supports;
     be->alloc = keel_host_alloc;

@@ -1,0 +1,89 @@
+#include "backends/kernel_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/ops.h"
+#include "util/error.h"
+
+int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit,
+                          const char *what, int32_t **out) {
+    int64_t n = keel_nelements(ids);
+    int32_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v) return keel_fail("out of memory reading the ids of '%s'", t->name);
+    if (keel_tensor_read(be, ids, v, KEEL_I32)) {
+        free(v);
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (v[i] < 0 || v[i] >= limit) {
+            int rc = keel_fail("%s '%s': %s %d at flat index %lld outside [0,%lld)", keel_op_get(t->op)->name, t->name,
+                               what, v[i], (long long)i, (long long)limit);
+            free(v);
+            return rc;
+        }
+    if (out)
+        *out = v;
+    else
+        free(v);
+    return 0;
+}
+
+void keel_rows_by_id(const int32_t *ids, int64_t n, int64_t R, int64_t *start, int64_t *items) {
+    for (int64_t r = 0; r <= R; r++) start[r] = 0;
+    for (int64_t i = 0; i < n; i++) start[ids[i] + 1]++;
+    for (int64_t r = 0; r < R; r++) start[r + 1] += start[r];   /* start[r]: where group r begins */
+    for (int64_t i = 0; i < n; i++) items[start[ids[i]]++] = i; /* ascending i; start[r] ends at group r's end */
+    for (int64_t r = R; r > 0; r--) start[r] = start[r - 1];    /* ... which is where group r + 1 begins */
+    start[0] = 0;
+}
+
+/* Sources that hold integer indices rather than values. */
+static bool is_index_src(int op, int i) {
+    return i == 1 &&
+           (op == KEEL_OP_GET_ROWS || op == KEEL_OP_GET_ROWS_BACK || op == KEEL_OP_ROPE || op == KEEL_OP_ROPE_BACK ||
+            op == KEEL_OP_CROSS_ENTROPY_LOSS || op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK);
+}
+
+bool keel_backend_f32_supports(const keel_tensor *t) {
+    const keel_op_info *info = keel_op_get(t->op);
+    if (info->flags & OPF_VIEW) return true;
+    switch (t->op) {
+    case KEEL_OP_CPY:
+    case KEEL_OP_CONT:
+    case KEEL_OP_DUP:
+    case KEEL_OP_CONCAT:
+    case KEEL_OP_ACC:
+    case KEEL_OP_SET:
+        return true;
+    case KEEL_OP_GET_ROWS:
+        return t->src[1]->type == KEEL_I32;
+    default:
+        break;
+    }
+    if (t->type != KEEL_F32) return false;
+    for (int i = 0; i < info->arity; i++) {
+        keel_type want = is_index_src(t->op, i) ? KEEL_I32 : KEEL_F32;
+        if (t->src[i]->type != want) return false;
+    }
+    return true;
+}
+
+int keel_backend_run_acc_set(keel_backend *be, const keel_tensor *t) {
+    if (!t->ip[4] && be->copy(be, t, t->src[0], false)) return -1;
+    keel_tensor w = keel_acc_window(t);
+    return be->copy(be, &w, t->src[1], t->op == KEEL_OP_ACC);
+}
+
+int keel_backend_run_concat(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    int d = (int)t->ip[0];
+    keel_tensor w = *t;
+    memcpy(w.ne, a->ne, sizeof w.ne);
+    if (be->copy(be, &w, a, false)) return -1;
+    memcpy(w.ne, b->ne, sizeof w.ne);
+    w.data = (char *)t->data + a->ne[d] * t->nb[d];
+    return be->copy(be, &w, b, false);
+}
+

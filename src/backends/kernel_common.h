@@ -1,0 +1,28 @@
+/* keel: what the backends' kernels share (not part of the backend interface): the float32 type
+ * rule, ACC / SET / CONCAT as calls of a backend's one copy path, checked id reads, and the row
+ * grouping of GET_ROWS_BACK's fixed summation order. */
+#ifndef KEEL_KERNEL_COMMON_H
+#define KEEL_KERNEL_COMMON_H
+
+#include "backend/backend.h"
+
+/* The type rule of the float32 backends (cpu, cuda): the copy family converts between all types,
+ * GET_ROWS takes int32 ids, every other op takes float32 values (int32 index sources) and gives
+ * float32. */
+bool keel_backend_f32_supports(const keel_tensor *t);
+/* ACC and SET (`dst = src0` unless in place, then the window), and CONCAT, as calls of the
+ * backend's one copy path; the float32 backends run them so. */
+int keel_backend_run_acc_set(keel_backend *be, const keel_tensor *t);
+int keel_backend_run_concat(keel_backend *be, const keel_tensor *t);
+
+/* The int32 index tensor `ids` of node t (GET_ROWS ids, ROPE positions' kin, cross-entropy
+ * targets), read in flat order through the backend and checked to lie in [0, limit): a bad one is
+ * an error naming the node, the value and where it is. With out, the caller gets the values (free). */
+int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit,
+                          const char *what, int32_t **out);
+/* For GET_ROWS_BACK: the items i (0 <= i < n) grouped by ids[i] in [0, R), each group in
+ * ascending i (the fixed summation order): group r is items[start[r] .. start[r+1]). start holds
+ * R + 1 values, items n. */
+void keel_rows_by_id(const int32_t *ids, int64_t n, int64_t R, int64_t *start, int64_t *items);
+
+#endif
