@@ -113,9 +113,11 @@ int cmd_ops(int argc, char **argv) {
         fprintf(stderr, "keel ops: unexpected argument '%s'\n", argv[1]);
         return 2;
     }
+    static const char *fam[] = {"leaf", "view", "copy", "unary", "binary", "rows", "matmul", "own"};
     for (int op = 1; op < KEEL_OP_COUNT; op++) {
         const keel_op_info *i = keel_op_get(op);
-        printf("%-26s arity %d  %-9s %s\n", i->name, i->arity, i->grad_srcs ? "grad" : "no-grad", i->params);
+        printf("%-26s %-7s arity %d  %-9s %s\n", i->name, fam[i->family], i->arity, i->grad_srcs ? "grad" : "no-grad",
+               i->params);
     }
     return 0;
 }

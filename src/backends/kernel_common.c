@@ -39,13 +39,6 @@ void keel_rows_by_id(const int32_t *ids, int64_t n, int64_t R, int64_t *start, i
     start[0] = 0;
 }
 
-/* Sources that hold integer indices rather than values. */
-static bool is_index_src(int op, int i) {
-    return i == 1 &&
-           (op == KEEL_OP_GET_ROWS || op == KEEL_OP_GET_ROWS_BACK || op == KEEL_OP_ROPE || op == KEEL_OP_ROPE_BACK ||
-            op == KEEL_OP_CROSS_ENTROPY_LOSS || op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK);
-}
-
 bool keel_backend_f32_supports(const keel_tensor *t) {
     const keel_op_info *info = keel_op_get(t->op);
     if (info->flags & OPF_VIEW) return true;
@@ -64,7 +57,7 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
     }
     if (t->type != KEEL_F32) return false;
     for (int i = 0; i < info->arity; i++) {
-        keel_type want = is_index_src(t->op, i) ? KEEL_I32 : KEEL_F32;
+        keel_type want = info->index_srcs >> i & 1 ? KEEL_I32 : KEEL_F32;
         if (t->src[i]->type != want) return false;
     }
     return true;
@@ -86,4 +79,3 @@ int keel_backend_run_concat(keel_backend *be, const keel_tensor *t) {
     w.data = (char *)t->data + a->ne[d] * t->nb[d];
     return be->copy(be, &w, b, false);
 }
-

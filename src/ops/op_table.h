@@ -1,74 +1,80 @@
 /* keel: THE op table. Every op keel knows is one row here; the enum, the names, arities, shape
  * rules, backward rules and the op-test coverage all come from this list.
  *
- * X(ID, arity, flags, grad_srcs, params)
+ * X(ID, family, arity, flags, grad_srcs, index_srcs, params)
+ *   family    what kind of kernel computes it (keel_op_family below): shape rules and every
+ *             backend dispatch by family first, and an op of a family needs no case of its own
+ *             there (a unary op: its row, its constructor, its backward rule, its formula in
+ *             ops/scalar_f32.h and ref.c, its test cases)
  *   flags     OPF_* below
  *   grad_srcs bit mask of the sources that receive a gradient (0: the op has none; then the
  *             reason is given by op_nograd_reason in ops.c)
+ *   index_srcs bit mask of the sources that hold int32 indices (ids, positions, targets), not values
  *   params    the parameter layout (ip[] integers, fp[] reals), for readers and `keel ops`
  */
 #ifndef KEEL_OP_TABLE_H
 #define KEEL_OP_TABLE_H
 
-// clang-format off: one row a line
+/* one row a line: */
+// clang-format off
 #define KEEL_OP_TABLE(X)                                                                                               \
-    X(NONE, 0, OPF_LEAF, 0, "leaf: parameter, input or constant")                                                      \
-    X(VIEW, 1, OPF_VIEW, 1, "ip0-3 ne, ip4-7 nb (bytes), ip8 offset (bytes from src0 element 0)")                      \
-    X(RESHAPE, 1, OPF_VIEW, 1, "ip0-3 ne (src0 contiguous)")                                                           \
-    X(PERMUTE, 1, OPF_VIEW, 1, "ip0-3: src dim i becomes dim ip[i]")                                                   \
-    X(TRANSPOSE, 1, OPF_VIEW, 1, "swaps dims 0 and 1")                                                                 \
-    X(CPY, 2, OPF_INPLACE1, 1, "copies src0 into src1 (same shape, any types); result aliases src1")                   \
-    X(CONT, 1, 0, 1, "contiguous copy")                                                                                \
-    X(DUP, 1, 0, 1, "copy, same type")                                                                                 \
-    X(GET_ROWS, 2, 0, 1, "src0 [D,R], src1 i32 [N0,N1] -> [D,N0,N1]")                                                  \
-    X(GET_ROWS_BACK, 2, OPF_BACKWARD, 0, "src0 dy [D,N0,N1], src1 i32 ids -> [D,ip0]: sum rows")                       \
-    X(ACC, 2, OPF_INPLACE0_OPT, 3,                                                                                     \
+    X(NONE, LEAF, 0, OPF_LEAF, 0, 0, "leaf: parameter, input or constant")                                                      \
+    X(VIEW, VIEW, 1, OPF_VIEW, 1, 0, "ip0-3 ne, ip4-7 nb (bytes), ip8 offset (bytes from src0 element 0)")                      \
+    X(RESHAPE, VIEW, 1, OPF_VIEW, 1, 0, "ip0-3 ne (src0 contiguous)")                                                           \
+    X(PERMUTE, VIEW, 1, OPF_VIEW, 1, 0, "ip0-3: src dim i becomes dim ip[i]")                                                   \
+    X(TRANSPOSE, VIEW, 1, OPF_VIEW, 1, 0, "swaps dims 0 and 1")                                                                 \
+    X(CPY, COPY, 2, OPF_INPLACE1, 1, 0, "copies src0 into src1 (same shape, any types); result aliases src1")                   \
+    X(CONT, COPY, 1, 0, 1, 0, "contiguous copy")                                                                                \
+    X(DUP, COPY, 1, 0, 1, 0, "copy, same type")                                                                                 \
+    X(GET_ROWS, OWN, 2, 0, 1, 2, "src0 [D,R], src1 i32 [N0,N1] -> [D,N0,N1]")                                                  \
+    X(GET_ROWS_BACK, OWN, 2, OPF_BACKWARD, 0, 2, "src0 dy [D,N0,N1], src1 i32 ids -> [D,ip0]: sum rows")                       \
+    X(ACC, COPY, 2, OPF_INPLACE0_OPT, 3, 0,                                                                                     \
       "ip0-2 window nb1..3, ip3 offset (bytes), ip4 inplace: src0 with src1 added in the window")                      \
-    X(SET, 2, OPF_INPLACE0_OPT, 3,                                                                                     \
+    X(SET, COPY, 2, OPF_INPLACE0_OPT, 3, 0,                                                                                     \
       "ip0-2 window nb1..3, ip3 offset (bytes), ip4 inplace: src0 with the window set to src1")                        \
-    X(FILL, 0, 0, 0, "ip0-3 ne, fp0 value")                                                                            \
-    X(REPEAT, 1, 0, 1, "ip0-3 ne: tile src0 (each ne divides the target)")                                             \
-    X(REPEAT_BACK, 1, 0, 1, "ip0-3 ne: sum src0 over its tiles")                                                       \
-    X(CONCAT, 2, 0, 3, "ip0 dim")                                                                                      \
-    X(ADD, 2, 0, 3, "src1 broadcast over src0")                                                                        \
-    X(SUB, 2, 0, 3, "src1 broadcast over src0")                                                                        \
-    X(MUL, 2, 0, 3, "src1 broadcast over src0")                                                                        \
-    X(DIV, 2, 0, 3, "src1 broadcast over src0")                                                                        \
-    X(SCALE, 1, 0, 1, "fp0 s, fp1 b: s*x + b")                                                                         \
-    X(SQR, 1, 0, 1, "")                                                                                                \
-    X(SQRT, 1, 0, 1, "")                                                                                               \
-    X(EXP, 1, 0, 1, "")                                                                                                \
-    X(LOG, 1, 0, 1, "")                                                                                                \
-    X(NEG, 1, 0, 1, "")                                                                                                \
-    X(SUM, 1, 0, 1, "all elements -> [1]")                                                                             \
-    X(SUM_ROWS, 1, 0, 1, "over dim 0 -> [1,ne1,ne2,ne3]")                                                              \
-    X(MEAN, 1, 0, 1, "over dim 0 -> [1,ne1,ne2,ne3]")                                                                  \
-    X(MUL_MAT, 2, 0, 3, "src0 [K,M,a2,a3], src1 [K,N,b2,b3] -> [M,N,b2,b3]; b2%a2 == 0, b3%a3 == 0")                   \
-    X(OUT_PROD, 2, 0, 3, "src0 [I,K,n2,n3], src1 [J,K,n2,n3] -> [I,J,ip0,ip1], summing groups of n2/ip0")              \
-    X(RMS_NORM, 1, 0, 1, "fp0 eps: x * rsqrt(mean(x^2) + eps) over dim 0")                                             \
-    X(RMS_NORM_BACK, 2, OPF_BACKWARD, 0, "src0 x, src1 dy, fp0 eps")                                                   \
-    X(L2_NORM, 1, 0, 1, "fp0 eps: x * rsqrt(sum(x^2) + eps) over dim 0")                                               \
-    X(L2_NORM_BACK, 2, OPF_BACKWARD, 0, "src0 x, src1 dy, fp0 eps")                                                    \
-    X(SOFT_MAX, 1, 0, 1, "fp0 scale, ip0 causal: softmax(scale*x [+ mask]) over dim 0")                                \
-    X(SOFT_MAX_BACK, 2, OPF_BACKWARD, 0, "src0 y, src1 dy, fp0 scale")                                                 \
-    X(ROPE, 2, 0, 1,                                                                                                   \
+    X(FILL, OWN, 0, 0, 0, 0, "ip0-3 ne, fp0 value")                                                                            \
+    X(REPEAT, OWN, 1, 0, 1, 0, "ip0-3 ne: tile src0 (each ne divides the target)")                                             \
+    X(REPEAT_BACK, OWN, 1, 0, 1, 0, "ip0-3 ne: sum src0 over its tiles")                                                       \
+    X(CONCAT, COPY, 2, 0, 3, 0, "ip0 dim")                                                                                      \
+    X(ADD, BINARY, 2, 0, 3, 0, "src1 broadcast over src0")                                                                        \
+    X(SUB, BINARY, 2, 0, 3, 0, "src1 broadcast over src0")                                                                        \
+    X(MUL, BINARY, 2, 0, 3, 0, "src1 broadcast over src0")                                                                        \
+    X(DIV, BINARY, 2, 0, 3, 0, "src1 broadcast over src0")                                                                        \
+    X(SCALE, UNARY, 1, 0, 1, 0, "fp0 s, fp1 b: s*x + b")                                                                         \
+    X(SQR, UNARY, 1, 0, 1, 0, "")                                                                                                \
+    X(SQRT, UNARY, 1, 0, 1, 0, "")                                                                                               \
+    X(EXP, UNARY, 1, 0, 1, 0, "")                                                                                                \
+    X(LOG, UNARY, 1, 0, 1, 0, "")                                                                                                \
+    X(NEG, UNARY, 1, 0, 1, 0, "")                                                                                                \
+    X(SUM, OWN, 1, 0, 1, 0, "all elements -> [1]")                                                                             \
+    X(SUM_ROWS, ROWS, 1, 0, 1, 0, "over dim 0 -> [1,ne1,ne2,ne3]")                                                              \
+    X(MEAN, ROWS, 1, 0, 1, 0, "over dim 0 -> [1,ne1,ne2,ne3]")                                                                  \
+    X(MUL_MAT, MATMUL, 2, 0, 3, 0, "src0 [K,M,a2,a3], src1 [K,N,b2,b3] -> [M,N,b2,b3]; b2%a2 == 0, b3%a3 == 0")                   \
+    X(OUT_PROD, MATMUL, 2, 0, 3, 0, "src0 [I,K,n2,n3], src1 [J,K,n2,n3] -> [I,J,ip0,ip1], summing groups of n2/ip0")              \
+    X(RMS_NORM, ROWS, 1, 0, 1, 0, "fp0 eps: x * rsqrt(mean(x^2) + eps) over dim 0")                                             \
+    X(RMS_NORM_BACK, ROWS, 2, OPF_BACKWARD, 0, 0, "src0 x, src1 dy, fp0 eps")                                                   \
+    X(L2_NORM, ROWS, 1, 0, 1, 0, "fp0 eps: x * rsqrt(sum(x^2) + eps) over dim 0")                                               \
+    X(L2_NORM_BACK, ROWS, 2, OPF_BACKWARD, 0, 0, "src0 x, src1 dy, fp0 eps")                                                    \
+    X(SOFT_MAX, ROWS, 1, 0, 1, 0, "fp0 scale, ip0 causal: softmax(scale*x [+ mask]) over dim 0")                                \
+    X(SOFT_MAX_BACK, ROWS, 2, OPF_BACKWARD, 0, 0, "src0 y, src1 dy, fp0 scale")                                                 \
+    X(ROPE, OWN, 2, 0, 1, 2,                                                                                                   \
       "src0 [D,H,T,B], src1 i32 positions [T]; ip0 n_rot, fp0 theta (rotate-half; float32 frequencies as "             \
       "transformers)")                                                                                                 \
-    X(ROPE_BACK, 2, OPF_BACKWARD, 0, "src0 dy, src1 positions; ip0 n_rot, fp0 theta")                                  \
-    X(SILU, 1, 0, 1, "")                                                                                               \
-    X(SILU_BACK, 2, OPF_BACKWARD, 0, "src0 x, src1 dy")                                                                \
-    X(SIGMOID, 1, 0, 1, "")                                                                                            \
-    X(SOFTPLUS, 1, 0, 1, "log(1+exp(x)); x when x > 20 (as torch)")                                                    \
-    X(CONV1D, 2, 0, 3, "src0 x [C,T,B], src1 w [K,C]: causal depthwise, no bias")                                      \
-    X(CONV1D_BACK_INPUT, 2, OPF_BACKWARD, 0, "src0 dy [C,T,B], src1 w [K,C] -> dx")                                    \
-    X(CONV1D_BACK_WEIGHT, 2, OPF_BACKWARD, 0, "src0 x [C,T,B], src1 dy, ip0 K -> dw [K,C]")                            \
-    X(GATED_DELTA_NET, 5, 0, 31, "q,k [Dk,Hk,T,B], v [Dv,Hv,T,B], g,beta [Hv,T,B] -> o [Dv,Hv,T,B]")                   \
-    X(GATED_DELTA_NET_BACK, 6, OPF_BACKWARD, 0, "q,k,v,g,beta,do -> packed [dq|dk (per value head)|dv|dg|dbeta]")      \
-    X(GATED_DELTA_NET_STATE, 6, 0, 0,                                                                                  \
+    X(ROPE_BACK, OWN, 2, OPF_BACKWARD, 0, 2, "src0 dy, src1 positions; ip0 n_rot, fp0 theta")                                  \
+    X(SILU, UNARY, 1, 0, 1, 0, "")                                                                                               \
+    X(SILU_BACK, OWN, 2, OPF_BACKWARD, 0, 0, "src0 x, src1 dy")                                                                \
+    X(SIGMOID, UNARY, 1, 0, 1, 0, "")                                                                                            \
+    X(SOFTPLUS, UNARY, 1, 0, 1, 0, "log(1+exp(x)); x when x > 20 (as torch)")                                                    \
+    X(CONV1D, OWN, 2, 0, 3, 0, "src0 x [C,T,B], src1 w [K,C]: causal depthwise, no bias")                                      \
+    X(CONV1D_BACK_INPUT, OWN, 2, OPF_BACKWARD, 0, 0, "src0 dy [C,T,B], src1 w [K,C] -> dx")                                    \
+    X(CONV1D_BACK_WEIGHT, OWN, 2, OPF_BACKWARD, 0, 0, "src0 x [C,T,B], src1 dy, ip0 K -> dw [K,C]")                            \
+    X(GATED_DELTA_NET, OWN, 5, 0, 31, 0, "q,k [Dk,Hk,T,B], v [Dv,Hv,T,B], g,beta [Hv,T,B] -> o [Dv,Hv,T,B]")                   \
+    X(GATED_DELTA_NET_BACK, OWN, 6, OPF_BACKWARD, 0, 0, "q,k,v,g,beta,do -> packed [dq|dk (per value head)|dv|dg|dbeta]")      \
+    X(GATED_DELTA_NET_STATE, OWN, 6, 0, 0, 0,                                                                                  \
       "q,k,v,g,beta as GATED_DELTA_NET, S0 [Dv,Dk,Hv,B] -> packed [o | final state] (decoding)")                       \
-    X(CROSS_ENTROPY_LOSS, 2, 0, 1, "src0 logits [V,N..], src1 i32 targets [N..] -> mean loss [1]")                     \
-    X(CROSS_ENTROPY_LOSS_BACK, 3, OPF_BACKWARD, 0, "logits, targets, dloss [1] -> dlogits")                            \
-    X(ADAMW, 4, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0,                                                                     \
+    X(CROSS_ENTROPY_LOSS, OWN, 2, 0, 1, 2, "src0 logits [V,N..], src1 i32 targets [N..] -> mean loss [1]")                     \
+    X(CROSS_ENTROPY_LOSS_BACK, OWN, 3, OPF_BACKWARD, 0, 2, "logits, targets, dloss [1] -> dlogits")                            \
+    X(ADAMW, OWN, 4, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0, 0,                                                                     \
       "p,g,m,v; fp0 lr fp1 beta1 fp2 beta2 fp3 eps fp4 wd fp5 gradient scale; ip0 step (1-based)")
 
 enum {
@@ -81,8 +87,20 @@ enum {
     OPF_BACKWARD = 1 << 6,     /* exists to express a gradient */
 };
 
+/* Op families: ops whose kernels share one shape rule and one dispatch. */
 typedef enum {
-#define KEEL_OP_ENUM(id, arity, flags, grad, doc) KEEL_OP_##id,
+    FAM_LEAF,   /* no computation */
+    FAM_VIEW,   /* a view of src0 */
+    FAM_COPY,   /* the backend's one copy path: CPY, CONT, DUP, ACC, SET, CONCAT */
+    FAM_UNARY,  /* y = f(x) elementwise, same shape and type (ops/scalar_f32.h: keel_unary_f32) */
+    FAM_BINARY, /* y = f(a, b) elementwise, b broadcast over a (keel_binary_f32) */
+    FAM_ROWS,   /* computed independently per row along dim 0 (norms, softmax, row sums) */
+    FAM_MATMUL, /* matrix products */
+    FAM_OWN,    /* a kernel of its own */
+} keel_op_family;
+
+typedef enum {
+#define KEEL_OP_ENUM(id, family, arity, flags, grad, index, doc) KEEL_OP_##id,
     KEEL_OP_TABLE(KEEL_OP_ENUM)
 #undef KEEL_OP_ENUM
         KEEL_OP_COUNT

@@ -26,7 +26,8 @@ static const char *nograd_reason(int op) {
 }
 
 static keel_op_info g_info[KEEL_OP_COUNT] = {
-#define KEEL_OP_INFO(id, arity, flags, grad, doc) {#id, arity, flags, grad, doc, NULL},
+#define KEEL_OP_INFO(id, family, arity, flags, grad, index, doc)                                                       \
+    {#id, arity, FAM_##family, flags, grad, index, doc, NULL},
     KEEL_OP_TABLE(KEEL_OP_INFO)
 #undef KEEL_OP_INFO
 };
@@ -121,6 +122,19 @@ static int check_window(keel_tensor *t) {
 static int shape_rule(keel_tensor *t) {
     keel_tensor *a = t->src[0], *b = t->src[1];
     const int op = t->op;
+    switch (keel_op_get(op)->family) { /* families first: their ops need no case of their own */
+    case FAM_UNARY:
+        REQ(keel_type_is_float(a->type), "src0 must be real");
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
+    case FAM_BINARY:
+        REQ(a->type == b->type && keel_type_is_float(a->type), "types differ or are not real");
+        REQ(can_repeat(b, a->ne), "src1 does not broadcast over src0");
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
+    default:
+        break;
+    }
     switch (op) {
     case KEEL_OP_VIEW: {
         int64_t ne[4], nb[4];
@@ -223,23 +237,6 @@ static int shape_rule(keel_tensor *t) {
         t->ne[d] += b->ne[d];
         return 0;
     }
-    case KEEL_OP_ADD:
-    case KEEL_OP_SUB:
-    case KEEL_OP_MUL:
-    case KEEL_OP_DIV:
-        REQ(a->type == b->type && keel_type_is_float(a->type), "types differ or are not real");
-        REQ(can_repeat(b, a->ne), "src1 does not broadcast over src0");
-        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
-        return 0;
-    case KEEL_OP_SCALE:
-    case KEEL_OP_SQR:
-    case KEEL_OP_SQRT:
-    case KEEL_OP_EXP:
-    case KEEL_OP_LOG:
-    case KEEL_OP_NEG:
-    case KEEL_OP_SILU:
-    case KEEL_OP_SIGMOID:
-    case KEEL_OP_SOFTPLUS:
     case KEEL_OP_RMS_NORM:
     case KEEL_OP_L2_NORM:
     case KEEL_OP_SOFT_MAX:

@@ -10,8 +10,10 @@
 typedef struct {
     const char *name; /* "MUL_MAT" */
     int arity;
+    keel_op_family family;
     int flags;          /* OPF_* */
     int grad_srcs;      /* bit i: src i receives a gradient */
+    int index_srcs;     /* bit i: src i holds int32 indices */
     const char *params; /* parameter layout */
     const char *nograd; /* why the op has no gradient (NULL when it has one) */
 } keel_op_info;

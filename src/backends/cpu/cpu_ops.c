@@ -7,6 +7,7 @@
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/gemm.h"
 #include "ops/ops.h"
+#include "ops/scalar_f32.h"
 #include "util/error.h"
 
 typedef struct {
@@ -19,31 +20,6 @@ typedef struct {
 #define F(p) (*(const float *)(const void *)(p))
 #define W(p) (*(float *)(void *)(p))
 
-static float unary_f(int op, float x, const double *fp) {
-    switch (op) {
-    case KEEL_OP_SCALE:
-        return (float)fp[0] * x + (float)fp[1];
-    case KEEL_OP_SQR:
-        return x * x;
-    case KEEL_OP_SQRT:
-        return sqrtf(x);
-    case KEEL_OP_EXP:
-        return expf(x);
-    case KEEL_OP_LOG:
-        return logf(x);
-    case KEEL_OP_NEG:
-        return -x;
-    case KEEL_OP_SILU:
-        return x / (1.0f + expf(-x));
-    case KEEL_OP_SIGMOID:
-        return 1.0f / (1.0f + expf(-x));
-    case KEEL_OP_SOFTPLUS:
-        return x > 20.0f ? x : log1pf(expf(x));
-    default:
-        return NAN;
-    }
-}
-
 static void unary_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
@@ -51,7 +27,8 @@ static void unary_task(void *arg, int64_t b, int64_t e, int th) {
     for (int64_t r = b; r < e; r++) {
         char *d = cpu_row_flat(t, r);
         const char *s = cpu_row_flat(a, r);
-        for (int64_t i = 0; i < t->ne[0]; i++) W(d + 4 * i) = unary_f(t->op, F(s + i * a->nb[0]), t->fp);
+        float sc = (float)t->fp[0], bi = (float)t->fp[1];
+        for (int64_t i = 0; i < t->ne[0]; i++) W(d + 4 * i) = keel_unary_f32(t->op, F(s + i * a->nb[0]), sc, bi);
     }
 }
 
@@ -68,38 +45,11 @@ static void binary_task(void *arg, int64_t b, int64_t e, int th) {
         int64_t xn = x->nb[0], yn = y->nb[0];
         if (xn == 4 && yn == 4 && ny == n) {
             const float *xf = (const float *)(const void *)xs, *yf = (const float *)(const void *)ys;
-            switch (t->op) {
-            case KEEL_OP_ADD:
-                for (int64_t i = 0; i < n; i++) d[i] = xf[i] + yf[i];
-                break;
-            case KEEL_OP_SUB:
-                for (int64_t i = 0; i < n; i++) d[i] = xf[i] - yf[i];
-                break;
-            case KEEL_OP_MUL:
-                for (int64_t i = 0; i < n; i++) d[i] = xf[i] * yf[i];
-                break;
-            default:
-                for (int64_t i = 0; i < n; i++) d[i] = xf[i] / yf[i];
-                break;
-            }
+            for (int64_t i = 0; i < n; i++) d[i] = keel_binary_f32(t->op, xf[i], yf[i]);
             continue;
         }
         for (int64_t i = 0; i < n; i++) {
-            float u = F(xs + i * xn), v = F(ys + (i % ny) * yn);
-            switch (t->op) {
-            case KEEL_OP_ADD:
-                d[i] = u + v;
-                break;
-            case KEEL_OP_SUB:
-                d[i] = u - v;
-                break;
-            case KEEL_OP_MUL:
-                d[i] = u * v;
-                break;
-            default:
-                d[i] = u / v;
-                break;
-            }
+            d[i] = keel_binary_f32(t->op, F(xs + i * xn), F(ys + (i % ny) * yn));
         }
     }
 }
@@ -407,6 +357,16 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     node_ctx c = {.be = be, .t = t};
     keel_pool *pool = cpu_pool(be);
     const keel_tensor *a = t->src[0], *b = t->src[1];
+    switch (keel_op_get(t->op)->family) { /* families first */
+    case FAM_UNARY:
+        keel_pool_for(pool, keel_nrows(t), unary_task, &c);
+        return 0;
+    case FAM_BINARY:
+        keel_pool_for(pool, keel_nrows(t), binary_task, &c);
+        return 0;
+    default:
+        break;
+    }
     switch (t->op) {
     case KEEL_OP_CPY:
     case KEEL_OP_CONT:
@@ -440,23 +400,6 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_CONCAT:
         return keel_backend_run_concat(be, t);
-    case KEEL_OP_ADD:
-    case KEEL_OP_SUB:
-    case KEEL_OP_MUL:
-    case KEEL_OP_DIV:
-        keel_pool_for(pool, keel_nrows(t), binary_task, &c);
-        return 0;
-    case KEEL_OP_SCALE:
-    case KEEL_OP_SQR:
-    case KEEL_OP_SQRT:
-    case KEEL_OP_EXP:
-    case KEEL_OP_LOG:
-    case KEEL_OP_NEG:
-    case KEEL_OP_SILU:
-    case KEEL_OP_SIGMOID:
-    case KEEL_OP_SOFTPLUS:
-        keel_pool_for(pool, keel_nrows(t), unary_task, &c);
-        return 0;
     case KEEL_OP_SUM:
     case KEEL_OP_CROSS_ENTROPY_LOSS: {
         if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "ops/scalar_f32.h"
 
 #define RT 256 /* threads of a row block (a power of two: the reduction tree assumes it) */
 
@@ -55,42 +56,17 @@ __device__ static float team_max(float v, double *sh, bool warp) {
 
 /* ---------------------------------------------------------------- elementwise */
 
-__device__ static float unary_f(int op, float x, float s, float b) {
-    switch (op) {
-    case KEEL_OP_SCALE:
-        return __fadd_rn(__fmul_rn(s, x), b);
-    case KEEL_OP_SQR:
-        return x * x;
-    case KEEL_OP_SQRT:
-        return sqrtf(x);
-    case KEEL_OP_EXP:
-        return expf(x);
-    case KEEL_OP_LOG:
-        return logf(x);
-    case KEEL_OP_NEG:
-        return -x;
-    case KEEL_OP_SILU:
-        return x / (1.0f + expf(-x));
-    case KEEL_OP_SIGMOID:
-        return 1.0f / (1.0f + expf(-x));
-    case KEEL_OP_SOFTPLUS:
-        return x > 20.0f ? x : log1pf(expf(x));
-    default:
-        return NAN;
-    }
-}
-
 __global__ void k_unary(kt t, kt a, int op, float s, float b) {
     if (t.contig && a.contig) {
         const float *x = (const float *)a.p;
         float *y = (float *)t.p;
-        GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) y[e] = unary_f(op, x[e], s, b);
+        GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) y[e] = keel_unary_f32(op, x[e], s, b);
         return;
     }
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
         int64_t i[4];
         kt_unflat(t, e, i);
-        stf(kt_at(t, i[0], i[1], i[2], i[3]), unary_f(op, ldf(kt_at(a, i[0], i[1], i[2], i[3])), s, b));
+        stf(kt_at(t, i[0], i[1], i[2], i[3]), keel_unary_f32(op, ldf(kt_at(a, i[0], i[1], i[2], i[3])), s, b));
     }
 }
 
@@ -110,8 +86,7 @@ __global__ void k_binary(kt t, kt x, kt y, int op, int ymode) {
             v = ldf(kt_at(y, i[0] % y.ne[0], i[1] % y.ne[1], i[2] % y.ne[2], i[3] % y.ne[3]));
             dst = kt_at(t, i[0], i[1], i[2], i[3]);
         }
-        float r = op == KEEL_OP_ADD ? u + v : op == KEEL_OP_SUB ? u - v : op == KEEL_OP_MUL ? u * v : u / v;
-        stf(dst, r);
+        stf(dst, keel_binary_f32(op, u, v));
     }
 }
 
@@ -538,6 +513,23 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
 int cuda_node(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     int64_t n = keel_nelements(t);
+    switch (keel_op_get(t->op)->family) { /* families first */
+    case FAM_UNARY:
+        EW(k_unary, n, kt_of(t), kt_of(a), t->op, (float)t->fp[0], (float)t->fp[1]);
+        return 0;
+    case FAM_BINARY: {
+        kt kx = kt_of(t), ka = kt_of(a), kb = kt_of(b);
+        int ymode = 0;
+        if (kx.contig && ka.contig && kb.contig && keel_same_shape(t, b))
+            ymode = 1;
+        else if (kx.contig && ka.contig && kb.contig && b->ne[0] == t->ne[0] && keel_nrows(b) == 1)
+            ymode = 2;
+        EW(k_binary, n, kx, ka, kb, t->op, ymode);
+        return 0;
+    }
+    default:
+        break;
+    }
     switch (t->op) {
     case KEEL_OP_CPY:
     case KEEL_OP_CONT:
@@ -561,30 +553,6 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return reduce_terms(be, t, keel_nelements(a) / (n ? n : 1));
     case KEEL_OP_CONCAT:
         return keel_backend_run_concat(be, t);
-    case KEEL_OP_ADD:
-    case KEEL_OP_SUB:
-    case KEEL_OP_MUL:
-    case KEEL_OP_DIV: {
-        kt kx = kt_of(t), ka = kt_of(a), kb = kt_of(b);
-        int ymode = 0;
-        if (kx.contig && ka.contig && kb.contig && keel_same_shape(t, b))
-            ymode = 1;
-        else if (kx.contig && ka.contig && kb.contig && b->ne[0] == t->ne[0] && keel_nrows(b) == 1)
-            ymode = 2;
-        EW(k_binary, n, kx, ka, kb, t->op, ymode);
-        return 0;
-    }
-    case KEEL_OP_SCALE:
-    case KEEL_OP_SQR:
-    case KEEL_OP_SQRT:
-    case KEEL_OP_EXP:
-    case KEEL_OP_LOG:
-    case KEEL_OP_NEG:
-    case KEEL_OP_SILU:
-    case KEEL_OP_SIGMOID:
-    case KEEL_OP_SOFTPLUS:
-        EW(k_unary, n, kt_of(t), kt_of(a), t->op, (float)t->fp[0], (float)t->fp[1]);
-        return 0;
     case KEEL_OP_SILU_BACK:
         EW(k_silu_back, n, kt_of(t), kt_of(a), kt_of(b));
         return 0;

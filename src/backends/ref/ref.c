@@ -247,6 +247,18 @@ static int ref_gdn_back(const keel_tensor *t) {
 
 static int ref_node(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
+    switch (keel_op_get(t->op)->family) { /* families first */
+    case FAM_UNARY:
+        FOR4(t) put(t, i0, i1, i2, i3, unary(t->op, get(a, i0, i1, i2, i3), t->fp));
+        return 0;
+    case FAM_BINARY:
+        FOR4(t)
+        put(t, i0, i1, i2, i3,
+            binary(t->op, get(a, i0, i1, i2, i3), get(b, i0 % b->ne[0], i1 % b->ne[1], i2 % b->ne[2], i3 % b->ne[3])));
+        return 0;
+    default:
+        break;
+    }
     switch (t->op) {
     case KEEL_OP_CPY:
     case KEEL_OP_CONT:
@@ -311,25 +323,6 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         w.data = (char *)t->data + a->ne[d] * t->nb[d];
         return ref_copy(be, &w, b, false);
     }
-    case KEEL_OP_ADD:
-    case KEEL_OP_SUB:
-    case KEEL_OP_MUL:
-    case KEEL_OP_DIV:
-        FOR4(t)
-        put(t, i0, i1, i2, i3,
-            binary(t->op, get(a, i0, i1, i2, i3), get(b, i0 % b->ne[0], i1 % b->ne[1], i2 % b->ne[2], i3 % b->ne[3])));
-        return 0;
-    case KEEL_OP_SCALE:
-    case KEEL_OP_SQR:
-    case KEEL_OP_SQRT:
-    case KEEL_OP_EXP:
-    case KEEL_OP_LOG:
-    case KEEL_OP_NEG:
-    case KEEL_OP_SILU:
-    case KEEL_OP_SIGMOID:
-    case KEEL_OP_SOFTPLUS:
-        FOR4(t) put(t, i0, i1, i2, i3, unary(t->op, get(a, i0, i1, i2, i3), t->fp));
-        return 0;
     case KEEL_OP_SILU_BACK:
         FOR4(t) {
             double x = get(a, i0, i1, i2, i3), s = 1.0 / (1.0 + exp(-x));
