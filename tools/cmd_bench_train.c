@@ -25,7 +25,6 @@
 #include "util/error.h"
 #include "util/rng.h"
 
-
 typedef struct {
     const char *backend, *preset, *recompute, *torch, *python;
     long long batch, window, steps, warmup, threads;
@@ -179,8 +178,11 @@ int cmd_bench_train(int argc, char **argv) {
     }
         STR("--backend", backend)
         STR("--preset", preset)
-        STR("--recompute", recompute) STR("--torch", torch) STR("--python", python) INT("--batch", batch, 1)
-            INT("--window", window, 2) INT("--steps", steps, 1) INT("--warmup", warmup, 0) INT("--threads", threads, 1)
+        STR("--recompute", recompute)
+        STR("--torch", torch)
+        STR("--python", python)
+        INT("--batch", batch, 1) INT("--window", window, 2) INT("--steps", steps, 1) INT("--warmup", warmup, 0)
+            INT("--threads", threads, 1)
 #undef STR
 #undef INT
                 if (!strcmp(a, "--no-torch")) {

@@ -6,22 +6,13 @@
 
 #include "ops/ops.h"
 #include "util/error.h"
+#include "util/faults.h"
 
 void keel_backend_free(keel_backend *be) {
     if (be) be->destroy(be);
 }
 
-int keel_backend_read_fault(keel_backend *be) {
-    be->fault_row_limit = 0;
-    const char *f = getenv("KEEL_FAULT");
-    if (!f || !*f) return 0;
-    long long n = 0;
-    char tail;
-    if (sscanf(f, "copy-row-limit:%lld%c", &n, &tail) != 1 || n <= 0)
-        return keel_fail("KEEL_FAULT='%s': expected copy-row-limit:N with N > 0", f);
-    be->fault_row_limit = n;
-    return 0;
-}
+int keel_backend_read_fault(keel_backend *be) { return keel_fault_copy_row_limit(&be->fault_row_limit); }
 
 int keel_backend_callback_failed(const keel_tensor *t) {
     char msg[1536];

@@ -19,7 +19,8 @@ struct cJSON;
 
 #define KEEL_TRAIN_MAX_DATA 64
 
-// clang-format off: one row a line
+/* one row a line: */
+// clang-format off
 #define KEEL_TRAIN_OPTIONS(X, S)                                                                                       \
     S("model (exactly one)")                                                                                           \
     X(STR, model_dir, "--model", "DIR", NULL, 0, 0, SOURCE, "a Hugging Face Qwen3.5 checkpoint folder to fine-tune")   \

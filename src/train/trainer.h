@@ -1,0 +1,48 @@
+/* keel: the trainer's state, shared by its parts: setup, step and logging (train.c) and the
+ * checkpoint's trainer state (train_state.c). Internal to src/train. */
+#ifndef KEEL_TRAINER_H
+#define KEEL_TRAINER_H
+
+#include <stdio.h>
+
+#include "dist/collective.h"
+#include "dist/grad_sync.h"
+#include "io/checkpoint.h"
+#include "tokenizer/tokenizer.h"
+#include "train/data.h"
+#include "train/step.h"
+#include "train/train.h"
+
+typedef struct {
+    const keel_train_opts *o;
+    keel_step *st; /* the model, its step graph and session, AdamW (keel_step) */
+    keel_backend *be;
+    keel_tensor *sumsq;                            /* the squared gradient norm */
+    keel_tensor **train_p, **grad, **acc, **acc_w; /* per trainable parameter (acc_w: the ACC into acc) */
+    int n_train;
+    int64_t end_fb, end_norm; /* node ranges: [0,end_fb) forward+backward(+accumulate), then the norm, then AdamW */
+    int64_t step, position, tokens;
+    keel_checkpoint *src;
+    keel_coll *coll;      /* NULL: one process */
+    keel_grad_sync *sync; /* the gradient buckets, with more than one rank */
+    int rank, world;
+    char tok_dir[4096], tok_file[4096]; /* the tokenizer trained with (tok_file empty: bytes) */
+    /* the run */
+    keel_tokenizer *tok;
+    keel_dataset data;
+    FILE *metrics;
+    int32_t *ids, *tgt;     /* one micro-batch */
+    bool lead, tty;         /* rank 0 prints, evaluates, writes; a terminal gets one live line */
+    double t0;              /* when the first step of this invocation began */
+    int64_t start_step;     /* the step it began after */
+} trainer;
+
+/* OUT/checkpoint: the weights (keel_checkpoint_save_ex) with the trainer's state beside them:
+ * optimizer.safetensors, trainer_state.json (position, the options of the run) and the tokenizer's
+ * files, swapped into place together. */
+int keel_trainer_save(trainer *t);
+/* --resume: the position, step and AdamW's moments from a checkpoint keel train wrote, each checked
+ * (the run's window, batch, accumulation, seed and ranks must match). */
+int keel_trainer_read_state(trainer *t, const char *dir);
+
+#endif
