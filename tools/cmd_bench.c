@@ -13,6 +13,7 @@
 #include "backends/cpu/gemm.h"
 #include "bench_util.h"
 #include "cli.h"
+#include "cli_flags.h"
 #include "ops/ops.h"
 #include "model/qwen35.h"
 #include "recompute/recompute.h"
@@ -316,46 +317,42 @@ static int bench_tokenize(const char *tok_path, const char *text_path, int reps)
     return 0;
 }
 
+/* Subcommands parse argv from their name on (argv[0] is "matmul", "tokenize", ...). */
+static int parse_sub(const cli_spec *spec, int argc, char **argv) {
+    int pr = cli_parse(spec, argc - 1, argv + 1);
+    return pr == 1 ? 0 : pr ? 2 : -1; /* -1: parsed, run it */
+}
+#define N_OF(a) ((int)(sizeof(a) / sizeof *(a)))
+
 int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "train") == 0) return cmd_bench_train(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "tokenize") == 0) {
         const char *tok = "assets/qwen3/tokenizer.json", *text = "assets/moby-dick.txt";
         long long reps = 5;
-        for (int i = 2; i < argc; i++) {
-            const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-            if (!strcmp(a, "--tokenizer") && v)
-                tok = v, i++;
-            else if (!strcmp(a, "--text") && v)
-                text = v, i++;
-            else if (!strcmp(a, "--reps")) {
-                if ((reps = cli_int(a, v, 1)) < 0 || reps > 16) return 2;
-                i++;
-            } else {
-                fprintf(stderr, "usage: keel bench tokenize [--tokenizer FILE] [--text FILE] [--reps N]\n");
-                return 2;
-            }
-        }
-        return bench_tokenize(tok, text, (int)reps);
+        const cli_flag flags[] = {
+            {"--tokenizer", CLI_STR, &tok, .meta = "FILE",
+             .help = "tokenizer.json (default assets/qwen3/tokenizer.json)"},
+            {"--text", CLI_STR, &text, .meta = "FILE", .help = "the text (default assets/moby-dick.txt)"},
+            {"--reps", CLI_INT, &reps, 1, 16, .meta = "N", .help = "timed repetitions (default 5)"},
+        };
+        const cli_spec spec = {"keel bench tokenize",
+                               "MB/s next to the npm Qwen3 tokenizer (node) on the same text; ids compared", flags,
+                               N_OF(flags)};
+        int r = parse_sub(&spec, argc, argv);
+        return r >= 0 ? r : bench_tokenize(tok, text, (int)reps);
     }
     if (argc >= 2 && strcmp(argv[1], "recompute") == 0) {
         long long threads = 2, T = 1024, layers = 12;
-        for (int i = 2; i < argc; i++) {
-            const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-            if (strcmp(a, "--threads") == 0) {
-                if ((threads = cli_int(a, v, 1)) < 0) return 2;
-                i++;
-            } else if (strcmp(a, "--window") == 0) {
-                if ((T = cli_int(a, v, 1)) < 0) return 2;
-                i++;
-            } else if (strcmp(a, "--layers") == 0) {
-                if ((layers = cli_int(a, v, 4)) < 0 || layers > 64) return 2;
-                i++;
-            } else {
-                fprintf(stderr, "usage: keel bench recompute [--threads N] [--window T] [--layers L]\n");
-                return 2;
-            }
-        }
-        return bench_recompute((int)threads, T, (int)layers);
+        const cli_flag flags[] = {
+            {"--window", CLI_INT, &T, 1, 1 << 20, .meta = "T", .help = "tokens (default 1024)"},
+            {"--layers", CLI_INT, &layers, 4, 64, .meta = "L", .help = "layers (default 12)"},
+            {"--threads", CLI_INT, &threads, 1, 1024, .meta = "N", .help = "cpu threads (default 2)"},
+        };
+        const cli_spec spec = {"keel bench recompute",
+                               "peak memory (planned and measured) and step time per recompute mode", flags,
+                               N_OF(flags)};
+        int r = parse_sub(&spec, argc, argv);
+        return r >= 0 ? r : bench_recompute((int)threads, T, (int)layers);
     }
     if (argc < 2 || strcmp(argv[1], "matmul") != 0) {
         fprintf(stderr, "usage: keel bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N]\n"
@@ -364,37 +361,28 @@ int cmd_bench(int argc, char **argv) {
                         "       keel bench train [--backend cuda|cpu] [--batch 4] [--window 1024] ... (--help)\n");
         return 2;
     }
-    long long sizes[16] = {512, 1024, 2048, 4096};
-    int n_sizes = 4, threads = 2, reps = 5;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--sizes") == 0 && v) {
-            n_sizes = 0;
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *t = strtok(buf, ","); t && n_sizes < 16; t = strtok(NULL, ",")) {
-                long long x = cli_int("--sizes", t, 1);
-                if (x < 0) return 2;
-                sizes[n_sizes++] = x;
-            }
-            i++;
-        } else if (strcmp(a, "--threads") == 0) {
-            long long x = cli_int(a, v, 1);
+    long long sizes[16] = {512, 1024, 2048, 4096}, threads = 2, reps = 5;
+    int n_sizes = 4;
+    const char *size_list = NULL;
+    const cli_flag flags[] = {
+        {"--sizes", CLI_STR, &size_list, .meta = "N,N,...", .help = "square sizes (default 512,1024,2048,4096)"},
+        {"--threads", CLI_INT, &threads, 1, 1024, .meta = "N", .help = "threads (default 2)"},
+        {"--reps", CLI_INT, &reps, 1, 16, .meta = "N", .help = "timed repetitions (default 5)"},
+    };
+    const cli_spec spec = {"keel bench matmul",
+                           "cpu float32 matrix product: GFLOP/s next to OpenBLAS and the CPU's peak", flags,
+                           N_OF(flags)};
+    int r = parse_sub(&spec, argc, argv);
+    if (r >= 0) return r;
+    if (size_list) {
+        n_sizes = 0;
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", size_list);
+        for (char *t = strtok(buf, ","); t && n_sizes < 16; t = strtok(NULL, ",")) {
+            long long x = cli_int("--sizes", t, 1);
             if (x < 0) return 2;
-            threads = (int)x;
-            i++;
-        } else if (strcmp(a, "--reps") == 0) {
-            long long x = cli_int(a, v, 1);
-            if (x < 0 || x > 16) {
-                fprintf(stderr, "keel bench: --reps must be 1..16\n");
-                return 2;
-            }
-            reps = (int)x;
-            i++;
-        } else {
-            fprintf(stderr, "keel bench matmul: unknown or incomplete option '%s'\n", a);
-            return 2;
+            sizes[n_sizes++] = x;
         }
     }
-    return bench_matmul(sizes, n_sizes, threads, reps);
+    return bench_matmul(sizes, n_sizes, (int)threads, (int)reps);
 }

@@ -16,6 +16,7 @@
 
 #include "bench_util.h"
 #include "cli.h"
+#include "cli_flags.h"
 #include "io/checkpoint.h"
 #include "model/qwen35.h"
 #include "ops/ops.h"
@@ -162,45 +163,28 @@ int cmd_bench_train(int argc, char **argv) {
                     .threads = 2};
 #endif
     bool no_torch = false;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define STR(flag, field)                                                                                               \
-    if (!strcmp(a, flag) && v) {                                                                                       \
-        o.field = v;                                                                                                   \
-        i++;                                                                                                           \
-        continue;                                                                                                      \
-    }
-#define INT(flag, field, min)                                                                                          \
-    if (!strcmp(a, flag)) {                                                                                            \
-        if ((o.field = cli_int(a, v, min)) < 0) return 2;                                                              \
-        i++;                                                                                                           \
-        continue;                                                                                                      \
-    }
-        STR("--backend", backend)
-        STR("--preset", preset)
-        STR("--recompute", recompute)
-        STR("--torch", torch)
-        STR("--python", python)
-        INT("--batch", batch, 1) INT("--window", window, 2) INT("--steps", steps, 1) INT("--warmup", warmup, 0)
-            INT("--threads", threads, 1)
-#undef STR
-#undef INT
-                if (!strcmp(a, "--no-torch")) {
-            no_torch = true;
-            continue;
-        }
-        bool help = !strcmp(a, "--help") || !strcmp(a, "-h");
-        fprintf(
-            help ? stdout : stderr,
-            "%s%s%s"
-            "usage: keel bench train [--backend cuda|cpu] [--preset 0.8b] [--batch 4] [--window 1024] [--steps 5]\n"
-            "                        [--warmup 2] [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py]\n"
-            "                        [--python python3] [--no-torch]\n"
-            "  float32 training steps (forward, backward, AdamW) of a Qwen3.5-shaped model, then the same config in\n"
-            "  PyTorch + transformers (bench/torch_qwen35.py) in the same run: tokens/s and peak memory of both\n",
-            help ? "" : "keel bench train: unknown or incomplete flag '", help ? "" : a, help ? "" : "'\n");
-        return help ? 0 : 2;
-    }
+    const cli_flag flags[] = {
+        {"--backend", CLI_STR, &o.backend, .meta = "B", .help = "cuda or cpu (default: cuda when built with it)"},
+        {"--preset", CLI_STR, &o.preset, .meta = "NAME", .help = "the model's shape (default 0.8b)"},
+        {"--batch", CLI_INT, &o.batch, 1, 1 << 20, .meta = "B", .help = "sequences per step (default 4)"},
+        {"--window", CLI_INT, &o.window, 2, 1 << 24, .meta = "T", .help = "tokens per sequence (default 1024)"},
+        {"--steps", CLI_INT, &o.steps, 1, 1 << 20, .meta = "N",
+         .help = "timed steps; the median is reported (default 5)"},
+        {"--warmup", CLI_INT, &o.warmup, 0, 1 << 20, .meta = "N", .help = "untimed steps first (default 2)"},
+        {"--recompute", CLI_STR, &o.recompute, .meta = "MODE", .help = "off, full, every:N, layers:i,j (default off)"},
+        {"--threads", CLI_INT, &o.threads, 1, 1024, .meta = "N", .help = "cpu threads (default 2)"},
+        {"--torch", CLI_STR, &o.torch, .meta = "FILE",
+         .help = "the PyTorch peer's script (default bench/torch_qwen35.py)"},
+        {"--python", CLI_STR, &o.python, .meta = "PYTHON", .help = "the interpreter that runs it (default python3)"},
+        {"--no-torch", CLI_BOOL, &no_torch, .help = "keel alone"},
+    };
+    const cli_spec spec = {
+        "keel bench train",
+        "float32 training steps (forward, backward, AdamW) of a Qwen3.5-shaped model, then the same config in "
+        "PyTorch + transformers in the same run: tokens/s and peak memory of both",
+        flags, (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc - 1, argv + 1);
+    if (pr) return pr == 1 ? 0 : 2;
     keel_qwen35_config cfg;
     if (keel_qwen35_preset(o.preset, &cfg)) {
         fprintf(stderr, "keel bench train: %s\n", keel_last_error());

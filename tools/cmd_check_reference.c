@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "cli.h"
+#include "cli_flags.h"
 #include "io/checkpoint.h"
 #include "recompute/recompute.h"
 #include "trace/trace.h"
@@ -212,42 +213,26 @@ int cmd_check_reference(int argc, char **argv) {
     const char *dir = NULL, *backends = "cpu", *only = NULL, *rmode = "off";
     trace_opts to = {.max_bytes = 256u << 20};
     long long threads = 2;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--backend") == 0 && v)
-            backends = v, i++;
-        else if (strcmp(a, "--checkpoint") == 0 && v)
-            only = v, i++;
-        else if (strcmp(a, "--recompute") == 0 && v)
-            rmode = v, i++;
-        else if (strcmp(a, "--trace") == 0 && v)
-            to.path = v, i++;
-        else if (strcmp(a, "--trace-data") == 0)
-            to.data = true;
-        else if (strcmp(a, "--trace-max-bytes") == 0) {
-            long long b = cli_int(a, v, 0);
-            if (b < 0) return 2;
-            to.max_bytes = (size_t)b;
-            i++;
-        } else if (strcmp(a, "--threads") == 0) {
-            if ((threads = cli_int(a, v, 1)) < 0) return 2;
-            i++;
-        } else if (a[0] != '-' && !dir)
-            dir = a;
-        else {
-            fprintf(stderr,
-                    "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR] [--recompute MODE] "
-                    "[--threads N]\n"
-                    "                            [--trace FILE [--trace-data] [--trace-max-bytes N]]\n"
-                    "keel check-reference: unknown or incomplete option '%s'\n",
-                    a);
-            return 2;
-        }
-    }
-    if (!dir) {
-        fprintf(stderr, "usage: keel check-reference DIR [--backend ref,cpu] [--checkpoint SUBDIR]\n");
-        return 2;
-    }
+    long long max_bytes = 256ll << 20;
+    const cli_flag flags[] = {
+        {NULL, CLI_STR, &dir, .meta = "DIR",
+         .help = "reference.safetensors and checkpoint folders (peer-f32.json: the peer's errors)", .required = true},
+        {"--backend", CLI_STR, &backends, .meta = "B[,B...]", .help = "ref, cpu, cuda (default cpu)"},
+        {"--checkpoint", CLI_STR, &only, .meta = "SUBDIR",
+         .help = "only this checkpoint (default: every folder in DIR)"},
+        {"--recompute", CLI_STR, &rmode, .meta = "MODE", .help = "off, full, every:N, layers:i,j (default off)"},
+        {"--threads", CLI_INT, &threads, 1, 1024, .meta = "N", .help = "cpu threads (default 2)"},
+        {"--trace", CLI_STR, &to.path, .meta = "FILE", .help = "write a trace of the run for keel diff"},
+        {"--trace-data", CLI_BOOL, &to.data, .help = "store each node's output in the trace"},
+        {"--trace-max-bytes", CLI_INT, &max_bytes, 0, 9e15, .meta = "N",
+         .help = "bytes of such data (default 256 MiB)"},
+    };
+    const cli_spec spec = {"keel check-reference",
+                           "run DIR/reference.safetensors through each checkpoint in DIR and compare with transformers",
+                           flags, (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
+    to.max_bytes = (size_t)max_bytes;
     keel_recompute_mode rm;
     if (keel_recompute_parse(rmode, &rm)) {
         fprintf(stderr, "keel check-reference: %s\n", keel_last_error());

@@ -10,6 +10,7 @@
 
 #include "autodiff/autodiff.h"
 #include "cli.h"
+#include "cli_flags.h"
 #include "io/checkpoint.h"
 #include "io/adapter.h"
 #include "io/gguf_export.h"
@@ -59,28 +60,17 @@ static int verify_saved(const char *dir, const keel_qwen35 *m, keel_backend *be,
 
 int cmd_save(int argc, char **argv) {
     const char *src = NULL, *out = NULL, *layout = NULL, *dts = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--dtype") == 0 && v)
-            dts = v, i++;
-        else if (strcmp(a, "--layout") == 0 && v)
-            layout = v, i++;
-        else if (a[0] != '-' && !src)
-            src = a;
-        else if (a[0] != '-' && !out)
-            out = a;
-        else {
-            fprintf(stderr,
-                    "usage: keel save SRC_DIR OUT_DIR [--dtype f32|bf16|f16] [--layout text|multimodal]\n"
-                    "keel save: unknown or incomplete option '%s'\n",
-                    a);
-            return 2;
-        }
-    }
-    if (!src || !out) {
-        fprintf(stderr, "usage: keel save SRC_DIR OUT_DIR [--dtype f32|bf16|f16] [--layout text|multimodal]\n");
-        return 2;
-    }
+    const cli_flag flags[] = {
+        {NULL, CLI_STR, &src, .meta = "SRC_DIR", .help = "a checkpoint folder (either layout, any dtype)",
+         .required = true},
+        {NULL, CLI_STR, &out, .meta = "OUT_DIR", .help = "the folder to write", .required = true},
+        {"--dtype", CLI_STR, &dts, .meta = "f32|bf16|f16", .help = "the weights' type (default: the source's)"},
+        {"--layout", CLI_STR, &layout, .meta = "text|multimodal", .help = "the layout (default: the source's)"},
+    };
+    const cli_spec spec = {"keel save", "write a checkpoint folder (as transformers does) and check it reloads bitwise",
+                           flags, (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
     if (layout && strcmp(layout, "text") && strcmp(layout, "multimodal")) {
         fprintf(stderr, "keel save: --layout expects text or multimodal\n");
         return 2;
@@ -122,30 +112,19 @@ int cmd_save(int argc, char **argv) {
 int cmd_init(int argc, char **argv) {
     const char *pre = NULL, *cfg_path = NULL, *out = NULL, *dts = "f32";
     long long seed = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf(INIT_USAGE
-                   "  a Qwen3.5-family checkpoint with random weights (transformers' initialisation), from a preset\n"
-                   "  or from a Hugging Face config.json (either layout)\n");
-            return 0;
-        }
-        if (strcmp(a, "--preset") == 0 && v)
-            pre = v, i++;
-        else if (strcmp(a, "--config") == 0 && v)
-            cfg_path = v, i++;
-        else if (strcmp(a, "--dtype") == 0 && v)
-            dts = v, i++;
-        else if (strcmp(a, "--seed") == 0) {
-            if ((seed = cli_int(a, v, 0)) < 0) return 2;
-            i++;
-        } else if (a[0] != '-' && !out)
-            out = a;
-        else {
-            fprintf(stderr, INIT_USAGE "keel init: unknown or incomplete option '%s'\n", a);
-            return 2;
-        }
-    }
+    const cli_flag flags[] = {
+        {NULL, CLI_STR, &out, .meta = "OUT_DIR", .help = "the folder to write", .required = true},
+        {"--preset", CLI_STR, &pre, .meta = "tiny|small|0.8b", .help = "a named shape"},
+        {"--config", CLI_STR, &cfg_path, .meta = "CONFIG.json", .help = "a Hugging Face config.json (either layout)"},
+        {"--seed", CLI_INT, &seed, 0, 9e15, .meta = "N", .help = "the weights' seed (default 0)"},
+        {"--dtype", CLI_STR, &dts, .meta = "f32|bf16", .help = "the weights' type (default f32)"},
+    };
+    const cli_spec spec = {"keel init",
+                           "a Qwen3.5-family checkpoint with random weights (transformers' initialisation), from a "
+                           "preset or a config.json",
+                           flags, (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
     keel_type dtype;
     keel_qwen35_config c;
     bool mm;
@@ -182,37 +161,21 @@ int cmd_info(int argc, char **argv) {
     const char *dir = NULL, *dump = NULL, *rmode = "off";
     long long B = 1, T = 1024, threads = 2;
     bool run = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--batch") == 0) {
-            if ((B = cli_int(a, v, 1)) < 0) return 2;
-            i++;
-        } else if (strcmp(a, "--window") == 0) {
-            if ((T = cli_int(a, v, 1)) < 0) return 2;
-            i++;
-        } else if (strcmp(a, "--threads") == 0) {
-            if ((threads = cli_int(a, v, 1)) < 0) return 2;
-            i++;
-        } else if (strcmp(a, "--run") == 0)
-            run = true;
-        else if (strcmp(a, "--dump-logits") == 0 && v)
-            dump = v, run = true, i++;
-        else if (strcmp(a, "--recompute") == 0 && v)
-            rmode = v, i++;
-        else if (a[0] != '-' && !dir)
-            dir = a;
-        else {
-            fprintf(stderr,
-                    "usage: keel info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits "
-                    "FILE] [--threads N]\nkeel info: unknown or incomplete option '%s'\n",
-                    a);
-            return 2;
-        }
-    }
-    if (!dir) {
-        fprintf(stderr, "usage: keel info CHECKPOINT [--batch B] [--window T] [--run] [--threads N]\n");
-        return 2;
-    }
+    const cli_flag flags[] = {
+        {NULL, CLI_STR, &dir, .meta = "CHECKPOINT", .help = "a checkpoint folder", .required = true},
+        {"--batch", CLI_INT, &B, 1, 1 << 20, .meta = "B", .help = "batch of the planned training step (default 1)"},
+        {"--window", CLI_INT, &T, 1, 1 << 24, .meta = "T",
+         .help = "window of the planned training step (default 1024)"},
+        {"--recompute", CLI_STR, &rmode, .meta = "MODE", .help = "the mode --run uses (default off)"},
+        {"--run", CLI_BOOL, &run, .help = "time one forward + backward on the cpu and report the peak RSS"},
+        {"--dump-logits", CLI_STR, &dump, .meta = "FILE", .help = "with --run: input ids and logits (safetensors)"},
+        {"--threads", CLI_INT, &threads, 1, 1024, .meta = "N", .help = "cpu threads (default 2)"},
+    };
+    const cli_spec spec = {"keel info", "layers, parameters, and the memory of a training step per recompute mode",
+                           flags, (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
+    if (dump) run = true;
     keel_checkpoint *ck = keel_checkpoint_open(dir);
     if (!ck) {
         fprintf(stderr, "keel info: %s\n", keel_last_error());
@@ -336,45 +299,27 @@ static void export_progress(void *ud, int done, int total) {
 int cmd_export(int argc, char **argv) {
     const char *fmt = NULL, *src = NULL, *out = NULL, *type = "f16", *adapter_dir = NULL;
     keel_gguf_export_opts o = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf(
-                EXPORT_USAGE
-                "  write a checkpoint as a GGUF file for llama.cpp's qwen35 architecture (llama.cpp, Ollama, LM "
-                "Studio)\n"
-                "  --type       the matrices' type: f32, f16 (default), bf16, or q8_0 (llama.cpp's 8-bit blocks);\n"
-                "               norms, biases and the DeltaNet conv stay float32\n"
-                "  --adapter    a LoRA adapter in PEFT's format, merged into the weights first (W + alpha/r B A, "
-                "float64)\n"
-                "  --tokenizer  a tokenizer.json to embed instead of CHECKPOINT/tokenizer.json (tokenizer_config.json\n"
-                "               beside it gives special tokens and the chat template)\n"
-                "  --byte-vocab the model was trained on bytes (ids 0-255; automatic for a vocabulary of 256 or a\n"
-                "               checkpoint keel train wrote from bytes): a byte-level vocabulary llama.cpp accepts\n"
-                "  --name       general.name (default: the checkpoint folder's name)\n");
-            return 0;
-        }
-        if (strcmp(a, "--type") == 0 && v)
-            type = v, i++;
-        else if (strcmp(a, "--tokenizer") == 0 && v)
-            o.tokenizer = v, i++;
-        else if (strcmp(a, "--adapter") == 0 && v)
-            adapter_dir = v, i++;
-        else if (strcmp(a, "--byte-vocab") == 0)
-            o.byte_vocab = true;
-        else if (strcmp(a, "--name") == 0 && v)
-            o.name = v, i++;
-        else if (a[0] != '-' && !fmt)
-            fmt = a;
-        else if (a[0] != '-' && !src)
-            src = a;
-        else if (a[0] != '-' && !out)
-            out = a;
-        else {
-            fprintf(stderr, EXPORT_USAGE "keel export: unknown or incomplete option '%s'\n", a);
-            return 2;
-        }
-    }
+    bool byte_vocab = false;
+    const cli_flag flags[] = {
+        {NULL, CLI_STR, &fmt, .meta = "gguf", .help = "the format", .required = true},
+        {NULL, CLI_STR, &src, .meta = "CHECKPOINT", .help = "a checkpoint folder", .required = true},
+        {NULL, CLI_STR, &out, .meta = "OUT.gguf", .help = "the file to write", .required = true},
+        {"--type", CLI_STR, &type, .meta = "f32|f16|bf16|q8_0",
+         .help = "the matrices' type (default f16; q8_0: llama.cpp's 8-bit blocks); norms, biases, the conv stay f32"},
+        {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
+         .help = "a PEFT LoRA adapter, merged first (W + alpha/r B A, float64)"},
+        {"--tokenizer", CLI_STR, &o.tokenizer, .meta = "FILE",
+         .help = "the tokenizer.json to embed (default CHECKPOINT's; its tokenizer_config.json beside it)"},
+        {"--byte-vocab", CLI_BOOL, &byte_vocab,
+         .help = "trained on bytes (automatic for vocab 256 or a keel byte run)"},
+        {"--name", CLI_STR, &o.name, .meta = "NAME", .help = "general.name (default: the checkpoint folder's name)"},
+    };
+    const cli_spec spec = {"keel export",
+                           "a GGUF file for llama.cpp's qwen35 architecture (llama.cpp, Ollama, LM Studio)", flags,
+                           (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
+    o.byte_vocab = byte_vocab;
     if (!fmt || strcmp(fmt, "gguf")) {
         fprintf(stderr, EXPORT_USAGE "keel export: the format is 'gguf' (got '%s')\n", fmt ? fmt : "");
         return 2;

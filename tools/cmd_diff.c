@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_flags.h"
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
@@ -157,35 +158,31 @@ int cmd_diff(int argc, char **argv) {
     double tol = 0;
     long long T = 32, max_bytes = 512ll << 20;
     int nf = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--model") && v)
-            model = v, i++;
-        else if (!strcmp(a, "--data") && v)
-            data = v, i++;
-        else if (!strcmp(a, "--tokenizer") && v)
-            tok = v, i++;
-        else if (!strcmp(a, "--case") && v)
-            kase = v, i++;
-        else if (!strcmp(a, "--a") && v)
-            ca = v, i++;
-        else if (!strcmp(a, "--b") && v)
-            cb = v, i++;
-        else if (!strcmp(a, "--tolerance") && v)
-            tol = atof(v), i++;
-        else if (!strcmp(a, "--window")) {
-            if ((T = cli_int(a, v, 2)) < 0) return 2;
-            i++;
-        } else if (!strcmp(a, "--trace-max-bytes")) {
-            if ((max_bytes = cli_int(a, v, 0)) < 0) return 2;
-            i++;
-        } else if (a[0] != '-' && nf < 2)
-            files[nf++] = a;
-        else {
-            fprintf(stderr, "keel diff: unknown or incomplete option '%s'\n", a);
-            return usage();
-        }
-    }
+    const cli_flag flags[] = {
+        {NULL, CLI_STR, &files[0], .meta = "TRACE_A",
+         .help = "a trace (keel train --trace, keel check-reference --trace)"},
+        {NULL, CLI_STR, &files[1], .meta = "TRACE_B",
+         .help = "another: the first node whose inputs agree but output does not"},
+        {"--tolerance", CLI_DBL, &tol, 0, 1e30, .meta = "NMSE",
+         .help = "agreement within this normalised squared error (traces with data)"},
+        {"--model", CLI_STR, &model, .meta = "DIR",
+         .help = "or run one training step of this checkpoint twice, as --a and --b say"},
+        {"--data", CLI_STR, &data, .meta = "FILE", .help = "with --model: the text of the step (default README.md)"},
+        {"--tokenizer", CLI_STR, &tok, .meta = "FILE",
+         .help = "with --model: tokenizer.json (default: the model's, else bytes)"},
+        {"--window", CLI_INT, &T, 2, 1 << 20, .meta = "T", .help = "with --model: tokens (default 32)"},
+        {"--case", CLI_STR, &kase, .meta = "acc", .help = "or run the ACC case of the op suite twice"},
+        {"--a", CLI_STR, &ca, .meta = "CONFIG",
+         .help = "run A: recompute=MODE,threads=N,backend=B,fault=copy-row-limit:N|flip:NODE"},
+        {"--b", CLI_STR, &cb, .meta = "CONFIG", .help = "run B, the same keys"},
+        {"--trace-max-bytes", CLI_INT, &max_bytes, 0, 9e15, .meta = "N",
+         .help = "bytes of node data kept per run (default 512 MiB)"},
+    };
+    const cli_spec spec = {"keel diff", "the first node whose inputs agree but whose output does not", flags,
+                           (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
+    nf = !!files[0] + !!files[1];
     if (nf == 2) {
         keel_tracer *ta = keel_trace_read(files[0]), *tb = ta ? keel_trace_read(files[1]) : NULL;
         if (!ta || !tb) {

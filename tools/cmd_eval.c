@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_flags.h"
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "train/data.h"
@@ -15,38 +16,21 @@ int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *data[64], *backend = "cpu";
     int n_data = 0;
     long long T = 128, B = 8, threads = 2;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--model") && v)
-            model = v, i++;
-        else if (!strcmp(a, "--tokenizer") && v)
-            tokp = v, i++;
-        else if (!strcmp(a, "--backend") && v)
-            backend = v, i++;
-        else if (!strcmp(a, "--data")) {
-            while (i + 1 < argc && argv[i + 1][0] != '-' && n_data < 64) data[n_data++] = argv[++i];
-        } else if (!strcmp(a, "--window")) {
-            if ((T = cli_int(a, v, 1)) < 0) return 2;
-            i++;
-        } else if (!strcmp(a, "--batch")) {
-            if ((B = cli_int(a, v, 1)) < 0) return 2;
-            i++;
-        } else if (!strcmp(a, "--threads")) {
-            if ((threads = cli_int(a, v, 1)) < 0) return 2;
-            i++;
-        } else {
-            fprintf(stderr,
-                    "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] "
-                    "[--backend cpu|cuda|ref] [--threads N]\nkeel eval: unknown or incomplete option '%s'\n",
-                    a);
-            return 2;
-        }
-    }
-    if (!model || !n_data) {
-        fprintf(stderr, "usage: keel eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] "
-                        "[--backend cpu|cuda|ref] [--threads N]\n");
-        return 2;
-    }
+    const cli_flag flags[] = {
+        {"--model", CLI_STR, &model, .meta = "DIR", .help = "the checkpoint folder", .required = true},
+        {"--data", CLI_LIST, data, 0, 64, &n_data, "PATH...",
+         "text files, folders of them, .jsonl with a \"text\" field", true},
+        {"--tokenizer", CLI_STR, &tokp, .meta = "FILE",
+         .help = "tokenizer.json (default: the model folder's, else bytes)"},
+        {"--window", CLI_INT, &T, 1, 1 << 24, .meta = "T", .help = "tokens per window (default 128)"},
+        {"--batch", CLI_INT, &B, 1, 1 << 20, .meta = "B", .help = "windows per batch (default 8)"},
+        {"--backend", CLI_STR, &backend, .meta = "B", .help = "ref, cpu or cuda (default cpu)"},
+        {"--threads", CLI_INT, &threads, 1, 1024, .meta = "N", .help = "cpu threads (default 2)"},
+    };
+    const cli_spec spec = {"keel eval", "loss and perplexity of a checkpoint on text, over every whole window of it",
+                           flags, (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
     keel_checkpoint *ck = keel_checkpoint_open(model);
     if (!ck) {
         fprintf(stderr, "keel eval: %s\n", keel_last_error());

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_flags.h"
 
 typedef struct {
     double x, y;
@@ -13,20 +14,14 @@ typedef struct {
 
 int cmd_plot(int argc, char **argv) {
     const char *in = NULL, *out = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-o") && i + 1 < argc)
-            out = argv[++i];
-        else if (argv[i][0] != '-' && !in)
-            in = argv[i];
-        else {
-            fprintf(stderr, "usage: keel plot METRICS.jsonl -o loss.svg\n");
-            return 2;
-        }
-    }
-    if (!in || !out) {
-        fprintf(stderr, "usage: keel plot METRICS.jsonl -o loss.svg\n");
-        return 2;
-    }
+    const cli_flag flags[] = {
+        {NULL, CLI_STR, &in, .meta = "METRICS.jsonl", .help = "what keel train wrote", .required = true},
+        {"-o", CLI_STR, &out, .meta = "FILE.svg", .help = "the plot (SVG)", .required = true},
+    };
+    const cli_spec spec = {"keel plot", "train and eval loss against tokens seen", flags,
+                           (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
     size_t len = strlen(out);
     if (len < 4 || strcmp(out + len - 4, ".svg")) {
         fprintf(stderr, "keel plot: -o %s: keel writes SVG (name the file .svg)\n", out);

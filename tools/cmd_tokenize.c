@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_flags.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -75,30 +76,25 @@ static int run_cases(keel_tokenizer *t, const char *path, const char *expect) {
 int cmd_tokenize(int argc, char **argv) {
     const char *tok = NULL, *file = NULL, *cases = NULL, *expect = NULL, *text = NULL;
     bool tokens = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--tokenizer") && v)
-            tok = v, i++;
-        else if (!strcmp(a, "--file") && v)
-            file = v, i++;
-        else if (!strcmp(a, "--cases") && v)
-            cases = v, i++;
-        else if (!strcmp(a, "--expect") && v)
-            expect = v, i++;
-        else if (!strcmp(a, "--ids"))
-            tokens = false;
-        else if (!strcmp(a, "--tokens"))
-            tokens = true;
-        else if (a[0] != '-' && !text)
-            text = a;
-        else {
-            fprintf(stderr,
-                    "usage: keel tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON "
-                    "--expect NAME]\n"
-                    "keel tokenize: unknown or incomplete option '%s'\n",
-                    a);
-            return 2;
-        }
+    bool ids = false;
+    const cli_flag flags[] = {
+        {"--tokenizer", CLI_STR, &tok, .meta = "FILE",
+         .help = "tokenizer.json, or a folder with GPT-2's encoder.json + vocab.bpe", .required = true},
+        {NULL, CLI_STR, &text, .meta = "TEXT", .help = "the text to encode"},
+        {"--file", CLI_STR, &file, .meta = "PATH", .help = "or a file's text"},
+        {"--cases", CLI_STR, &cases, .meta = "JSON", .help = "or check every case of a cases file against its ids"},
+        {"--expect", CLI_STR, &expect, .meta = "NAME",
+         .help = "with --cases: the key of the expected ids (qwen3, gpt2)"},
+        {"--ids", CLI_BOOL, &ids, .help = "print token ids (the default)"},
+        {"--tokens", CLI_BOOL, &tokens, .help = "print the tokens' strings"},
+    };
+    const cli_spec spec = {"keel tokenize", "byte-level BPE, identical to Hugging Face tokenizers", flags,
+                           (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
+    if (ids && tokens) {
+        fprintf(stderr, "keel tokenize: --ids and --tokens exclude each other\n");
+        return 2;
     }
     if (!tok || (!!text + !!file + !!cases) != 1 || (cases && !expect)) {
         fprintf(stderr, "usage: keel tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON "

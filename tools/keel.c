@@ -9,8 +9,8 @@
 #include "ops/ops.h"
 
 /* THE list of commands: dispatch, `keel --help` and the fallback `keel CMD --help` all read it.
- * own_help: the command prints a fuller --help itself. Several rows may share a name (bench's
- * subcommands); dispatch goes to the first. */
+ * own_help: the command prints its --help itself, from its flag table (tools/cli_flags.h); bench's
+ * rows (one per subcommand, dispatch goes to the first) and ops are listed from here. */
 typedef struct {
     const char *name;
     int (*fn)(int argc, char **argv);
@@ -22,42 +22,42 @@ static const command COMMANDS[] = {
     {"train", cmd_train, true,
      "train (--model DIR | --preset NAME | --init CONFIG.json | --resume DIR) --data PATH... --out DIR [...]",
      "train or fine-tune a Qwen3.5-family model (keel train --help lists every flag)"},
-    {"generate", cmd_generate, false,
+    {"generate", cmd_generate, true,
      "generate --model DIR (--prompt TEXT | --prompt-ids N,N,...) [--max-tokens N] [--temperature X] [--top-p P] "
      "[--seed N]\n"
      "                 [--tokenizer FILE] [--backend cpu|cuda|ref] [--threads N] [--verify] [--print-ids] "
      "[--dump-logits FILE]",
      "sample from a checkpoint, incrementally (KV cache, DeltaNet states)"},
-    {"eval", cmd_eval, false,
+    {"eval", cmd_eval, true,
      "eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads "
      "N]",
      "loss and perplexity of a checkpoint on text"},
-    {"plot", cmd_plot, false, "plot METRICS.jsonl -o loss.svg", "train and eval loss against tokens seen"},
+    {"plot", cmd_plot, true, "plot METRICS.jsonl -o loss.svg", "train and eval loss against tokens seen"},
     {"export", cmd_export, true,
      "export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE | --byte-vocab]",
      "a GGUF file for llama.cpp, Ollama and LM Studio (keel export --help)"},
-    {"save", cmd_save, false, "save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal]",
+    {"save", cmd_save, true, "save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal]",
      "write a checkpoint folder (as transformers does) and check it reloads bitwise"},
     {"init", cmd_init, true, "init (--preset tiny|small|0.8b | --config CONFIG.json) OUT [--seed N] [--dtype f32|bf16]",
      "a Qwen3.5-family checkpoint with random weights"},
-    {"info", cmd_info, false,
+    {"info", cmd_info, true,
      "info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE] [--threads N]",
      "layers, parameters, training memory per recompute mode; --run times one forward + backward"},
-    {"tokenize", cmd_tokenize, false,
+    {"tokenize", cmd_tokenize, true,
      "tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]",
      "byte-level BPE, identical to Hugging Face tokenizers"},
-    {"diff", cmd_diff, false,
+    {"diff", cmd_diff, true,
      "diff TRACE_A TRACE_B [--tolerance NMSE]\n"
      "  diff --model DIR [--data FILE] [--tokenizer FILE] [--window T] --a CONFIG --b CONFIG [--tolerance NMSE]\n"
      "  diff --case acc --a CONFIG --b CONFIG",
      "the first node whose inputs agree but whose output does not (CONFIG: recompute=, threads=, backend=, fault=)"},
     {"test-ops", cmd_test_ops, true, "test-ops [--backend ref,cpu,cuda] [--op NAME,...] [--grad] [--expect-fault N]",
      "check every op (and with --grad, every gradient) against the float64 reference"},
-    {"test-model", cmd_test_model, false, "test-model",
+    {"test-model", cmd_test_model, true, "test-model",
      "whole-model gradient check: a Qwen3.5 layer pair against finite differences"},
-    {"test-recompute", cmd_test_recompute, false, "test-recompute [--fixture CHECKPOINT] [--backend cpu|cuda]",
+    {"test-recompute", cmd_test_recompute, true, "test-recompute [--fixture CHECKPOINT] [--backend cpu|cuda]",
      "recompute modes off, full, every:2, layers:1,3 give bitwise identical training"},
-    {"check-reference", cmd_check_reference, false,
+    {"check-reference", cmd_check_reference, true,
      "check-reference DIR [--backend ref,cpu,cuda] [--checkpoint SUBDIR] [--recompute MODE] [--threads N]\n"
      "                 [--trace FILE [--trace-data] [--trace-max-bytes N]]",
      "run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers"},

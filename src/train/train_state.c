@@ -87,7 +87,8 @@ int keel_trainer_read_state(trainer *t, const char *dir) {
     char path[4200];
     struct stat sst;
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-    if (stat(path, &sst) != 0) return keel_fail("--resume %s: no trainer_state.json (is it a checkpoint keel train wrote?)", dir);
+    if (stat(path, &sst) != 0)
+        return keel_fail("--resume %s: no trainer_state.json (is it a checkpoint keel train wrote?)", dir);
     cJSON *j = keel_read_json(path);
     if (!j) return -1;
     struct {
@@ -108,7 +109,8 @@ int keel_trainer_read_state(trainer *t, const char *dir) {
     int rc = 0;
     for (size_t i = 0; i < sizeof f2 / sizeof f2[0] && !rc; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, f2[i].k);
-        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 9e15) || v->valuedouble != floor(v->valuedouble)) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 9e15) ||
+            v->valuedouble != floor(v->valuedouble)) {
             rc = keel_fail("%s: \"%s\" must be an integer >= 0", path, f2[i].k);
             break;
         }
@@ -136,4 +138,3 @@ int keel_trainer_read_state(trainer *t, const char *dir) {
     keel_st_close(st);
     return rc;
 }
-

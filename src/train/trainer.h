@@ -31,10 +31,10 @@ typedef struct {
     keel_tokenizer *tok;
     keel_dataset data;
     FILE *metrics;
-    int32_t *ids, *tgt;     /* one micro-batch */
-    bool lead, tty;         /* rank 0 prints, evaluates, writes; a terminal gets one live line */
-    double t0;              /* when the first step of this invocation began */
-    int64_t start_step;     /* the step it began after */
+    int32_t *ids, *tgt; /* one micro-batch */
+    bool lead, tty;     /* rank 0 prints, evaluates, writes; a terminal gets one live line */
+    double t0;          /* when the first step of this invocation began */
+    int64_t start_step; /* the step it began after */
 } trainer;
 
 /* OUT/checkpoint: the weights (keel_checkpoint_save_ex) with the trainer's state beside them:

@@ -25,8 +25,8 @@ int keel_fault_dist_step(int rank, int64_t step) {
     int fr = -1;
     long long fs = -1;
     char kind[8] = "", tail;
-    if (sscanf(f, "%4[a-z]:%d:%lld%c", kind, &fr, &fs, &tail) != 3 || (strcmp(kind, "exit") && strcmp(kind, "hang")) || fr < 0 ||
-        fs < 1)
+    if (sscanf(f, "%4[a-z]:%d:%lld%c", kind, &fr, &fs, &tail) != 3 || (strcmp(kind, "exit") && strcmp(kind, "hang")) ||
+        fr < 0 || fs < 1)
         return keel_fail("KEEL_DIST_FAULT='%s': expected exit:RANK:STEP or hang:RANK:STEP", f);
     if (fr != rank || fs != step) return 0;
     fprintf(stderr, "keel train: rank %d: KEEL_DIST_FAULT: %s at step %lld\n", rank, kind, fs);

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "cli.h"
+#include "cli_flags.h"
 #include "graph/graph.h"
 #include "model/qwen35.h"
 #include "ops/ops.h"
@@ -39,10 +40,10 @@ static double loss_of(const keel_step *r, keel_backend *be) {
 }
 
 int cmd_test_model(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        fprintf(stderr, "keel test-model: unknown option '%s'\n", argv[i]);
-        return 2;
-    }
+    const cli_spec spec = {"keel test-model",
+                           "whole-model gradient check: a Qwen3.5 layer pair against finite differences", NULL, 0};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
     keel_qwen35_config c = {.vocab = 37,
                             .hidden = 16,
                             .layers = 2,

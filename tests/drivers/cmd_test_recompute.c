@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_flags.h"
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
@@ -129,16 +130,15 @@ static int check_model(const char *what, const keel_qwen35_config *cfg, const ke
 
 int cmd_test_recompute(int argc, char **argv) {
     const char *fixture = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--fixture") == 0 && i + 1 < argc)
-            fixture = argv[++i];
-        else if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
-            backend_name = argv[++i];
-        else {
-            fprintf(stderr, "usage: keel test-recompute [--fixture CHECKPOINT_DIR] [--backend cpu|cuda|ref]\n");
-            return 2;
-        }
-    }
+    const cli_flag flags[] = {
+        {"--fixture", CLI_STR, &fixture, .meta = "CHECKPOINT", .help = "also check this checkpoint's model"},
+        {"--backend", CLI_STR, &backend_name, .meta = "B", .help = "ref, cpu or cuda (default cpu)"},
+    };
+    const cli_spec spec = {"keel test-recompute",
+                           "recompute modes off, full, every:2, layers:1,3 give bitwise identical training", flags,
+                           (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
     int pass = 0, fail = 0;
     printf("backend %s\n", backend_name);
     if (fixture) {
