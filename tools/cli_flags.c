@@ -11,9 +11,12 @@ static void synopsis(const cli_spec *s, FILE *f) {
     for (int i = 0; i < s->n; i++) {
         const cli_flag *x = &s->flags[i];
         const char *open = x->required ? "" : "[", *close = x->required ? "" : "]";
-        if (!x->flag) fprintf(f, " %s%s%s", open, x->meta, close);
-        else if (x->kind == CLI_BOOL) fprintf(f, " %s%s%s", open, x->flag, close);
-        else fprintf(f, " %s%s %s%s", open, x->flag, x->meta, close);
+        if (!x->flag)
+            fprintf(f, " %s%s%s", open, x->meta, close);
+        else if (x->kind == CLI_BOOL)
+            fprintf(f, " %s%s%s", open, x->flag, close);
+        else
+            fprintf(f, " %s%s %s%s", open, x->flag, x->meta, close);
     }
     fprintf(f, "\n");
 }
@@ -24,8 +27,11 @@ void cli_help(const cli_spec *s) {
     for (int i = 0; i < s->n; i++) {
         const cli_flag *x = &s->flags[i];
         char lhs[64];
-        if (!x->flag) snprintf(lhs, sizeof lhs, "%s", x->meta);
-        else snprintf(lhs, sizeof lhs, "%s%s%s", x->flag, x->kind == CLI_BOOL ? "" : " ", x->kind == CLI_BOOL ? "" : x->meta);
+        if (!x->flag)
+            snprintf(lhs, sizeof lhs, "%s", x->meta);
+        else
+            snprintf(lhs, sizeof lhs, "%s%s%s", x->flag, x->kind == CLI_BOOL ? "" : " ",
+                     x->kind == CLI_BOOL ? "" : x->meta);
         printf("  %-22s %s\n", lhs, x->help);
     }
 }
@@ -94,7 +100,8 @@ int cli_parse(const cli_spec *s, int argc, char **argv) {
             const char **arr = x->dst;
             *x->count = 0;
             while (i + 1 < argc && !(argv[i + 1][0] == '-' && argv[i + 1][1])) {
-                if (*x->count >= (int)x->max) return fail(s, "%s takes at most its table's count of values (%s)", a, "see --help");
+                if (*x->count >= (int)x->max)
+                    return fail(s, "%s takes at most its table's count of values (%s)", a, "see --help");
                 arr[(*x->count)++] = argv[++i];
             }
             if (!*x->count) return fail(s, "%s needs a value%s", a, "");

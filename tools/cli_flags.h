@@ -18,8 +18,8 @@ typedef struct {
     const char *flag; /* "--window"; NULL: a positional argument, taken in table order */
     cli_kind kind;
     void *dst;
-    double min, max;  /* CLI_INT, CLI_DBL; CLI_LIST: max is the most values */
-    int *count;       /* CLI_LIST */
+    double min, max; /* CLI_INT, CLI_DBL; CLI_LIST: max is the most values */
+    int *count;      /* CLI_LIST */
     const char *meta, *help;
     bool required;
 } cli_flag;

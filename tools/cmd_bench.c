@@ -84,13 +84,12 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
     }
     for (int s = 0; s < n_sizes; s++) {
         int64_t n = sizes[s];
-        keel_ctx *ctx = keel_ctx_new();
-        keel_tensor *a = keel_set_flags(keel_new_2d(ctx, KEEL_F32, n, n), KEEL_FLAG_INPUT);
-        keel_tensor *b = keel_set_flags(keel_new_2d(ctx, KEEL_F32, n, n), KEEL_FLAG_INPUT);
-        keel_tensor *c = keel_mul_mat(ctx, a, b);
-        keel_graph *g = keel_graph_build(ctx, &c, 1);
-        keel_session *ses = g ? keel_session_new(be, g, NULL) : NULL;
-        if (!ses) {
+        keel_step *stp = keel_step_custom(); /* one MUL_MAT on the backend */
+        keel_ctx *ctx = stp ? stp->ctx : NULL;
+        keel_tensor *a = ctx ? keel_set_flags(keel_new_2d(ctx, KEEL_F32, n, n), KEEL_FLAG_INPUT) : NULL;
+        keel_tensor *b = ctx ? keel_set_flags(keel_new_2d(ctx, KEEL_F32, n, n), KEEL_FLAG_INPUT) : NULL;
+        keel_tensor *c = a && b ? keel_mul_mat(ctx, a, b) : NULL;
+        if (!c || keel_step_set_outputs(stp, &c, 1) || keel_step_place(stp, be)) {
             fprintf(stderr, "keel: %s\n", keel_last_error());
             return 1;
         }
@@ -106,10 +105,10 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         keel_tensor_write(be, a, ha, KEEL_F32);
         keel_tensor_write(be, b, hb, KEEL_F32);
         double tk[16], to[16], flops = 2.0 * (double)n * (double)n * (double)n;
-        keel_session_run(ses, NULL, NULL); /* warm-up */
+        keel_session_run(stp->s, NULL, NULL); /* warm-up */
         for (int r = 0; r < reps; r++) {
             double t0 = keel_now_s();
-            keel_session_run(ses, NULL, NULL);
+            keel_session_run(stp->s, NULL, NULL);
             tk[r] = keel_now_s() - t0;
         }
         keel_tensor_read(be, c, hc, KEEL_F32);
@@ -136,9 +135,7 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
                diff);
         fflush(stdout);
         free(ha), free(hb), free(hc), free(oc);
-        keel_session_free(ses);
-        keel_graph_free(g);
-        keel_ctx_free(ctx);
+        keel_step_free(stp);
     }
     keel_backend_free(be);
     return 0;

@@ -84,11 +84,8 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
         return NULL;
     }
     keel_type type = be->native_type;
-    keel_ctx *ctx = keel_ctx_new();
-    keel_graph *g = NULL;
-    keel_session *s = NULL;
     keel_checkpoint *ck = NULL;
-    keel_step *st = NULL; /* the model's step, or NULL for the ACC case */
+    keel_step *st = NULL; /* the model's step, or the ACC case's */
     int rc = -1;
     if (j->model_dir) {
         ck = keel_checkpoint_open(j->model_dir);
@@ -98,20 +95,20 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
         if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_checkpoint_load(ck, st->m, be) ||
             keel_step_write_batch(st, j->ids, j->tgt))
             goto done;
-        g = st->g, s = st->s; /* st's */
-    } else {                  /* ACC(type=f32,ne_a=[4096,17,1,1],ne_b=[4096,16,1,1]): rows 1..16 of a get b added */
+    } else { /* ACC(type=f32,ne_a=[4096,17,1,1],ne_b=[4096,16,1,1]): rows 1..16 of a get b added */
+        if (!(st = keel_step_custom())) goto done;
+        keel_ctx *ctx = st->ctx;
         keel_tensor *a = keel_set_name(keel_set_flags(keel_new_2d(ctx, type, 4096, 17), KEEL_FLAG_INPUT), "a");
         keel_tensor *b = keel_set_name(keel_set_flags(keel_new_2d(ctx, type, 4096, 16), KEEL_FLAG_INPUT), "b");
         keel_tensor *out = keel_acc(ctx, a, b, a->nb[1], a->nb[2], a->nb[3], a->nb[1], false);
-        g = keel_graph_build(ctx, &out, 1);
-        if (!g || !(s = keel_session_new(be, g, NULL))) goto done;
+        if (keel_step_set_outputs(st, &out, 1) || keel_step_place(st, be)) goto done;
         /* values in the tensors' own type: a raw transfer, not the (possibly faulted) copy path */
         size_t es = keel_type_size(type);
         unsigned char *v = malloc(4096 * 17 * es);
-        uint64_t st = 99;
+        uint64_t rs = 99;
         for (int i = 0; i < 4096 * 17; i++) {
-            st = st * 6364136223846793005ull + 1442695040888963407ull;
-            double x = (double)(int)(st >> 40) / 16777216.0 - 0.5;
+            rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+            double x = (double)(int)(rs >> 40) / 16777216.0 - 0.5;
             float xf = (float)x;
             if (type == KEEL_F32)
                 memcpy(v + (size_t)i * 4, &xf, 4);
@@ -122,19 +119,15 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
         free(v);
         if (w) goto done;
     }
-    if (keel_tracer_begin(tr, be, g) || keel_session_run(s, keel_tracer_node, tr)) goto done;
+    if (keel_tracer_begin(tr, be, st->g) || keel_session_run(st->s, keel_tracer_node, tr)) goto done;
     if (tr->flip && !tr->flipped) {
         keel_fail("fault flip:%s: no node of that name ran", tr->flip);
         goto done;
     }
     rc = 0;
 done:
-    if (st)
-        keel_step_free(st);
-    else
-        keel_session_free(s), keel_graph_free(g);
+    keel_step_free(st);
     keel_checkpoint_close(ck);
-    keel_ctx_free(ctx);
     keel_backend_free(be);
     if (rc) {
         keel_tracer_free(tr);

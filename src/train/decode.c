@@ -104,7 +104,8 @@ keel_decoder *keel_decoder_new(const keel_checkpoint *ck, keel_backend *be) {
         return NULL;
     }
     d->ctx = d->w->ctx, d->m = d->w->m;
-    for (int i = 0; i < d->m->n_params; i++) d->m->params[i]->flags |= KEEL_FLAG_BOUND; /* placed: later graphs reuse them */
+    for (int i = 0; i < d->m->n_params; i++)
+        d->m->params[i]->flags |= KEEL_FLAG_BOUND; /* placed: later graphs reuse them */
     const keel_qwen35_config *cf = &ck->cfg;
     int64_t C = 2 * cf->lk_heads * cf->lk_dim + cf->lv_heads * cf->lv_dim;
     for (int i = 0; i < cf->layers; i++)
@@ -148,4 +149,3 @@ float *keel_decoder_full_logits(keel_decoder *d, const int32_t *ids, int64_t T) 
     keel_graph_free(g);
     return lg;
 }
-

@@ -63,6 +63,18 @@ fail:
     return NULL;
 }
 
+keel_step *keel_step_custom(void) {
+    keel_step *st = calloc(1, sizeof *st);
+    if (st && !(st->ctx = keel_ctx_new())) free(st), st = NULL;
+    if (!st) keel_fail("out of memory");
+    return st;
+}
+
+int keel_step_set_outputs(keel_step *st, keel_tensor *const *outputs, int n) {
+    if (st->g) return keel_fail("the step's graph is built already");
+    return (st->g = keel_graph_build(st->ctx, outputs, n)) ? 0 : -1;
+}
+
 keel_tensor *keel_step_grad(const keel_step *st, int i) { return keel_graph_grad(st->g, st->m->params[i]); }
 
 int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr,

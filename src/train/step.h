@@ -47,6 +47,10 @@ typedef struct {
 
 /* NULL with a message. */
 keel_step *keel_step_build(const keel_step_opts *o);
+/* A step of any graph (one op to time, one op's test case): an empty step; the caller makes its
+ * tensors in st->ctx, names the outputs with keel_step_set_outputs, then keel_step_place. */
+keel_step *keel_step_custom(void);
+int keel_step_set_outputs(keel_step *st, keel_tensor *const *outputs, int n);
 /* The gradient of the model's i-th parameter (NULL when it has none: frozen, or no backward). */
 keel_tensor *keel_step_grad(const keel_step *st, int i);
 /* Appends AdamW (betas 0.9/0.95, eps 1e-8; weight decay on matrices only) for params[i] with
