@@ -140,18 +140,11 @@ static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_r
 
 int cmd_bench_train(int argc, char **argv) {
 #ifdef KEEL_HAVE_CUDA
-    bench_opts o = {.backend = "cuda",
-                    .preset = "0.8b",
-                    .recompute = "off",
-                    .torch = "bench/torch_qwen35.py",
-                    .python = "python3",
-                    .batch = 4,
-                    .window = 1024,
-                    .steps = 5,
-                    .warmup = 2,
-                    .threads = 2};
+    const char *default_backend = "cuda";
 #else
-    bench_opts o = {.backend = "cpu",
+    const char *default_backend = "cpu";
+#endif
+    bench_opts o = {.backend = default_backend,
                     .preset = "0.8b",
                     .recompute = "off",
                     .torch = "bench/torch_qwen35.py",
@@ -161,7 +154,6 @@ int cmd_bench_train(int argc, char **argv) {
                     .steps = 5,
                     .warmup = 2,
                     .threads = 2};
-#endif
     bool no_torch = false;
     const cli_flag flags[] = {
         {"--backend", CLI_STR, &o.backend, .meta = "B", .help = "cuda or cpu (default: cuda when built with it)"},

@@ -69,6 +69,18 @@ int keel_backend_run_acc_set(keel_backend *be, const keel_tensor *t) {
     return be->copy(be, &w, t->src[1], t->op == KEEL_OP_ACC);
 }
 
+int keel_backend_run_copy_family(keel_backend *be, const keel_tensor *t) {
+    switch (t->op) {
+    case KEEL_OP_ACC:
+    case KEEL_OP_SET:
+        return keel_backend_run_acc_set(be, t);
+    case KEEL_OP_CONCAT:
+        return keel_backend_run_concat(be, t);
+    default: /* CPY, CONT, DUP */
+        return be->copy(be, t, t->src[0], false);
+    }
+}
+
 int keel_backend_run_concat(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     int d = (int)t->ip[0];

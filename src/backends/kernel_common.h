@@ -14,6 +14,10 @@ bool keel_backend_f32_supports(const keel_tensor *t);
  * backend's one copy path; the float32 backends run them so. */
 int keel_backend_run_acc_set(keel_backend *be, const keel_tensor *t);
 int keel_backend_run_concat(keel_backend *be, const keel_tensor *t);
+/* FAM_COPY, through the backend's one copy path: CPY, CONT, DUP (src0 into the result), ACC, SET,
+ * CONCAT. The float32 backends run the family so; the float64 oracle keeps its own, independent
+ * version (it is what this is checked against). */
+int keel_backend_run_copy_family(keel_backend *be, const keel_tensor *t);
 
 /* The int32 index tensor `ids` of node t (GET_ROWS ids, ROPE positions' kin, cross-entropy
  * targets), read in flat order through the backend and checked to lie in [0, limit): a bad one is

@@ -364,14 +364,12 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case FAM_BINARY:
         keel_pool_for(pool, keel_nrows(t), binary_task, &c);
         return 0;
+    case FAM_COPY:
+        return keel_backend_run_copy_family(be, t);
     default:
         break;
     }
     switch (t->op) {
-    case KEEL_OP_CPY:
-    case KEEL_OP_CONT:
-    case KEEL_OP_DUP:
-        return cpu_copy(be, t, a, false);
     case KEEL_OP_GET_ROWS:
         if (keel_backend_read_ids(be, t, b, a->ne[1], "id", NULL)) return -1;
         keel_pool_for(pool, keel_nelements(b), get_rows_task, &c);
@@ -388,9 +386,6 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         free(idv), free(c.csr_start), free(c.csr_items);
         return ok ? 0 : keel_fail("cpu: out of memory in '%s'", t->name);
     }
-    case KEEL_OP_ACC:
-    case KEEL_OP_SET:
-        return keel_backend_run_acc_set(be, t);
     case KEEL_OP_FILL:
         keel_pool_for(pool, keel_nrows(t), fill_task, &c);
         return 0;
@@ -398,8 +393,6 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_REPEAT_BACK:
         keel_pool_for(pool, keel_nrows(t), repeat_task, &c);
         return 0;
-    case KEEL_OP_CONCAT:
-        return keel_backend_run_concat(be, t);
     case KEEL_OP_SUM:
     case KEEL_OP_CROSS_ENTROPY_LOSS: {
         if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;

@@ -527,22 +527,17 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         EW(k_binary, n, kx, ka, kb, t->op, ymode);
         return 0;
     }
+    case FAM_COPY:
+        return keel_backend_run_copy_family(be, t);
     default:
         break;
     }
     switch (t->op) {
-    case KEEL_OP_CPY:
-    case KEEL_OP_CONT:
-    case KEEL_OP_DUP:
-        return cuda_copy(be, t, a, false);
     case KEEL_OP_GET_ROWS:
         if (keel_backend_read_ids(be, t, b, a->ne[1], "id", NULL)) return -1;
         return cuda_copy_rows(be, t, a, b);
     case KEEL_OP_GET_ROWS_BACK:
         return get_rows_back(be, t);
-    case KEEL_OP_ACC:
-    case KEEL_OP_SET:
-        return keel_backend_run_acc_set(be, t);
     case KEEL_OP_FILL:
         EW(k_fill, n, kt_of(t), (float)t->fp[0]);
         return 0;
@@ -551,8 +546,6 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_REPEAT_BACK:
         return reduce_terms(be, t, keel_nelements(a) / (n ? n : 1));
-    case KEEL_OP_CONCAT:
-        return keel_backend_run_concat(be, t);
     case KEEL_OP_SILU_BACK:
         EW(k_silu_back, n, kt_of(t), kt_of(a), kt_of(b));
         return 0;
