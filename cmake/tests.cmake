@@ -189,3 +189,9 @@ set_tests_properties(cli_help_every_command PROPERTIES LABELS "unit")
 # no line over 150 columns, one statement per line.
 add_test(NAME style_src COMMAND ${CMAKE_SOURCE_DIR}/scripts/check-style.sh)
 set_tests_properties(style_src PROPERTIES LABELS "unit")
+
+# Hostile or mistaken files (FIFOs, a shard path leaving the checkpoint, NaN weights under eval,
+# --trace-step past --steps): refused by name, none hangs.
+add_test(NAME hostile_files COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-hostile-files.sh $<TARGET_FILE:keel>
+         ${KEEL_FIXTURES}/qwen35-tiny/causal-f32-sharded ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/hostile)
+set_tests_properties(hostile_files PROPERTIES LABELS "hostile")

@@ -71,6 +71,9 @@ int cmd_eval(int argc, char **argv) {
         printf("%s on %lld windows of %lld tokens (%lld tokens): loss %.4f, perplexity %.2f\n", model,
                (long long)(nb * B), T, (long long)(nb * B * T), sum / (double)nb, exp(sum / (double)nb));
         rc = 0;
+        if (!isfinite(sum)) /* NaN or infinite weights (or logits): not a result to report as one */
+            rc = 1,
+            keel_fail("%s: the loss is %g: the checkpoint holds non-finite weights, or they overflow", model, sum);
     }
 done:
     if (rc) fprintf(stderr, "keel eval: %s\n", keel_last_error());

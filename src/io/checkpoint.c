@@ -152,7 +152,17 @@ keel_checkpoint *keel_checkpoint_open(const char *dir) {
         int n = cJSON_GetArraySize(wm), nf = 0;
         char **names = calloc((size_t)n, sizeof *names);
         for (const cJSON *e = wm->child; e; e = e->next) { /* the distinct shard files, in first-seen order */
-            if (!cJSON_IsString(e)) continue;
+            if (!cJSON_IsString(e) || !e->valuestring[0] || strchr(e->valuestring, '/') ||
+                !strcmp(e->valuestring, "..")) {
+                /* a shard is a file of this folder: no paths, no other folders */
+                keel_fail("%s: weight_map[\"%s\"] is %s%s%s; expected the name of a file in %s", path, e->string,
+                          cJSON_IsString(e) ? "\"" : "not a file name", cJSON_IsString(e) ? e->valuestring : "",
+                          cJSON_IsString(e) ? "\", a path outside the checkpoint folder" : "", dir);
+                free(names);
+                cJSON_Delete(idx);
+                keel_checkpoint_close(c);
+                return NULL;
+            }
             int k = 0;
             while (k < nf && strcmp(names[k], e->valuestring)) k++;
             if (k == nf) names[nf++] = e->valuestring;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
 #define MAX_HEADER (100u << 20) /* the format's own limit is 100 MB */
 
@@ -161,11 +162,8 @@ int keel_st_parse(const void *buf, size_t size, const char *label, keel_st_file 
 }
 
 keel_st_file *keel_st_open(const char *path) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        keel_fail("%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
+    int fd = keel_open_regular(path);
+    if (fd < 0) return NULL;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         close(fd);

@@ -169,6 +169,11 @@ static int setup(trainer *t) {
         keel_fail("--data PATH is required");
         return -1;
     }
+    if (o->trace && o->trace_step > o->steps) {
+        keel_fail("--trace-step %lld is after the run's last step (--steps %lld)", (long long)o->trace_step,
+                  (long long)o->steps);
+        return -1;
+    }
     if (!!o->model_dir + !!o->preset + !!o->init_config + !!o->resume_dir != 1) {
         keel_fail("give exactly one of --model DIR, --preset NAME, --init CONFIG.json, --resume DIR");
         return -1;

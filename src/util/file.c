@@ -1,8 +1,11 @@
+#define _DEFAULT_SOURCE /* fdopen */
 #include "util/file.h"
 
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdbool.h>
@@ -11,10 +14,32 @@
 
 #include "util/error.h"
 
+int keel_open_regular(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK); /* O_NONBLOCK: opening a FIFO must not wait for a writer */
+    if (fd < 0) return keel_fail("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return keel_fail("%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return keel_fail("%s: %s", path,
+                         S_ISFIFO(st.st_mode)  ? "a FIFO, not a regular file"
+                         : S_ISDIR(st.st_mode) ? "a folder, not a file"
+                                               : "not a regular file");
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    return fd;
+}
+
 char *keel_read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
+    int fd = keel_open_regular(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
-        keel_fail("%s: cannot open: %s", path, strerror(errno));
+        if (fd >= 0) close(fd), keel_fail("%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;

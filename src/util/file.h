@@ -4,6 +4,11 @@
 
 #include <stddef.h>
 
+/* Opens path for reading if it is a regular file: a FIFO, a device or a folder is refused (naming
+ * it) rather than read, so a hostile or mistaken path can never hang keel. A file descriptor, or -1
+ * with a message. */
+int keel_open_regular(const char *path);
+
 /* The file's bytes plus a terminating NUL (malloc'd); NULL with a message naming the file. */
 char *keel_read_file(const char *path, size_t *n);
 
