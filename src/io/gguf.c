@@ -1,6 +1,7 @@
 #include "io/gguf.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,5 +220,12 @@ int keel_gguf_write(const keel_gguf *g, const char *path, keel_gguf_fill fill, v
         unlink(tmp);
         return keel_fail("%s: cannot write: %s", path, strerror(err ? err : EIO));
     }
+    /* the rename itself survives a crash once the folder holding it is synced */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    int dfd = open(slash ? (dir[0] ? dir : "/") : ".", O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) fsync(dfd), close(dfd);
     return 0;
 }
