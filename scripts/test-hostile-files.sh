@@ -6,6 +6,7 @@
 #   a shard name in weight_map that leaves the folder        -> "a path outside the checkpoint folder"
 #   NaN weights under keel eval                               -> "non-finite weights", exit 1
 #   --trace-step past --steps                                 -> "is after the run's last step"
+#   tokenizer.json ids 7.5, 1e8, 1e300, or an id given twice    -> named, refused
 # Usage: test-hostile-files.sh KEEL FIXTURE_DIR TEXT WORKDIR
 set -uo pipefail
 keel=$1 fixture=$2 text=$3 work=$4
@@ -37,5 +38,14 @@ node -e 'const fs=require("fs"); const f=process.argv[1]; const b=fs.readFileSyn
 head -c 4000 "$text" >"$work/short.txt"
 expect nan-eval "non-finite weights" "$keel" eval --model "$work/nan" --data "$work/short.txt" --window 32 --batch 4
 expect trace-step "is after the run's last step" "$keel" train --preset small --data "$text" --out "$work/t" --steps 2 --trace "$work/t.trace" --trace-step 5
+# a tokenizer.json's ids: an integer in [0, entries), one string each (a float id was truncated, a
+# huge one allocated gigabytes, 1e300 was an undefined conversion, a second string shared an id)
+qwen3=$(dirname "$0")/../assets/qwen3/tokenizer.json
+for spec in "float:7.5:ids must be integers" "huge:100000000:ids must be integers" "e300:1e300:ids must be integers" "dup:0:is given to both"; do
+  IFS=: read -r name val pat <<<"$spec"
+  node -e 'const fs=require("fs"); const t=JSON.parse(fs.readFileSync(process.argv[1])); t.model.vocab["a"]=Number(process.argv[2]);
+    fs.writeFileSync(process.argv[3], JSON.stringify(t))' "$qwen3" "$val" "$work/tok-$name.json"
+  expect "tokenizer-id-$name" "$pat" "$keel" tokenize --tokenizer "$work/tok-$name.json" hello
+done
 [ $fail -eq 0 ] && echo "hostile files: every case refused by name, none hung"
 exit $fail

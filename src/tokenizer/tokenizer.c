@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <pcre2.h>
 #include <stdbool.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,8 +173,15 @@ static void mix_hash(keel_tokenizer *t, const void *p, size_t n) {
     for (size_t i = 0; i < n; i++) t->hash = (t->hash ^ b[i]) * 0x100000001b3ull;
 }
 
-static int add_token(keel_tokenizer *t, const char *path, const char *s, size_t len, int64_t id) {
-    if (id < 0 || id > 100000000) return keel_fail("%s: token '%s' has id %lld out of range", path, s, (long long)id);
+/* A vocabulary entry. Ids must be integers in [0, limit) (limit: the entries the file lists), and
+ * each id names one string: a float id, a huge one, or a second string for an id is refused. */
+static int add_token(keel_tokenizer *t, const char *path, const char *s, size_t len, double v, int64_t limit) {
+    if (!(v >= 0 && v < (double)limit && v == floor(v)))
+        return keel_fail("%s: token '%s' has id %.17g; ids must be integers in [0, %lld) (the number of entries)", path,
+                         s, v, (long long)limit);
+    int64_t id = (int64_t)v;
+    if (id < t->n_tok && t->tok[id] && (t->tok_len[id] != len || memcmp(t->tok[id], s, len)))
+        return keel_fail("%s: id %lld is given to both '%s' and '%s'", path, (long long)id, t->tok[id], s);
     if (id >= t->n_tok) {
         if (id >= t->cap_tok) { /* grow geometrically: ids mostly arrive in order */
             int32_t cap = t->cap_tok ? t->cap_tok : 1024;
@@ -359,14 +367,15 @@ keel_tokenizer *keel_tokenizer_load(const char *path) {
         keel_fail("out of memory");
         goto fail;
     }
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    int64_t limit = (int64_t)cJSON_GetArraySize(vocab) + (int64_t)cJSON_GetArraySize(added);
     for (const cJSON *e = vocab->child; e; e = e->next) {
         if (!cJSON_IsNumber(e)) {
             keel_fail("%s: vocab entry '%s' is not a number", path, e->string);
             goto fail;
         }
-        if (add_token(t, path, e->string, strlen(e->string), (int64_t)e->valuedouble)) goto fail;
+        if (add_token(t, path, e->string, strlen(e->string), e->valuedouble, limit)) goto fail;
     }
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     t->added = calloc((size_t)(cJSON_GetArraySize(added) + 1), sizeof *t->added);
     for (const cJSON *e = added ? added->child : NULL; e; e = e->next) {
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content"),
@@ -375,7 +384,7 @@ keel_tokenizer *keel_tokenizer_load(const char *path) {
             keel_fail("%s: an added token needs \"content\" and \"id\"", path);
             goto fail;
         }
-        if (add_token(t, path, c->valuestring, strlen(c->valuestring), (int64_t)id->valuedouble)) goto fail;
+        if (add_token(t, path, c->valuestring, strlen(c->valuestring), id->valuedouble, limit)) goto fail;
         t->added[t->n_added].s = strdup(c->valuestring);
         t->added[t->n_added].len = (uint32_t)strlen(c->valuestring);
         t->added[t->n_added].id = (int32_t)id->valuedouble;
@@ -437,7 +446,8 @@ keel_tokenizer *keel_tokenizer_load_gpt2(const char *encoder_json, const char *v
             keel_fail("%s: entry '%s' is not a number", encoder_json, e->string);
             goto fail;
         }
-        if (add_token(t, encoder_json, e->string, strlen(e->string), (int64_t)e->valuedouble)) goto fail;
+        if (add_token(t, encoder_json, e->string, strlen(e->string), e->valuedouble, cJSON_GetArraySize(enc)))
+            goto fail;
     }
     t->added = calloc(1, sizeof *t->added);
     if (finish_bytes(t, encoder_json)) goto fail;
