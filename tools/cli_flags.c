@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void synopsis(const cli_spec *s, FILE *f) {
+void cli_usage(const cli_spec *s, FILE *f) {
     fprintf(f, "usage: %s", s->cmd);
     for (int i = 0; i < s->n; i++) {
         const cli_flag *x = &s->flags[i];
@@ -22,7 +22,7 @@ static void synopsis(const cli_spec *s, FILE *f) {
 }
 
 void cli_help(const cli_spec *s) {
-    synopsis(s, stdout);
+    cli_usage(s, stdout);
     printf("  %s\n", s->summary);
     for (int i = 0; i < s->n; i++) {
         const cli_flag *x = &s->flags[i];
@@ -40,7 +40,7 @@ static int fail(const cli_spec *s, const char *fmt, const char *a, const char *b
     fprintf(stderr, "%s: ", s->cmd);
     fprintf(stderr, fmt, a, b);
     fprintf(stderr, "\n");
-    synopsis(s, stderr);
+    cli_usage(s, stderr);
     return 2;
 }
 

@@ -5,6 +5,7 @@
 #define KEEL_CLI_FLAGS_H
 
 #include <stdbool.h>
+#include <stdio.h>
 
 typedef enum {
     CLI_STR,  /* const char * */
@@ -35,5 +36,7 @@ typedef struct {
  * unknown flag, a missing or out-of-range value, or a missing required one (printed, naming it). */
 int cli_parse(const cli_spec *spec, int argc, char **argv);
 void cli_help(const cli_spec *spec);
+/* The one-line synopsis, from the table (for errors found after parsing). */
+void cli_usage(const cli_spec *spec, FILE *f);
 
 #endif

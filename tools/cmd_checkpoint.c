@@ -106,9 +106,6 @@ int cmd_save(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
-#define INIT_USAGE                                                                                                     \
-    "usage: keel init (--preset tiny|small|0.8b | --config CONFIG.json) OUT_DIR [--seed N] [--dtype f32|bf16]\n"
-
 int cmd_init(int argc, char **argv) {
     const char *pre = NULL, *cfg_path = NULL, *out = NULL, *dts = "f32";
     long long seed = 0;
@@ -128,8 +125,9 @@ int cmd_init(int argc, char **argv) {
     keel_type dtype;
     keel_qwen35_config c;
     bool mm;
-    if (!(pre || cfg_path) || (pre && cfg_path) || !out) {
-        fprintf(stderr, INIT_USAGE "keel init: give one of --preset and --config, and OUT_DIR\n");
+    if (!pre == !cfg_path) {
+        fprintf(stderr, "keel init: give one of --preset and --config\n");
+        cli_usage(&spec, stderr);
         return 2;
     }
     if (parse_dtype(dts, &dtype)) return 2;
@@ -292,10 +290,6 @@ static void export_progress(void *ud, int done, int total) {
     if (done == total) fputc('\n', stderr);
 }
 
-#define EXPORT_USAGE                                                                                                   \
-    "usage: keel export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR]\n"                         \
-    "                        [--tokenizer FILE | --byte-vocab] [--name NAME]\n"
-
 int cmd_export(int argc, char **argv) {
     const char *fmt = NULL, *src = NULL, *out = NULL, *type = "f16", *adapter_dir = NULL;
     keel_gguf_export_opts o = {0};
@@ -320,12 +314,9 @@ int cmd_export(int argc, char **argv) {
     int pr = cli_parse(&spec, argc, argv);
     if (pr) return pr == 1 ? 0 : 2;
     o.byte_vocab = byte_vocab;
-    if (!fmt || strcmp(fmt, "gguf")) {
-        fprintf(stderr, EXPORT_USAGE "keel export: the format is 'gguf' (got '%s')\n", fmt ? fmt : "");
-        return 2;
-    }
-    if (!src || !out) {
-        fprintf(stderr, EXPORT_USAGE);
+    if (strcmp(fmt, "gguf")) { /* the table made fmt, src and out required */
+        fprintf(stderr, "keel export: the format is 'gguf' (got '%s')\n", fmt);
+        cli_usage(&spec, stderr);
         return 2;
     }
     static const struct {
