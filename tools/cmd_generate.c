@@ -35,9 +35,11 @@ static int32_t pick(const float *lg, int64_t V, double temp, double top_p, uint6
             if (lg[k] > lg[next]) next = (int32_t)k;
         return next;
     }
+    /* the logits are finite (the caller checks); (l - max) / temp is <= 0 for any temperature, so
+     * every weight is in [0, 1], the largest is exactly 1 and z >= 1: nothing overflows or is NaN */
     double mx = -INFINITY, z = 0, cum = 0;
-    for (int64_t k = 0; k < V; k++) mx = fmax(mx, lg[k] / temp);
-    for (int64_t k = 0; k < V; k++) c[k] = (cand){exp(lg[k] / temp - mx), (int32_t)k}, z += c[k].p;
+    for (int64_t k = 0; k < V; k++) mx = fmax(mx, lg[k]);
+    for (int64_t k = 0; k < V; k++) c[k] = (cand){exp((lg[k] - mx) / temp), (int32_t)k}, z += c[k].p;
     qsort(c, (size_t)V, sizeof *c, by_p);
     int64_t keep = 0;
     while (keep < V && cum < top_p * z) cum += c[keep++].p;
@@ -90,14 +92,14 @@ static int dump_logits(keel_decoder *d, const keel_qwen35_config *cfg, const int
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *prompt = "", *backend = "cpu", *prompt_ids = NULL, *dump = NULL;
+    const char *model = NULL, *tokp = NULL, *prompt = NULL, *backend = "cpu", *prompt_ids = NULL, *dump = NULL;
     bool print_ids = false;
     long long max_tokens = 64, seed = 1, threads = 2;
     double temp = 0.8, top_p = 0.95;
     bool verify = false;
     const cli_flag flags[] = {
         {"--model", CLI_STR, &model, .meta = "DIR", .help = "the checkpoint folder", .required = true},
-        {"--prompt", CLI_STR, &prompt, .meta = "TEXT", .help = "the text to continue (default: the end-of-text token)"},
+        {"--prompt", CLI_STR, &prompt, .meta = "TEXT", .help = "the text to continue (\"\" starts from the end-of-text token)"},
         {"--prompt-ids", CLI_STR, &prompt_ids, .meta = "N,N,...", .help = "the prompt as token ids instead"},
         {"--max-tokens", CLI_INT, &max_tokens, 1, 1 << 20, .meta = "N", .help = "tokens to generate (default 64)"},
         {"--temperature", CLI_DBL, &temp, 0, 1e6, .meta = "X", .help = "sampling temperature; 0: greedy (default 0.8)"},
@@ -117,6 +119,11 @@ int cmd_generate(int argc, char **argv) {
                            flags, (int)(sizeof flags / sizeof *flags)};
     int pr = cli_parse(&spec, argc, argv);
     if (pr) return pr == 1 ? 0 : 2;
+    if (!prompt == !prompt_ids) {
+        fprintf(stderr, "keel generate: give the prompt: --prompt TEXT (\"\" to start from the end-of-text token) or "
+                        "--prompt-ids N,N,... (one of them)\n");
+        return 2;
+    }
     keel_checkpoint *ck = keel_checkpoint_open(model);
     if (!ck) {
         fprintf(stderr, "keel generate: %s\n", keel_last_error());
@@ -162,10 +169,16 @@ int cmd_generate(int argc, char **argv) {
     keel_decoder *d = be ? keel_decoder_new(ck, be) : NULL;
     int rc = 1;
     int32_t *seq = calloc((size_t)T, sizeof *seq);
-    float *lg = malloc((size_t)V * sizeof *lg), *lg_all = malloc((size_t)(V * T) * sizeof *lg_all);
+    /* every step's logits are kept only for --verify, which compares them with one full pass */
+    float *lg = malloc((size_t)V * sizeof *lg), *lg_all = verify ? malloc((size_t)V * (size_t)T * sizeof *lg_all) : NULL;
     cand *c = malloc((size_t)V * sizeof *c);
     if (!d) {
         fprintf(stderr, "keel generate: %s\n", keel_last_error());
+        goto done;
+    }
+    if (!seq || !lg || !c || (verify && !lg_all)) {
+        fprintf(stderr, "keel generate: out of memory for %lld tokens over a vocabulary of %lld%s\n", (long long)T,
+                (long long)V, verify ? " (--verify keeps every step's logits)" : "");
         goto done;
     }
     memcpy(seq, pids, np * sizeof *seq);
@@ -176,7 +189,15 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     while (len < T) {
-        memcpy(lg_all + len * V, lg, (size_t)V * sizeof *lg); /* the logits that chose token len */
+        for (int64_t k = 0; k < V; k++)
+            if (!isfinite(lg[k])) { /* nothing to sample from: say where, never pick from garbage */
+                fprintf(stderr,
+                        "keel generate: the logits at position %lld are not finite (token %lld: %g); the "
+                        "checkpoint's weights may hold NaN or Inf\n",
+                        (long long)len, (long long)k, (double)lg[k]);
+                goto done;
+            }
+        if (verify) memcpy(lg_all + len * V, lg, (size_t)V * sizeof *lg); /* the logits that chose token len */
         seq[len] = pick(lg, V, temp, top_p, &r, c);
         len++;
         if (len < T && keel_decoder_run(d, &seq[len - 1], 1, lg)) {

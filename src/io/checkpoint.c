@@ -1,3 +1,4 @@
+#define _DEFAULT_SOURCE /* syscall */
 #include "io/checkpoint.h"
 
 #include <cjson/cJSON.h>
@@ -8,12 +9,18 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "util/error.h"
+#include "util/faults.h"
 #include "util/file.h"
+
+#ifndef RENAME_EXCHANGE /* linux/fs.h: exchange the two names atomically */
+#define RENAME_EXCHANGE (1 << 1)
+#endif
 
 /* The integer fields of config.json, read and written from this one list. */
 static const struct {
@@ -241,7 +248,7 @@ const keel_st_tensor *keel_checkpoint_find(const keel_checkpoint *c, const char 
     return NULL;
 }
 
-int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_backend *be) {
+int keel_checkpoint_validate(const keel_checkpoint *c, const keel_qwen35 *m) {
     char buf[512];
     /* unexpected text tensors */
     for (int f = 0; f < c->n_files; f++)
@@ -280,6 +287,28 @@ int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_ba
         }
         if (s->type < 0)
             return keel_fail("%s: tensor '%s' has dtype %s; keel reads F32, F16, BF16, F64", c->dir, s->name, s->dtype);
+    }
+    return 0;
+}
+
+int keel_checkpoint_check_finite(const keel_checkpoint *c, const keel_qwen35 *m) {
+    for (int p = 0; p < m->n_params; p++) {
+        const keel_st_tensor *s = keel_checkpoint_find(c, m->params[p]->name);
+        int64_t n = s ? keel_st_numel(s) : 0, bad = 0, first = -1;
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(keel_st_get(s, i)) && bad++ == 0) first = i;
+        if (bad)
+            return keel_fail("%s: tensor '%s' holds %lld non-finite values of %lld (the first at element %lld: %g)", c->dir,
+                             s->name, (long long)bad, (long long)n, (long long)first, keel_st_get(s, first));
+    }
+    return 0;
+}
+
+int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_backend *be) {
+    if (keel_checkpoint_validate(c, m)) return -1;
+    for (int p = 0; p < m->n_params; p++) {
+        keel_tensor *t = m->params[p];
+        const keel_st_tensor *s = keel_checkpoint_find(c, t->name);
         int64_t n = keel_nelements(t);
         if (s->type == (int)t->type && keel_is_contiguous(t)) {
             if (be->write(be, t->data, s->data, s->nbytes)) return -1;
@@ -347,15 +376,61 @@ static int write_file_synced(const char *path, const char *text) {
     return 0;
 }
 
-static void remove_folder(const char *dir) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char p[4352];
-    while (d && (e = readdir(d)))
-        if (e->d_name[0] != '.' || (e->d_name[1] && (e->d_name[1] != '.' || e->d_name[2])))
-            if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p) unlink(p);
-    if (d) closedir(d);
-    rmdir(dir);
+/* The parent folder of path (".": none given), for fsync after a rename in it. */
+static void parent_of(const char *path, char *out, size_t n) {
+    snprintf(out, n, "%s", path);
+    char *slash = strrchr(out, '/');
+    if (!slash)
+        snprintf(out, n, ".");
+    else if (slash == out)
+        out[1] = 0;
+    else
+        *slash = 0;
+}
+
+/* Puts the complete folder tmp at out_dir. With a previous checkpoint there, the two are exchanged
+ * in one atomic rename (renameat2 RENAME_EXCHANGE), so at every instant out_dir is a complete
+ * checkpoint, the old or the new; the old one, now at tmp, is removed after. On a file system
+ * without the exchange, two renames: the old checkpoint moves to out_dir.old.XXXXXX first, and a
+ * kill between the renames leaves it there, complete, for `--resume` to find. The parent folder is
+ * synced so the swap itself survives a power cut. */
+static int swap_into_place(const char *tmp, const char *out_dir) {
+    struct stat sb;
+    char parent[4096], old[4200];
+    parent_of(out_dir, parent, sizeof parent);
+    bool had = lstat(out_dir, &sb) == 0;
+    if (had && !S_ISDIR(sb.st_mode))
+        return keel_fail("%s: exists and is not a folder (a file or a link); not replacing it", out_dir);
+    int rc = 0;
+    if (!had) {
+        if (rename(tmp, out_dir) != 0)
+            return keel_fail("%s: cannot rename %s into place: %s", out_dir, tmp, strerror(errno));
+        if (keel_fault_save_point(6) || keel_fault_save_point(7) || keel_fault_save_point(8)) return -1;
+    } else if (!keel_fault_save_no_exchange() &&
+               syscall(SYS_renameat2, AT_FDCWD, tmp, AT_FDCWD, out_dir, RENAME_EXCHANGE) == 0) {
+        if (keel_fault_save_point(6) || keel_fault_save_point(7)) return -1;
+        rc = keel_remove_tree(tmp); /* the previous checkpoint, now under the temporary name */
+        if (!rc) rc = keel_fault_save_point(8);
+    } else if (!keel_fault_save_no_exchange() && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+        return keel_fail("%s: cannot swap in %s: %s", out_dir, tmp, strerror(errno));
+    } else {
+        snprintf(old, sizeof old, "%s.old.XXXXXX", out_dir);
+        if (!mkdtemp(old)) return keel_fail("%s: cannot create a folder name: %s", old, strerror(errno));
+        if (rename(out_dir, old) != 0) /* onto the empty folder mkdtemp made: replaces it */
+            return rmdir(old), keel_fail("%s: cannot move the previous checkpoint aside: %s", out_dir, strerror(errno));
+        if (keel_fault_save_point(6)) return -1;
+        if (rename(tmp, out_dir) != 0) {
+            rc = keel_fail("%s: cannot rename %s into place: %s", out_dir, tmp, strerror(errno));
+            rename(old, out_dir);
+            return rc;
+        }
+        if (keel_fault_save_point(7)) return -1;
+        rc = keel_remove_tree(old);
+        if (!rc) rc = keel_fault_save_point(8);
+    }
+    if (!rc) rc = keel_fsync_dir(parent);
+    if (!rc) rc = keel_fault_save_point(9);
+    return rc;
 }
 
 int keel_checkpoint_save(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
@@ -372,9 +447,16 @@ int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_back
         return keel_fail(
             "save: the multimodal layout needs a multimodal source checkpoint (its config and vision weights)");
     char tmp[4096], path[4352];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out_dir, (long)getpid());
-    remove_folder(tmp);
-    if (mkdir(tmp, 0755) != 0) return keel_fail("%s: cannot create: %s", tmp, strerror(errno));
+    /* a fresh folder of our own beside the destination: mkdtemp creates it exclusively (never an
+     * existing folder, never through a link planted at the name) */
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", out_dir) >= (int)sizeof tmp)
+        return keel_fail("%s: path too long", out_dir);
+    if (!mkdtemp(tmp)) return keel_fail("%s: cannot create a temporary folder: %s", tmp, strerror(errno));
+    chmod(tmp, 0755); /* mkdtemp makes it 0700; a checkpoint is as readable as any folder */
+    if (keel_fault_save_point(1)) {
+        keel_remove_tree(tmp);
+        return -1;
+    }
     int n_max = m->n_params + 16, n = 0, rc = 0;
     for (int f = 0; src && f < src->n_files; f++) n_max += src->files[f]->n;
     keel_st_entry *e = calloc((size_t)n_max, sizeof *e);
@@ -428,6 +510,7 @@ int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_back
         snprintf(path, sizeof path, "%s/model.safetensors", tmp);
         rc = keel_st_write(path, e, n);
     }
+    if (!rc) rc = keel_fault_save_point(2);
     if (!rc) {
         char *cfg = NULL;
         if (src && src->multimodal == multimodal) {
@@ -440,24 +523,14 @@ int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_back
         rc = cfg ? write_file_synced(path, cfg) : -1;
         free(cfg);
     }
+    if (!rc) rc = keel_fault_save_point(3);
     if (!rc && extra) rc = extra(tmp, ud);
+    if (!rc) rc = keel_fault_save_point(4);
     for (int i = 0; i < n_max; i++) free(names ? names[i] : NULL), free(bufs ? bufs[i] : NULL);
     free(e), free(names), free(bufs);
-    if (!rc) { /* the folder itself, then the swap */
-        int dfd = open(tmp, O_RDONLY);
-        if (dfd >= 0) fsync(dfd), close(dfd);
-        char old[4352];
-        snprintf(old, sizeof old, "%s.old.%ld", out_dir, (long)getpid());
-        struct stat sb;
-        bool had = stat(out_dir, &sb) == 0;
-        if (had && rename(out_dir, old) != 0)
-            rc = keel_fail("%s: cannot move the previous checkpoint aside: %s", out_dir, strerror(errno));
-        if (!rc && rename(tmp, out_dir) != 0) {
-            rc = keel_fail("%s: cannot rename %s into place: %s", out_dir, tmp, strerror(errno));
-            if (had) rename(old, out_dir);
-        }
-        if (!rc && had) remove_folder(old);
-    }
-    if (rc) remove_folder(tmp);
+    if (!rc) rc = keel_fsync_dir(tmp);
+    if (!rc) rc = keel_fault_save_point(5);
+    if (!rc) rc = swap_into_place(tmp, out_dir);
+    if (rc) keel_remove_tree(tmp);
     return rc;
 }

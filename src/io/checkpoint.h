@@ -29,8 +29,14 @@ keel_checkpoint *keel_checkpoint_open(const char *dir);
 void keel_checkpoint_close(keel_checkpoint *c);
 /* The tensor stored for a text-layout name ("model.layers.0.mlp.up_proj.weight"), or NULL. */
 const keel_st_tensor *keel_checkpoint_find(const keel_checkpoint *c, const char *name);
-/* Writes every parameter of m from the checkpoint to backend be (types converted). Checks that
- * each exists with the right shape and that the file holds no unexpected text tensor. */
+/* The checkpoint holds exactly the model's tensors (no unknown name, none missing), each of the
+ * config's shape and of a dtype keel reads; -1 with a message naming the tensor otherwise. */
+int keel_checkpoint_validate(const keel_checkpoint *c, const keel_qwen35 *m);
+/* Every value of the model's tensors is finite; -1 with a message naming the first tensor that
+ * holds NaN or Inf, how many, and where. */
+int keel_checkpoint_check_finite(const keel_checkpoint *c, const keel_qwen35 *m);
+/* Writes every parameter of m from the checkpoint to backend be (types converted), after
+ * keel_checkpoint_validate. */
 int keel_checkpoint_load(const keel_checkpoint *c, const keel_qwen35 *m, keel_backend *be);
 
 /* Writes m's parameters (read from be) as a Hugging Face checkpoint folder: config.json and

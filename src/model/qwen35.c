@@ -85,6 +85,45 @@ int keel_qwen35_config_check(const keel_qwen35_config *c) {
     POS(lv_dim);
     POS(conv_kernel);
 #undef POS
+    /* Absurd sizes are refused here, before any shape arithmetic: each dimension fits the int32
+     * ids and index math of the kernels, and each weight's element count (a product of two
+     * dimensions) is checked for overflow and kept under 2^40 elements (4 TiB of float32). */
+    const struct {
+        const char *field;
+        int64_t v;
+    } dims[] = {{"vocab_size", c->vocab},
+                {"hidden_size", c->hidden},
+                {"intermediate_size", c->ffn},
+                {"num_attention_heads", c->heads},
+                {"num_key_value_heads", c->kv_heads},
+                {"head_dim", c->head_dim},
+                {"linear_num_key_heads", c->lk_heads},
+                {"linear_num_value_heads", c->lv_heads},
+                {"linear_key_head_dim", c->lk_dim},
+                {"linear_value_head_dim", c->lv_dim},
+                {"linear_conv_kernel_dim", c->conv_kernel}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].v > INT32_MAX)
+            return keel_fail("config: %s %lld is larger than keel supports (%d)", dims[i].field, (long long)dims[i].v,
+                             INT32_MAX);
+    const struct {
+        const char *what;
+        int64_t a, b, c;
+    } prods[] = {{"vocab_size x hidden_size", c->vocab, c->hidden, 1},
+                 {"intermediate_size x hidden_size", c->ffn, c->hidden, 1},
+                 {"num_attention_heads x head_dim x 2 x hidden_size", c->heads, c->head_dim, 2 * c->hidden},
+                 {"num_key_value_heads x head_dim x hidden_size", c->kv_heads, c->head_dim, c->hidden},
+                 {"linear_num_key_heads x linear_key_head_dim x hidden_size", c->lk_heads, c->lk_dim, c->hidden},
+                 {"linear_num_value_heads x linear_value_head_dim x hidden_size", c->lv_heads, c->lv_dim, c->hidden},
+                 {"linear_num_value_heads x linear_value_head_dim x linear_conv_kernel_dim", c->lv_heads, c->lv_dim,
+                  c->conv_kernel}};
+    for (size_t i = 0; i < sizeof prods / sizeof prods[0]; i++) {
+        int64_t ab, abc;
+        if (__builtin_mul_overflow(prods[i].a, prods[i].b, &ab) || __builtin_mul_overflow(ab, prods[i].c, &abc) ||
+            abc > ((int64_t)1 << 40))
+            return keel_fail("config: %s = %lld x %lld x %lld elements is larger than keel supports (2^40)",
+                             prods[i].what, (long long)prods[i].a, (long long)prods[i].b, (long long)prods[i].c);
+    }
     if (c->layers > KEEL_QWEN35_MAX_LAYERS)
         return keel_fail("config: %lld layers (keel supports up to %d)", (long long)c->layers, KEEL_QWEN35_MAX_LAYERS);
     if (c->heads % c->kv_heads)

@@ -639,8 +639,17 @@ static int encode_plain(keel_tokenizer *t, const char *s, size_t n, idvec *out) 
                 rc = bpe_piece(t, (const unsigned char *)s + at, n - at, out);
                 break;
             }
-            if (m < 0) {
-                rc = keel_fail("PCRE2 match error %d", m);
+            if (m < 0) { /* e.g. a match or JIT stack limit on a pathological text: say which, and where */
+                PCRE2_UCHAR msg[160];
+                uint32_t limit = 0, depth = 0;
+                pcre2_get_error_message(m, msg, sizeof msg);
+                pcre2_config(PCRE2_CONFIG_MATCHLIMIT, &limit);
+                pcre2_config(PCRE2_CONFIG_DEPTHLIMIT, &depth);
+                size_t show = n - at < 40 ? n - at : 40;
+                rc = keel_fail("the pre-tokenizer's pattern failed at byte %zu of a %zu-byte text piece (\"%.*s%s\"): "
+                               "PCRE2 error %d: %s (match limit %u, depth limit %u, JIT stack 32 KiB)",
+                               (size_t)at, n, (int)show, s + at, n - at > show ? "..." : "", m, (const char *)msg, limit,
+                               depth);
                 break;
             }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);

@@ -1,12 +1,16 @@
 #include "trace/trace.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "ops/ops.h"
 #include "util/error.h"
+#include "util/file.h"
 
 keel_tracer *keel_tracer_new(bool keep_data, size_t max_data_bytes) {
     keel_tracer *t = calloc(1, sizeof *t);
@@ -181,29 +185,53 @@ int keel_trace_write(const keel_tracer *t, const char *path) {
 }
 
 keel_tracer *keel_trace_read(const char *path) {
-    FILE *f = fopen(path, "rb");
+    int fd = keel_open_regular(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
-        keel_fail("%s: cannot open", path);
+        if (fd >= 0) close(fd), keel_fail("%s: cannot open", path);
         return NULL;
     }
+    struct stat sb;
+    uint64_t size = fstat(fd, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     char magic[8];
     uint64_t n;
-    /* version 1 files have no data stride (every value kept) */
+    /* version 1 files have no data stride (every value kept). Every count read from the file is
+     * bounded by what the file's own size can hold before anything is allocated for it. */
+    bool v2 = false;
     if (fread(magic, 1, 8, f) != 8 || (memcmp(magic, "KEELTRC1", 8) && memcmp(magic, "KEELTRC2", 8)) ||
-        get_u64(f, &n) || n > (1u << 30)) {
+        get_u64(f, &n)) {
         fclose(f);
-        keel_fail("%s: not a keel trace (bad magic or count)", path);
+        keel_fail("%s: not a keel trace (bad magic)", path);
         return NULL;
     }
-    bool v2 = magic[7] == '2';
+    v2 = magic[7] == '2';
+    const uint64_t min_rec = KEEL_NAME_MAX + 3 * 8 + 8 * 8 + 2 * 8 + 3 * 8 + 8 + (v2 ? 8 : 0);
+    const uint64_t most = size > 16 ? (size - 16) / min_rec : 0;
+    if (n > most) {
+        fclose(f);
+        keel_fail("%s: the header announces %llu records; a file of %llu bytes holds at most %llu", path,
+                  (unsigned long long)n, (unsigned long long)size, (unsigned long long)most);
+        return NULL;
+    }
     keel_tracer *t = keel_tracer_new(false, 0);
-    t->r = calloc((size_t)n + 1, sizeof *t->r);
+    if (t) t->r = calloc((size_t)n + 1, sizeof *t->r);
+    if (!t || !t->r) {
+        fclose(f);
+        keel_tracer_free(t);
+        keel_fail("%s: out of memory for %llu records", path, (unsigned long long)n);
+        return NULL;
+    }
     t->cap = (int64_t)n + 1;
-    for (uint64_t i = 0; i < n; i++) {
+    const char *why = NULL;
+    for (uint64_t i = 0; i < n && !why; i++) {
         keel_trace_rec *r = &t->r[t->n];
         uint64_t op = 0, ty = 0, ns = 0, v = 0, nd = 0, stride = 1;
         bool ok = fread(r->name, 1, KEEL_NAME_MAX, f) == KEEL_NAME_MAX && !get_u64(f, &op) && !get_u64(f, &ty) &&
-                  !get_u64(f, &ns) && ns <= KEEL_MAX_SRC;
+                  !get_u64(f, &ns);
+        if (ok && (op >= KEEL_OP_COUNT || ty >= KEEL_TYPE_COUNT || ns > KEEL_MAX_SRC)) {
+            why = "an op, type or source count outside keel's tables";
+            break;
+        }
         r->name[KEEL_NAME_MAX - 1] = 0;
         for (int k = 0; k < 4 && ok; k++) {
             ok = !get_u64(f, &v);
@@ -216,25 +244,33 @@ keel_tracer *keel_trace_read(const char *path) {
             r->src_name[k][KEEL_NAME_MAX - 1] = 0;
         }
         ok = ok && !get_u64(f, &r->hash) && !get_u64(f, &v) && !get_f64(f, &r->sumsq) && !get_f64(f, &r->first) &&
-             !get_f64(f, &r->last) && !get_u64(f, &nd) && nd < (1ull << 34) &&
-             (!v2 || (!get_u64(f, &stride) && stride >= 1 && stride < (1ull << 40)));
+             !get_f64(f, &r->last) && !get_u64(f, &nd) && (!v2 || (!get_u64(f, &stride) && stride >= 1));
+        long at = ok ? ftell(f) : -1;
+        if (ok && (at < 0 || nd > (size - (uint64_t)at) / sizeof(double))) {
+            why = "more values than the file holds";
+            break;
+        }
         r->nnz = (int64_t)v;
         r->data_stride = (int64_t)stride;
         if (ok && nd) {
             r->data = malloc((size_t)nd * sizeof(double));
             r->n_data = (int64_t)nd;
-            for (uint64_t j = 0; j < nd && ok; j++) ok = r->data && !get_f64(f, &r->data[j]);
-        }
-        if (!ok) {
-            fclose(f);
-            keel_tracer_free(t);
-            keel_fail("%s: truncated or corrupt at record %llu", path, (unsigned long long)i);
-            return NULL;
+            if (!r->data) {
+                why = "out of memory for its values";
+                break;
+            }
+            for (uint64_t j = 0; j < nd && ok; j++) ok = !get_f64(f, &r->data[j]);
         }
         r->op = (int32_t)op, r->type = (int32_t)ty, r->n_src = (int32_t)ns;
         t->n++;
+        if (!ok) why = "truncated";
     }
     fclose(f);
+    if (why) {
+        keel_fail("%s: %s at record %lld", path, why, (long long)t->n);
+        keel_tracer_free(t);
+        return NULL;
+    }
     return t;
 }
 

@@ -4,11 +4,14 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <xxhash.h>
 
 #include "util/error.h"
 #include "util/rng.h"
@@ -108,6 +111,63 @@ static bool eval_doc(uint64_t seed, int64_t i, double fraction) {
     return (double)(z % 1000000) / 1e6 < fraction;
 }
 
+/* tokens.cache: "KEELTOK2", the key of what it was made from (tokenizer, files, split), the four
+ * counts, an XXH64 of the ids, then the training and the held-out ids. */
+#define CACHE_MAGIC 0x324b4f544c45454bull
+
+static uint64_t cache_sum(const keel_dataset *d) {
+    XXH64_state_t *st = XXH64_createState();
+    if (!st) return 0;
+    XXH64_reset(st, 0);
+    XXH64_update(st, d->train, (size_t)d->n_train * 4);
+    XXH64_update(st, d->eval, (size_t)d->n_eval * 4);
+    uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return h;
+}
+
+/* The cached ids when the cache is for these files and intact: sizes bounded by the file's own,
+ * the checksum, every id inside the vocabulary. A damaged cache is reported and made again (it is
+ * only an optimisation); true when d was filled from it. */
+static bool read_cache(keel_dataset *d, const char *path, uint64_t key, int32_t vocab) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return false;
+    FILE *f = S_ISREG(sb.st_mode) ? fopen(path, "rb") : NULL;
+    uint64_t hdr[7];
+    const char *why = NULL;
+    if (!f || fread(hdr, 8, 7, f) != 7 || hdr[0] != CACHE_MAGIC || hdr[1] != key) { /* another version or data */
+        if (f) fclose(f);
+        return false;
+    }
+    uint64_t room = ((uint64_t)sb.st_size - 56) / 4;
+    if (hdr[2] > room || hdr[3] > room - hdr[2] || hdr[2] + hdr[3] != room || hdr[4] > room || hdr[5] > hdr[4]) {
+        why = "its counts do not match its size";
+    } else {
+        d->n_train = (int64_t)hdr[2], d->n_eval = (int64_t)hdr[3], d->n_docs = (int64_t)hdr[4],
+        d->n_eval_docs = (int64_t)hdr[5];
+        d->train = malloc((size_t)(d->n_train + 1) * 4), d->eval = malloc((size_t)(d->n_eval + 1) * 4);
+        if (!d->train || !d->eval || fread(d->train, 4, (size_t)d->n_train, f) != (size_t)d->n_train ||
+            fread(d->eval, 4, (size_t)d->n_eval, f) != (size_t)d->n_eval)
+            why = "it cannot be read whole";
+        else if (cache_sum(d) != hdr[6])
+            why = "its checksum does not match its ids";
+        for (int64_t i = 0; !why && i < d->n_train + d->n_eval; i++) {
+            int32_t v = i < d->n_train ? d->train[i] : d->eval[i - d->n_train];
+            if (v < 0 || v >= vocab) why = "it holds an id outside the vocabulary";
+        }
+    }
+    fclose(f);
+    if (!why) {
+        d->cached = true;
+        return true;
+    }
+    fprintf(stderr, "keel: %s is damaged (%s); tokenizing the data again\n", path, why);
+    free(d->train), free(d->eval);
+    d->train = d->eval = NULL;
+    d->n_train = d->n_eval = d->n_docs = d->n_eval_docs = 0;
+    return false;
+}
+
 int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, keel_tokenizer *tok, double eval_fraction,
                       uint64_t seed, const char *cache_path) {
     memset(d, 0, sizeof *d);
@@ -130,25 +190,10 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
         key = mix(key, &st.st_size, sizeof st.st_size);
         key = mix(key, &st.st_mtime, sizeof st.st_mtime);
     }
-    if (!rc && cache_path) {
-        FILE *f = fopen(cache_path, "rb");
-        uint64_t hdr[6];
-        if (f && fread(hdr, 8, 6, f) == 6 && hdr[0] == 0x314b4f544c45454bull && hdr[1] == key) {
-            d->n_train = (int64_t)hdr[2], d->n_eval = (int64_t)hdr[3], d->n_docs = (int64_t)hdr[4],
-            d->n_eval_docs = (int64_t)hdr[5];
-            d->train = malloc((size_t)(d->n_train + 1) * 4), d->eval = malloc((size_t)(d->n_eval + 1) * 4);
-            if (d->train && d->eval && fread(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
-                fread(d->eval, 4, (size_t)d->n_eval, f) == (size_t)d->n_eval) {
-                fclose(f);
-                d->cached = true;
-                for (int i = 0; i < files.n; i++) free(files.path[i]);
-                free(files.path);
-                return 0;
-            }
-            free(d->train), free(d->eval);
-            d->train = d->eval = NULL;
-        }
-        if (f) fclose(f);
+    if (!rc && cache_path && read_cache(d, cache_path, key, tok ? keel_tokenizer_vocab_size(tok) : 256)) {
+        for (int i = 0; i < files.n; i++) free(files.path[i]);
+        free(files.path);
+        return 0;
     }
     tokvec tr = {0}, ev = {0};
     for (int i = 0; i < files.n && !rc; i++) {
@@ -214,10 +259,12 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
     if (cache_path) { /* written whole, then renamed */
         char tmp[4200];
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", cache_path, (long)getpid()); /* ranks may write at once */
-        FILE *f = fopen(tmp, "wb");
-        uint64_t hdr[6] = {0x314b4f544c45454bull,   key, (uint64_t)d->n_train, (uint64_t)d->n_eval, (uint64_t)d->n_docs,
-                           (uint64_t)d->n_eval_docs};
-        bool ok = f && fwrite(hdr, 8, 6, f) == 6 && fwrite(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644); /* never through a planted link */
+        FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+        if (fd >= 0 && !f) close(fd);
+        uint64_t hdr[7] = {CACHE_MAGIC,         key, (uint64_t)d->n_train, (uint64_t)d->n_eval, (uint64_t)d->n_docs,
+                           (uint64_t)d->n_eval_docs, cache_sum(d)};
+        bool ok = f && fwrite(hdr, 8, 7, f) == 7 && fwrite(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
                   fwrite(d->eval, 4, (size_t)d->n_eval, f) == (size_t)d->n_eval;
         if (f) ok = fclose(f) == 0 && ok;
         if (!ok || rename(tmp, cache_path))

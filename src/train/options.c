@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "io/run_folder.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -364,6 +365,12 @@ int keel_train_parse(int argc, char **argv, keel_train_opts *o) {
             if (set_value(&given, d, v, "")) return -1;
             i++;
         }
+    }
+    if (given.resume_dir) { /* a checkpoint folder, or a run's --out: its newest complete checkpoint */
+        char at[4096];
+        if (keel_resume_locate(given.resume_dir, at, sizeof at)) return -1;
+        given.resume_dir = strdup(at);
+        if (!given.resume_dir) return keel_fail("out of memory");
     }
     *o = given;
     if (!given.resume_dir) return 0;

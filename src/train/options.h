@@ -27,7 +27,8 @@ struct cJSON;
     X(STR, preset, "--preset", "NAME", NULL, 0, 0, SOURCE, "a fresh model: tiny, small (the demo's), 0.8b")            \
     X(STR, init_config, "--init", "CONFIG.json", NULL, 0, 0, SOURCE, "a fresh model from a config.json")               \
     X(STR, resume_dir, "--resume", "DIR", NULL, 0, 0, SOURCE,                                                          \
-      "a checkpoint keel train wrote (OUT/checkpoint): continue its run with its settings")                            \
+      "a checkpoint keel train wrote, or the run's --out folder (its newest complete checkpoint): continue "        \
+      "the run with its settings")                            \
     S("data")                                                                                                          \
     X(LIST, data, "--data", "PATH...", NULL, 0, 0, FIXED,                                                              \
       "text files, folders of them, .jsonl files with a \"text\" field")                                               \

@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "autodiff/autodiff.h"
 #include "dist/collective.h"
 #include "io/checkpoint.h"
+#include "io/run_folder.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
 #include "tokenizer/tokenizer.h"
@@ -150,6 +152,53 @@ static const char *first_nonfinite(trainer *t) {
 
 /* ---- setup: ranks, model, tokenizer, data, backend, step graph, resume, metrics ---- */
 
+/* Whether path is a folder an interrupted save left in dir (dir/checkpoint.old.*). */
+static bool leftover_of(const char *dir, const char *path) {
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s", path);
+    char *slash = strrchr(parent, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (slash)
+        *slash = 0;
+    else
+        snprintf(parent, sizeof parent, ".");
+    struct stat a, b; /* the same folder, however the two paths spell it */
+    return strncmp(base, "checkpoint.old.", 15) == 0 && stat(parent, &a) == 0 && stat(dir, &b) == 0 &&
+           a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* A resumed run continues metrics.jsonl from its checkpoint's step: lines a killed run wrote after
+ * that step are dropped (they will be written again, identically), so the file reads as one run.
+ * Rewritten whole, synced, renamed. */
+static int trim_metrics(const char *path, int64_t step) {
+    size_t n;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return 0; /* resumed into a new --out */
+    char *text = keel_read_file(path, &n);
+    if (!text) return -1;
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644); /* never through a planted link */
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (fd >= 0 && !f) close(fd);
+    bool ok = f != NULL;
+    for (char *line = text, *next; ok && line < text + n && *line; line = next) {
+        next = strchr(line, '\n');
+        if (!next) break; /* a line a killed run left unfinished */
+        next++;
+        const char *k = strstr(line, "\"step\": ");
+        if (k && k < next && atoll(k + 8) > step) continue;
+        ok = fwrite(line, 1, (size_t)(next - line), f) == (size_t)(next - line);
+    }
+    if (f) ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok, ok = fclose(f) == 0 && ok;
+    free(text);
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return keel_fail("%s: cannot rewrite it for the resumed run: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
 static int setup(trainer *t) {
     const keel_train_opts *o = t->o;
     keel_qwen35_config cfg;
@@ -174,14 +223,13 @@ static int setup(trainer *t) {
                   (long long)o->steps);
         return -1;
     }
-    if (!!o->model_dir + !!o->preset + !!o->init_config + !!o->resume_dir != 1) {
-        keel_fail("give exactly one of --model DIR, --preset NAME, --init CONFIG.json, --resume DIR");
+    if (o->batch * o->window > INT32_MAX) { /* both are range-checked flags: the product cannot overflow */
+        keel_fail("--batch %lld x --window %lld = %lld tokens per micro-batch; keel supports up to %d",
+                  (long long)o->batch, (long long)o->window, (long long)(o->batch * o->window), INT32_MAX);
         return -1;
     }
-    if (from) {
-        if (!(t->src = keel_checkpoint_open(from))) return -1;
-        cfg = t->src->cfg;
-    } else if (o->preset ? keel_qwen35_preset(o->preset, &cfg) : keel_hf_config_read_file(o->init_config, &cfg, &mm)) {
+    if (!!o->model_dir + !!o->preset + !!o->init_config + !!o->resume_dir != 1) {
+        keel_fail("give exactly one of --model DIR, --preset NAME, --init CONFIG.json, --resume DIR");
         return -1;
     }
     { /* --out and its parents */
@@ -197,6 +245,27 @@ static int setup(trainer *t) {
             keel_fail("--out %s: %s", o->out_dir, strerror(errno));
             return -1;
         }
+    }
+    if (t->lead && keel_run_lock(o->out_dir, &t->lock_fd)) return -1; /* one run per --out, for its whole life */
+    if (t->lead && o->resume_dir && t->world == 1 && leftover_of(o->out_dir, o->resume_dir)) {
+        /* resuming from the old checkpoint an interrupted swap left: it becomes OUT/checkpoint again */
+        snprintf(t->from_buf, sizeof t->from_buf, "%s/checkpoint", o->out_dir);
+        if (rename(o->resume_dir, t->from_buf) != 0 || keel_fsync_dir(o->out_dir)) {
+            keel_fail("%s: cannot move %s back into place: %s", t->from_buf, o->resume_dir, strerror(errno));
+            return -1;
+        }
+        from = t->from_buf;
+    }
+    if (t->lead) { /* leftovers of killed saves: no live run owns them, since we hold the lock */
+        int n_clean = 0;
+        if (keel_run_clean(o->out_dir, from, &n_clean)) return -1;
+        if (n_clean) printf("removed %d leftover folder(s) of interrupted saves from %s\n", n_clean, o->out_dir);
+    }
+    if (from) {
+        if (!(t->src = keel_checkpoint_open(from))) return -1;
+        cfg = t->src->cfg;
+    } else if (o->preset ? keel_qwen35_preset(o->preset, &cfg) : keel_hf_config_read_file(o->init_config, &cfg, &mm)) {
+        return -1;
     }
     /* the tokenizer: given, or the model folder's, or bytes */
     bool tok_failed;
@@ -257,7 +326,7 @@ static int setup(trainer *t) {
                                      o->accum > 1 ? t->acc_w : t->grad, t->n_train, (size_t)bucket);
         if (!t->sync) return -1;
     }
-    if (o->resume_dir && keel_trainer_read_state(t, o->resume_dir)) return -1;
+    if (o->resume_dir && keel_trainer_read_state(t, from)) return -1;
     int64_t n_par = 0, n_tr = 0;
     for (int i = 0; i < t->st->m->n_params; i++) n_par += keel_nelements(t->st->m->params[i]);
     for (int i = 0; i < t->n_train; i++) n_tr += keel_nelements(t->train_p[i]);
@@ -278,6 +347,7 @@ static int setup(trainer *t) {
     }
     char mp[4200];
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", o->out_dir);
+    if (t->lead && t->step && trim_metrics(mp, t->step)) return -1;
     t->metrics = fopen(t->lead ? mp : "/dev/null", t->step ? "a" : "w");
     if (!t->metrics) {
         keel_fail("%s: %s", mp, strerror(errno));
@@ -387,6 +457,7 @@ static void log_eval(trainer *t, int64_t step) {
 
 static void teardown(trainer *t) {
     if (t->metrics) fclose(t->metrics);
+    if (t->lock_fd >= 0) close(t->lock_fd);
     free(t->ids), free(t->tgt);
     keel_dataset_free(&t->data);
     keel_tokenizer_free(t->tok);
@@ -399,7 +470,7 @@ static void teardown(trainer *t) {
 }
 
 int keel_train_run(const keel_train_opts *o) {
-    trainer t = {.o = o};
+    trainer t = {.o = o, .lock_fd = -1};
     int result = setup(&t) ? 1 : 0;
     for (int64_t step = t.step + 1; !result && step <= o->steps; step++) {
         double loss = NAN, norm = NAN, lr = NAN;
@@ -420,7 +491,7 @@ int keel_train_run(const keel_train_opts *o) {
             printf("saved %s/checkpoint (step %lld)\n", o->out_dir, (long long)step);
         }
         if (stop && !last) {
-            printf("%s after step %lld; resume with --resume %s/checkpoint\n",
+            printf("%s after step %lld; resume with --resume %s\n",
                    keel_train_stop ? "interrupted: stopped" : "stopped (--stop-at)", (long long)step, o->out_dir);
             result = keel_train_stop ? 130 : 0;
             break;

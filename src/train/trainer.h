@@ -31,6 +31,8 @@ typedef struct {
     keel_tokenizer *tok;
     keel_dataset data;
     FILE *metrics;
+    int lock_fd;             /* the --out folder's lock (keel_run_lock), held for the run's life; -1: none */
+    char from_buf[4200];     /* the checkpoint resumed from, when it was moved into place */
     int32_t *ids, *tgt; /* one micro-batch */
     bool lead, tty;     /* rank 0 prints, evaluates, writes; a terminal gets one live line */
     double t0;          /* when the first step of this invocation began */

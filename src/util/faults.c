@@ -1,5 +1,6 @@
 #include "util/faults.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,16 +8,58 @@
 
 #include "util/error.h"
 
-int keel_fault_copy_row_limit(int64_t *n) {
-    *n = 0;
+/* KEEL_FAULT: a comma-separated list of faults. *v gets the number of the item of kind `want`
+ * (1 when it takes none); 0 when absent; -1 with a message naming the variable when any item is
+ * malformed. */
+static int fault(const char *want, long long *v) {
+    *v = 0;
     const char *f = getenv("KEEL_FAULT");
     if (!f || !*f) return 0;
-    long long v = 0;
-    char tail;
-    if (sscanf(f, "copy-row-limit:%lld%c", &v, &tail) != 1 || v <= 0)
-        return keel_fail("KEEL_FAULT='%s': expected copy-row-limit:N with N > 0", f);
+    for (const char *it = f; *it;) {
+        size_t len = strcspn(it, ",");
+        char item[64], tail;
+        long long n = 0;
+        const char *kind = NULL;
+        snprintf(item, sizeof item, "%.*s", (int)(len < sizeof item ? len : sizeof item - 1), it);
+        if (len < sizeof item && sscanf(item, "copy-row-limit:%lld%c", &n, &tail) == 1 && n > 0)
+            kind = "copy-row-limit";
+        else if (len < sizeof item && sscanf(item, "save-kill:%lld%c", &n, &tail) == 1 && n >= 1 &&
+                 n <= KEEL_SAVE_POINTS)
+            kind = "save-kill";
+        else if (!strcmp(item, "save-no-exchange"))
+            kind = "save-no-exchange", n = 1;
+        if (!kind)
+            return keel_fail("KEEL_FAULT='%s': '%s' is not copy-row-limit:N (N > 0), save-kill:P (P in 1..%d) or "
+                             "save-no-exchange (several: comma-separated)",
+                             f, item, KEEL_SAVE_POINTS);
+        if (!strcmp(kind, want)) *v = n;
+        it += len + (it[len] == ',');
+    }
+    return 0;
+}
+
+int keel_fault_copy_row_limit(int64_t *n) {
+    long long v;
+    *n = 0;
+    if (fault("copy-row-limit", &v)) return -1;
     *n = v;
     return 0;
+}
+
+int keel_fault_save_point(int point) {
+    static int saves_done; /* the fault strikes in the process's first save only */
+    long long v;
+    if (fault("save-kill", &v)) return -1;
+    if (point == KEEL_SAVE_POINTS) saves_done++;
+    if (v != point || saves_done > (point == KEEL_SAVE_POINTS)) return 0;
+    fprintf(stderr, "keel: KEEL_FAULT: killed at point %d of a checkpoint save\n", point);
+    raise(SIGKILL);
+    return 0;
+}
+
+int keel_fault_save_no_exchange(void) {
+    long long v;
+    return fault("save-no-exchange", &v) == 0 && v == 1;
 }
 
 int keel_fault_dist_step(int rank, int64_t step) {

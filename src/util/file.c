@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -76,4 +77,58 @@ int keel_copy_file(const char *src, const char *dst) {
     if (f) ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok, ok = fclose(f) == 0 && ok;
     free(buf);
     return ok ? 0 : keel_fail("%s: cannot write a copy of %s: %s", dst, src, strerror(err ? err : EIO));
+}
+
+/* Empties the folder open at dfd (which it closes): entries are looked at without following links
+ * (fstatat AT_SYMLINK_NOFOLLOW) and sub-folders opened with O_NOFOLLOW, so no link planted in the
+ * tree can redirect the removal elsewhere. */
+static int empty_dir_fd(int dfd, const char *path, int depth) {
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return keel_fail("%s: cannot list: %s", path, strerror(errno));
+    }
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && !rc) {
+        const char *n = e->d_name;
+        if (!strcmp(n, ".") || !strcmp(n, "..")) continue;
+        struct stat st;
+        if (fstatat(dfd, n, &st, AT_SYMLINK_NOFOLLOW) != 0) continue; /* gone already */
+        if (S_ISDIR(st.st_mode)) {
+            if (depth > 64) {
+                rc = keel_fail("%s/%s: folders nested too deep to remove", path, n);
+                break;
+            }
+            int sub = openat(dfd, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+            char sp[4096];
+            snprintf(sp, sizeof sp, "%s/%s", path, n);
+            rc = sub < 0 ? keel_fail("%s: cannot open: %s", sp, strerror(errno)) : empty_dir_fd(sub, sp, depth + 1);
+            if (!rc && unlinkat(dfd, n, AT_REMOVEDIR) != 0 && errno != ENOENT)
+                rc = keel_fail("%s: cannot remove: %s", sp, strerror(errno));
+        } else if (unlinkat(dfd, n, 0) != 0 && errno != ENOENT) {
+            rc = keel_fail("%s/%s: cannot remove: %s", path, n, strerror(errno));
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+int keel_remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : keel_fail("%s: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) /* a file, or a link (to anything): remove it, not its target */
+        return unlink(path) == 0 || errno == ENOENT ? 0 : keel_fail("%s: cannot remove: %s", path, strerror(errno));
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+    if (dfd < 0) return keel_fail("%s: cannot open: %s", path, strerror(errno));
+    if (empty_dir_fd(dfd, path, 0)) return -1;
+    return rmdir(path) == 0 || errno == ENOENT ? 0 : keel_fail("%s: cannot remove: %s", path, strerror(errno));
+}
+
+int keel_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return keel_fail("%s: cannot open: %s", dir, strerror(errno));
+    int rc = fsync(fd) == 0 ? 0 : keel_fail("%s: fsync failed: %s", dir, strerror(errno));
+    close(fd);
+    return rc;
 }

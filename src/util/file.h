@@ -1,4 +1,4 @@
-/* keel: whole files into memory. */
+/* keel: whole files into memory, and the folder operations that must never follow a link. */
 #ifndef KEEL_FILE_H
 #define KEEL_FILE_H
 
@@ -17,5 +17,13 @@ struct cJSON *keel_read_json(const char *path);
 
 /* Copies a file's bytes to dst (created or truncated) and fsyncs it; -1 naming the file. */
 int keel_copy_file(const char *src, const char *dst);
+
+/* Removes path and, when it is a real folder, everything below it, never following a symbolic
+ * link (a link is removed itself, never what it points to). 0 when path is gone (or was never
+ * there); -1 with a message naming what could not be removed. */
+int keel_remove_tree(const char *path);
+
+/* fsync of a folder, so that a rename or file creation inside it is on disk; -1 naming it. */
+int keel_fsync_dir(const char *dir);
 
 #endif
