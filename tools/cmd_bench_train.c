@@ -112,8 +112,19 @@ static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_r
     snprintf(b_s, sizeof b_s, "%lld", o->batch), snprintf(w_s, sizeof w_s, "%lld", o->window);
     snprintf(s_s, sizeof s_s, "%lld", o->steps), snprintf(u_s, sizeof u_s, "%lld", o->warmup);
     /* no shell: --python and --torch are one argument each, whatever they hold */
-    char *argv_py[] = {(char *)o->python, (char *)o->torch, "--config", dir, "--batch", b_s, "--window", w_s,
-                       "--steps", s_s, "--warmup", u_s, NULL};
+    char *argv_py[] = {(char *)o->python,
+                       (char *)o->torch,
+                       "--config",
+                       dir,
+                       "--batch",
+                       b_s,
+                       "--window",
+                       w_s,
+                       "--steps",
+                       s_s,
+                       "--warmup",
+                       u_s,
+                       NULL};
     printf("\n$");
     for (int i = 0; argv_py[i]; i++) printf(" %s", argv_py[i]);
     printf("\n");

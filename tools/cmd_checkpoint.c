@@ -96,8 +96,7 @@ int cmd_save(int argc, char **argv) {
     bool mm = layout ? strcmp(layout, "multimodal") == 0 : ck->multimodal;
     keel_backend *be = keel_backend_new("cpu", 2);
     keel_step *L = load_params(be, &ck->cfg);
-    int rc = !L || keel_checkpoint_load(ck, L->m, be) ||
-             (!allow_nonfinite && keel_checkpoint_check_finite(ck, L->m)) ||
+    int rc = !L || keel_checkpoint_load(ck, L->m, be) || (!allow_nonfinite && keel_checkpoint_check_finite(ck, L->m)) ||
              keel_checkpoint_save(out, L->m, be, dtype, ck, mm) || verify_saved(out, L->m, be, dtype);
     if (rc)
         fprintf(stderr, "keel save: %s\n", keel_last_error());

@@ -99,7 +99,8 @@ int cmd_generate(int argc, char **argv) {
     bool verify = false;
     const cli_flag flags[] = {
         {"--model", CLI_STR, &model, .meta = "DIR", .help = "the checkpoint folder", .required = true},
-        {"--prompt", CLI_STR, &prompt, .meta = "TEXT", .help = "the text to continue (\"\" starts from the end-of-text token)"},
+        {"--prompt", CLI_STR, &prompt, .meta = "TEXT",
+         .help = "the text to continue (\"\" starts from the end-of-text token)"},
         {"--prompt-ids", CLI_STR, &prompt_ids, .meta = "N,N,...", .help = "the prompt as token ids instead"},
         {"--max-tokens", CLI_INT, &max_tokens, 1, 1 << 20, .meta = "N", .help = "tokens to generate (default 64)"},
         {"--temperature", CLI_DBL, &temp, 0, 1e6, .meta = "X", .help = "sampling temperature; 0: greedy (default 0.8)"},
@@ -170,7 +171,8 @@ int cmd_generate(int argc, char **argv) {
     int rc = 1;
     int32_t *seq = calloc((size_t)T, sizeof *seq);
     /* every step's logits are kept only for --verify, which compares them with one full pass */
-    float *lg = malloc((size_t)V * sizeof *lg), *lg_all = verify ? malloc((size_t)V * (size_t)T * sizeof *lg_all) : NULL;
+    float *lg = malloc((size_t)V * sizeof *lg),
+          *lg_all = verify ? malloc((size_t)V * (size_t)T * sizeof *lg_all) : NULL;
     cand *c = malloc((size_t)V * sizeof *c);
     if (!d) {
         fprintf(stderr, "keel generate: %s\n", keel_last_error());

@@ -8,8 +8,7 @@
 
 #include "util/error.h"
 
-int keel_spawn_read(char *const argv[], const char *env_name, const char *env_value, bool merge_stderr,
-                    keel_child *c) {
+int keel_spawn_read(char *const argv[], const char *env_name, const char *env_value, bool merge_stderr, keel_child *c) {
     int fd[2];
     c->out = NULL, c->pid = -1;
     if (pipe(fd) != 0) return keel_fail("cannot run %s: pipe: %s", argv[0], strerror(errno));

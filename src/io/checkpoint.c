@@ -298,8 +298,8 @@ int keel_checkpoint_check_finite(const keel_checkpoint *c, const keel_qwen35 *m)
         for (int64_t i = 0; i < n; i++)
             if (!isfinite(keel_st_get(s, i)) && bad++ == 0) first = i;
         if (bad)
-            return keel_fail("%s: tensor '%s' holds %lld non-finite values of %lld (the first at element %lld: %g)", c->dir,
-                             s->name, (long long)bad, (long long)n, (long long)first, keel_st_get(s, first));
+            return keel_fail("%s: tensor '%s' holds %lld non-finite values of %lld (the first at element %lld: %g)",
+                             c->dir, s->name, (long long)bad, (long long)n, (long long)first, keel_st_get(s, first));
     }
     return 0;
 }

@@ -105,7 +105,8 @@ int keel_resume_locate(const char *dir, char *out, size_t n) {
         return keel_fail("--resume %s: no checkpoint here (no trainer_state.json in it or in %s/checkpoint; is it "
                          "a folder keel train wrote?)",
                          dir, dir);
-    fprintf(stderr, "keel train: --resume %s: no %s/checkpoint (a save was interrupted); continuing from %s (step %lld)\n",
-            dir, dir, out, best);
+    fprintf(stderr,
+            "keel train: --resume %s: no %s/checkpoint (a save was interrupted); continuing from %s (step %lld)\n", dir,
+            dir, out, best);
     return 0;
 }

@@ -648,8 +648,8 @@ static int encode_plain(keel_tokenizer *t, const char *s, size_t n, idvec *out) 
                 size_t show = n - at < 40 ? n - at : 40;
                 rc = keel_fail("the pre-tokenizer's pattern failed at byte %zu of a %zu-byte text piece (\"%.*s%s\"): "
                                "PCRE2 error %d: %s (match limit %u, depth limit %u, JIT stack 32 KiB)",
-                               (size_t)at, n, (int)show, s + at, n - at > show ? "..." : "", m, (const char *)msg, limit,
-                               depth);
+                               (size_t)at, n, (int)show, s + at, n - at > show ? "..." : "", m, (const char *)msg,
+                               limit, depth);
                 break;
             }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);

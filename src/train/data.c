@@ -259,11 +259,12 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
     if (cache_path) { /* written whole, then renamed */
         char tmp[4200];
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", cache_path, (long)getpid()); /* ranks may write at once */
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644); /* never through a planted link */
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);  /* never through a planted link */
         FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
         if (fd >= 0 && !f) close(fd);
-        uint64_t hdr[7] = {CACHE_MAGIC,         key, (uint64_t)d->n_train, (uint64_t)d->n_eval, (uint64_t)d->n_docs,
-                           (uint64_t)d->n_eval_docs, cache_sum(d)};
+        uint64_t hdr[7] = {
+            CACHE_MAGIC, key, (uint64_t)d->n_train, (uint64_t)d->n_eval, (uint64_t)d->n_docs, (uint64_t)d->n_eval_docs,
+            cache_sum(d)};
         bool ok = f && fwrite(hdr, 8, 7, f) == 7 && fwrite(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
                   fwrite(d->eval, 4, (size_t)d->n_eval, f) == (size_t)d->n_eval;
         if (f) ok = fclose(f) == 0 && ok;
