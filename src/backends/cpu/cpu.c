@@ -6,6 +6,7 @@
 #include "backends/cpu/cpu_internal.h"
 #include "backends/host_memory.h"
 #include "ops/ops.h"
+#include "util/clock.h"
 #include "util/error.h"
 
 static bool cpu_supports(keel_backend *be, const keel_tensor *t) {
@@ -17,12 +18,15 @@ static int cpu_compute(keel_backend *be, const keel_graph *g, int64_t from, int6
     for (int64_t i = from; i < to; i++) {
         const keel_tensor *t = g->nodes[i];
         if (!(keel_op_get(t->op)->flags & OPF_VIEW)) {
+            cpu_impl *im = be->impl;
+            double t0 = im->profile ? keel_now_s() : 0;
             if (cpu_node(be, t)) {
                 /* keep the kernel's message, add the node */
                 char msg[1536];
                 snprintf(msg, sizeof msg, "%s", keel_last_error());
                 return keel_fail("%s (node '%s')", msg, t->name);
             }
+            if (im->profile) keel_op_profile_add(im->profile, t, (keel_now_s() - t0) * 1e3);
         }
         if (cb && cb(be, t, i, ud)) return keel_backend_callback_failed(t);
     }
@@ -43,6 +47,12 @@ static int cpu_set_threads(keel_backend *be, int n) {
 
 static void cpu_destroy(keel_backend *be) {
     cpu_impl *im = be->impl;
+    if (im->profile) {
+        char what[64];
+        snprintf(what, sizeof what, "wall time on %d thread(s)", be->n_threads);
+        keel_op_profile_print(im->profile, stderr, "cpu profile (KEEL_CPU_PROFILE)", what);
+        keel_op_profile_free(im->profile);
+    }
     keel_pool_free(im->pool);
     free(im);
     free(be);
@@ -69,7 +79,9 @@ keel_backend *keel_backend_cpu_new(int n_threads) {
     be->compute = cpu_compute;
     be->set_threads = cpu_set_threads;
     be->destroy = cpu_destroy;
+    im->profile = keel_op_profile_from_env("KEEL_CPU_PROFILE");
     if (keel_backend_read_fault(be) || cpu_set_threads(be, n_threads > 0 ? n_threads : 1)) {
+        keel_op_profile_free(im->profile);
         keel_pool_free(im->pool);
         free(im), free(be);
         return NULL;

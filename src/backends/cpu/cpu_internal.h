@@ -7,9 +7,11 @@
 #include "backend/backend.h"
 #include "backends/kernel_common.h"
 #include "backends/cpu/threadpool.h"
+#include "backends/op_profile.h"
 
 typedef struct {
     keel_pool *pool;
+    keel_op_profile *profile; /* KEEL_CPU_PROFILE=1: wall time per op, printed when freed (NULL: off) */
 } cpu_impl;
 
 static inline keel_pool *cpu_pool(keel_backend *be) { return ((cpu_impl *)be->impl)->pool; }

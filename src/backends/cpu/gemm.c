@@ -10,7 +10,7 @@
 #define KEEL_X86 1
 #endif
 
-/* Blocking: an MC x KC block of A (256 KiB) stays in L2, a KC x NR micro-panel of B (12 KiB) in L1.
+/* Blocking: an MC x KC block of A (256 KiB) stays in L2, a KC x NR micro-panel of B (12 or 24 KiB) in L1.
  * KC is fixed (not derived from the thread count): it decides each element's summation order. */
 #ifndef KEEL_GEMM_KC
 #define KEEL_GEMM_KC 512
@@ -18,12 +18,27 @@
 #ifndef KEEL_GEMM_MC
 #define KEEL_GEMM_MC 128
 #endif
-enum { MR = 16, NR = 6, KC = KEEL_GEMM_KC, MC = KEEL_GEMM_MC, NC = 384 };
+/* MC, NC and NC_BLOCK are multiples of every kernel's MR and NR. B is packed NC_BLOCK columns at
+ * a time (KC x NC_BLOCK, 7.5 MiB: it stays in the last-level cache while every row block of A
+ * sweeps it; packing all of N at once streamed the LM head's 248,320 columns from memory once per
+ * row block). Each element of C is summed over k in
+ * ascending order, one fused multiply-add per step, in KC blocks added to C in order: the same
+ * bits for the AVX-512 and the AVX2 kernel (both fuse), whatever the tile shape or thread count. */
+enum { MR_MAX = 32, NR_MAX = 12, KC = KEEL_GEMM_KC, MC = KEEL_GEMM_MC, NC = 384, NC_BLOCK = 3840 };
 
-/* One MR x NR tile over kc steps: acc = Ap^T Bp, then C = acc (first) or C += acc. */
+/* One mr x nr tile over kc steps: acc[j*mr + i] = sum_k Ap[k*mr + i] Bp[k*nr + j]; the caller then
+ * sets C = acc (first) or adds C += acc. */
 typedef void (*tile_fn)(int64_t kc, const float *Ap, const float *Bp, float *acc);
 
+typedef struct {
+    const char *name;
+    int mr, nr;
+    tile_fn tile;
+    int vec_floats; /* floats per vector register, for the peak */
+} gemm_kernel;
+
 static void tile_portable(int64_t kc, const float *Ap, const float *Bp, float *acc) {
+    enum { MR = 16, NR = 6 };
     float c[NR][MR] = {{0}};
     for (int64_t k = 0; k < kc; k++, Ap += MR, Bp += NR)
         for (int j = 0; j < NR; j++)
@@ -33,6 +48,7 @@ static void tile_portable(int64_t kc, const float *Ap, const float *Bp, float *a
 
 #ifdef KEEL_X86
 __attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const float *Ap, const float *Bp, float *acc) {
+    enum { MR = 16, NR = 6 };
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
            c40 = c00, c41 = c00, c50 = c00, c51 = c00;
 #pragma GCC unroll 4
@@ -67,30 +83,64 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const floa
 }
 #endif
 
-static tile_fn pick_tile(const char **name) {
 #ifdef KEEL_X86
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        if (name) *name = "avx2-fma 16x6";
-        return tile_avx2;
+/* 32 x 12: 24 accumulators, two A vectors and a broadcast in the 32 zmm registers; each k step
+ * loads 32 floats of A and 12 of B for 24 FMAs. */
+#define FMA2(j)                                                                                                        \
+    b = _mm512_set1_ps(Bp[j]);                                                                                         \
+    c##j##0 = _mm512_fmadd_ps(a0, b, c##j##0);                                                                         \
+    c##j##1 = _mm512_fmadd_ps(a1, b, c##j##1);
+#define STORE2(j) _mm512_store_ps(acc + (j)*32, c##j##0), _mm512_store_ps(acc + (j)*32 + 16, c##j##1)
+__attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const float *Ap, const float *Bp, float *acc) {
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+           c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00,
+           c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < kc; k++, Ap += 32, Bp += 12) {
+        _mm_prefetch((const char *)(Ap + 8 * 32), _MM_HINT_T0);
+        __m512 a0 = _mm512_load_ps(Ap), a1 = _mm512_load_ps(Ap + 16), b;
+        FMA2(0) FMA2(1) FMA2(2) FMA2(3) FMA2(4) FMA2(5) FMA2(6) FMA2(7) FMA2(8) FMA2(9) FMA2(10) FMA2(11)
     }
+    STORE2(0), STORE2(1), STORE2(2), STORE2(3), STORE2(4), STORE2(5);
+    STORE2(6), STORE2(7), STORE2(8), STORE2(9), STORE2(10), STORE2(11);
+}
+#undef FMA2
+#undef STORE2
 #endif
-    if (name) *name = "portable 16x6";
-    return tile_portable;
+
+static const gemm_kernel K_PORTABLE = {"portable 16x6", 16, 6, tile_portable, 1};
+#ifdef KEEL_X86
+static const gemm_kernel K_AVX2 = {"avx2-fma 16x6", 16, 6, tile_avx2, 8};
+static const gemm_kernel K_AVX512 = {"avx512f 32x12", 32, 12, tile_avx512, 16};
+#endif
+
+/* The widest kernel the CPU runs; KEEL_GEMM_ISA=avx512|avx2|portable picks a narrower one (to
+ * compare them; an unavailable one falls back). */
+static const gemm_kernel *pick_kernel(void) {
+    const char *want = getenv("KEEL_GEMM_ISA");
+    (void)want;
+#ifdef KEEL_X86
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    bool avx512 = avx2 && __builtin_cpu_supports("avx512f");
+    if (want && !strcmp(want, "portable")) return &K_PORTABLE;
+    if (avx512 && !(want && !strcmp(want, "avx2"))) return &K_AVX512;
+    if (avx2) return &K_AVX2;
+#endif
+    return &K_PORTABLE;
 }
 
-const char *keel_cpu_gemm_kernel(void) {
-    const char *n;
-    pick_tile(&n);
-    return n;
-}
+const char *keel_cpu_gemm_kernel(void) { return pick_kernel()->name; }
+
+int keel_cpu_gemm_vector_floats(void) { return pick_kernel()->vec_floats; }
 
 typedef struct {
     const keel_gemm_args *g;
-    int64_t pc, kc;
-    float *Bp;  /* packed panel: for each NR column group, kc x NR */
-    float **Ap; /* per thread: MC x kc, MR-row groups of kc x MR */
+    int64_t pc, kc, jc, ncb; /* the k block; the column block [jc, jc + ncb) B is packed for */
+    float *Bp;               /* packed panel: for each NR column group of the block, kc x NR */
+    float **Ap;              /* per thread: MC x kc, MR-row groups of kc x MR */
     int64_t n_mblk, n_nblk;
-    tile_fn tile;
+    const gemm_kernel *kern;
+    int mr, nr;
     bool avx2;
 } gemm_ctx;
 
@@ -104,9 +154,10 @@ static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     gemm_ctx *c = arg;
     const keel_gemm_args *g = c->g;
+    const int NR = c->nr;
     for (int64_t jg = begin; jg < end; jg++) {
         float *dst = c->Bp + jg * c->kc * NR;
-        int64_t j0 = jg * NR, nj = g->N - j0 < NR ? g->N - j0 : NR;
+        int64_t j0 = c->jc + jg * NR, end_col = c->jc + c->ncb, nj = end_col - j0 < NR ? end_col - j0 : NR;
         for (int64_t k = 0; k < c->kc; k++) {
             int64_t koff = (c->pc + k) * g->b_k;
             for (int64_t j = 0; j < NR; j++) dst[k * NR + j] = j < nj ? ldf(g->B, koff + (j0 + j) * g->b_n) : 0.0f;
@@ -116,7 +167,7 @@ static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
 
 #ifdef KEEL_X86
 /* A(m,k) with k contiguous: 8 rows x 8 k at a time, transposed in registers into d[k*MR + i]. */
-__attribute__((target("avx2"))) static void pack_a_rows8(const char *A, int64_t a_m, int64_t kc, float *d) {
+__attribute__((target("avx2"))) static void pack_a_rows8(const char *A, int64_t a_m, int64_t kc, float *d, int MR) {
     int64_t k = 0;
     for (; k + 8 <= kc; k += 8) {
         __m256 r0 = _mm256_loadu_ps((const float *)(const void *)(A + 0 * a_m) + k);
@@ -150,6 +201,7 @@ __attribute__((target("avx2"))) static void pack_a_rows8(const char *A, int64_t 
 
 static void pack_a(const gemm_ctx *c, float *dst, int64_t m0, int64_t mb) {
     const keel_gemm_args *g = c->g;
+    const int MR = c->mr;
     for (int64_t ig = 0; ig < (mb + MR - 1) / MR; ig++) {
         float *d = dst + ig * c->kc * MR;
         int64_t i0 = m0 + ig * MR, ni = m0 + mb - i0 < MR ? m0 + mb - i0 : MR;
@@ -163,8 +215,7 @@ static void pack_a(const gemm_ctx *c, float *dst, int64_t m0, int64_t mb) {
 #ifdef KEEL_X86
             if (g->a_k == 4 && ni == MR && c->avx2) {
                 const char *src = (const char *)g->A + i0 * g->a_m + c->pc * 4;
-                pack_a_rows8(src, g->a_m, c->kc, d);
-                pack_a_rows8(src + 8 * g->a_m, g->a_m, c->kc, d + 8);
+                for (int r = 0; r < MR; r += 8) pack_a_rows8(src + r * g->a_m, g->a_m, c->kc, d + r, MR);
                 continue;
             }
 #endif
@@ -184,22 +235,23 @@ static void compute_blocks(void *arg, int64_t begin, int64_t end, int thread) {
     gemm_ctx *c = arg;
     const keel_gemm_args *g = c->g;
     float *Ap = c->Ap[thread];
-    _Alignas(32) float acc[NR * MR];
+    const int MR = c->mr, NR = c->nr;
+    _Alignas(64) float acc[NR_MAX * MR_MAX];
     bool first = c->pc == 0 && !g->accumulate;
     for (int64_t task = begin; task < end; task++) {
         int64_t ib = task / c->n_nblk, jb = task % c->n_nblk;
         int64_t m0 = ib * MC, mb = g->M - m0 < MC ? g->M - m0 : MC;
-        int64_t ncol = c->n_nblk == 1 ? g->N : NC;
-        int64_t n0 = jb * ncol, nbk = g->N - n0 < ncol ? g->N - n0 : ncol;
+        int64_t ncol = c->n_nblk == 1 ? c->ncb : NC;
+        int64_t n0 = jb * ncol, nbk = c->ncb - n0 < ncol ? c->ncb - n0 : ncol; /* within the column block */
         pack_a(c, Ap, m0, mb);
         for (int64_t jr = 0; jr < nbk; jr += NR) {
             const float *Bp = c->Bp + ((n0 + jr) / NR) * c->kc * NR;
             int64_t nj = nbk - jr < NR ? nbk - jr : NR;
             for (int64_t ir = 0; ir < mb; ir += MR) {
-                c->tile(c->kc, Ap + (ir / MR) * c->kc * MR, Bp, acc);
+                c->kern->tile(c->kc, Ap + (ir / MR) * c->kc * MR, Bp, acc);
                 int64_t ni = mb - ir < MR ? mb - ir : MR;
                 for (int64_t j = 0; j < nj; j++) {
-                    char *col = (char *)g->C + (n0 + jr + j) * g->c_n + (m0 + ir) * g->c_m;
+                    char *col = (char *)g->C + (c->jc + n0 + jr + j) * g->c_n + (m0 + ir) * g->c_m;
                     const float *a = acc + j * MR;
                     if (g->c_m == 4) {
                         float *cc = (float *)col;
@@ -228,15 +280,13 @@ int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g) {
         return 0;
     }
     int nt = keel_pool_size(pool);
-    int64_t n_groups = (g->N + NR - 1) / NR;
     gemm_ctx c = {.g = g};
-    c.tile = pick_tile(NULL);
-    c.avx2 = c.tile != tile_portable;
+    c.kern = pick_kernel();
+    c.mr = c.kern->mr, c.nr = c.kern->nr;
+    c.avx2 = c.kern != &K_PORTABLE;
+    const int MR = c.mr, NR = c.nr;
+    int64_t n_groups = ((g->N < NC_BLOCK ? g->N : NC_BLOCK) + NR - 1) / NR;
     c.n_mblk = (g->M + MC - 1) / MC;
-    /* Enough row blocks to share: each task packs its A block once and sweeps all of N (B is
-     * packed for the whole k-block). Otherwise split N too. Either way, no element's sum order
-     * changes. */
-    c.n_nblk = c.n_mblk >= 2 * nt ? 1 : (g->N + NC - 1) / NC;
     int64_t kc_max = g->K < KC ? g->K : KC;
     c.Bp = aligned_alloc(64, (size_t)(n_groups * NR * kc_max * 4 + 64) / 64 * 64);
     c.Ap = calloc((size_t)nt, sizeof *c.Ap);
@@ -249,8 +299,15 @@ int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g) {
     for (int64_t pc = 0; pc < g->K && !rc; pc += KC) {
         c.pc = pc;
         c.kc = g->K - pc < KC ? g->K - pc : KC;
-        keel_pool_for(pool, n_groups, pack_b, &c);
-        keel_pool_for(pool, c.n_mblk * c.n_nblk, compute_blocks, &c);
+        for (int64_t jc = 0; jc < g->N; jc += NC_BLOCK) {
+            c.jc = jc, c.ncb = g->N - jc < NC_BLOCK ? g->N - jc : NC_BLOCK;
+            /* Enough row blocks to share: each task packs its A block once and sweeps the whole
+             * column block. Otherwise split the columns too. Either way, no element's sum order
+             * changes: k blocks stay in order for every element. */
+            c.n_nblk = c.n_mblk >= 2 * nt ? 1 : (c.ncb + NC - 1) / NC;
+            keel_pool_for(pool, (c.ncb + NR - 1) / NR, pack_b, &c);
+            keel_pool_for(pool, c.n_mblk * c.n_nblk, compute_blocks, &c);
+        }
     }
     if (c.Ap)
         for (int t = 0; t < nt; t++) free(c.Ap[t]);

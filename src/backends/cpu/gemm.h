@@ -1,5 +1,6 @@
 /* keel: the cpu backend's float32 matrix product, C(m,n) (+)= sum_k A(m,k) B(k,n), for any byte
- * strides. Packed, cache-blocked, AVX2/FMA micro-kernel when the CPU has it. Work is split over
+ * strides. Packed, cache-blocked, an AVX-512 or AVX2/FMA micro-kernel chosen at run time by CPU
+ * features. Work is split over
  * tiles of C only and K is blocked by a fixed KC, so every element is summed in the same order
  * whatever the thread count. */
 #ifndef KEEL_CPU_GEMM_H
@@ -23,7 +24,10 @@ typedef struct {
 
 /* Returns -1 (with an error) only when scratch memory cannot be had. */
 int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g);
-/* Which micro-kernel runs on this CPU ("avx2-fma 16x6" or "portable 16x6"). */
+/* Which micro-kernel runs on this CPU ("avx512f 32x12", "avx2-fma 16x6" or "portable 16x6"; the
+ * environment variable KEEL_GEMM_ISA=avx2|portable asks for a narrower one). */
 const char *keel_cpu_gemm_kernel(void);
+/* Floats per vector register of that kernel (16, 8 or 1), for the peak the benchmark reports. */
+int keel_cpu_gemm_vector_floats(void);
 
 #endif

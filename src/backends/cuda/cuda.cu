@@ -123,32 +123,6 @@ static bool cuda_supports(keel_backend *be, const keel_tensor *t) {
     return keel_backend_f32_supports(t);
 }
 
-/* Adds a node's time to its (op, operand layout) group: the profile then says which product
- * shapes and which strided operands the time goes to. A '*' marks a non-contiguous operand. */
-static void note_node_kind(cuda_impl *im, const keel_tensor *t, float ms) {
-    char key[208] = "", sh[64];
-    int len = 0;
-    const keel_tensor *ops[3] = {keel_op_get(t->op)->arity > 0 ? t->src[0] : NULL,
-                                 keel_op_get(t->op)->arity > 1 ? t->src[1] : NULL, t};
-    for (int k = 0; k < 3; k++) {
-        if (!ops[k]) continue;
-        keel_shape_str(ops[k]->ne, sh, sizeof sh);
-        len += snprintf(key + len, sizeof key - (size_t)len, "%s%s%s", k == 2 ? "-> " : "", sh,
-                        keel_is_contiguous(ops[k]) ? " " : "* ");
-        if (len >= (int)sizeof key) break;
-    }
-    int cap = (int)(sizeof im->prof_kind / sizeof im->prof_kind[0]), i = 0;
-    while (i < im->n_prof_kind && !(im->prof_kind[i].op == t->op && !strcmp(im->prof_kind[i].shapes, key))) i++;
-    if (i == im->n_prof_kind) {
-        if (i == cap) return; /* the per-op totals still count it */
-        im->n_prof_kind++;
-        im->prof_kind[i].op = t->op;
-        snprintf(im->prof_kind[i].shapes, sizeof im->prof_kind[i].shapes, "%s", key);
-        snprintf(im->prof_kind[i].name, sizeof im->prof_kind[i].name, "%s", t->name);
-    }
-    im->prof_kind[i].ms += ms, im->prof_kind[i].n++;
-}
-
 static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud) {
     cuda_impl *im = cuda_im(be);
     for (int64_t i = from; i < to; i++) {
@@ -167,8 +141,7 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
                 cudaEventRecord(im->ev1, im->stream);
                 if (cuda_check(cudaEventSynchronize(im->ev1), "kernel", t)) return -1;
                 cudaEventElapsedTime(&ms, im->ev0, im->ev1);
-                im->prof_ms[t->op] += ms, im->prof_n[t->op]++;
-                note_node_kind(im, t, ms);
+                keel_op_profile_add(im->profile, t, ms);
             }
             /* a callback that reads the node's bytes waits through be->read on the same stream */
             if (im->sync_each_node && cuda_check(cudaStreamSynchronize(im->stream), "kernel", t)) return -1;
@@ -189,42 +162,12 @@ static int cuda_set_threads(keel_backend *be, int n) {
     return 0; /* host threads do not change GPU results or speed */
 }
 
-static int cmp_ms(const void *a, const void *b, void *ctx) {
-    const double *ms = (const double *)ctx;
-    double x = ms[*(const int *)a], y = ms[*(const int *)b];
-    return (x < y) - (x > y);
-}
-
-static void print_profile(const cuda_impl *im) {
-    int order[KEEL_OP_COUNT], n = 0;
-    double total = 0;
-    for (int op = 0; op < KEEL_OP_COUNT; op++)
-        if (im->prof_n[op]) order[n++] = op, total += im->prof_ms[op];
-    qsort_r(order, (size_t)n, sizeof order[0], cmp_ms, (void *)im->prof_ms);
-    fprintf(stderr, "cuda profile (KEEL_CUDA_PROFILE): GPU time per op over all runs, %.1f ms in all\n", total);
-    for (int i = 0; i < n; i++)
-        fprintf(stderr, "  %-26s %10.2f ms %6.1f%% %8lld nodes\n", keel_op_get(order[i])->name, im->prof_ms[order[i]],
-                100.0 * im->prof_ms[order[i]] / (total > 0 ? total : 1), (long long)im->prof_n[order[i]]);
-    /* the 30 (op, layout) groups with the most time, by selection: the list is short */
-    fprintf(stderr, "the (op, operand shapes) groups with the most GPU time ('*': a strided operand):\n");
-    bool shown[sizeof im->prof_kind / sizeof im->prof_kind[0]] = {false};
-    for (int r = 0; r < 30; r++) {
-        int best = -1;
-        for (int i = 0; i < im->n_prof_kind; i++)
-            if (!shown[i] && (best < 0 || im->prof_kind[i].ms > im->prof_kind[best].ms)) best = i;
-        if (best < 0) break;
-        shown[best] = true;
-        fprintf(stderr, "  %9.2f ms %6lld x %8.3f ms  %-20s %-60s e.g. %s\n", im->prof_kind[best].ms,
-                (long long)im->prof_kind[best].n, im->prof_kind[best].ms / (double)im->prof_kind[best].n,
-                keel_op_get(im->prof_kind[best].op)->name, im->prof_kind[best].shapes, im->prof_kind[best].name);
-    }
-}
-
 static void cuda_destroy(keel_backend *be) {
     cuda_impl *im = cuda_im(be);
     cudaStreamSynchronize(im->stream);
     if (im->profile) {
-        print_profile(im);
+        keel_op_profile_print(im->profile, stderr, "cuda profile (KEEL_CUDA_PROFILE)", "GPU time");
+        keel_op_profile_free(im->profile);
         cudaEventDestroy(im->ev0), cudaEventDestroy(im->ev1);
     }
     if (im->scratch) cudaFree(im->scratch);
@@ -277,8 +220,7 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     be->impl = im;
     const char *sy = getenv("KEEL_CUDA_SYNC");
     im->sync_each_node = sy && *sy && strcmp(sy, "0") != 0;
-    const char *pr = getenv("KEEL_CUDA_PROFILE");
-    im->profile = pr && *pr && strcmp(pr, "0") != 0;
+    im->profile = keel_op_profile_from_env("KEEL_CUDA_PROFILE");
     if (keel_backend_read_fault(be) || cuda_check(cudaSetDevice(dev), "cudaSetDevice", NULL) ||
         cuda_check(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking), "stream creation", NULL) ||
         cublas_check(cublasCreate(&im->blas), "cublasCreate", NULL) ||
@@ -292,6 +234,7 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
                          cuda_check(cudaEventCreate(&im->ev1), "event", NULL)))) {
         if (im->blas) cublasDestroy(im->blas);
         if (im->stream) cudaStreamDestroy(im->stream);
+        keel_op_profile_free(im->profile);
         free(im), free(be);
         return NULL;
     }

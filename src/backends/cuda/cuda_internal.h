@@ -12,6 +12,7 @@
 extern "C" {
 #include "backend/backend.h"
 #include "backends/kernel_common.h"
+#include "backends/op_profile.h"
 #include "ops/ops.h"
 #include "util/error.h"
 }
@@ -62,19 +63,9 @@ typedef struct {
     void *scratch; /* per-node temporary space, grown on demand */
     size_t scratch_bytes;
     int sync_each_node; /* KEEL_CUDA_SYNC=1: wait after every node so an error names its node */
-    /* KEEL_CUDA_PROFILE=1: GPU time per op, printed when the backend is freed */
-    int profile;
+    /* KEEL_CUDA_PROFILE=1: GPU time per op, printed when the backend is freed (NULL: off) */
+    keel_op_profile *profile;
     cudaEvent_t ev0, ev1;
-    double prof_ms[KEEL_OP_COUNT];
-    int64_t prof_n[KEEL_OP_COUNT];
-    /* GPU time per op and operand layout (shapes, strided operands marked), the first node's name kept */
-    struct {
-        double ms;
-        int64_t n;
-        int op;
-        char name[KEEL_NAME_MAX], shapes[208];
-    } prof_kind[1024];
-    int n_prof_kind;
     /* live allocations, for the peak-memory figure */
     void **live_p;
     size_t *live_n;

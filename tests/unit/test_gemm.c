@@ -1,0 +1,79 @@
+/* The cpu GEMM against a float64 product, on shapes that cross every blocking boundary: several
+ * k blocks (KC 512), several column blocks of packed B (3840) and ragged edges of every tile, for
+ * each layout keel's graph produces (A and B read along or across rows, C strided, accumulate).
+ * Also: 1, 2 and 3 threads give the same bits, and so do the AVX-512 and AVX2 kernels (both sum
+ * each element over k in order with one FMA per step), where the CPU has them. */
+#include "unit.h"
+
+#include "backends/cpu/gemm.h"
+#include "backends/cpu/threadpool.h"
+
+static void fill(float *x, int64_t n, uint64_t st) {
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (float)((double)(st >> 40) / 16777216.0 - 0.5);
+    }
+}
+
+typedef struct {
+    int64_t M, N, K;
+    bool a_rows_m, b_rows_n, c_rows_n, accumulate; /* whether m (n) is the fast index of A (B, C) */
+} shape;
+
+/* C = (C0 +) A B with the layout's strides on nt threads and the named kernel; returns C. */
+static float *run(const shape *s, const float *A, const float *B, const float *C0, int nt, const char *isa) {
+    setenv("KEEL_GEMM_ISA", isa, 1);
+    float *C = malloc((size_t)(s->M * s->N) * 4);
+    memcpy(C, C0, (size_t)(s->M * s->N) * 4);
+    keel_gemm_args g = {s->M, s->N, s->K, A, s->a_rows_m ? 4 : s->K * 4, s->a_rows_m ? s->M * 4 : 4,
+                        B, s->b_rows_n ? s->N * 4 : 4, s->b_rows_n ? 4 : s->K * 4,
+                        C, s->c_rows_n ? s->N * 4 : 4, s->c_rows_n ? 4 : s->M * 4, s->accumulate};
+    keel_pool *p = keel_pool_new(nt);
+    assert_int_equal(keel_cpu_gemm(p, &g), 0);
+    keel_pool_free(p);
+    unsetenv("KEEL_GEMM_ISA");
+    return C;
+}
+
+static void against_float64(void **st) {
+    (void)st;
+    static const shape shapes[] = {
+        {77, 3900, 1100, false, false, false, false}, /* 3 k blocks, 2 column blocks, ragged tiles */
+        {130, 45, 1030, true, true, false, true},     /* A and B read across rows, accumulate */
+        {33, 7700, 520, false, true, true, false},    /* C strided (n fast), 3 column blocks */
+        {1, 1, 1, false, false, false, false},
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        const shape *s = &shapes[k];
+        float *A = malloc((size_t)(s->M * s->K) * 4), *B = malloc((size_t)(s->K * s->N) * 4),
+              *C0 = malloc((size_t)(s->M * s->N) * 4);
+        fill(A, s->M * s->K, 1 + k), fill(B, s->K * s->N, 7 + k), fill(C0, s->M * s->N, 13 + k);
+        float *C = run(s, A, B, C0, 2, "");
+        double worst = 0;
+        for (int64_t m = 0; m < s->M; m++)
+            for (int64_t n = 0; n < s->N; n++) {
+                double ref = s->accumulate ? C0[s->c_rows_n ? m * s->N + n : n * s->M + m] : 0, mag = 0;
+                for (int64_t i = 0; i < s->K; i++) {
+                    double a = A[s->a_rows_m ? i * s->M + m : m * s->K + i], b = B[s->b_rows_n ? i * s->N + n : n * s->K + i];
+                    ref += a * b, mag += fabs(a * b);
+                }
+                double got = C[s->c_rows_n ? m * s->N + n : n * s->M + m], err = fabs(got - ref) / (mag + 1e-30);
+                if (err > worst) worst = err;
+            }
+        /* float32 accumulation over K terms: each step rounds by at most 2^-24 of the running sum */
+        if (!(worst < 1e-6 * sqrt((double)s->K))) fail_msg("shape %zu: relative error %.3e against float64", k, worst);
+        for (int nt = 1; nt <= 3; nt += 2) { /* the same bits on 1 and 3 threads */
+            float *Ct = run(s, A, B, C0, nt, "");
+            assert_memory_equal(C, Ct, (size_t)(s->M * s->N) * 4);
+            free(Ct);
+        }
+        float *C2 = run(s, A, B, C0, 2, "avx2"); /* the AVX2 kernel: the same bits as the AVX-512 one */
+        if (strcmp(keel_cpu_gemm_kernel(), "portable 16x6")) assert_memory_equal(C, C2, (size_t)(s->M * s->N) * 4);
+        free(C2), free(C), free(A), free(B), free(C0);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(against_float64)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
