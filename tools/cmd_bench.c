@@ -46,7 +46,7 @@ static double cpu_mhz(void) {
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <pthread.h>
-enum { PEAK_ITERS = 20000000 };
+enum { PEAK_ITERS = 50000000 };
 #define CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
 __attribute__((target("avx512f"))) static void *fma_loop512(void *out) {
     __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
@@ -88,11 +88,15 @@ static double measured_peak(int threads, int vec_floats) {
     float sink[64];
     int n = threads < 64 ? threads : 64;
     fn(sink); /* warm the clock up */
-    double t0 = keel_now_s();
-    for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, fn, &sink[i]);
-    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
-    double secs = keel_now_s() - t0;
-    return (double)n * PEAK_ITERS * 16.0 * 8 * 2 / secs * 1e-9;
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) { /* the best of five: a clock still ramping up reads low */
+        double t0 = keel_now_s();
+        for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, fn, &sink[i]);
+        for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+        double g = (double)n * PEAK_ITERS * 16.0 * 8 * 2 / (keel_now_s() - t0) * 1e-9;
+        if (g > best) best = g;
+    }
+    return best;
 }
 #else
 static double measured_peak(int threads, int vec_floats) {

@@ -1,5 +1,5 @@
 /* The cpu GEMM against a float64 product, on shapes that cross every blocking boundary: several
- * k blocks (KC 512), several column blocks of packed B (3840) and ragged edges of every tile, for
+ * k blocks (KC 512), several column blocks of packed B (768) and ragged edges of every tile, for
  * each layout keel's graph produces (A and B read along or across rows, C strided, accumulate).
  * Also: 1, 2 and 3 threads give the same bits, and so do the AVX-512 and AVX2 kernels (both sum
  * each element over k in order with one FMA per step), where the CPU has them. */
@@ -38,9 +38,9 @@ static float *run(const shape *s, const float *A, const float *B, const float *C
 static void against_float64(void **st) {
     (void)st;
     static const shape shapes[] = {
-        {77, 3900, 1100, false, false, false, false}, /* 3 k blocks, 2 column blocks, ragged tiles */
+        {77, 3900, 1100, false, false, false, false}, /* 3 k blocks, 6 column blocks, ragged tiles */
         {130, 45, 1030, true, true, false, true},     /* A and B read across rows, accumulate */
-        {33, 7700, 520, false, true, true, false},    /* C strided (n fast), 3 column blocks */
+        {33, 7700, 520, false, true, true, false},    /* C strided (n fast), 11 column blocks */
         {1, 1, 1, false, false, false, false},
     };
     for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {

@@ -19,12 +19,15 @@
 #define KEEL_GEMM_MC 128
 #endif
 /* MC, NC and NC_BLOCK are multiples of every kernel's MR and NR. B is packed NC_BLOCK columns at
- * a time (KC x NC_BLOCK, 7.5 MiB: it stays in the last-level cache while every row block of A
- * sweeps it; packing all of N at once streamed the LM head's 248,320 columns from memory once per
- * row block). Each element of C is summed over k in
+ * a time (KC x NC_BLOCK, 1.5 MiB: it stays in cache while every row block of A sweeps it; packing
+ * all of N at once streamed the LM head's 248,320 columns from memory once per row block, and
+ * 768 measured better than 1536 and 3840 on the weight-gradient shapes). Each element of C is summed over k in
  * ascending order, one fused multiply-add per step, in KC blocks added to C in order: the same
  * bits for the AVX-512 and the AVX2 kernel (both fuse), whatever the tile shape or thread count. */
-enum { MR_MAX = 32, NR_MAX = 12, KC = KEEL_GEMM_KC, MC = KEEL_GEMM_MC, NC = 384, NC_BLOCK = 3840 };
+#ifndef KEEL_GEMM_NC_BLOCK
+#define KEEL_GEMM_NC_BLOCK 768
+#endif
+enum { MR_MAX = 32, NR_MAX = 12, KC = KEEL_GEMM_KC, MC = KEEL_GEMM_MC, NC = 384, NC_BLOCK = KEEL_GEMM_NC_BLOCK };
 
 /* One mr x nr tile over kc steps: acc[j*mr + i] = sum_k Ap[k*mr + i] Bp[k*nr + j]; the caller then
  * sets C = acc (first) or adds C += acc. */
@@ -155,9 +158,28 @@ static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
     gemm_ctx *c = arg;
     const keel_gemm_args *g = c->g;
     const int NR = c->nr;
+    const int64_t end_col = c->jc + c->ncb;
+    if (g->b_n == 4) { /* rows of B contiguous in n: along each row k, so consecutive reads share pages */
+        for (int64_t k = 0; k < c->kc; k++) {
+            const char *row = (const char *)g->B + (c->pc + k) * g->b_k;
+            for (int64_t jg = begin; jg < end; jg++) {
+                float *dst = c->Bp + jg * c->kc * NR + k * NR;
+                int64_t j0 = c->jc + jg * NR, nj = end_col - j0 < NR ? end_col - j0 : NR;
+                const float *src = (const float *)(const void *)(row + j0 * 4);
+                if (nj == 12 && NR == 12) { /* a fixed count the compiler copies in two vector moves */
+                    for (int j = 0; j < 12; j++) dst[j] = src[j];
+                } else if (nj == 6 && NR == 6) {
+                    for (int j = 0; j < 6; j++) dst[j] = src[j];
+                } else {
+                    for (int64_t j = 0; j < NR; j++) dst[j] = j < nj ? src[j] : 0.0f;
+                }
+            }
+        }
+        return;
+    }
     for (int64_t jg = begin; jg < end; jg++) {
         float *dst = c->Bp + jg * c->kc * NR;
-        int64_t j0 = c->jc + jg * NR, end_col = c->jc + c->ncb, nj = end_col - j0 < NR ? end_col - j0 : NR;
+        int64_t j0 = c->jc + jg * NR, nj = end_col - j0 < NR ? end_col - j0 : NR;
         for (int64_t k = 0; k < c->kc; k++) {
             int64_t koff = (c->pc + k) * g->b_k;
             for (int64_t j = 0; j < NR; j++) dst[k * NR + j] = j < nj ? ldf(g->B, koff + (j0 + j) * g->b_n) : 0.0f;
@@ -271,6 +293,44 @@ static void compute_blocks(void *arg, int64_t begin, int64_t end, int thread) {
     }
 }
 
+/* Packing buffers, kept by the calling thread from one product to the next and grown when a
+ * product needs more: a fresh allocation per call cost page faults that dominated products of
+ * n = 512. Contents never carry over (each product packs before it reads). */
+enum { KEEL_GEMM_MAX_THREADS = 1024 }; /* the --threads range */
+static _Thread_local struct {
+    float *Bp, *Ap[KEEL_GEMM_MAX_THREADS];
+    size_t Bp_bytes, Ap_bytes;
+    int n_ap;
+} scratch;
+
+static int scratch_get(float **Bp, size_t b_bytes, float ***Ap, int nt, size_t a_bytes) {
+    if (nt > KEEL_GEMM_MAX_THREADS) return -1;
+    if (b_bytes > scratch.Bp_bytes) {
+        free(scratch.Bp);
+        scratch.Bp = aligned_alloc(64, (b_bytes + 63) / 64 * 64);
+        scratch.Bp_bytes = scratch.Bp ? b_bytes : 0;
+        if (!scratch.Bp) return -1;
+    }
+    if (a_bytes > scratch.Ap_bytes || nt > scratch.n_ap) {
+        for (int t = 0; t < scratch.n_ap; t++) free(scratch.Ap[t]);
+        scratch.n_ap = 0;
+        size_t want = a_bytes > scratch.Ap_bytes ? a_bytes : scratch.Ap_bytes;
+        for (int t = 0; t < nt; t++) {
+            scratch.Ap[t] = aligned_alloc(64, (want + 63) / 64 * 64);
+            if (!scratch.Ap[t]) {
+                for (int u = 0; u < t; u++) free(scratch.Ap[u]);
+                scratch.Ap_bytes = 0;
+                return -1;
+            }
+            scratch.n_ap = t + 1;
+        }
+        scratch.Ap_bytes = want;
+    }
+    *Bp = scratch.Bp;
+    *Ap = scratch.Ap;
+    return 0;
+}
+
 int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g) {
     if (g->M <= 0 || g->N <= 0) return 0;
     if (g->K <= 0) { /* empty sum */
@@ -288,14 +348,8 @@ int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g) {
     int64_t n_groups = ((g->N < NC_BLOCK ? g->N : NC_BLOCK) + NR - 1) / NR;
     c.n_mblk = (g->M + MC - 1) / MC;
     int64_t kc_max = g->K < KC ? g->K : KC;
-    c.Bp = aligned_alloc(64, (size_t)(n_groups * NR * kc_max * 4 + 64) / 64 * 64);
-    c.Ap = calloc((size_t)nt, sizeof *c.Ap);
-    int rc = 0;
-    if (!c.Bp || !c.Ap) rc = -1;
-    for (int t = 0; t < nt && !rc; t++) {
-        c.Ap[t] = aligned_alloc(64, (size_t)(((MC + MR - 1) / MR) * MR * kc_max * 4 + 64) / 64 * 64);
-        if (!c.Ap[t]) rc = -1;
-    }
+    int rc = scratch_get(&c.Bp, (size_t)(n_groups * NR * kc_max * 4), &c.Ap, nt,
+                         (size_t)(((MC + MR - 1) / MR) * MR * kc_max * 4));
     for (int64_t pc = 0; pc < g->K && !rc; pc += KC) {
         c.pc = pc;
         c.kc = g->K - pc < KC ? g->K - pc : KC;
@@ -309,10 +363,6 @@ int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g) {
             keel_pool_for(pool, c.n_mblk * c.n_nblk, compute_blocks, &c);
         }
     }
-    if (c.Ap)
-        for (int t = 0; t < nt; t++) free(c.Ap[t]);
-    free(c.Ap);
-    free(c.Bp);
     if (rc)
         return keel_fail("cpu matmul: out of memory for %lldx%lldx%lld scratch", (long long)g->M, (long long)g->N,
                          (long long)g->K);
