@@ -438,9 +438,13 @@ int keel_checkpoint_save(const char *out_dir, const keel_qwen35 *m, keel_backend
     return keel_checkpoint_save_ex(out_dir, m, be, dtype, src, multimodal, NULL, NULL);
 }
 
-int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
+int keel_checkpoint_save_ex(const char *out_dir_given, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
                             const keel_checkpoint *src, bool multimodal, int (*extra)(const char *tmp_dir, void *ud),
                             void *ud) {
+    char out_dir[4000]; /* without trailing slashes: "out/" must not put the temporary folder inside out */
+    if (snprintf(out_dir, sizeof out_dir, "%s", out_dir_given) >= (int)sizeof out_dir)
+        return keel_fail("%s: path too long", out_dir_given);
+    for (size_t n = strlen(out_dir); n > 1 && out_dir[n - 1] == '/'; n--) out_dir[n - 1] = 0;
     if (dtype != KEEL_F32 && dtype != KEEL_BF16 && dtype != KEEL_F16 && dtype != KEEL_F64)
         return keel_fail("save: cannot store weights as %s", keel_type_name(dtype));
     if (multimodal && !(src && src->multimodal))
