@@ -14,6 +14,7 @@
 #   crafted traces for keel diff (a 2^30 count, a bad op)       -> refused before allocating
 #   NaN / negative / huge flag values                          -> the flag named
 #   bench tokenize with a file name holding shell syntax       -> runs nothing
+#   a pre-tokenizer regex hitting PCRE2's match limit           -> the text piece and the limits named
 # Usage: test-hostile-files.sh KEEL FIXTURE_DIR TEXT WORKDIR
 set -uo pipefail
 keel=$1 fixture=$2 text=$3 work=$4
@@ -54,6 +55,12 @@ for spec in "float:7.5:ids must be integers" "huge:100000000:ids must be integer
     fs.writeFileSync(process.argv[3], JSON.stringify(t))' "$qwen3" "$val" "$work/tok-$name.json"
   expect "tokenizer-id-$name" "$pat" "$keel" tokenize --tokenizer "$work/tok-$name.json" hello
 done
+# a pre-tokenizer pattern that backtracks without end: PCRE2's match limit, reported with the text
+node -e 'const fs=require("fs"); const t=JSON.parse(fs.readFileSync(process.argv[1]));
+  const walk=(o)=>{ if (o && typeof o==="object") { if (o.type==="Split" && o.pattern && o.pattern.Regex) o.pattern.Regex="(a|aa)+$"; for (const k in o) walk(o[k]); } };
+  walk(t.pre_tokenizer); fs.writeFileSync(process.argv[2], JSON.stringify(t))' "$qwen3" "$work/tok-backtrack.json"
+printf 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!' >"$work/backtrack.txt"
+expect pcre2-match-limit "match limit exceeded (match limit" "$keel" tokenize --tokenizer "$work/tok-backtrack.json" --file "$work/backtrack.txt"
 # trainer_state.json counters out of range (a negative position was a use-after-free, a negative
 # step a negative learning rate)
 "$keel" train --preset tiny --data "$work/short.txt" --window 16 --batch 2 --steps 2 --out "$work/st" >/dev/null 2>&1
