@@ -125,6 +125,19 @@ static const char *choose_coretype(void) {
 #endif
 }
 
+/* GFLOP/s of the median of reps timings (sorted in place). */
+static double median_gflops(double *t, int reps, double flops) {
+    qsort(t, (size_t)reps, sizeof(double), bench_cmp_d);
+    return flops / t[reps / 2] * 1e-9;
+}
+
+/* sqrt(sum (a - ref)^2 / sum ref^2). */
+static double rel_diff(const float *a, const float *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num += (double)(a[i] - ref[i]) * (a[i] - ref[i]), den += (double)ref[i] * ref[i];
+    return sqrt(num / den);
+}
+
 /* The products of a Qwen3.5-0.8B training step at batch 1, window T: hidden 1024 against the
  * MLP's 3584, the attention projections' 6144 and the LM head's 248320 columns; for each, the
  * forward (Y = W X), the backward to the input (dX = W^T dY, W read transposed) and to the
@@ -191,15 +204,10 @@ static int bench_model_shapes(sgemm_fn sgemm, int threads, int reps, int64_t T) 
                               (int)O, 0.0f, R, (int)M);
                     if (r) to[r - 1] = keel_now_s() - t0;
                 }
-                qsort(to, (size_t)reps, sizeof(double), bench_cmp_d);
-                ob = flops / to[reps / 2] * 1e-9;
-                double num = 0, den = 0;
-                for (int64_t i = 0; i < M * N; i++)
-                    num += (double)(C[i] - R[i]) * (C[i] - R[i]), den += (double)R[i] * R[i];
-                diff = sqrt(num / den);
+                ob = median_gflops(to, reps, flops);
+                diff = rel_diff(C, R, M * N);
             }
-            qsort(tk, (size_t)reps, sizeof(double), bench_cmp_d);
-            double kg = flops / tk[reps / 2] * 1e-9;
+            double kg = median_gflops(tk, reps, flops);
             char label[96];
             snprintf(label, sizeof label, "%s [%lldx%lldx%lld]", what, (long long)M, (long long)N, (long long)K);
             printf("%-38s %10.1f %10.1f %8.2f %12.1e\n", label, kg, ob, ob > 0 ? kg / ob : NAN, diff);
@@ -281,15 +289,10 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
                       0.0f, oc, (int)n);
                 to[r] = keel_now_s() - t0;
             }
-            qsort(to, (size_t)reps, sizeof(double), bench_cmp_d);
-            ob = flops / to[reps / 2] * 1e-9;
-            double num = 0, den = 0;
-            for (int64_t i = 0; i < n * n; i++)
-                num += (double)(hc[i] - oc[i]) * (hc[i] - oc[i]), den += (double)oc[i] * oc[i];
-            diff = sqrt(num / den);
+            ob = median_gflops(to, reps, flops);
+            diff = rel_diff(hc, oc, n * n);
         }
-        qsort(tk, (size_t)reps, sizeof(double), bench_cmp_d);
-        double kg = flops / tk[reps / 2] * 1e-9;
+        double kg = median_gflops(tk, reps, flops);
         printf("%6lld %12.1f %12.1f %10.2f %10.2f %12.1e\n", (long long)n, kg, ob, ob > 0 ? kg / ob : NAN, kg / peak,
                diff);
         fflush(stdout);
