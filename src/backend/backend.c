@@ -109,3 +109,28 @@ double *keel_tensor_read_f64(keel_backend *be, const keel_tensor *t) {
     }
     return d;
 }
+
+unsigned char *keel_tensor_read_raw_flat(keel_backend *be, const keel_tensor *t, size_t *n_bytes) {
+    size_t span = keel_nbytes(t), es = keel_type_size(t->type);
+    int64_t n = keel_nelements(t);
+    bool flat = keel_is_contiguous(t); /* already in flat order: the span is the result */
+    unsigned char *raw = malloc(span ? span : 1), *out = flat ? raw : malloc((size_t)n * es + 1);
+    if (!raw || !out || be->read(be, raw, t->data, span)) {
+        free(raw);
+        if (out != raw) free(out);
+        keel_fail("cannot read '%s' from the %s backend", t->name, be->name);
+        return NULL;
+    }
+    if (!flat) {
+        int64_t k = 0;
+        for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+            for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+                for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
+                    for (int64_t i0 = 0; i0 < t->ne[0]; i0++, k++)
+                        memcpy(out + (size_t)k * es,
+                               raw + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3], es);
+        free(raw);
+    }
+    *n_bytes = (size_t)n * es;
+    return out;
+}

@@ -73,5 +73,9 @@ int keel_tensor_write(keel_backend *be, keel_tensor *t, const void *host, keel_t
 int keel_tensor_read(keel_backend *be, const keel_tensor *t, void *host, keel_type host_type);
 /* Convenience: whole tensor as float64 (any type). Caller frees. */
 double *keel_tensor_read_f64(keel_backend *be, const keel_tensor *t);
+/* The tensor's bytes in flat order and its own type, by one raw transfer of its span and a gather
+ * on the host: never the backend's copy path, so the tracer and the op-test harness can judge that
+ * path with it. *n_bytes gets the size; caller frees; NULL (with a message) on failure. */
+unsigned char *keel_tensor_read_raw_flat(keel_backend *be, const keel_tensor *t, size_t *n_bytes);
 
 #endif

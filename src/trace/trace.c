@@ -26,37 +26,6 @@ void keel_tracer_free(keel_tracer *t) {
     free(t);
 }
 
-/* The tensor's contents in flat order, read with a raw transfer and gathered here: the tracer
- * must not depend on the copy path it is meant to judge. */
-static unsigned char *gather(keel_backend *be, const keel_tensor *t, size_t *n_bytes) {
-    size_t span = keel_nbytes(t), es = keel_type_size(t->type);
-    int64_t n = keel_nelements(t);
-    if (keel_is_contiguous(t)) { /* already in flat order */
-        unsigned char *out = malloc(span ? span : 1);
-        if (!out || be->read(be, out, t->data, span)) {
-            free(out);
-            return NULL;
-        }
-        *n_bytes = span;
-        return out;
-    }
-    unsigned char *raw = malloc(span), *out = malloc((size_t)n * es);
-    if (!raw || !out || be->read(be, raw, t->data, span)) {
-        free(raw), free(out);
-        return NULL;
-    }
-    int64_t k = 0;
-    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
-        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
-            for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
-                for (int64_t i0 = 0; i0 < t->ne[0]; i0++, k++)
-                    memcpy(out + (size_t)k * es, raw + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3],
-                           es);
-    free(raw);
-    *n_bytes = (size_t)n * es;
-    return out;
-}
-
 static int ensure_ids(keel_tracer *t, int64_t id) {
     if (id < t->n_ids) return 0;
     int64_t n = id * 2 + 1024;
@@ -75,7 +44,7 @@ static int record(keel_tracer *tr, keel_backend *be, const keel_tensor *x, bool 
         tr->r = r, tr->cap = c;
     }
     size_t nb;
-    unsigned char *bytes = gather(be, x, &nb);
+    unsigned char *bytes = keel_tensor_read_raw_flat(be, x, &nb); /* never the copy path it judges */
     if (!bytes) return keel_fail("trace: cannot read '%s'", x->name);
     if (!is_leaf && tr->flip && !tr->flipped && strcmp(x->name, tr->flip) == 0) {
         /* the fault switch: flip the lowest bit of element 0, in the buffer itself */

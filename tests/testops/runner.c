@@ -1,5 +1,5 @@
 /* keel: the op test runner (see testops.h). The harness reads and writes tensor bytes itself
- * (raw transfers plus its own host-side strided gather) so that the code under test, the copy
+ * (raw transfers plus a host-side strided gather, keel_tensor_read_raw_flat) so that the code under test, the copy
  * path included, is never trusted to report on itself. */
 #include <math.h>
 #include <stdio.h>
@@ -96,24 +96,15 @@ static double *gen_values(const case_input *in, uint64_t seed, int64_t n) {
 
 /* ---- host-side tensor access ---- */
 
-/* Whole tensor in flat order as f64, read with raw transfers and gathered here. */
+/* Whole tensor in flat order as f64: a raw transfer gathered on the host (never the copy path). */
 static double *host_read(keel_backend *be, const keel_tensor *t) {
-    size_t nb = keel_nbytes(t);
-    unsigned char *raw = malloc(nb);
+    size_t nb;
+    unsigned char *flat = keel_tensor_read_raw_flat(be, t, &nb);
     int64_t n = keel_nelements(t);
-    double *out = malloc((size_t)n * sizeof *out);
-    if (!raw || !out || be->read(be, raw, t->data, nb)) {
-        free(raw), free(out);
-        return NULL;
-    }
-    int64_t k = 0;
-    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
-        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
-            for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
-                for (int64_t i0 = 0; i0 < t->ne[0]; i0++)
-                    out[k++] =
-                        keel_load_value(t->type, raw + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3]);
-    free(raw);
+    size_t es = keel_type_size(t->type);
+    double *out = flat ? malloc((size_t)n * sizeof *out + 1) : NULL;
+    for (int64_t i = 0; out && i < n; i++) out[i] = keel_load_value(t->type, flat + (size_t)i * es);
+    free(flat);
     return out;
 }
 
