@@ -72,6 +72,7 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
         printf("keel step %lld%s: %.3f s, loss %.4f\n", step + 1, step < o->warmup ? " (warm-up)" : "", times[step],
                loss);
         fflush(stdout);
+        if (step + 1 == o->warmup && be->profile_reset) be->profile_reset(be); /* the table: timed steps only */
         if (!isfinite(loss)) {
             keel_fail("keel: loss is not finite at step %lld", step + 1);
             goto done;

@@ -21,6 +21,9 @@ struct keel_backend {
                               compared); without it, a second run is the repeat check */
     /* The most memory it has held at once, for backends that track it (GPU memory); NULL otherwise. */
     size_t (*peak_bytes)(keel_backend *be);
+    /* Forget the per-op profile so far (KEEL_CPU_PROFILE / KEEL_CUDA_PROFILE), e.g. after warm-up
+     * steps whose first-touch page faults would swamp the table; NULL when the backend has none. */
+    void (*profile_reset)(keel_backend *be);
     int n_threads;
     /* KEEL_FAULT=copy-row-limit:N: the copy routine copies only the first N elements of each row,
      * re-creating the row-limited GPU dispatch this project exists to catch. 0 = off. The ref

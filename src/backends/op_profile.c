@@ -50,6 +50,8 @@ void keel_op_profile_add(keel_op_profile *p, const keel_tensor *t, double ms) {
     p->kind[i].ms += ms, p->kind[i].n++;
 }
 
+void keel_op_profile_reset(keel_op_profile *p) { memset(p, 0, sizeof *p); }
+
 static int by_ms(const void *a, const void *b, void *ctx) {
     const double *ms = ctx;
     double x = ms[*(const int *)a], y = ms[*(const int *)b];

@@ -17,6 +17,8 @@ void keel_op_profile_add(keel_op_profile *p, const keel_tensor *t, double ms);
 /* The per-op table, largest first, then the 30 groups with the most time; `what` names the clock
  * ("GPU time", "wall time on 2 threads"). */
 void keel_op_profile_print(const keel_op_profile *p, FILE *f, const char *title, const char *what);
+/* Back to empty, as from keel_op_profile_from_env. */
+void keel_op_profile_reset(keel_op_profile *p);
 void keel_op_profile_free(keel_op_profile *p);
 
 #endif

@@ -45,6 +45,11 @@ static int cpu_set_threads(keel_backend *be, int n) {
     return 0;
 }
 
+static void cpu_profile_reset(keel_backend *be) {
+    cpu_impl *im = be->impl;
+    if (im->profile) keel_op_profile_reset(im->profile);
+}
+
 static void cpu_destroy(keel_backend *be) {
     cpu_impl *im = be->impl;
     if (im->profile) {
@@ -79,6 +84,7 @@ keel_backend *keel_backend_cpu_new(int n_threads) {
     be->compute = cpu_compute;
     be->set_threads = cpu_set_threads;
     be->destroy = cpu_destroy;
+    be->profile_reset = cpu_profile_reset;
     im->profile = keel_op_profile_from_env("KEEL_CPU_PROFILE");
     if (keel_backend_read_fault(be) || cpu_set_threads(be, n_threads > 0 ? n_threads : 1)) {
         keel_op_profile_free(im->profile);

@@ -162,6 +162,11 @@ static int cuda_set_threads(keel_backend *be, int n) {
     return 0; /* host threads do not change GPU results or speed */
 }
 
+static void cuda_profile_reset(keel_backend *be) {
+    cuda_impl *im = cuda_im(be);
+    if (im->profile) keel_op_profile_reset(im->profile);
+}
+
 static void cuda_destroy(keel_backend *be) {
     cuda_impl *im = cuda_im(be);
     cudaStreamSynchronize(im->stream);
@@ -248,5 +253,6 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     be->compute = cuda_compute;
     be->set_threads = cuda_set_threads;
     be->destroy = cuda_destroy;
+    be->profile_reset = cuda_profile_reset;
     return be;
 }
