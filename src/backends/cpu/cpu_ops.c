@@ -8,6 +8,7 @@
 #include "backends/cpu/gemm.h"
 #include "ops/ops.h"
 #include "ops/scalar_f32.h"
+#include "backends/cpu/vec_math.h"
 #include "util/error.h"
 
 typedef struct {
@@ -15,6 +16,7 @@ typedef struct {
     const keel_tensor *t;
     double *partial; /* per-row results reduced serially afterwards */
     int64_t *csr_start, *csr_items;
+    float *wt; /* CONV1D: the weight as [K][C] */
 } node_ctx;
 
 #define F(p) (*(const float *)(const void *)(p))
@@ -28,6 +30,13 @@ static void unary_task(void *arg, int64_t b, int64_t e, int th) {
         char *d = cpu_row_flat(t, r);
         const char *s = cpu_row_flat(a, r);
         float sc = (float)t->fp[0], bi = (float)t->fp[1];
+        if (t->op == KEEL_OP_SILU) { /* the hot one: exp in vector code */
+            for (int64_t i = 0; i < t->ne[0]; i++) {
+                float x = F(s + i * a->nb[0]);
+                W(d + 4 * i) = x / (1.0f + keel_expf_fast(-x));
+            }
+            continue;
+        }
         for (int64_t i = 0; i < t->ne[0]; i++) W(d + 4 * i) = keel_unary_f32(t->op, F(s + i * a->nb[0]), sc, bi);
     }
 }
@@ -45,7 +54,16 @@ static void binary_task(void *arg, int64_t b, int64_t e, int th) {
         int64_t xn = x->nb[0], yn = y->nb[0];
         if (xn == 4 && yn == 4 && ny == n) {
             const float *xf = (const float *)(const void *)xs, *yf = (const float *)(const void *)ys;
-            for (int64_t i = 0; i < n; i++) d[i] = keel_binary_f32(t->op, xf[i], yf[i]);
+            switch (t->op) { /* one loop per op, so each is vector code */
+            case KEEL_OP_ADD:
+                for (int64_t i = 0; i < n; i++) d[i] = xf[i] + yf[i];
+                break;
+            case KEEL_OP_MUL:
+                for (int64_t i = 0; i < n; i++) d[i] = xf[i] * yf[i];
+                break;
+            default:
+                for (int64_t i = 0; i < n; i++) d[i] = keel_binary_f32(t->op, xf[i], yf[i]);
+            }
             continue;
         }
         for (int64_t i = 0; i < n; i++) {
@@ -132,7 +150,7 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
         case KEEL_OP_SILU_BACK: {
             const char *dy = cpu_row(y, i1, i2, i3);
             for (int64_t i = 0; i < n; i++) {
-                float x = F(s + i * an), sg = 1.0f / (1.0f + expf(-x));
+                float x = F(s + i * an), sg = 1.0f / (1.0f + keel_expf_fast(-x));
                 W(d + 4 * i) = F(dy + i * y->nb[0]) * sg * (1.0f + x * (1.0f - sg));
             }
             break;
@@ -162,16 +180,33 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
             int64_t ti0 = r % tg->ne[0], ti1 = (r / tg->ne[0]) % tg->ne[1],
                     ti2 = (r / (tg->ne[0] * tg->ne[1])) % tg->ne[2], ti3 = r / (tg->ne[0] * tg->ne[1] * tg->ne[2]);
             memcpy(&yv, cpu_row(tg, ti1, ti2, ti3) + ti0 * tg->nb[0], 4);
-            float mx = -INFINITY;
-            for (int64_t i = 0; i < n; i++) mx = fmaxf(mx, F(s + i * an));
-            double z = 0;
-            for (int64_t i = 0; i < n; i++) z += expf(F(s + i * an) - mx);
             if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS) {
+                /* max, then sum exp(x - max), over the row in chunks gathered to the stack */
+                enum { CH = 1024 };
+                float buf[CH], mx = -INFINITY;
+                for (int64_t i0 = 0; i0 < n; i0 += CH) {
+                    int64_t m = n - i0 < CH ? n - i0 : CH;
+                    for (int64_t i = 0; i < m; i++) buf[i] = F(s + (i0 + i) * an);
+                    mx = fmaxf(mx, keel_max_row(buf, m));
+                }
+                double z = 0;
+                for (int64_t i0 = 0; i0 < n; i0 += CH) {
+                    int64_t m = n - i0 < CH ? n - i0 : CH;
+                    for (int64_t i = 0; i < m; i++) buf[i] = F(s + (i0 + i) * an);
+                    keel_exp_row(buf, mx, buf, m);
+                    z += keel_sum_row_f64(buf, m);
+                }
                 c->partial[r] = log(z) + mx - F(s + yv * an);
-            } else {
-                double N = (double)keel_nrows(a);
+            } else { /* in place in the result row: x, then exp(x - max), then the gradient */
+                float *dr = (float *)(void *)d;
+                for (int64_t i = 0; i < n; i++) dr[i] = F(s + i * an);
+                float mx = keel_max_row(dr, n);
+                keel_exp_row(dr, mx, dr, n);
+                double z = keel_sum_row_f64(dr, n), N = (double)keel_nrows(a);
                 float dl = F(t->src[2]->data), sc = (float)(1.0 / z), k = (float)(dl / N);
-                for (int64_t i = 0; i < n; i++) W(d + 4 * i) = (expf(F(s + i * an) - mx) * sc - (i == yv)) * k;
+                float ey = dr[yv];
+                for (int64_t i = 0; i < n; i++) dr[i] = (dr[i] * sc) * k;
+                dr[yv] = (ey * sc - 1.0f) * k;
             }
             break;
         }
@@ -206,38 +241,48 @@ static void repeat_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
+/* Channels of CONV1D_BACK_WEIGHT per work item: a block's rows (64 floats of dy and of x per
+ * time step) are read whole, where one channel per item read one float per 24 KiB row. */
+enum { CONV_CB = 64 };
+
 static void conv_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
     const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1];
-    if (t->op == KEEL_OP_CONV1D_BACK_WEIGHT) { /* item = channel; src1 is dy */
-        int64_t K = t->ne[0], T = x->ne[1];
-        for (int64_t ch = b; ch < e; ch++)
+    if (t->op == KEEL_OP_CONV1D_BACK_WEIGHT) { /* item = block of CONV_CB channels; src1 is dy */
+        int64_t K = t->ne[0], T = x->ne[1], C = t->ne[1], xn = x->nb[0], wn = w->nb[0];
+        for (int64_t blk = b; blk < e; blk++) {
+            int64_t c0 = blk * CONV_CB, nc = C - c0 < CONV_CB ? C - c0 : CONV_CB;
             for (int64_t j = 0; j < K; j++) {
-                double acc = 0;
+                double acc[CONV_CB] = {0}; /* each channel summed over (batch, time) in order */
                 for (int64_t bb = 0; bb < x->ne[2]; bb++)
-                    for (int64_t tt = 0; tt < T; tt++) {
-                        int64_t ts = tt - (K - 1) + j;
-                        if (ts >= 0)
-                            acc += (double)F(cpu_row(w, tt, bb, 0) + ch * w->nb[0]) *
-                                   F(cpu_row(x, ts, bb, 0) + ch * x->nb[0]);
+                    for (int64_t tt = (K - 1) - j; tt < T; tt++) {
+                        const char *dyr = cpu_row(w, tt, bb, 0) + c0 * wn, *xr = cpu_row(x, tt - (K - 1) + j, bb, 0) + c0 * xn;
+                        for (int64_t ch = 0; ch < nc; ch++) acc[ch] += (double)F(dyr + ch * wn) * F(xr + ch * xn);
                     }
-                W(cpu_row(t, ch, 0, 0) + 4 * j) = (float)acc;
+                for (int64_t ch = 0; ch < nc; ch++) W(cpu_row(t, c0 + ch, 0, 0) + 4 * j) = (float)acc[ch];
             }
+        }
         return;
     }
-    int64_t K = w->ne[0], T = x->ne[1];
-    for (int64_t r = b; r < e; r++) { /* item = (t, b) row of the result */
+    /* item = (t, b) row of the result; c->wt is the weight transposed to [K][C] so a tap's
+     * weights are contiguous across channels. Each channel sums its taps in order j = 0..K-1. */
+    int64_t K = w->ne[0], T = x->ne[1], C = t->ne[0], xn = x->nb[0];
+    for (int64_t r = b; r < e; r++) {
         int64_t tt = r % t->ne[1], bb = r / t->ne[1];
-        char *d = cpu_row(t, tt, bb, 0);
-        for (int64_t ch = 0; ch < t->ne[0]; ch++) {
-            float acc = 0;
-            for (int64_t j = 0; j < K; j++) {
-                int64_t ts = t->op == KEEL_OP_CONV1D ? tt - (K - 1) + j : tt + (K - 1) - j;
-                if (ts >= 0 && ts < T)
-                    acc += F(cpu_row(w, ch, 0, 0) + j * w->nb[0]) * F(cpu_row(x, ts, bb, 0) + ch * x->nb[0]);
+        float *d = (float *)(void *)cpu_row(t, tt, bb, 0);
+        for (int64_t ch = 0; ch < C; ch++) d[ch] = 0.0f;
+        for (int64_t j = 0; j < K; j++) {
+            int64_t ts = t->op == KEEL_OP_CONV1D ? tt - (K - 1) + j : tt + (K - 1) - j;
+            if (ts < 0 || ts >= T) continue;
+            const char *xr = cpu_row(x, ts, bb, 0);
+            const float *wj = c->wt + j * C;
+            if (xn == 4) {
+                const float *xf = (const float *)(const void *)xr;
+                for (int64_t ch = 0; ch < C; ch++) d[ch] += wj[ch] * xf[ch];
+            } else {
+                for (int64_t ch = 0; ch < C; ch++) d[ch] += wj[ch] * F(xr + ch * xn);
             }
-            W(d + 4 * ch) = acc;
         }
     }
 }
@@ -428,11 +473,18 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_OUT_PROD:
         return out_prod(be, t);
     case KEEL_OP_CONV1D:
-    case KEEL_OP_CONV1D_BACK_INPUT:
+    case KEEL_OP_CONV1D_BACK_INPUT: {
+        int64_t K = b->ne[0], C = t->ne[0];
+        c.wt = malloc((size_t)(K * C) * sizeof(float));
+        if (!c.wt) return keel_fail("cpu: out of memory in '%s'", t->name);
+        for (int64_t ch = 0; ch < C; ch++)
+            for (int64_t j = 0; j < K; j++) c.wt[j * C + ch] = F(cpu_row(b, ch, 0, 0) + j * b->nb[0]);
         keel_pool_for(pool, t->ne[1] * t->ne[2], conv_task, &c);
+        free(c.wt);
         return 0;
+    }
     case KEEL_OP_CONV1D_BACK_WEIGHT:
-        keel_pool_for(pool, t->ne[1], conv_task, &c);
+        keel_pool_for(pool, (t->ne[1] + CONV_CB - 1) / CONV_CB, conv_task, &c);
         return 0;
     case KEEL_OP_GATED_DELTA_NET:
     case KEEL_OP_GATED_DELTA_NET_STATE:
