@@ -1,8 +1,13 @@
 /* keel: the gated delta rule on the cpu backend, forward and backward, one (batch, value head)
  * lane per work item. Per lane, with state S (Dk x Dv), S0 = 0, for each step t:
  *   S = exp(g) S;  d = beta (v - S^T k);  S = S + k d^T;  o = S^T q.
- * The backward pass stores S only at chunk boundaries (every GDN_CHUNK steps) and recomputes the
- * states inside a chunk from there, with the same step function as the forward pass. */
+ * Each column j of S evolves on its own (k, q, g, beta are shared; v and d are per column), so a
+ * lane runs in blocks of VB value columns over all T: the block's state (VB x Dk floats, each
+ * column contiguous in k) stays in L1 where the whole Dk x Dv state did not. Sums over k run in
+ * lanes (dot_lanes); sums across columns (dq, dk, dg, dbeta) run over j in ascending order, block
+ * after block: a fixed order, whatever the thread count.
+ * The backward pass stores the block's state only at chunk boundaries (every GDN_CHUNK steps)
+ * and recomputes the states inside a chunk from there, with the forward pass's step function. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -11,6 +16,7 @@
 #include "util/error.h"
 
 #define GDN_CHUNK 64
+enum { VB = 8 }; /* value columns per block */
 
 typedef struct {
     const keel_tensor *t;
@@ -42,23 +48,48 @@ static void gather(const gdn_ctx *c, int64_t b, int64_t hv, lane_in *L, bool wit
     }
 }
 
-/* One step of the recurrence: S <- exp(g) S, then S <- S + k d^T with d = beta (v - S^T k).
- * u (Dv scratch) receives S_a^T k, d receives d. */
-static void step(float *S, const float *k, const float *v, float g, float beta, int64_t Dk, int64_t Dv, float *u,
-                 float *d) {
+/* Sums over a row run in LANES interleaved partial sums (element j into partial j % LANES), added
+ * in lane order at the end: a fixed order (so results never depend on threads or ISA), and one the
+ * compiler turns into vector code, where a single running sum would be a serial chain. */
+enum { LANES = 16 };
+
+static inline float lane_total(const float *p) {
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += p[l];
+    return s;
+}
+
+/* sum_j x[j] y[j] in the lane order above */
+static inline float dot_lanes(const float *x, const float *y, int64_t n) {
+    float p[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) p[l] += x[j + l] * y[j + l];
+    for (int l = 0; j < n; j++, l++) p[l] += x[j] * y[j];
+    return lane_total(p);
+}
+
+/* sum_i (a x[i]) y[i], the lanes as dot_lanes */
+static inline float dot_scaled(const float *x, float a, const float *y, int64_t n) {
+    float p[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++) p[l] += (a * x[i + l]) * y[i + l];
+    for (int l = 0; i < n; i++, l++) p[l] += (a * x[i]) * y[i];
+    return lane_total(p);
+}
+
+/* One step for the nb columns of a block, S [nb][Dk]: Sa = exp(g) S; d = beta (v - Sa^T k);
+ * S <- Sa + k d^T; and, when o is given, o[jj] = S[jj] . q. v and o point at the block's first
+ * column. */
+static void step(float *S, int64_t nb, const float *k, const float *v, float g, float beta, int64_t Dk,
+                 const float *q, float *o) {
     float eg = expf(g);
-    for (int64_t i = 0; i < Dk * Dv; i++) S[i] *= eg;
-    for (int64_t j = 0; j < Dv; j++) u[j] = 0.0f;
-    for (int64_t i = 0; i < Dk; i++) {
-        float ki = k[i];
-        const float *Si = S + i * Dv;
-        for (int64_t j = 0; j < Dv; j++) u[j] += Si[j] * ki;
-    }
-    for (int64_t j = 0; j < Dv; j++) d[j] = beta * (v[j] - u[j]);
-    for (int64_t i = 0; i < Dk; i++) {
-        float ki = k[i];
-        float *Si = S + i * Dv;
-        for (int64_t j = 0; j < Dv; j++) Si[j] += ki * d[j];
+    for (int64_t jj = 0; jj < nb; jj++) {
+        float *s = S + jj * Dk;
+        float d = beta * (v[jj] - dot_scaled(s, eg, k, Dk));
+        for (int64_t i = 0; i < Dk; i++) s[i] = eg * s[i] + k[i] * d;
+        if (o) o[jj] = dot_lanes(s, q, Dk);
     }
 }
 
@@ -74,41 +105,41 @@ static float *lane_alloc(const gdn_ctx *c, lane_in *L) {
 static void forward_task(void *arg, int64_t begin, int64_t end, int th) {
     (void)th;
     gdn_ctx *c = arg;
-    int64_t Dk = c->Dk, Dv = c->Dv;
+    int64_t Dk = c->Dk, Dv = c->Dv, T = c->T;
     lane_in L;
     float *mem = lane_alloc(c, &L);
-    float *S = malloc((size_t)(Dk * Dv + 2 * Dv) * sizeof(float));
+    float *S = malloc((size_t)(VB * Dk + VB) * sizeof(float));
     if (!mem || !S) {
         free(mem), free(S);
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    float *u = S + Dk * Dv, *d = u + Dv;
+    float *o = S + VB * Dk;
+    const keel_tensor *s0 = c->t->op == KEEL_OP_GATED_DELTA_NET_STATE ? c->t->src[5] : NULL;
     for (int64_t lane = begin; lane < end; lane++) {
         int64_t b = lane / c->Hv, hv = lane % c->Hv;
         gather(c, b, hv, &L, false);
-        const keel_tensor *s0 = c->t->op == KEEL_OP_GATED_DELTA_NET_STATE ? c->t->src[5] : NULL;
-        for (int64_t i = 0; i < Dk; i++)
-            for (int64_t j = 0; j < Dv; j++) S[i * Dv + j] = s0 ? cpu_ldf(cpu_row(s0, i, hv, b) + j * s0->nb[0]) : 0.0f;
-        for (int64_t t = 0; t < c->T; t++) {
-            step(S, L.k + t * Dk, L.v + t * Dv, L.g[t], L.beta[t], Dk, Dv, u, d);
-            const float *q = L.q + t * Dk;
-            for (int64_t j = 0; j < Dv; j++) u[j] = 0.0f;
-            for (int64_t i = 0; i < Dk; i++) {
-                const float *Si = S + i * Dv;
-                for (int64_t j = 0; j < Dv; j++) u[j] += Si[j] * q[i];
+        /* packed result of the STATE variant: o [Dv,Hv,T,B], then the final states [Dv,Dk,Hv,B] */
+        float *fin = s0 ? (float *)c->t->data + Dv * c->Hv * T * c->B + (b * c->Hv + hv) * Dk * Dv : NULL;
+        for (int64_t j0 = 0; j0 < Dv; j0 += VB) {
+            int64_t nb = Dv - j0 < VB ? Dv - j0 : VB;
+            for (int64_t jj = 0; jj < nb; jj++)
+                for (int64_t i = 0; i < Dk; i++)
+                    S[jj * Dk + i] = s0 ? cpu_ldf(cpu_row(s0, i, hv, b) + (j0 + jj) * s0->nb[0]) : 0.0f;
+            for (int64_t t = 0; t < T; t++) {
+                step(S, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, L.q + t * Dk, o);
+                if (s0) {
+                    float *orow = (float *)c->t->data + ((b * T + t) * c->Hv + hv) * Dv + j0;
+                    for (int64_t jj = 0; jj < nb; jj++) orow[jj] = o[jj];
+                } else {
+                    char *orow = cpu_row(c->t, hv, t, b) + j0 * c->t->nb[0];
+                    for (int64_t jj = 0; jj < nb; jj++) cpu_stf(orow + jj * c->t->nb[0], o[jj]);
+                }
             }
-            if (s0) { /* packed result: o [Dv,Hv,T,B], then the final states [Dv,Dk,Hv,B] */
-                float *o = (float *)c->t->data + ((b * c->T + t) * c->Hv + hv) * Dv;
-                for (int64_t j = 0; j < Dv; j++) o[j] = u[j];
-            } else {
-                char *o = cpu_row(c->t, hv, t, b);
-                for (int64_t j = 0; j < Dv; j++) cpu_stf(o + j * c->t->nb[0], u[j]);
-            }
+            if (fin)
+                for (int64_t jj = 0; jj < nb; jj++)
+                    for (int64_t i = 0; i < Dk; i++) fin[i * Dv + j0 + jj] = S[jj * Dk + i];
         }
-        if (s0)
-            memcpy((float *)c->t->data + Dv * c->Hv * c->T * c->B + (b * c->Hv + hv) * Dk * Dv, S,
-                   (size_t)(Dk * Dv) * sizeof(float));
     }
     free(mem);
     free(S);
@@ -117,91 +148,99 @@ static void forward_task(void *arg, int64_t begin, int64_t end, int th) {
 static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
     (void)th;
     gdn_ctx *c = arg;
-    int64_t Dk = c->Dk, Dv = c->Dv, T = c->T, Hv = c->Hv, B = c->B, n = Dk * Dv;
+    int64_t Dk = c->Dk, Dv = c->Dv, T = c->T, Hv = c->Hv, B = c->B, n = VB * Dk;
     int64_t n_chunks = (T + GDN_CHUNK - 1) / GDN_CHUNK;
     lane_in L;
     float *mem = lane_alloc(c, &L);
-    /* chunk-start states, the states of one chunk, dS, and vectors */
+    /* the block's chunk-start states, the states of one chunk, its dS; dg and dbeta per step */
     float *Sck = malloc((size_t)(n_chunks * n) * sizeof(float));
     float *Sl = malloc((size_t)((GDN_CHUNK + 1) * n) * sizeof(float));
-    float *dS = malloc((size_t)(n + 4 * Dv) * sizeof(float));
-    if (!mem || !Sck || !Sl || !dS) {
-        free(mem), free(Sck), free(Sl), free(dS);
+    float *dS = malloc((size_t)n * sizeof(float));
+    double *dgb = malloc((size_t)(2 * T) * sizeof(double));
+    if (!mem || !Sck || !Sl || !dS || !dgb) {
+        free(mem), free(Sck), free(Sl), free(dS), free(dgb);
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    float *u = dS + n, *d = u + Dv, *dd = d + Dv, *tmp = dd + Dv;
     float *out = c->t->data;
     int64_t off_dk = Dk * Hv * T * B, off_dv = 2 * Dk * Hv * T * B, off_dg = off_dv + Dv * Hv * T * B,
             off_db = off_dg + Hv * T * B;
     for (int64_t lane = begin; lane < end; lane++) {
         int64_t b = lane / Hv, hv = lane % Hv;
         gather(c, b, hv, &L, true);
-        /* forward, keeping the state at each chunk start */
-        for (int64_t i = 0; i < n; i++) Sl[i] = 0.0f;
-        for (int64_t t = 0; t < T; t++) {
-            if (t % GDN_CHUNK == 0) memcpy(Sck + (t / GDN_CHUNK) * n, Sl, (size_t)n * sizeof(float));
-            step(Sl, L.k + t * Dk, L.v + t * Dv, L.g[t], L.beta[t], Dk, Dv, u, d);
+        for (int64_t t = 0; t < T; t++) { /* dq and dk are summed over the blocks */
+            int64_t row = (b * T + t) * Hv + hv;
+            memset(out + row * Dk, 0, (size_t)Dk * sizeof(float));
+            memset(out + off_dk + row * Dk, 0, (size_t)Dk * sizeof(float));
         }
-        for (int64_t i = 0; i < n; i++) dS[i] = 0.0f;
-        for (int64_t ch = n_chunks - 1; ch >= 0; ch--) {
-            int64_t t0 = ch * GDN_CHUNK, t1 = t0 + GDN_CHUNK < T ? t0 + GDN_CHUNK : T;
-            memcpy(Sl, Sck + ch * n, (size_t)n * sizeof(float));
-            for (int64_t t = t0; t < t1; t++) {
-                memcpy(Sl + (t - t0 + 1) * n, Sl + (t - t0) * n, (size_t)n * sizeof(float));
-                step(Sl + (t - t0 + 1) * n, L.k + t * Dk, L.v + t * Dv, L.g[t], L.beta[t], Dk, Dv, u, d);
+        for (int64_t t = 0; t < 2 * T; t++) dgb[t] = 0;
+        for (int64_t j0 = 0; j0 < Dv; j0 += VB) {
+            int64_t nb = Dv - j0 < VB ? Dv - j0 : VB;
+            /* forward, keeping the state at each chunk start */
+            memset(Sl, 0, (size_t)n * sizeof(float));
+            for (int64_t t = 0; t < T; t++) {
+                if (t % GDN_CHUNK == 0) memcpy(Sck + (t / GDN_CHUNK) * n, Sl, (size_t)n * sizeof(float));
+                step(Sl, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, NULL, NULL);
             }
-            for (int64_t t = t1 - 1; t >= t0; t--) {
-                const float *Sp = Sl + (t - t0) * n, *St = Sl + (t - t0 + 1) * n;
-                const float *q = L.q + t * Dk, *k = L.k + t * Dk, *v = L.v + t * Dv, *dO = L.dO + t * Dv;
-                float eg = expf(L.g[t]), bt = L.beta[t];
-                int64_t row = (b * T + t) * Hv + hv;
-                /* u = (eg Sp)^T k, d = beta (v - u) */
-                for (int64_t j = 0; j < Dv; j++) u[j] = 0.0f;
-                for (int64_t i = 0; i < Dk; i++)
-                    for (int64_t j = 0; j < Dv; j++) u[j] += (eg * Sp[i * Dv + j]) * k[i];
-                for (int64_t j = 0; j < Dv; j++) d[j] = bt * (v[j] - u[j]);
-                /* o = St^T q: dq = St dO, dS += q dO^T */
-                for (int64_t i = 0; i < Dk; i++) {
-                    float s = 0.0f;
-                    for (int64_t j = 0; j < Dv; j++) s += St[i * Dv + j] * dO[j];
-                    out[row * Dk + i] = s;
+            memset(dS, 0, (size_t)n * sizeof(float));
+            for (int64_t ch = n_chunks - 1; ch >= 0; ch--) {
+                int64_t t0 = ch * GDN_CHUNK, t1 = t0 + GDN_CHUNK < T ? t0 + GDN_CHUNK : T;
+                memcpy(Sl, Sck + ch * n, (size_t)n * sizeof(float));
+                for (int64_t t = t0; t < t1; t++) {
+                    memcpy(Sl + (t - t0 + 1) * n, Sl + (t - t0) * n, (size_t)n * sizeof(float));
+                    step(Sl + (t - t0 + 1) * n, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, NULL,
+                         NULL);
                 }
-                for (int64_t i = 0; i < Dk; i++)
-                    for (int64_t j = 0; j < Dv; j++) dS[i * Dv + j] += q[i] * dO[j];
-                /* St = Sa + k d^T: dd = dS^T k; dv = beta dd; dbeta = dd . (v - u) */
-                for (int64_t j = 0; j < Dv; j++) dd[j] = 0.0f;
-                for (int64_t i = 0; i < Dk; i++)
-                    for (int64_t j = 0; j < Dv; j++) dd[j] += dS[i * Dv + j] * k[i];
-                double dbeta = 0;
-                for (int64_t j = 0; j < Dv; j++) {
-                    dbeta += (double)dd[j] * (v[j] - u[j]);
-                    out[off_dv + row * Dv + j] = bt * dd[j];
-                    tmp[j] = -bt * dd[j]; /* du */
-                }
-                /* dk = dS d + Sa du */
-                for (int64_t i = 0; i < Dk; i++) {
-                    float s1 = 0.0f, s2 = 0.0f;
-                    for (int64_t j = 0; j < Dv; j++) {
-                        s1 += dS[i * Dv + j] * d[j];
-                        s2 += (eg * Sp[i * Dv + j]) * tmp[j];
+                for (int64_t t = t1 - 1; t >= t0; t--) {
+                    const float *q = L.q + t * Dk, *k = L.k + t * Dk;
+                    float eg = expf(L.g[t]), bt = L.beta[t];
+                    int64_t row = (b * T + t) * Hv + hv;
+                    float *dq = out + row * Dk, *dk = out + off_dk + row * Dk;
+                    for (int64_t jj = 0; jj < nb; jj++) {
+                        int64_t j = j0 + jj;
+                        const float *sp = Sl + (t - t0) * n + jj * Dk, *st = sp + n;
+                        float *ds = dS + jj * Dk, vj = L.v[t * Dv + j], doj = L.dO[t * Dv + j];
+                        /* u = (eg sp) . k, d = beta (v - u), as the forward step */
+                        float u = dot_scaled(sp, eg, k, Dk), d = bt * (vj - u);
+                        /* o = st . q: dq += st dO_j, ds += q dO_j */
+                        for (int64_t i = 0; i < Dk; i++) {
+                            dq[i] += st[i] * doj;
+                            ds[i] += q[i] * doj;
+                        }
+                        /* st = sa + k d: dd = ds . k; dv = beta dd; dbeta += dd (v - u); du = -beta dd */
+                        float dd = dot_lanes(ds, k, Dk), du = -bt * dd;
+                        out[off_dv + row * Dv + j] = bt * dd;
+                        dgb[T + t] += (double)dd * (vj - u);
+                        /* dk += ds d + sa du; dsa = ds + k du; dg += sa . dsa; ds = eg dsa */
+                        double pg[LANES] = {0};
+                        int64_t i = 0;
+                        for (; i + LANES <= Dk; i += LANES)
+                            for (int l = 0; l < LANES; l++) {
+                                float sa = eg * sp[i + l], v2 = ds[i + l] + k[i + l] * du;
+                                dk[i + l] += ds[i + l] * d + sa * du;
+                                pg[l] += (double)sa * v2;
+                                ds[i + l] = eg * v2;
+                            }
+                        for (int l = 0; i < Dk; i++, l++) {
+                            float sa = eg * sp[i], v2 = ds[i] + k[i] * du;
+                            dk[i] += ds[i] * d + sa * du;
+                            pg[l] += (double)sa * v2;
+                            ds[i] = eg * v2;
+                        }
+                        double g = 0;
+                        for (int l = 0; l < LANES; l++) g += pg[l];
+                        dgb[t] += g;
                     }
-                    out[off_dk + row * Dk + i] = s1 + s2;
                 }
-                /* dSa = dS + k du^T; dg = sum(Sa * dSa); dSp = eg dSa */
-                double dg = 0;
-                for (int64_t i = 0; i < Dk; i++)
-                    for (int64_t j = 0; j < Dv; j++) {
-                        float v2 = dS[i * Dv + j] + k[i] * tmp[j];
-                        dg += (double)(eg * Sp[i * Dv + j]) * v2;
-                        dS[i * Dv + j] = eg * v2;
-                    }
-                out[off_dg + row] = (float)dg;
-                out[off_db + row] = (float)dbeta;
             }
+        }
+        for (int64_t t = 0; t < T; t++) {
+            int64_t row = (b * T + t) * Hv + hv;
+            out[off_dg + row] = (float)dgb[t];
+            out[off_db + row] = (float)dgb[T + t];
         }
     }
-    free(mem), free(Sck), free(Sl), free(dS);
+    free(mem), free(Sck), free(Sl), free(dS), free(dgb);
 }
 
 static int run(keel_backend *be, const keel_tensor *t, keel_pool_fn fn) {
