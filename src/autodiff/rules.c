@@ -150,14 +150,15 @@ static int r_mul_mat(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_a
     keel_tensor *a = t->src[0], *b = t->src[1];
     /* da[k,m] = sum_n b[k,n] dy[m,n], over each group of broadcast matrices */
     if (WANT(0)) ADD(0, keel_out_prod(ctx, b, dy, a->ne[2], a->ne[3]));
-    /* db[k,n] = sum_m a[k,m] dy[m,n] */
-    if (WANT(1)) ADD(1, keel_mul_mat(ctx, keel_cont(ctx, keel_transpose(ctx, a)), dy));
+    /* db[k,n] = sum_m a[k,m] dy[m,n]: the product reads a transposed through the view's strides
+     * (every backend's MUL_MAT takes any strides), so no transposed copy of a weight is made */
+    if (WANT(1)) ADD(1, keel_mul_mat(ctx, keel_transpose(ctx, a), dy));
     return 0;
 }
 static int r_out_prod(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *a = t->src[0], *b = t->src[1];
     /* da[i,k] = sum_j dy[i,j] b[j,k];  db[j,k] = sum_i dy[i,j] a[i,k] */
-    if (WANT(0)) ADD(0, keel_mul_mat(ctx, keel_cont(ctx, keel_transpose(ctx, dy)), b));
+    if (WANT(0)) ADD(0, keel_mul_mat(ctx, keel_transpose(ctx, dy), b));
     if (WANT(1)) ADD(1, keel_mul_mat(ctx, dy, a));
     return 0;
 }
