@@ -153,6 +153,11 @@ static inline float ldf(const void *base, int64_t off) {
     return v;
 }
 
+#ifdef KEEL_X86
+static void pack_rows8(const char *A, int64_t a_m, int64_t kc, float *d, int MR);
+static void pack_rows4(const char *A, int64_t a_m, int64_t kc, float *d, int MR);
+#endif
+
 static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     gemm_ctx *c = arg;
@@ -180,6 +185,17 @@ static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
     for (int64_t jg = begin; jg < end; jg++) {
         float *dst = c->Bp + jg * c->kc * NR;
         int64_t j0 = c->jc + jg * NR, nj = end_col - j0 < NR ? end_col - j0 : NR;
+#ifdef KEEL_X86
+        if (g->b_k == 4 && nj == NR && c->avx2) { /* columns of B contiguous in k: transpose in registers */
+            const char *src = (const char *)g->B + j0 * g->b_n + c->pc * 4;
+            int j = 0;
+            for (; j + 8 <= NR; j += 8) pack_rows8(src + j * g->b_n, g->b_n, c->kc, dst + j, NR);
+            for (; j + 4 <= NR; j += 4) pack_rows4(src + j * g->b_n, g->b_n, c->kc, dst + j, NR);
+            for (; j < NR; j++)
+                for (int64_t k = 0; k < c->kc; k++) dst[k * NR + j] = ldf(src, j * g->b_n + k * 4);
+            continue;
+        }
+#endif
         for (int64_t k = 0; k < c->kc; k++) {
             int64_t koff = (c->pc + k) * g->b_k;
             for (int64_t j = 0; j < NR; j++) dst[k * NR + j] = j < nj ? ldf(g->B, koff + (j0 + j) * g->b_n) : 0.0f;
@@ -188,8 +204,9 @@ static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
 }
 
 #ifdef KEEL_X86
-/* A(m,k) with k contiguous: 8 rows x 8 k at a time, transposed in registers into d[k*MR + i]. */
-__attribute__((target("avx2"))) static void pack_a_rows8(const char *A, int64_t a_m, int64_t kc, float *d, int MR) {
+/* 8 rows of a matrix stored with k contiguous (row stride a_m bytes): 8 rows x 8 k at a time,
+ * transposed in registers into d[k*MR + i]. For A panels (MR floats a k step) and B panels (NR). */
+__attribute__((target("avx2"))) static void pack_rows8(const char *A, int64_t a_m, int64_t kc, float *d, int MR) {
     int64_t k = 0;
     for (; k + 8 <= kc; k += 8) {
         __m256 r0 = _mm256_loadu_ps((const float *)(const void *)(A + 0 * a_m) + k);
@@ -207,17 +224,35 @@ __attribute__((target("avx2"))) static void pack_a_rows8(const char *A, int64_t 
                u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
                u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
                u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-        _mm256_store_ps(d + (k + 0) * MR, _mm256_permute2f128_ps(u0, u4, 0x20));
-        _mm256_store_ps(d + (k + 1) * MR, _mm256_permute2f128_ps(u1, u5, 0x20));
-        _mm256_store_ps(d + (k + 2) * MR, _mm256_permute2f128_ps(u2, u6, 0x20));
-        _mm256_store_ps(d + (k + 3) * MR, _mm256_permute2f128_ps(u3, u7, 0x20));
-        _mm256_store_ps(d + (k + 4) * MR, _mm256_permute2f128_ps(u0, u4, 0x31));
-        _mm256_store_ps(d + (k + 5) * MR, _mm256_permute2f128_ps(u1, u5, 0x31));
-        _mm256_store_ps(d + (k + 6) * MR, _mm256_permute2f128_ps(u2, u6, 0x31));
-        _mm256_store_ps(d + (k + 7) * MR, _mm256_permute2f128_ps(u3, u7, 0x31));
+        _mm256_storeu_ps(d + (k + 0) * MR, _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_storeu_ps(d + (k + 1) * MR, _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_storeu_ps(d + (k + 2) * MR, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_storeu_ps(d + (k + 3) * MR, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_storeu_ps(d + (k + 4) * MR, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_storeu_ps(d + (k + 5) * MR, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_storeu_ps(d + (k + 6) * MR, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_storeu_ps(d + (k + 7) * MR, _mm256_permute2f128_ps(u3, u7, 0x31));
     }
     for (; k < kc; k++)
         for (int i = 0; i < 8; i++) d[k * MR + i] = ((const float *)(const void *)(A + i * a_m))[k];
+}
+
+/* The same for 4 rows, 4 k at a time. */
+__attribute__((target("avx2"))) static void pack_rows4(const char *A, int64_t a_m, int64_t kc, float *d, int MR) {
+    int64_t k = 0;
+    for (; k + 4 <= kc; k += 4) {
+        __m128 r0 = _mm_loadu_ps((const float *)(const void *)(A + 0 * a_m) + k);
+        __m128 r1 = _mm_loadu_ps((const float *)(const void *)(A + 1 * a_m) + k);
+        __m128 r2 = _mm_loadu_ps((const float *)(const void *)(A + 2 * a_m) + k);
+        __m128 r3 = _mm_loadu_ps((const float *)(const void *)(A + 3 * a_m) + k);
+        _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+        _mm_storeu_ps(d + (k + 0) * MR, r0);
+        _mm_storeu_ps(d + (k + 1) * MR, r1);
+        _mm_storeu_ps(d + (k + 2) * MR, r2);
+        _mm_storeu_ps(d + (k + 3) * MR, r3);
+    }
+    for (; k < kc; k++)
+        for (int i = 0; i < 4; i++) d[k * MR + i] = ((const float *)(const void *)(A + i * a_m))[k];
 }
 #endif
 
@@ -237,7 +272,7 @@ static void pack_a(const gemm_ctx *c, float *dst, int64_t m0, int64_t mb) {
 #ifdef KEEL_X86
             if (g->a_k == 4 && ni == MR && c->avx2) {
                 const char *src = (const char *)g->A + i0 * g->a_m + c->pc * 4;
-                for (int r = 0; r < MR; r += 8) pack_a_rows8(src + r * g->a_m, g->a_m, c->kc, d + r, MR);
+                for (int r = 0; r < MR; r += 8) pack_rows8(src + r * g->a_m, g->a_m, c->kc, d + r, MR);
                 continue;
             }
 #endif
