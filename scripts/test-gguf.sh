@@ -7,7 +7,9 @@
 #   - the demo's byte-vocabulary model (the small preset),
 # every export type is loaded in llama.cpp and compared with keel on a 64-token input:
 #   f32        next-token probabilities within 1e-4 at every position, the same 32 greedy tokens
-#   f16, bf16  probabilities within 2e-3
+#   f16, bf16  probabilities within 4 units of the type's rounding (llama.cpp rounds the activations
+#              to the weights' type in its products): 2e-3 for f16 (u = 2^-11), 1.6e-2 for bf16
+#              (u = 2^-8); a tighter bf16 limit passes or fails with the particular trained model
 #   q8_0       the same 16 greedy tokens, perplexity within 2%
 # and the byte model's greedy text equals `keel generate`'s; a PEFT adapter merged on export (--adapter)
 # agrees with the merge computed independently in node; a DoRA adapter is refused; what llama.cpp
@@ -35,7 +37,7 @@ run_model() { # name checkpoint prompt-ids tokenizer-args...
   local out; out=$("$keel" generate --model "$ck" "$@" --prompt-ids "$ids" --temperature 0 --max-tokens 32 --print-ids \
                    --dump-logits "$work/$name.logits.safetensors")
   local greedy; greedy=$(cut -d, -f65- <<<"$out")
-  for spec in f32:1e-4:32:0.02 f16:2e-3:32:0.02 bf16:2e-3:32:0.02 q8_0:1:16:0.02; do
+  for spec in f32:1e-4:32:0.02 f16:2e-3:32:0.02 bf16:1.6e-2:32:0.02 q8_0:1:16:0.02; do
     IFS=: read -r type ptol gn ppl <<<"$spec"
     "$keel" export gguf "$ck" "$work/$name-$type.gguf" --type "$type" "$@" >/dev/null || { echo "FAIL: export $name $type"; fail=1; continue; }
     node "$check" --gguf "$work/$name-$type.gguf" --keel "$work/$name.logits.safetensors" --keel-greedy "$greedy" \
