@@ -16,7 +16,8 @@ typedef struct {
     const keel_tensor *t;
     double *partial; /* per-row results reduced serially afterwards */
     int64_t *csr_start, *csr_items;
-    float *wt; /* CONV1D: the weight as [K][C] */
+    float *wt;   /* CONV1D: the weight as [K][C] */
+    double *acc; /* REPEAT_BACK: one row of float64 sums per thread (NULL: sum element by element) */
 } node_ctx;
 
 #define F(p) (*(const float *)(const void *)(p))
@@ -193,7 +194,7 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
                 for (int64_t i0 = 0; i0 < n; i0 += CH) {
                     int64_t m = n - i0 < CH ? n - i0 : CH;
                     for (int64_t i = 0; i < m; i++) buf[i] = F(s + (i0 + i) * an);
-                    keel_exp_row(buf, mx, buf, m);
+                    keel_exp_row(buf, mx, m);
                     z += keel_sum_row_f64(buf, m);
                 }
                 c->partial[r] = log(z) + mx - F(s + yv * an);
@@ -201,7 +202,7 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
                 float *dr = (float *)(void *)d;
                 for (int64_t i = 0; i < n; i++) dr[i] = F(s + i * an);
                 float mx = keel_max_row(dr, n);
-                keel_exp_row(dr, mx, dr, n);
+                keel_exp_row(dr, mx, n);
                 double z = keel_sum_row_f64(dr, n), N = (double)keel_nrows(a);
                 float dl = F(t->src[2]->data), sc = (float)(1.0 / z), k = (float)(dl / N);
                 float ey = dr[yv];
@@ -217,7 +218,6 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
 }
 
 static void repeat_task(void *arg, int64_t b, int64_t e, int th) {
-    (void)th;
     node_ctx *c = arg;
     const keel_tensor *t = c->t, *a = t->src[0];
     for (int64_t r = b; r < e; r++) {
@@ -226,6 +226,16 @@ static void repeat_task(void *arg, int64_t b, int64_t e, int th) {
         const char *s = cpu_row(a, i1 % a->ne[1], i2 % a->ne[2], i3 % a->ne[3]);
         if (t->op == KEEL_OP_REPEAT) {
             for (int64_t i = 0; i < t->ne[0]; i++) W(d + 4 * i) = F(s + (i % a->ne[0]) * a->nb[0]);
+        } else if (a->ne[0] == t->ne[0] && c->acc) { /* REPEAT_BACK tiled along rows only: add whole rows */
+            double *acc = c->acc + (int64_t)th * t->ne[0]; /* the same order per element as below */
+            for (int64_t i = 0; i < t->ne[0]; i++) acc[i] = 0;
+            for (int64_t k3 = i3; k3 < a->ne[3]; k3 += t->ne[3])
+                for (int64_t k2 = i2; k2 < a->ne[2]; k2 += t->ne[2])
+                    for (int64_t k1 = i1; k1 < a->ne[1]; k1 += t->ne[1]) {
+                        const char *sr = cpu_row(a, k1, k2, k3);
+                        for (int64_t i = 0; i < t->ne[0]; i++) acc[i] += F(sr + i * a->nb[0]);
+                    }
+            for (int64_t i = 0; i < t->ne[0]; i++) W(d + 4 * i) = (float)acc[i];
         } else { /* REPEAT_BACK: sum over tiles in flat tile order */
             for (int64_t i = 0; i < t->ne[0]; i++) {
                 double acc = 0;
@@ -436,7 +446,10 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_REPEAT:
     case KEEL_OP_REPEAT_BACK:
+        if (t->op == KEEL_OP_REPEAT_BACK && a->ne[0] == t->ne[0]) /* without it, the slower path */
+            c.acc = malloc((size_t)(keel_pool_size(pool) * t->ne[0]) * sizeof(double));
         keel_pool_for(pool, keel_nrows(t), repeat_task, &c);
+        free(c.acc);
         return 0;
     case KEEL_OP_SUM:
     case KEEL_OP_CROSS_ENTROPY_LOSS: {

@@ -42,9 +42,11 @@ static inline float keel_expf_fast(float x) {
     return x != x ? x : y;
 }
 
-/* y[i] = exp(x[i] - shift) for a contiguous row; y may be x. */
-static inline void keel_exp_row(const float *x, float shift, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = keel_expf_fast(x[i] - shift);
+/* x[i] = exp(x[i] - shift) over a contiguous row, in place (one pointer: with a separate source
+ * and destination that are the same array, the compiler's overlap check would pick its scalar
+ * loop). */
+static inline void keel_exp_row(float *x, float shift, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = keel_expf_fast(x[i] - shift);
 }
 
 /* max over a contiguous row (NaN elements are skipped, as fmaxf does; -inf for n = 0) */
