@@ -82,8 +82,8 @@ static inline float dot_scaled(const float *x, float a, const float *y, int64_t 
 /* One step for the nb columns of a block, S [nb][Dk]: Sa = exp(g) S; d = beta (v - Sa^T k);
  * S <- Sa + k d^T; and, when o is given, o[jj] = S[jj] . q. v and o point at the block's first
  * column. */
-static void step(float *S, int64_t nb, const float *k, const float *v, float g, float beta, int64_t Dk,
-                 const float *q, float *o) {
+static void step(float *S, int64_t nb, const float *k, const float *v, float g, float beta, int64_t Dk, const float *q,
+                 float *o) {
     float eg = expf(g);
     for (int64_t jj = 0; jj < nb; jj++) {
         float *s = S + jj * Dk;
@@ -188,8 +188,7 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
                 memcpy(Sl, Sck + ch * n, (size_t)n * sizeof(float));
                 for (int64_t t = t0; t < t1; t++) {
                     memcpy(Sl + (t - t0 + 1) * n, Sl + (t - t0) * n, (size_t)n * sizeof(float));
-                    step(Sl + (t - t0 + 1) * n, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, NULL,
-                         NULL);
+                    step(Sl + (t - t0 + 1) * n, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, NULL, NULL);
                 }
                 for (int64_t t = t1 - 1; t >= t0; t--) {
                     const float *q = L.q + t * Dk, *k = L.k + t * Dk;

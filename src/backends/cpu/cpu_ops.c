@@ -226,7 +226,7 @@ static void repeat_task(void *arg, int64_t b, int64_t e, int th) {
         const char *s = cpu_row(a, i1 % a->ne[1], i2 % a->ne[2], i3 % a->ne[3]);
         if (t->op == KEEL_OP_REPEAT) {
             for (int64_t i = 0; i < t->ne[0]; i++) W(d + 4 * i) = F(s + (i % a->ne[0]) * a->nb[0]);
-        } else if (a->ne[0] == t->ne[0] && c->acc) { /* REPEAT_BACK tiled along rows only: add whole rows */
+        } else if (a->ne[0] == t->ne[0] && c->acc) {       /* REPEAT_BACK tiled along rows only: add whole rows */
             double *acc = c->acc + (int64_t)th * t->ne[0]; /* the same order per element as below */
             for (int64_t i = 0; i < t->ne[0]; i++) acc[i] = 0;
             for (int64_t k3 = i3; k3 < a->ne[3]; k3 += t->ne[3])
@@ -267,7 +267,8 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
                 double acc[CONV_CB] = {0}; /* each channel summed over (batch, time) in order */
                 for (int64_t bb = 0; bb < x->ne[2]; bb++)
                     for (int64_t tt = (K - 1) - j; tt < T; tt++) {
-                        const char *dyr = cpu_row(w, tt, bb, 0) + c0 * wn, *xr = cpu_row(x, tt - (K - 1) + j, bb, 0) + c0 * xn;
+                        const char *dyr = cpu_row(w, tt, bb, 0) + c0 * wn,
+                                   *xr = cpu_row(x, tt - (K - 1) + j, bb, 0) + c0 * xn;
                         for (int64_t ch = 0; ch < nc; ch++) acc[ch] += (double)F(dyr + ch * wn) * F(xr + ch * xn);
                     }
                 for (int64_t ch = 0; ch < nc; ch++) W(cpu_row(t, c0 + ch, 0, 0) + 4 * j) = (float)acc[ch];

@@ -32,12 +32,16 @@ enum { MR_MAX = 32, NR_MAX = 12, KC = KEEL_GEMM_KC, MC = KEEL_GEMM_MC, NC = 384,
 /* One mr x nr tile over kc steps: acc[j*mr + i] = sum_k Ap[k*mr + i] Bp[k*nr + j]; the caller then
  * sets C = acc (first) or adds C += acc. */
 typedef void (*tile_fn)(int64_t kc, const float *Ap, const float *Bp, float *acc);
+/* The same for a whole mr x nr tile of a C whose columns are contiguous (ldc floats apart),
+ * written from the registers: C = sum (first) or C += sum, the same roundings as through acc. */
+typedef void (*tile_c_fn)(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, bool first);
 
 typedef struct {
     const char *name;
     int mr, nr;
     tile_fn tile;
-    int vec_floats; /* floats per vector register, for the peak */
+    tile_c_fn tile_c; /* NULL: every tile goes through acc */
+    int vec_floats;   /* floats per vector register, for the peak */
 } gemm_kernel;
 
 static void tile_portable(int64_t kc, const float *Ap, const float *Bp, float *acc) {
@@ -107,14 +111,40 @@ __attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const flo
     STORE2(0), STORE2(1), STORE2(2), STORE2(3), STORE2(4), STORE2(5);
     STORE2(6), STORE2(7), STORE2(8), STORE2(9), STORE2(10), STORE2(11);
 }
+#define PUT2(j)                                                                                                        \
+    if (first) {                                                                                                       \
+        _mm512_storeu_ps(C + (j)*ldc, c##j##0);                                                                        \
+        _mm512_storeu_ps(C + (j)*ldc + 16, c##j##1);                                                                   \
+    } else {                                                                                                           \
+        _mm512_storeu_ps(C + (j)*ldc, _mm512_add_ps(_mm512_loadu_ps(C + (j)*ldc), c##j##0));                           \
+        _mm512_storeu_ps(C + (j)*ldc + 16, _mm512_add_ps(_mm512_loadu_ps(C + (j)*ldc + 16), c##j##1));                 \
+    }
+__attribute__((target("avx512f"))) static void tile_avx512_c(int64_t kc, const float *Ap, const float *Bp, float *C,
+                                                             int64_t ldc, bool first) {
+    for (int j = 0; j < 12; j++) { /* C's lines on their way while the k loop runs */
+        _mm_prefetch((const char *)(C + j * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(C + j * ldc + 16), _MM_HINT_T0);
+    }
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+           c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00,
+           c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < kc; k++, Ap += 32, Bp += 12) {
+        _mm_prefetch((const char *)(Ap + 8 * 32), _MM_HINT_T0);
+        __m512 a0 = _mm512_load_ps(Ap), a1 = _mm512_load_ps(Ap + 16), b;
+        FMA2(0) FMA2(1) FMA2(2) FMA2(3) FMA2(4) FMA2(5) FMA2(6) FMA2(7) FMA2(8) FMA2(9) FMA2(10) FMA2(11)
+    }
+    PUT2(0) PUT2(1) PUT2(2) PUT2(3) PUT2(4) PUT2(5) PUT2(6) PUT2(7) PUT2(8) PUT2(9) PUT2(10) PUT2(11)
+}
+#undef PUT2
 #undef FMA2
 #undef STORE2
 #endif
 
-static const gemm_kernel K_PORTABLE = {"portable 16x6", 16, 6, tile_portable, 1};
+static const gemm_kernel K_PORTABLE = {"portable 16x6", 16, 6, tile_portable, NULL, 1};
 #ifdef KEEL_X86
-static const gemm_kernel K_AVX2 = {"avx2-fma 16x6", 16, 6, tile_avx2, 8};
-static const gemm_kernel K_AVX512 = {"avx512f 32x12", 32, 12, tile_avx512, 16};
+static const gemm_kernel K_AVX2 = {"avx2-fma 16x6", 16, 6, tile_avx2, NULL, 8};
+static const gemm_kernel K_AVX512 = {"avx512f 32x12", 32, 12, tile_avx512, tile_avx512_c, 16};
 #endif
 
 /* The widest kernel the CPU runs; KEEL_GEMM_ISA=avx512|avx2|portable picks a narrower one (to
@@ -305,8 +335,15 @@ static void compute_blocks(void *arg, int64_t begin, int64_t end, int thread) {
             const float *Bp = c->Bp + ((n0 + jr) / NR) * c->kc * NR;
             int64_t nj = nbk - jr < NR ? nbk - jr : NR;
             for (int64_t ir = 0; ir < mb; ir += MR) {
-                c->kern->tile(c->kc, Ap + (ir / MR) * c->kc * MR, Bp, acc);
                 int64_t ni = mb - ir < MR ? mb - ir : MR;
+                if (c->kern->tile_c && ni == MR && nj == NR && g->c_m == 4 &&
+                    g->c_n % 4 == 0) { /* a whole tile, straight to C */
+                    c->kern->tile_c(c->kc, Ap + (ir / MR) * c->kc * MR, Bp,
+                                    (float *)((char *)g->C + (c->jc + n0 + jr) * g->c_n + (m0 + ir) * 4), g->c_n / 4,
+                                    first);
+                    continue;
+                }
+                c->kern->tile(c->kc, Ap + (ir / MR) * c->kc * MR, Bp, acc);
                 for (int64_t j = 0; j < nj; j++) {
                     char *col = (char *)g->C + (c->jc + n0 + jr + j) * g->c_n + (m0 + ir) * g->c_m;
                     const float *a = acc + j * MR;

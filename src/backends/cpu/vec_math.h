@@ -19,7 +19,8 @@ enum { KEEL_LANES = 16 };
  * 88.8 gives +inf, NaN stays NaN. Branch free, for vector code. */
 static inline float keel_expf_fast(float x) {
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-    float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : x);
+    float xc = x >= -104.0f ? x : -104.0f; /* NaN too: no float-to-int conversion of NaN below */
+    xc = xc <= 88.8f ? xc : 88.8f;
     float n = nearbyintf(xc * log2e);
     float r = (xc - n * ln2_hi) - n * ln2_lo;
     float p = 1.0f / 5040.0f;
@@ -32,7 +33,7 @@ static inline float keel_expf_fast(float x) {
     p = p * r + 1.0f;
     /* 2^n = 2^n1 2^n2 with both factors normal: n in [-150, 128] */
     int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
-    int32_t b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+    uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
     float s1, s2;
     memcpy(&s1, &b1, 4);
     memcpy(&s2, &b2, 4);
