@@ -97,20 +97,6 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(int64_t kc, const floa
     b = _mm512_set1_ps(Bp[j]);                                                                                         \
     c##j##0 = _mm512_fmadd_ps(a0, b, c##j##0);                                                                         \
     c##j##1 = _mm512_fmadd_ps(a1, b, c##j##1);
-#define STORE2(j) _mm512_store_ps(acc + (j)*32, c##j##0), _mm512_store_ps(acc + (j)*32 + 16, c##j##1)
-__attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const float *Ap, const float *Bp, float *acc) {
-    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
-           c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00,
-           c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
-#pragma GCC unroll 2
-    for (int64_t k = 0; k < kc; k++, Ap += 32, Bp += 12) {
-        _mm_prefetch((const char *)(Ap + 8 * 32), _MM_HINT_T0);
-        __m512 a0 = _mm512_load_ps(Ap), a1 = _mm512_load_ps(Ap + 16), b;
-        FMA2(0) FMA2(1) FMA2(2) FMA2(3) FMA2(4) FMA2(5) FMA2(6) FMA2(7) FMA2(8) FMA2(9) FMA2(10) FMA2(11)
-    }
-    STORE2(0), STORE2(1), STORE2(2), STORE2(3), STORE2(4), STORE2(5);
-    STORE2(6), STORE2(7), STORE2(8), STORE2(9), STORE2(10), STORE2(11);
-}
 #define PUT2(j)                                                                                                        \
     if (first) {                                                                                                       \
         _mm512_storeu_ps(C + (j)*ldc, c##j##0);                                                                        \
@@ -138,7 +124,10 @@ __attribute__((target("avx512f"))) static void tile_avx512_c(int64_t kc, const f
 }
 #undef PUT2
 #undef FMA2
-#undef STORE2
+/* The tile into acc: acc is a C of columns 32 floats apart. */
+__attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const float *Ap, const float *Bp, float *acc) {
+    tile_avx512_c(kc, Ap, Bp, acc, 32, true);
+}
 #endif
 
 static const gemm_kernel K_PORTABLE = {"portable 16x6", 16, 6, tile_portable, NULL, 1};
