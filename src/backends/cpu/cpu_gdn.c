@@ -65,7 +65,7 @@ static inline float dot_lanes(const float *x, const float *y, int64_t n) {
     int64_t j = 0;
     for (; j + LANES <= n; j += LANES)
         for (int l = 0; l < LANES; l++) p[l] += x[j + l] * y[j + l];
-    for (int l = 0; j < n; j++, l++) p[l] += x[j] * y[j];
+    for (int l = 0; l < LANES && j < n; j++, l++) p[l] += x[j] * y[j];
     return lane_total(p);
 }
 
@@ -75,7 +75,7 @@ static inline float dot_scaled(const float *x, float a, const float *y, int64_t 
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int l = 0; l < LANES; l++) p[l] += (a * x[i + l]) * y[i + l];
-    for (int l = 0; i < n; i++, l++) p[l] += (a * x[i]) * y[i];
+    for (int l = 0; l < LANES && i < n; i++, l++) p[l] += (a * x[i]) * y[i];
     return lane_total(p);
 }
 
@@ -220,7 +220,7 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
                                 pg[l] += (double)sa * v2;
                                 ds[i + l] = eg * v2;
                             }
-                        for (int l = 0; i < Dk; i++, l++) {
+                        for (int l = 0; l < LANES && i < Dk; i++, l++) {
                             float sa = eg * sp[i], v2 = ds[i] + k[i] * du;
                             dk[i] += ds[i] * d + sa * du;
                             pg[l] += (double)sa * v2;

@@ -50,14 +50,16 @@ static inline void keel_exp_row(float *x, float shift, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = keel_expf_fast(x[i] - shift);
 }
 
-/* max over a contiguous row (NaN elements are skipped, as fmaxf does; -inf for n = 0) */
+/* max over a contiguous row (NaN elements are skipped, as fmaxf does; -inf for n = 0). Written as
+ * a compare and select, which is the vector max instruction (a partial is never NaN, so a NaN
+ * element loses the compare); GCC keeps fmaxf a scalar call for its NaN rules. */
 static inline float keel_max_row(const float *x, int64_t n) {
     float p[KEEL_LANES];
     for (int l = 0; l < KEEL_LANES; l++) p[l] = -INFINITY;
     int64_t i = 0;
     for (; i + KEEL_LANES <= n; i += KEEL_LANES)
-        for (int l = 0; l < KEEL_LANES; l++) p[l] = fmaxf(p[l], x[i + l]);
-    for (int l = 0; i < n; i++, l++) p[l] = fmaxf(p[l], x[i]);
+        for (int l = 0; l < KEEL_LANES; l++) p[l] = x[i + l] > p[l] ? x[i + l] : p[l];
+    for (int l = 0; l < KEEL_LANES && i < n; i++, l++) p[l] = x[i] > p[l] ? x[i] : p[l];
     float m = -INFINITY;
     for (int l = 0; l < KEEL_LANES; l++) m = fmaxf(m, p[l]);
     return m;
@@ -69,7 +71,7 @@ static inline double keel_sum_row_f64(const float *x, int64_t n) {
     int64_t i = 0;
     for (; i + KEEL_LANES <= n; i += KEEL_LANES)
         for (int l = 0; l < KEEL_LANES; l++) p[l] += (double)x[i + l];
-    for (int l = 0; i < n; i++, l++) p[l] += (double)x[i];
+    for (int l = 0; l < KEEL_LANES && i < n; i++, l++) p[l] += (double)x[i];
     double s = 0;
     for (int l = 0; l < KEEL_LANES; l++) s += p[l];
     return s;
