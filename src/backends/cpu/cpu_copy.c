@@ -49,10 +49,7 @@ static void copy_task(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     copy_ctx *c = arg;
     const keel_tensor *d = c->dst, *s = c->src;
-    for (int64_t r = begin; r < end; r++) {
-        int64_t i1 = r % d->ne[1], i2 = (r / d->ne[1]) % d->ne[2], i3 = r / (d->ne[1] * d->ne[2]);
-        cpu_copy_row(d, cpu_row(d, i1, i2, i3), s, cpu_row(s, i1, i2, i3), c->len, c->acc);
-    }
+    for (int64_t r = begin; r < end; r++) cpu_copy_row(d, cpu_row_flat(d, r), s, cpu_row_flat(s, r), c->len, c->acc);
 }
 
 /* A source read across its rows (a transpose: CONT of a TRANSPOSE view): BLOCK_ROWS rows copied
@@ -70,11 +67,8 @@ static void copy_task_blocked(void *arg, int64_t begin, int64_t end, int thread)
         int64_t r0 = b * BLOCK_ROWS, r1 = r0 + BLOCK_ROWS < nr ? r0 + BLOCK_ROWS : nr;
         for (int64_t i0 = 0; i0 < c->len; i0 += BLOCK_COLS) {
             int64_t n = c->len - i0 < BLOCK_COLS ? c->len - i0 : BLOCK_COLS;
-            for (int64_t r = r0; r < r1; r++) {
-                int64_t i1 = r % d->ne[1], i2 = (r / d->ne[1]) % d->ne[2], i3 = r / (d->ne[1] * d->ne[2]);
-                cpu_copy_row(d, cpu_row(d, i1, i2, i3) + i0 * d->nb[0], s, cpu_row(s, i1, i2, i3) + i0 * s->nb[0], n,
-                             c->acc);
-            }
+            for (int64_t r = r0; r < r1; r++)
+                cpu_copy_row(d, cpu_row_flat(d, r) + i0 * d->nb[0], s, cpu_row_flat(s, r) + i0 * s->nb[0], n, c->acc);
         }
     }
 }

@@ -31,7 +31,7 @@ static void unary_task(void *arg, int64_t b, int64_t e, int th) {
         char *d = cpu_row_flat(t, r);
         const char *s = cpu_row_flat(a, r);
         float sc = (float)t->fp[0], bi = (float)t->fp[1];
-        if (t->op == KEEL_OP_SILU) { /* the hot one: exp in vector code */
+        if (t->op == KEEL_OP_SILU) { /* keel_unary_f32's SiLU with the vector exp in place of expf */
             for (int64_t i = 0; i < t->ne[0]; i++) {
                 float x = F(s + i * a->nb[0]);
                 W(d + 4 * i) = x / (1.0f + keel_expf_fast(-x));
@@ -55,16 +55,20 @@ static void binary_task(void *arg, int64_t b, int64_t e, int th) {
         int64_t xn = x->nb[0], yn = y->nb[0];
         if (xn == 4 && yn == 4 && ny == n) {
             const float *xf = (const float *)(const void *)xs, *yf = (const float *)(const void *)ys;
-            switch (t->op) { /* one loop per op, so each is vector code */
-            case KEEL_OP_ADD:
-                for (int64_t i = 0; i < n; i++) d[i] = xf[i] + yf[i];
-                break;
-            case KEEL_OP_MUL:
-                for (int64_t i = 0; i < n; i++) d[i] = xf[i] * yf[i];
-                break;
+            /* the shared formula with the op a constant in each loop, so each loop is vector code */
+#define BINARY_LOOP(OP)                                                                                                \
+    case OP:                                                                                                           \
+        for (int64_t i = 0; i < n; i++) d[i] = keel_binary_f32(OP, xf[i], yf[i]);                                      \
+        break;
+            switch (t->op) {
+                BINARY_LOOP(KEEL_OP_ADD)
+                BINARY_LOOP(KEEL_OP_SUB)
+                BINARY_LOOP(KEEL_OP_MUL)
+                BINARY_LOOP(KEEL_OP_DIV)
             default:
                 for (int64_t i = 0; i < n; i++) d[i] = keel_binary_f32(t->op, xf[i], yf[i]);
             }
+#undef BINARY_LOOP
             continue;
         }
         for (int64_t i = 0; i < n; i++) {
