@@ -140,6 +140,12 @@ static int r_softplus(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_
     ADD(0, keel_mul(ctx, dy, keel_sigmoid(ctx, t->src[0])));
     return 0;
 }
+/* the same mask and scale applied to dy: DROPOUT with the forward's parameters (its counter is
+ * set with the forward's by keel_dropout_set_counter) */
+static int r_dropout(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    ADD(0, keel_op_new(ctx, KEEL_OP_DROPOUT, (keel_tensor *const[]){dy}, 1, t->ip, 4, t->fp, 1));
+    return 0;
+}
 static int r_sum(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *a = t->src[0];
     keel_tensor *d = t->op == KEEL_OP_MEAN ? keel_scale(ctx, dy, 1.0 / (double)a->ne[0], 0.0) : dy;
@@ -257,6 +263,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_SILU] = r_silu,
     [KEEL_OP_SIGMOID] = r_sigmoid,
     [KEEL_OP_SOFTPLUS] = r_softplus,
+    [KEEL_OP_DROPOUT] = r_dropout,
     [KEEL_OP_CONV1D] = r_conv1d,
     [KEEL_OP_GATED_DELTA_NET] = r_gdn,
     [KEEL_OP_CROSS_ENTROPY_LOSS] = r_cross_entropy,

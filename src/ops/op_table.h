@@ -65,6 +65,8 @@
     X(SILU_BACK, OWN, 2, OPF_BACKWARD, 0, 0, "src0 x, src1 dy")                                                                \
     X(SIGMOID, UNARY, 1, 0, 1, 0, "")                                                                                            \
     X(SOFTPLUS, UNARY, 1, 0, 1, 0, "log(1+exp(x)); x when x > 20 (as torch)")                                                    \
+    X(DROPOUT, OWN, 1, 0, 1, 0,                                                                                                \
+      "fp0 p, ip0 seed, ip1 stream, ip2 counter, ip3 threshold: x/(1-p) where ops/dropout_mask.h keeps it, else 0")     \
     X(CONV1D, OWN, 2, 0, 3, 0, "src0 x [C,T,B], src1 w [K,C]: causal depthwise, no bias")                                      \
     X(CONV1D_BACK_INPUT, OWN, 2, OPF_BACKWARD, 0, 0, "src0 dy [C,T,B], src1 w [K,C] -> dx")                                    \
     X(CONV1D_BACK_WEIGHT, OWN, 2, OPF_BACKWARD, 0, 0, "src0 x [C,T,B], src1 dy, ip0 K -> dw [K,C]")                            \

@@ -243,6 +243,12 @@ static int shape_rule(keel_tensor *t) {
         REQ(keel_type_is_float(a->type), "src0 must be real");
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         return 0;
+    case KEEL_OP_DROPOUT:
+        REQ(keel_type_is_float(a->type), "src0 must be real");
+        REQ(t->fp[0] >= 0 && t->fp[0] < 1 && t->ip[3] == (int64_t)llround(t->fp[0] * 4294967296.0),
+            "p %g must be in [0, 1) with threshold round(2^32 p)", t->fp[0]);
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
     case KEEL_OP_SILU_BACK:
     case KEEL_OP_RMS_NORM_BACK:
     case KEEL_OP_L2_NORM_BACK:
@@ -501,6 +507,18 @@ keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ct
 keel_tensor *keel_sum(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SUM, a); }
 keel_tensor *keel_sum_rows(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SUM_ROWS, a); }
 keel_tensor *keel_mean(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_MEAN, a); }
+keel_tensor *keel_dropout(keel_ctx *ctx, keel_tensor *a, double p, uint64_t seed, uint64_t stream) {
+    if (!(p >= 0 && p < 1)) {
+        keel_fail("dropout probability %g must be in [0, 1)", p);
+        return NULL;
+    }
+    int64_t thr = (int64_t)llround(p * 4294967296.0);
+    return OP(KEEL_OP_DROPOUT, (a), IPS((int64_t)seed, (int64_t)stream, 0, thr), 4, FPS(p), 1);
+}
+void keel_dropout_set_counter(keel_graph *g, int64_t counter) {
+    for (int64_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == KEEL_OP_DROPOUT) g->nodes[i]->ip[2] = counter;
+}
 keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
     return OP(KEEL_OP_MUL_MAT, (a, b), NULL, 0, NULL, 0);
 }

@@ -4,6 +4,7 @@
 #ifndef KEEL_OPS_H
 #define KEEL_OPS_H
 
+#include "graph/graph.h"
 #include "ops/op_table.h"
 #include "tensor/tensor.h"
 
@@ -80,6 +81,13 @@ keel_tensor *keel_sum(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_sum_rows(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_mean(keel_ctx *ctx, keel_tensor *a);
 
+/* Inverted dropout: each element kept with probability 1-p and scaled by 1/(1-p), else 0. The
+ * mask is a function of (seed, stream, the counter, the element's index) (ops/dropout_mask.h):
+ * give each dropout site its own stream, and set the counter before each run so that every
+ * micro-batch draws new masks while recompute and the backward pass reuse the forward's. */
+keel_tensor *keel_dropout(keel_ctx *ctx, keel_tensor *a, double p, uint64_t seed, uint64_t stream);
+/* Sets the counter of every DROPOUT node of g (the forward's, its recompute clones', the backward's). */
+void keel_dropout_set_counter(keel_graph *g, int64_t counter);
 keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
 keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3);
 keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps);

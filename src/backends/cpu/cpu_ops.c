@@ -7,6 +7,7 @@
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/gemm.h"
 #include "ops/ops.h"
+#include "ops/dropout_mask.h"
 #include "ops/scalar_f32.h"
 #include "backends/cpu/vec_math.h"
 #include "util/error.h"
@@ -340,6 +341,25 @@ static void fill_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
+static void dropout_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *a = t->src[0];
+    uint64_t key = keel_dropout_key((uint64_t)t->ip[0], (uint64_t)t->ip[1], (uint64_t)t->ip[2]), thr = (uint64_t)t->ip[3];
+    float inv = (float)(1.0 / (1.0 - t->fp[0]));
+    int64_t n = t->ne[0];
+    for (int64_t r = b; r < e; r++) {
+        int64_t i1 = r % t->ne[1], i2 = r / t->ne[1] % t->ne[2], i3 = r / t->ne[1] / t->ne[2];
+        const char *s = cpu_row(a, i1, i2, i3);
+        float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
+        for (int64_t i = 0; i < n; i++) {
+            float x;
+            memcpy(&x, s + i * a->nb[0], 4);
+            d[i] = keel_dropout_keep(key, (uint64_t)(r * n + i), thr) ? x * inv : 0.0f;
+        }
+    }
+}
+
 static void adamw_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
@@ -485,6 +505,9 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_ROPE:
     case KEEL_OP_ROPE_BACK:
         keel_pool_for(pool, keel_nrows(a), row_task, &c);
+        return 0;
+    case KEEL_OP_DROPOUT:
+        keel_pool_for(pool, keel_nrows(t), dropout_task, &c);
         return 0;
     case KEEL_OP_MUL_MAT:
         return mul_mat(be, t);

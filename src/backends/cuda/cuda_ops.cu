@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "ops/dropout_mask.h"
 #include "ops/scalar_f32.h"
 
 #define RT 256 /* threads of a row block (a power of two: the reduction tree assumes it) */
@@ -108,6 +109,15 @@ __global__ void k_repeat(kt t, kt a) {
         kt_unflat(t, e, i);
         stf(kt_at(t, i[0], i[1], i[2], i[3]),
             ldf(kt_at(a, i[0] % a.ne[0], i[1] % a.ne[1], i[2] % a.ne[2], i[3] % a.ne[3])));
+    }
+}
+
+__global__ void k_dropout(kt t, kt a, uint64_t key, uint64_t thr, float inv) {
+    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
+        int64_t i[4];
+        kt_unflat(t, e, i);
+        float x = ldf(kt_at(a, i[0], i[1], i[2], i[3]));
+        stf(kt_at(t, i[0], i[1], i[2], i[3]), keel_dropout_keep(key, (uint64_t)e, thr) ? x * inv : 0.0f);
     }
 }
 
@@ -546,6 +556,10 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_REPEAT_BACK:
         return reduce_terms(be, t, keel_nelements(a) / (n ? n : 1));
+    case KEEL_OP_DROPOUT:
+        EW(k_dropout, n, kt_of(t), kt_of(a), keel_dropout_key((uint64_t)t->ip[0], (uint64_t)t->ip[1], (uint64_t)t->ip[2]),
+           (uint64_t)t->ip[3], (float)(1.0 / (1.0 - t->fp[0])));
+        return 0;
     case KEEL_OP_SILU_BACK:
         EW(k_silu_back, n, kt_of(t), kt_of(a), kt_of(b));
         return 0;

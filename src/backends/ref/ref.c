@@ -7,6 +7,7 @@
 
 #include "backends/host_memory.h"
 #include "ops/ops.h"
+#include "ops/dropout_mask.h"
 #include "util/error.h"
 
 static inline char *at(const keel_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
@@ -322,6 +323,15 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         memcpy(w.ne, b->ne, sizeof w.ne);
         w.data = (char *)t->data + a->ne[d] * t->nb[d];
         return ref_copy(be, &w, b, false);
+    }
+    case KEEL_OP_DROPOUT: {
+        uint64_t key = keel_dropout_key((uint64_t)t->ip[0], (uint64_t)t->ip[1], (uint64_t)t->ip[2]);
+        double inv = 1.0 / (1.0 - t->fp[0]);
+        FOR4(t) {
+            uint64_t e = (uint64_t)(i0 + t->ne[0] * (i1 + t->ne[1] * (i2 + t->ne[2] * i3)));
+            put(t, i0, i1, i2, i3, keel_dropout_keep(key, e, (uint64_t)t->ip[3]) ? get(a, i0, i1, i2, i3) * inv : 0.0);
+        }
+        return 0;
     }
     case KEEL_OP_SILU_BACK:
         FOR4(t) {
