@@ -41,9 +41,8 @@ static int r_copy(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     keel_tensor *a = t->src[0];
     if (dy->type == a->type) {
         ADD(0, contiguous(ctx, dy));
-    } else { /* CPY across types: the gradient goes back in the source's type */
-        keel_tensor *c = keel_new(ctx, a->type, 4, a->ne);
-        ADD(0, keel_cpy(ctx, dy, c));
+    } else { /* CPY or CAST across types: the gradient goes back in the source's type */
+        ADD(0, keel_cast(ctx, dy, a->type));
     }
     return 0;
 }
@@ -235,6 +234,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_CPY] = r_copy,
     [KEEL_OP_CONT] = r_copy,
     [KEEL_OP_DUP] = r_copy,
+    [KEEL_OP_CAST] = r_copy,
     [KEEL_OP_GET_ROWS] = r_get_rows,
     [KEEL_OP_ACC] = r_acc,
     [KEEL_OP_SET] = r_set,

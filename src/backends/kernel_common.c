@@ -46,6 +46,7 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
     case KEEL_OP_CPY:
     case KEEL_OP_CONT:
     case KEEL_OP_DUP:
+    case KEEL_OP_CAST:
     case KEEL_OP_CONCAT:
     case KEEL_OP_ACC:
     case KEEL_OP_SET:

@@ -26,6 +26,7 @@
     X(CPY, COPY, 2, OPF_INPLACE1, 1, 0, "copies src0 into src1 (same shape, any types); result aliases src1")                   \
     X(CONT, COPY, 1, 0, 1, 0, "contiguous copy")                                                                                \
     X(DUP, COPY, 1, 0, 1, 0, "copy, same type")                                                                                 \
+    X(CAST, COPY, 1, 0, 1, 0, "ip0 type (keel_type): contiguous copy converted to it (to bf16/f16: nearest even)")           \
     X(GET_ROWS, OWN, 2, 0, 1, 2, "src0 [D,R], src1 i32 [N0,N1] -> [D,N0,N1]")                                                  \
     X(GET_ROWS_BACK, OWN, 2, OPF_BACKWARD, 0, 2, "src0 dy [D,N0,N1], src1 i32 ids -> [D,ip0]: sum rows")                       \
     X(ACC, COPY, 2, OPF_INPLACE0_OPT, 3, 0,                                                                                     \

@@ -192,6 +192,12 @@ static int shape_rule(keel_tensor *t) {
     case KEEL_OP_DUP:
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         return 0;
+    case KEEL_OP_CAST:
+        REQ(keel_type_is_float(a->type), "src0 must be real");
+        REQ(t->ip[0] >= 0 && t->ip[0] < KEEL_TYPE_COUNT && keel_type_is_float((keel_type)t->ip[0]),
+            "ip0 %lld is not a real type", (long long)t->ip[0]);
+        set_shape(t, (keel_type)t->ip[0], a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
     case KEEL_OP_GET_ROWS:
         REQ(b->type == KEEL_I32, "ids must be i32");
         REQ(a->ne[2] == 1 && a->ne[3] == 1 && b->ne[2] == 1 && b->ne[3] == 1, "src0 must be 2-D, ids at most 2-D");
@@ -457,6 +463,9 @@ keel_tensor *keel_cpy(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
 }
 keel_tensor *keel_cont(keel_ctx *ctx, keel_tensor *a) { return OP(KEEL_OP_CONT, (a), NULL, 0, NULL, 0); }
 keel_tensor *keel_dup(keel_ctx *ctx, keel_tensor *a) { return OP(KEEL_OP_DUP, (a), NULL, 0, NULL, 0); }
+keel_tensor *keel_cast(keel_ctx *ctx, keel_tensor *a, keel_type type) {
+    return OP(KEEL_OP_CAST, (a), IPS((int64_t)type), 1, NULL, 0);
+}
 keel_tensor *keel_get_rows(keel_ctx *ctx, keel_tensor *a, keel_tensor *ids) {
     return OP(KEEL_OP_GET_ROWS, (a, ids), NULL, 0, NULL, 0);
 }

@@ -51,6 +51,9 @@ keel_tensor *keel_permute(keel_ctx *ctx, keel_tensor *a, int ax0, int ax1, int a
 keel_tensor *keel_transpose(keel_ctx *ctx, keel_tensor *a);
 
 keel_tensor *keel_cpy(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
+/* A contiguous copy of a in another real type: a result of its own, planned like any node (a
+ * bf16 weight's float32 copy lives only as long as its readers). */
+keel_tensor *keel_cast(keel_ctx *ctx, keel_tensor *a, keel_type type);
 keel_tensor *keel_cont(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_dup(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_get_rows(keel_ctx *ctx, keel_tensor *a, keel_tensor *ids);

@@ -228,6 +228,22 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_DUP:
             copy_family(&l, op);
             break;
+        case KEEL_OP_CAST: { /* every pair of real types, views and a wide row */
+            static const keel_type ty[] = {KEEL_F32, KEEL_BF16, KEEL_F16};
+            for (int s = 0; s < 3; s++)
+                for (int d = 0; d < 3; d++) {
+                    if (s == d && s) continue;
+                    c = C(&l, op);
+                    I(c, ty[s], s + d == 1 ? 1025 : 31, 3, 2, 1)->view = d == 2 ? VIEW_TRANSPOSED : VIEW_NONE;
+                    P(c, 1, (int64_t[]){ty[d]}, 0, NULL);
+                    c->keep_types = true;
+                }
+            c = C(&l, op);
+            I(c, KEEL_F32, 5, 7, 3, 2)->view = VIEW_PERMUTED;
+            P(c, 1, (int64_t[]){KEEL_F32}, 0, NULL);
+            c->keep_types = true;
+            break;
+        }
         case KEEL_OP_GET_ROWS:
             for (int w = 0; w < N_WIDTHS; w++) {
                 c = C(&l, op);

@@ -264,6 +264,7 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_CPY:
     case KEEL_OP_CONT:
     case KEEL_OP_DUP:
+    case KEEL_OP_CAST:
         return ref_copy(be, t, a, false);
     case KEEL_OP_GET_ROWS: {
         for (int64_t n1 = 0; n1 < b->ne[1]; n1++)
