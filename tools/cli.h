@@ -19,6 +19,7 @@ int cmd_plot(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_export(int argc, char **argv);
+int cmd_merge(int argc, char **argv);
 
 /* Parse a positive integer flag value; prints the error and returns -1 when it is not one. */
 long long cli_int(const char *flag, const char *value, long long min);

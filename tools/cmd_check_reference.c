@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "cli.h"
 #include "cli_flags.h"
+#include "io/adapter.h"
 #include "io/checkpoint.h"
 #include "recompute/recompute.h"
 #include "trace/trace.h"
@@ -91,7 +92,8 @@ typedef struct {
 } trace_opts;
 
 static int check_one(const char *ckpt_dir, const char *backend, int threads, const keel_recompute_mode *rm,
-                     const trace_opts *to, const keel_st_file *ref, const cJSON *peer, tally *ty) {
+                     const trace_opts *to, const keel_st_file *ref, const cJSON *peer, const keel_adapter *ad,
+                     tally *ty) {
     keel_checkpoint *ck = keel_checkpoint_open(ckpt_dir);
     if (!ck) {
         fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
@@ -128,10 +130,15 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
         tl.value = wv->valuedouble, tl.grad = wg->valuedouble, tl.why = "peer";
         tl.errors = cJSON_GetObjectItemCaseSensitive(dev, "errors");
     }
-    keel_step_opts so = {
-        .cfg = &ck->cfg, .type = type, .batch = B, .window = T, .backward = true, .recompute = rm, .keep_hidden = true};
-    if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_checkpoint_load(ck, st->m, be)) goto done;
-    const keel_qwen35 *m = st->m;
+    keel_step_opts so = {.cfg = &ck->cfg,
+                         .type = type,
+                         .batch = B,
+                         .window = T,
+                         .backward = true,
+                         .recompute = rm,
+                         .keep_hidden = true,
+                         .adapter = ad};
+    if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_step_load(st, ck)) goto done;
     const keel_qwen35_out out = st->out;
     {
         int32_t *iv = malloc((size_t)(B * T) * 4), *tv = malloc((size_t)(B * T) * 4);
@@ -152,9 +159,9 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
             if (wr) goto done;
         }
     }
-    printf("%s on %s (%s, %s weights, %lld layers, B=%lld T=%lld, recompute %s)\n", ckpt_dir, backend,
-           keel_type_name(type), ck->dtype[0] ? ck->dtype : "stored", (long long)ck->cfg.layers, (long long)B,
-           (long long)T, rm->text);
+    printf("%s%s%s on %s (%s, %s weights, %lld layers, B=%lld T=%lld, recompute %s)\n", ckpt_dir,
+           ad ? " + adapter " : "", ad ? ad->dir : "", backend, keel_type_name(type), ck->dtype[0] ? ck->dtype : "stored",
+           (long long)ck->cfg.layers, (long long)B, (long long)T, rm->text);
     compare(be, out.logits, ref, "logits", &tl, ty, false);
     compare(be, out.loss, ref, "loss", &tl, ty, false);
     for (int i = 0; i < ck->cfg.layers; i++) {
@@ -186,11 +193,16 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
         }
         free(pre), free(post);
     }
-    for (int p = 0; p < m->n_params; p++) {
+    /* the gradients of what trains: every parameter, or with an adapter its factors (the base is frozen) */
+    keel_tensor **tp = NULL;
+    int n_tp = keel_step_trainable(st, &tp);
+    for (int p = 0; p < n_tp; p++) {
         char nm[KEEL_NAME_MAX + 8];
-        snprintf(nm, sizeof nm, "grad.%s", m->params[p]->name);
-        compare(be, keel_step_grad(st, p), ref, nm, &tl, ty, true);
+        snprintf(nm, sizeof nm, "grad.%s", tp[p]->name);
+        compare(be, keel_graph_grad(st->g, tp[p]), ref, nm, &tl, ty, true);
     }
+    free(tp);
+    if (n_tp < 0) goto done;
     rc = 0;
 done:
     if (rc) fprintf(stderr, "keel check-reference: %s: %s\n", ckpt_dir, keel_last_error());
@@ -210,7 +222,7 @@ static int is_checkpoint(const char *dir) {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int cmd_check_reference(int argc, char **argv) {
-    const char *dir = NULL, *backends = "cpu", *only = NULL, *rmode = "off";
+    const char *dir = NULL, *backends = "cpu", *only = NULL, *rmode = "off", *adapter_dir = NULL;
     trace_opts to = {.max_bytes = 256u << 20};
     long long threads = 2;
     long long max_bytes = 256ll << 20;
@@ -221,6 +233,8 @@ int cmd_check_reference(int argc, char **argv) {
         {"--checkpoint", CLI_STR, &only, .meta = "SUBDIR",
          .help = "only this checkpoint (default: every folder in DIR)"},
         {"--recompute", CLI_STR, &rmode, .meta = "MODE", .help = "off, full, every:N, layers:i,j (default off)"},
+        {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
+         .help = "a PEFT LoRA adapter beside the weights (the reference then holds its factors' gradients)"},
         {"--threads", CLI_INT, &threads, 1, 1024, .meta = "N", .help = "cpu threads (default 2)"},
         {"--trace", CLI_STR, &to.path, .meta = "FILE", .help = "write a trace of the run for keel diff"},
         {"--trace-data", CLI_BOOL, &to.data, .help = "store each node's output in the trace"},
@@ -285,6 +299,14 @@ int cmd_check_reference(int argc, char **argv) {
         keel_st_close(ref);
         return 2;
     }
+    keel_adapter *ad = adapter_dir ? keel_adapter_open(adapter_dir) : NULL;
+    if (adapter_dir && !ad) {
+        fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
+        for (int i = 0; i < n_sub; i++) free(subs[i]);
+        keel_st_close(ref);
+        cJSON_Delete(peer);
+        return 2;
+    }
     tally ty = {0};
     int errors = 0;
     char bl[128];
@@ -296,9 +318,10 @@ int cmd_check_reference(int argc, char **argv) {
                 snprintf(p, sizeof p, "%s", subs[i]); /* an absolute --checkpoint */
             else
                 snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
-            if (check_one(p, b, (int)threads, &rm, &to, ref, peer, &ty)) errors++;
+            if (check_one(p, b, (int)threads, &rm, &to, ref, peer, ad, &ty)) errors++;
         }
     for (int i = 0; i < n_sub; i++) free(subs[i]);
+    keel_adapter_close(ad);
     keel_st_close(ref);
     cJSON_Delete(peer);
     printf("worst relative error: values %.3e, gradients %.3e\n", ty.worst_value, ty.worst_grad);

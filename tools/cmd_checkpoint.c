@@ -19,6 +19,7 @@
 #include "util/clock.h"
 #include "train/step.h"
 #include "util/error.h"
+#include "util/file.h"
 
 static int parse_dtype(const char *v, keel_type *out) {
     int t = v ? keel_type_from_name(v) : -1;
@@ -30,12 +31,15 @@ static int parse_dtype(const char *v, keel_type *out) {
     return 0;
 }
 
-/* A model's parameters on a backend of their own (no graph beyond the leaves). */
-static keel_step *load_params(keel_backend *be, const keel_qwen35_config *cfg) {
-    keel_step_opts so = {.cfg = cfg, .type = KEEL_F32, .weights_only = true};
+/* A model's parameters on a backend of their own (no graph beyond the leaves), of a type. */
+static keel_step *load_params_typed(keel_backend *be, const keel_qwen35_config *cfg, keel_type type) {
+    keel_step_opts so = {.cfg = cfg, .type = type, .weights_only = true};
     keel_step *st = be ? keel_step_build(&so) : NULL;
     if (st && keel_step_place(st, be)) keel_step_free(st), st = NULL;
     return st;
+}
+static keel_step *load_params(keel_backend *be, const keel_qwen35_config *cfg) {
+    return load_params_typed(be, cfg, KEEL_F32);
 }
 
 /* Re-open what was written and compare every parameter bitwise with the values in memory. */
@@ -159,7 +163,7 @@ static long peak_rss_kib(void) {
 }
 
 int cmd_info(int argc, char **argv) {
-    const char *dir = NULL, *dump = NULL, *rmode = "off";
+    const char *dir = NULL, *dump = NULL, *rmode = "off", *adapter_dir = NULL;
     long long B = 1, T = 1024, threads = 2;
     bool run = false;
     const cli_flag flags[] = {
@@ -170,6 +174,8 @@ int cmd_info(int argc, char **argv) {
         {"--recompute", CLI_STR, &rmode, .meta = "MODE", .help = "the mode --run uses (default off)"},
         {"--run", CLI_BOOL, &run, .help = "time one forward + backward on the cpu and report the peak RSS"},
         {"--dump-logits", CLI_STR, &dump, .meta = "FILE", .help = "with --run: input ids and logits (safetensors)"},
+        {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
+         .help = "a PEFT LoRA adapter beside the weights: the plans train only its factors"},
         {"--threads", CLI_INT, &threads, 1, 1024, .meta = "N", .help = "cpu threads (default 2)"},
     };
     const cli_spec spec = {"keel info", "layers, parameters, and the memory of a training step per recompute mode",
@@ -178,8 +184,10 @@ int cmd_info(int argc, char **argv) {
     if (pr) return pr == 1 ? 0 : 2;
     if (dump) run = true;
     keel_checkpoint *ck = keel_checkpoint_open(dir);
-    if (!ck) {
+    keel_adapter *ad = ck && adapter_dir ? keel_adapter_open(adapter_dir) : NULL;
+    if (!ck || (adapter_dir && !ad)) {
         fprintf(stderr, "keel info: %s\n", keel_last_error());
+        keel_checkpoint_close(ck);
         return 1;
     }
     const keel_qwen35_config *c = &ck->cfg;
@@ -191,10 +199,11 @@ int cmd_info(int argc, char **argv) {
         fprintf(stderr, "keel info: %s\n", keel_last_error());
         keel_qwen35_free(m);
         keel_ctx_free(ctx);
+        keel_adapter_close(ad);
         keel_checkpoint_close(ck);
         return 1;
     }
-    int64_t n_par = 0;
+    int64_t n_par = 0, n_trained = 0;
     for (int p = 0; p < m->n_params; p++) n_par += keel_nelements(m->params[p]);
     printf("%s: %s layout, weights %s\n", dir, ck->multimodal ? "multimodal" : "text", ck->dtype);
     printf("layers %lld (%lld Gated DeltaNet, %d gated attention), hidden %lld, ffn %lld, vocab %lld, %s head\n",
@@ -206,13 +215,28 @@ int cmd_info(int argc, char **argv) {
         fprintf(stderr, "keel info: %s\n", keel_last_error());
         keel_qwen35_free(m);
         keel_ctx_free(ctx);
+        keel_adapter_close(ad);
         keel_checkpoint_close(ck);
         return 2;
+    }
+    n_trained = n_par;
+    if (ad) { /* only the adapter's factors train: r (in + out) per adapted weight */
+        char **names = NULL;
+        int nn = 0;
+        n_trained = 0;
+        if (keel_adapter_targets(ad, &names, &nn) == 0)
+            for (int i = 0; i < nn; i++)
+                for (int p = 0; p < m->n_params; p++)
+                    if (strcmp(m->params[p]->name, names[i]) == 0)
+                        n_trained += ad->r * (m->params[p]->ne[0] + m->params[p]->ne[1]);
+        keel_lora_names_free(names, nn);
+        printf("adapter %s: rank %lld, %d weights adapted, %lld parameters trained\n", adapter_dir, (long long)ad->r,
+               nn, (long long)n_trained);
     }
     keel_qwen35_free(m);
     keel_ctx_free(ctx);
     ctx = NULL, m = NULL;
-    double gib = 1024.0 * 1024 * 1024, moments = (double)n_par * 4 * 2 / gib;
+    double gib = 1024.0 * 1024 * 1024, moments = (double)n_trained * 4 * 2 / gib;
     printf("\ntraining step, float32, batch %lld x window %lld, planned by keel's memory plan (AdamW moments: %.2f GiB "
            "more):\n",
            B, T, moments);
@@ -232,7 +256,8 @@ int cmd_info(int argc, char **argv) {
                              .window = T,
                              .backward = true,
                              .recompute = &rm,
-                             .keep_logits = keep && dump};
+                             .keep_logits = keep && dump,
+                             .adapter = ad};
         keel_step *st = keel_step_build(&so);
         if (!st) {
             fprintf(stderr, "keel info: %s\n", keel_last_error());
@@ -250,7 +275,7 @@ int cmd_info(int argc, char **argv) {
     }
     if (run) {
         keel_backend *be = keel_backend_new("cpu", (int)threads);
-        if (!be || keel_step_place(kept, be) || keel_checkpoint_load(ck, kept->m, be)) { /* the checkpoint's weights */
+        if (!be || keel_step_place(kept, be) || keel_step_load(kept, ck)) { /* the checkpoint's (and adapter's) weights */
             fprintf(stderr, "keel info: %s\n", keel_last_error());
             keel_backend_free(be);
             goto done;
@@ -289,6 +314,7 @@ int cmd_info(int argc, char **argv) {
     rc = run_failed ? 1 : 0;
 done:
     keel_step_free(kept);
+    keel_adapter_close(ad);
     keel_checkpoint_close(ck);
     return rc;
 }
@@ -362,7 +388,8 @@ int cmd_export(int argc, char **argv) {
         return 1;
     }
     keel_backend *be = keel_backend_new("cpu", 2);
-    keel_step *L = load_params(be, &ck->cfg);
+    /* with an adapter, float64 weights: W + s B A is rounded once, to the file's type */
+    keel_step *L = load_params_typed(be, &ck->cfg, ad ? KEEL_F64 : KEEL_F32);
     int n_merged = 0;
     int rc = !L || keel_checkpoint_load(ck, L->m, be) || (ad && keel_adapter_merge(ad, L->m, be, &n_merged)) ||
              keel_gguf_export(ck, L->m, be, out, &o);
@@ -377,6 +404,69 @@ int cmd_export(int argc, char **argv) {
     keel_adapter_close(ad);
     keel_step_free(L);
     keel_backend_free(be);
+    keel_checkpoint_close(ck);
+    return rc ? 1 : 0;
+}
+
+/* The tokenizer and generation files beside a checkpoint travel with a merged copy of it. */
+static int copy_side_files(const char *tmp_dir, void *ud) {
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                                  "special_tokens_map.json", "generation_config.json"};
+    const char *src = ud;
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char a[4200], b[4200];
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", tmp_dir, files[i]);
+        if (access(a, R_OK) == 0 && keel_copy_file(a, b)) return -1;
+    }
+    return 0;
+}
+
+int cmd_merge(int argc, char **argv) {
+    const char *base = NULL, *adapter_dir = NULL, *out = NULL, *dts = NULL;
+    const cli_flag flags[] = {
+        {NULL, CLI_STR, &base, .meta = "BASE", .help = "the checkpoint the adapter was trained on", .required = true},
+        {NULL, CLI_STR, &adapter_dir, .meta = "ADAPTER",
+         .help = "a PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors)", .required = true},
+        {NULL, CLI_STR, &out, .meta = "OUT", .help = "the merged checkpoint folder to write", .required = true},
+        {"--dtype", CLI_STR, &dts, .meta = "f32|bf16|f16", .help = "the weights' type (default: the base's)"},
+    };
+    const cli_spec spec = {"keel merge",
+                           "a full checkpoint with a LoRA adapter merged in: W + (alpha/r) B A in float64, rounded "
+                           "once to the output type",
+                           flags, (int)(sizeof flags / sizeof *flags)};
+    int pr = cli_parse(&spec, argc, argv);
+    if (pr) return pr == 1 ? 0 : 2;
+    keel_checkpoint *ck = keel_checkpoint_open(base);
+    keel_adapter *ad = ck ? keel_adapter_open(adapter_dir) : NULL;
+    if (!ck || !ad) {
+        fprintf(stderr, "keel merge: %s\n", keel_last_error());
+        keel_checkpoint_close(ck);
+        return 1;
+    }
+    keel_type dtype = strcmp(ck->dtype, "BF16") == 0 ? KEEL_BF16 : strcmp(ck->dtype, "F16") == 0 ? KEEL_F16 : KEEL_F32;
+    if (dts && parse_dtype(dts, &dtype)) {
+        keel_adapter_close(ad);
+        keel_checkpoint_close(ck);
+        return 2;
+    }
+    keel_backend *be = keel_backend_new("cpu", 2);
+    keel_step *L = load_params_typed(be, &ck->cfg, KEEL_F64);
+    int n_merged = 0;
+    int rc = !L || keel_checkpoint_load(ck, L->m, be) || keel_adapter_merge(ad, L->m, be, &n_merged) ||
+             keel_checkpoint_check_finite(ck, L->m) ||
+             keel_checkpoint_save_ex(out, L->m, be, dtype, ck, ck->multimodal, copy_side_files, (void *)base) ||
+             verify_saved(out, L->m, be, dtype);
+    if (rc)
+        fprintf(stderr, "keel merge: %s\n", keel_last_error());
+    else
+        printf("merged %s into %d weights of %s (rank %lld, alpha %g, scale %g) -> %s (%s, %s layout; reloaded "
+               "bitwise identical)\n",
+               adapter_dir, n_merged, base, (long long)ad->r, ad->alpha, ad->scale, out, keel_type_name(dtype),
+               ck->multimodal ? "multimodal" : "text");
+    keel_step_free(L);
+    keel_backend_free(be);
+    keel_adapter_close(ad);
     keel_checkpoint_close(ck);
     return rc ? 1 : 0;
 }

@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "cli_flags.h"
+#include "io/adapter.h"
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "train/data.h"
@@ -13,7 +14,7 @@
 #include "util/error.h"
 
 int cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *data[64], *backend = "cpu";
+    const char *model = NULL, *tokp = NULL, *data[64], *backend = "cpu", *adapter_dir = NULL;
     int n_data = 0;
     long long T = 128, B = 8, threads = 2;
     const cli_flag flags[] = {
@@ -22,6 +23,8 @@ int cmd_eval(int argc, char **argv) {
          "text files, folders of them, .jsonl with a \"text\" field", true},
         {"--tokenizer", CLI_STR, &tokp, .meta = "FILE",
          .help = "tokenizer.json (default: the model folder's, else bytes)"},
+        {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
+         .help = "a PEFT LoRA adapter (keel train --lora-rank writes one) applied beside the weights"},
         {"--window", CLI_INT, &T, 1, 1 << 24, .meta = "T", .help = "tokens per window (default 128)"},
         {"--batch", CLI_INT, &B, 1, 1 << 20, .meta = "B", .help = "windows per batch (default 8)"},
         {"--backend", CLI_STR, &backend, .meta = "B", .help = "ref, cpu or cuda (default cpu)"},
@@ -32,7 +35,9 @@ int cmd_eval(int argc, char **argv) {
     int pr = cli_parse(&spec, argc, argv);
     if (pr) return pr == 1 ? 0 : 2;
     keel_checkpoint *ck = keel_checkpoint_open(model);
-    if (!ck) {
+    keel_adapter *ad = ck && adapter_dir ? keel_adapter_open(adapter_dir) : NULL;
+    if (!ck || (adapter_dir && !ad)) {
+        keel_checkpoint_close(ck);
         fprintf(stderr, "keel eval: %s\n", keel_last_error());
         return 1;
     }
@@ -53,8 +58,8 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     if (B > W) B = W;
-    keel_step_opts so = {.cfg = &ck->cfg, .type = KEEL_F32, .batch = B, .window = T};
-    if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_checkpoint_load(ck, st->m, be)) goto done;
+    keel_step_opts so = {.cfg = &ck->cfg, .type = KEEL_F32, .batch = B, .window = T, .adapter = ad};
+    if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_step_load(st, ck)) goto done;
     int32_t *iv = malloc((size_t)(T * B) * 4), *tv = malloc((size_t)(T * B) * 4);
     double sum = 0;
     int64_t nb = 0;
@@ -68,7 +73,8 @@ int cmd_eval(int argc, char **argv) {
     }
     free(iv), free(tv);
     if (nb) {
-        printf("%s on %lld windows of %lld tokens (%lld tokens): loss %.4f, perplexity %.2f\n", model,
+        printf("%s%s%s on %lld windows of %lld tokens (%lld tokens): loss %.4f, perplexity %.2f\n", model,
+               ad ? " + adapter " : "", ad ? adapter_dir : "",
                (long long)(nb * B), T, (long long)(nb * B * T), sum / (double)nb, exp(sum / (double)nb));
         rc = 0;
         if (!isfinite(sum)) /* NaN or infinite weights (or logits): not a result to report as one */
@@ -81,6 +87,7 @@ done:
     keel_backend_free(be);
     keel_dataset_free(&d);
     keel_tokenizer_free(tok);
+    keel_adapter_close(ad);
     keel_checkpoint_close(ck);
     return rc;
 }

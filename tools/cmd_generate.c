@@ -92,7 +92,8 @@ static int dump_logits(keel_decoder *d, const keel_qwen35_config *cfg, const int
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *prompt = NULL, *backend = "cpu", *prompt_ids = NULL, *dump = NULL;
+    const char *model = NULL, *tokp = NULL, *prompt = NULL, *backend = "cpu", *prompt_ids = NULL, *dump = NULL,
+               *adapter_dir = NULL;
     bool print_ids = false;
     long long max_tokens = 64, seed = 1, threads = 2;
     double temp = 0.8, top_p = 0.95;
@@ -115,6 +116,8 @@ int cmd_generate(int argc, char **argv) {
         {"--print-ids", CLI_BOOL, &print_ids, .help = "print the token ids (prompt and generated) instead of text"},
         {"--dump-logits", CLI_STR, &dump, .meta = "FILE",
          .help = "the prompt's logits at every position (safetensors)"},
+        {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
+         .help = "a PEFT LoRA adapter (keel train --lora-rank writes one) applied beside the weights"},
     };
     const cli_spec spec = {"keel generate", "sample from a checkpoint, incrementally (KV cache, DeltaNet states)",
                            flags, (int)(sizeof flags / sizeof *flags)};
@@ -126,14 +129,17 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
     keel_checkpoint *ck = keel_checkpoint_open(model);
-    if (!ck) {
+    keel_adapter *ad = ck && adapter_dir ? keel_adapter_open(adapter_dir) : NULL;
+    if (!ck || (adapter_dir && !ad)) {
         fprintf(stderr, "keel generate: %s\n", keel_last_error());
+        keel_checkpoint_close(ck);
         return 1;
     }
     bool tok_failed;
     keel_tokenizer *tok = keel_tokenizer_for(tokp, model, &tok_failed);
     if (tok_failed) {
         fprintf(stderr, "keel generate: %s\n", keel_last_error());
+        keel_adapter_close(ad);
         keel_checkpoint_close(ck);
         return 1;
     }
@@ -143,6 +149,7 @@ int cmd_generate(int argc, char **argv) {
         if (parse_ids(prompt_ids, &pids, &np)) {
             fprintf(stderr, "keel generate: %s\n", keel_last_error());
             keel_tokenizer_free(tok);
+            keel_adapter_close(ad);
             keel_checkpoint_close(ck);
             return 2;
         }
@@ -167,7 +174,7 @@ int cmd_generate(int argc, char **argv) {
             return 1;
         }
     keel_backend *be = keel_backend_new(backend, (int)threads);
-    keel_decoder *d = be ? keel_decoder_new(ck, be) : NULL;
+    keel_decoder *d = be ? keel_decoder_new(ck, ad, be) : NULL;
     int rc = 1;
     int32_t *seq = calloc((size_t)T, sizeof *seq);
     /* every step's logits are kept only for --verify, which compares them with one full pass */
@@ -249,6 +256,7 @@ done:
     keel_decoder_free(d);
     keel_backend_free(be);
     keel_tokenizer_free(tok);
+    keel_adapter_close(ad);
     keel_checkpoint_close(ck);
     return rc;
 }

@@ -36,6 +36,8 @@ static const command COMMANDS[] = {
     {"export", cmd_export, true,
      "export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE | --byte-vocab]",
      "a GGUF file for llama.cpp, Ollama and LM Studio (keel export --help)"},
+    {"merge", cmd_merge, true, "merge BASE ADAPTER OUT [--dtype f32|bf16|f16]",
+     "a full checkpoint with a PEFT LoRA adapter merged in (float64, rounded once)"},
     {"save", cmd_save, true, "save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal]",
      "write a checkpoint folder (as transformers does) and check it reloads bitwise"},
     {"init", cmd_init, true, "init (--preset tiny|small|0.8b | --config CONFIG.json) OUT [--seed N] [--dtype f32|bf16]",

@@ -50,8 +50,8 @@ keel_adapter *keel_adapter_open(const char *dir) {
     rc = rc || refuse_if_set(cfg, "fan_in_fan_out", p, "transposed (Conv1D) weights are not Qwen3.5's");
     if (!rc) {
         a->r = (int64_t)r->valuedouble, a->alpha = alpha->valuedouble;
-        a->scale = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "use_rslora")) ? a->alpha / sqrt((double)a->r)
-                                                                                     : a->alpha / (double)a->r;
+        a->rslora = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cfg, "use_rslora"));
+        a->scale = a->rslora ? a->alpha / sqrt((double)a->r) : a->alpha / (double)a->r;
         a->dir = strdup(dir);
         snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
         a->file = a->dir ? keel_st_open(p) : NULL;
@@ -84,6 +84,37 @@ static int target_of(const char *stored, char *out, size_t n, char *which) {
         }
     }
     return 0;
+}
+
+const keel_st_tensor *keel_adapter_find(const keel_adapter *a, const char *param_name, char which) {
+    for (int i = 0; i < a->file->n; i++) {
+        char target[512], w;
+        if (target_of(a->file->t[i].name, target, sizeof target, &w) && w == which && strcmp(target, param_name) == 0)
+            return &a->file->t[i];
+    }
+    return NULL;
+}
+
+int keel_adapter_targets(const keel_adapter *a, char ***names, int *n) {
+    *names = calloc((size_t)a->file->n + 1, sizeof **names);
+    *n = 0;
+    if (!*names) return keel_fail("out of memory");
+    for (int i = 0; i < a->file->n; i++) {
+        char target[512], w;
+        if (!target_of(a->file->t[i].name, target, sizeof target, &w))
+            return keel_fail("%s: tensor '%s' is not a LoRA factor (lora_A / lora_B)", a->file->path,
+                             a->file->t[i].name);
+        if (w != 'A') continue;
+        if (!keel_adapter_find(a, target, 'B'))
+            return keel_fail("%s: '%s' has no lora_B partner", a->file->path, a->file->t[i].name);
+        if (!((*names)[(*n)++] = strdup(target))) return keel_fail("out of memory");
+    }
+    for (int i = 0; i < a->file->n; i++) { /* and every lora_B its lora_A */
+        char target[512], w;
+        if (target_of(a->file->t[i].name, target, sizeof target, &w) && w == 'B' && !keel_adapter_find(a, target, 'A'))
+            return keel_fail("%s: '%s' has no lora_A partner", a->file->path, a->file->t[i].name);
+    }
+    return *n ? 0 : keel_fail("%s: no LoRA factors", a->file->path);
 }
 
 static keel_tensor *param_named(const keel_qwen35 *m, const char *name) {

@@ -16,6 +16,7 @@ typedef struct {
     char *dir;
     int64_t r;
     double alpha, scale;
+    bool rslora; /* scale = alpha / sqrt(r) */
     keel_st_file *file;
 } keel_adapter;
 
@@ -27,5 +28,12 @@ void keel_adapter_close(keel_adapter *a);
  * targets a parameter of m with matching shapes; otherwise -1 naming the tensor. *n_merged (may
  * be NULL) gets the number of parameters changed. */
 int keel_adapter_merge(const keel_adapter *a, const keel_qwen35 *m, keel_backend *be, int *n_merged);
+
+/* The stored factor ('A' or 'B') of the parameter named param_name in keel's text layout
+ * ("model.layers.3.mlp.up_proj.weight"), whatever prefix and layout the file uses; NULL if absent. */
+const keel_st_tensor *keel_adapter_find(const keel_adapter *a, const char *param_name, char which);
+/* The parameters the adapter targets (keel's names), each with both factors; -1 naming a tensor
+ * that is not a LoRA factor or lacks its partner. *names (and each name) is malloc'ed, also on error. */
+int keel_adapter_targets(const keel_adapter *a, char ***names, int *n);
 
 #endif

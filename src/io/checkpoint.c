@@ -438,29 +438,47 @@ int keel_checkpoint_save(const char *out_dir, const keel_qwen35 *m, keel_backend
     return keel_checkpoint_save_ex(out_dir, m, be, dtype, src, multimodal, NULL, NULL);
 }
 
-int keel_checkpoint_save_ex(const char *out_dir_given, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
-                            const keel_checkpoint *src, bool multimodal, int (*extra)(const char *tmp_dir, void *ud),
-                            void *ud) {
+int keel_write_text_synced(const char *path, const char *text) { return write_file_synced(path, text); }
+
+int keel_save_folder(const char *out_dir_given, int (*fill)(const char *tmp_dir, void *ud), void *ud) {
     char out_dir[4000]; /* without trailing slashes: "out/" must not put the temporary folder inside out */
     if (snprintf(out_dir, sizeof out_dir, "%s", out_dir_given) >= (int)sizeof out_dir)
         return keel_fail("%s: path too long", out_dir_given);
     for (size_t n = strlen(out_dir); n > 1 && out_dir[n - 1] == '/'; n--) out_dir[n - 1] = 0;
-    if (dtype != KEEL_F32 && dtype != KEEL_BF16 && dtype != KEEL_F16 && dtype != KEEL_F64)
-        return keel_fail("save: cannot store weights as %s", keel_type_name(dtype));
-    if (multimodal && !(src && src->multimodal))
-        return keel_fail(
-            "save: the multimodal layout needs a multimodal source checkpoint (its config and vision weights)");
-    char tmp[4096], path[4352];
+    char tmp[4096];
     /* a fresh folder of our own beside the destination: mkdtemp creates it exclusively (never an
      * existing folder, never through a link planted at the name) */
     if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", out_dir) >= (int)sizeof tmp)
         return keel_fail("%s: path too long", out_dir);
     if (!mkdtemp(tmp)) return keel_fail("%s: cannot create a temporary folder: %s", tmp, strerror(errno));
     chmod(tmp, 0755); /* mkdtemp makes it 0700; a checkpoint is as readable as any folder */
-    if (keel_fault_save_point(1)) {
-        keel_remove_tree(tmp);
-        return -1;
-    }
+    int rc = keel_fault_save_point(1);
+    if (!rc) rc = fill(tmp, ud);
+    if (!rc) rc = keel_fsync_dir(tmp);
+    if (!rc) rc = keel_fault_save_point(5);
+    if (!rc) rc = swap_into_place(tmp, out_dir);
+    if (rc) keel_remove_tree(tmp);
+    return rc;
+}
+
+typedef struct {
+    const keel_qwen35 *m;
+    keel_backend *be;
+    keel_type dtype;
+    const keel_checkpoint *src;
+    bool multimodal;
+    int (*extra)(const char *tmp_dir, void *ud);
+    void *ud;
+} save_job;
+
+static int fill_checkpoint(const char *tmp, void *ud) {
+    const save_job *j = ud;
+    const keel_qwen35 *m = j->m;
+    const keel_checkpoint *src = j->src;
+    keel_backend *be = j->be;
+    keel_type dtype = j->dtype;
+    bool multimodal = j->multimodal;
+    char path[4352];
     int n_max = m->n_params + 16, n = 0, rc = 0;
     for (int f = 0; src && f < src->n_files; f++) n_max += src->files[f]->n;
     keel_st_entry *e = calloc((size_t)n_max, sizeof *e);
@@ -528,13 +546,21 @@ int keel_checkpoint_save_ex(const char *out_dir_given, const keel_qwen35 *m, kee
         free(cfg);
     }
     if (!rc) rc = keel_fault_save_point(3);
-    if (!rc && extra) rc = extra(tmp, ud);
+    if (!rc && j->extra) rc = j->extra(tmp, j->ud);
     if (!rc) rc = keel_fault_save_point(4);
     for (int i = 0; i < n_max; i++) free(names ? names[i] : NULL), free(bufs ? bufs[i] : NULL);
     free(e), free(names), free(bufs);
-    if (!rc) rc = keel_fsync_dir(tmp);
-    if (!rc) rc = keel_fault_save_point(5);
-    if (!rc) rc = swap_into_place(tmp, out_dir);
-    if (rc) keel_remove_tree(tmp);
     return rc;
+}
+
+int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_backend *be, keel_type dtype,
+                            const keel_checkpoint *src, bool multimodal, int (*extra)(const char *tmp_dir, void *ud),
+                            void *ud) {
+    if (dtype != KEEL_F32 && dtype != KEEL_BF16 && dtype != KEEL_F16 && dtype != KEEL_F64)
+        return keel_fail("save: cannot store weights as %s", keel_type_name(dtype));
+    if (multimodal && !(src && src->multimodal))
+        return keel_fail(
+            "save: the multimodal layout needs a multimodal source checkpoint (its config and vision weights)");
+    save_job j = {m, be, dtype, src, multimodal, extra, ud};
+    return keel_save_folder(out_dir, fill_checkpoint, &j);
 }

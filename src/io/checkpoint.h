@@ -51,4 +51,11 @@ int keel_checkpoint_save_ex(const char *out_dir, const keel_qwen35 *m, keel_back
                             const keel_checkpoint *src, bool multimodal, int (*extra)(const char *tmp_dir, void *ud),
                             void *ud);
 
+/* The one way keel writes a folder: fill(tmp_dir, ud) writes its files into a fresh temporary
+ * folder beside out_dir, which is fsynced and then swapped into place (an existing out_dir is
+ * replaced only once the new one is complete). */
+int keel_save_folder(const char *out_dir, int (*fill)(const char *tmp_dir, void *ud), void *ud);
+/* Writes text to path and fsyncs it (inside a folder keel_save_folder fills). */
+int keel_write_text_synced(const char *path, const char *text);
+
 #endif

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/lora.h"
 #include "ops/ops.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -144,6 +145,7 @@ int keel_qwen35_config_check(const keel_qwen35_config *c) {
 
 static keel_tensor *param(keel_qwen35 *m, keel_ctx *ctx, keel_type type, int64_t n0, int64_t n1, const char *fmt,
                           int layer, const char *leaf) {
+    if (n1 > 1 && !strstr(leaf, "conv1d")) type = m->matrix_type;
     keel_tensor *t = n1 > 1 ? keel_new_2d(ctx, type, n0, n1) : keel_new_1d(ctx, type, n0);
     if (!t) return NULL;
     char name[KEEL_NAME_MAX];
@@ -155,6 +157,10 @@ static keel_tensor *param(keel_qwen35 *m, keel_ctx *ctx, keel_type type, int64_t
 }
 
 keel_qwen35 *keel_qwen35_new(keel_ctx *ctx, const keel_qwen35_config *c, keel_type type) {
+    return keel_qwen35_new_ex(ctx, c, type, type);
+}
+
+keel_qwen35 *keel_qwen35_new_ex(keel_ctx *ctx, const keel_qwen35_config *c, keel_type type, keel_type matrix_type) {
     if (keel_qwen35_config_check(c)) return NULL;
     keel_qwen35 *m = calloc(1, sizeof *m);
     if (!m) {
@@ -162,6 +168,7 @@ keel_qwen35 *keel_qwen35_new(keel_ctx *ctx, const keel_qwen35_config *c, keel_ty
         return NULL;
     }
     m->cfg = *c;
+    m->matrix_type = matrix_type;
     m->params = calloc((size_t)(c->layers * 16 + 4), sizeof *m->params);
     if (!m->params) {
         free(m);
@@ -210,6 +217,7 @@ keel_qwen35 *keel_qwen35_new(keel_ctx *ctx, const keel_qwen35_config *c, keel_ty
 
 void keel_qwen35_free(keel_qwen35 *m) {
     if (!m) return;
+    keel_lora_free(m->lora);
     free(m->params);
     free(m);
 }
@@ -219,18 +227,28 @@ static keel_tensor *norm1p(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double
     return keel_mul(ctx, keel_rms_norm(ctx, x, eps), keel_scale(ctx, w, 1.0, 1.0));
 }
 
-static keel_tensor *linear(keel_ctx *ctx, keel_tensor *w, keel_tensor *x) { return keel_mul_mat(ctx, w, x); }
+/* a weight in the activations' type: itself, or a copy made here (a bf16 base) */
+static keel_tensor *as_type(keel_ctx *ctx, keel_tensor *w, keel_type type) {
+    return w->type == type ? w : keel_cast(ctx, w, type);
+}
 
-static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L,
+/* W x, plus W's LoRA adapter when it has one */
+static keel_tensor *linear(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, keel_tensor *x) {
+    keel_tensor *y = keel_mul_mat(ctx, as_type(ctx, w, x->type), x);
+    return m->lora ? keel_lora_linear(ctx, m, w, x, y) : y;
+}
+
+static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L,
                                     keel_tensor *h, keel_tensor *pos, keel_tensor *kin, keel_tensor *vin,
                                     keel_tensor **kout, keel_tensor **vout) {
+    const keel_qwen35_config *c = &m->cfg;
     int64_t hd = c->head_dim, H = c->heads, KV = c->kv_heads, T = h->ne[1], B = h->ne[2];
     int64_t es = (int64_t)keel_type_size(h->type);
-    keel_tensor *qg = linear(ctx, L->q, h); /* per head [q | gate] */
+    keel_tensor *qg = linear(ctx, m, L->q, h); /* per head [q | gate] */
     keel_tensor *q = keel_view_4d(ctx, qg, hd, H, T, B, 2 * hd * es, 2 * hd * H * es, 2 * hd * H * T * es, 0);
     keel_tensor *gate = keel_view_4d(ctx, qg, hd, H, T, B, 2 * hd * es, 2 * hd * H * es, 2 * hd * H * T * es, hd * es);
-    keel_tensor *k = keel_reshape_4d(ctx, linear(ctx, L->k, h), hd, KV, T, B);
-    keel_tensor *v = keel_reshape_4d(ctx, linear(ctx, L->v, h), hd, KV, T, B);
+    keel_tensor *k = keel_reshape_4d(ctx, linear(ctx, m, L->k, h), hd, KV, T, B);
+    keel_tensor *v = keel_reshape_4d(ctx, linear(ctx, m, L->v, h), hd, KV, T, B);
     int64_t n_rot = (int64_t)(c->partial_rotary * (double)hd);
     q = keel_rope(ctx, norm1p(ctx, q, L->q_norm, c->rms_eps), pos, n_rot, c->rope_theta);
     k = keel_rope(ctx, norm1p(ctx, k, L->k_norm, c->rms_eps), pos, n_rot, c->rope_theta);
@@ -243,15 +261,16 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35_config *c, 
     keel_tensor *o = keel_mul_mat(ctx, vt, p);                          /* [hd, Tq, H, B] */
     o = keel_cont(ctx, keel_permute(ctx, o, 0, 2, 1, 3));               /* [hd, H, T, B] */
     o = keel_mul(ctx, o, keel_sigmoid(ctx, gate));
-    return linear(ctx, L->o, keel_reshape_3d(ctx, o, hd * H, T, B));
+    return linear(ctx, m, L->o, keel_reshape_3d(ctx, o, hd * H, T, B));
 }
 
-static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35_config *c, const keel_qwen35_layer *L,
+static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L,
                                    keel_tensor *h, keel_tensor *S_in, keel_tensor *conv_in, keel_tensor **S_out,
                                    keel_tensor **conv_out) {
+    const keel_qwen35_config *c = &m->cfg;
     int64_t Dk = c->lk_dim, Hk = c->lk_heads, Dv = c->lv_dim, Hv = c->lv_heads, T = h->ne[1], B = h->ne[2];
     int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(h->type), K = c->conv_kernel;
-    keel_tensor *pre = linear(ctx, L->qkv, h), *conv;
+    keel_tensor *pre = linear(ctx, m, L->qkv, h), *conv;
     if (conv_in) { /* decoding: the last K-1 inputs come first; keep the outputs of the new tokens */
         keel_tensor *cat = keel_concat(ctx, conv_in, pre, 1);
         conv =
@@ -266,8 +285,8 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35_config *c, c
     keel_tensor *v = keel_view_4d(ctx, mixed, Dv, Hv, T, B, Dv * es, C * es, C * T * es, 2 * kd * es);
     q = keel_scale(ctx, keel_l2_norm(ctx, q, 1e-6), 1.0 / sqrt((double)Dk), 0.0);
     k = keel_l2_norm(ctx, k, 1e-6);
-    keel_tensor *beta = keel_sigmoid(ctx, linear(ctx, L->b, h)); /* [Hv, T, B] */
-    keel_tensor *g = keel_mul(ctx, keel_softplus(ctx, keel_add(ctx, linear(ctx, L->a, h), L->dt_bias)),
+    keel_tensor *beta = keel_sigmoid(ctx, linear(ctx, m, L->b, h)); /* [Hv, T, B] */
+    keel_tensor *g = keel_mul(ctx, keel_softplus(ctx, keel_add(ctx, linear(ctx, m, L->a, h), L->dt_bias)),
                               keel_neg(ctx, keel_exp(ctx, L->A_log)));
     keel_tensor *o;
     if (S_in) { /* decoding: start from S_in, keep the final state */
@@ -279,16 +298,17 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35_config *c, c
     } else {
         o = keel_gated_delta_net(ctx, q, k, v, g, beta); /* [Dv, Hv, T, B] */
     }
-    keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, L->z, h), Dv, Hv, T, B);
+    keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, h), Dv, Hv, T, B);
     o = keel_mul(ctx, keel_mul(ctx, keel_rms_norm(ctx, o, c->rms_eps), L->norm), keel_silu(ctx, z));
-    return linear(ctx, L->out, keel_reshape_3d(ctx, o, vd, T, B));
+    return linear(ctx, m, L->out, keel_reshape_3d(ctx, o, vd, T, B));
 }
 
 static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos, keel_tensor *targets,
                    keel_qwen35_out *out, const keel_qwen35_cache *cin, keel_qwen35_cache *cout) {
     const keel_qwen35_config *c = &m->cfg;
     memset(out, 0, sizeof *out);
-    keel_tensor *x = keel_get_rows(ctx, m->embed, ids); /* [D, T, B] */
+    keel_type act = m->final_norm->type; /* the activations' type (norm weights are never a bf16 base's) */
+    keel_tensor *x = as_type(ctx, keel_get_rows(ctx, m->embed, ids), act); /* [D, T, B] */
     out->hidden[0] = x;
     out->layers.n_layers = (int)c->layers;
     out->layers.boundary[0] = x;
@@ -297,14 +317,14 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
         out->layers.first_id[i] = keel_ctx_count(ctx);
         keel_tensor *h = norm1p(ctx, x, L->in_norm, c->rms_eps);
         keel_tensor *mix = c->full_attention[i]
-                               ? gated_attention(ctx, c, L, h, pos, cin ? cin->k[i] : NULL, cin ? cin->v[i] : NULL,
+                               ? gated_attention(ctx, m, L, h, pos, cin ? cin->k[i] : NULL, cin ? cin->v[i] : NULL,
                                                  cout ? &cout->k[i] : NULL, cout ? &cout->v[i] : NULL)
-                               : gated_deltanet(ctx, c, L, h, cin ? cin->S[i] : NULL, cin ? cin->conv[i] : NULL,
+                               : gated_deltanet(ctx, m, L, h, cin ? cin->S[i] : NULL, cin ? cin->conv[i] : NULL,
                                                 cout ? &cout->S[i] : NULL, cout ? &cout->conv[i] : NULL);
         x = keel_add(ctx, x, mix);
         keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps);
         keel_tensor *mlp =
-            linear(ctx, L->down, keel_mul(ctx, keel_silu(ctx, linear(ctx, L->gate, h2)), linear(ctx, L->up, h2)));
+            linear(ctx, m, L->down, keel_mul(ctx, keel_silu(ctx, linear(ctx, m, L->gate, h2)), linear(ctx, m, L->up, h2)));
         x = keel_add(ctx, x, mlp);
         keel_set_name(x, "hidden.%d", i + 1);
         out->hidden[i + 1] = x;
@@ -313,7 +333,7 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
     }
     keel_tensor *xn = norm1p(ctx, x, m->final_norm, c->rms_eps);
     out->normed = xn;
-    out->logits = keel_set_name(keel_mul_mat(ctx, m->lm_head, xn), "logits");
+    out->logits = keel_set_name(keel_mul_mat(ctx, as_type(ctx, m->lm_head, act), xn), "logits");
     if (targets) out->loss = keel_set_name(keel_cross_entropy_loss(ctx, out->logits, targets), "loss");
     if (!out->logits || (targets && !out->loss)) return -1;
     return 0;

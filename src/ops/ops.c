@@ -524,6 +524,11 @@ keel_tensor *keel_dropout(keel_ctx *ctx, keel_tensor *a, double p, uint64_t seed
     int64_t thr = (int64_t)llround(p * 4294967296.0);
     return OP(KEEL_OP_DROPOUT, (a), IPS((int64_t)seed, (int64_t)stream, 0, thr), 4, FPS(p), 1);
 }
+void keel_dropout_set_p(keel_graph *g, double p) {
+    for (int64_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == KEEL_OP_DROPOUT)
+            g->nodes[i]->fp[0] = p, g->nodes[i]->ip[3] = (int64_t)llround(p * 4294967296.0);
+}
 void keel_dropout_set_counter(keel_graph *g, int64_t counter) {
     for (int64_t i = 0; i < g->n_nodes; i++)
         if (g->nodes[i]->op == KEEL_OP_DROPOUT) g->nodes[i]->ip[2] = counter;

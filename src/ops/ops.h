@@ -91,6 +91,8 @@ keel_tensor *keel_mean(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_dropout(keel_ctx *ctx, keel_tensor *a, double p, uint64_t seed, uint64_t stream);
 /* Sets the counter of every DROPOUT node of g (the forward's, its recompute clones', the backward's). */
 void keel_dropout_set_counter(keel_graph *g, int64_t counter);
+/* Sets the probability of every DROPOUT node of g (0 for evaluation with the training graph). */
+void keel_dropout_set_p(keel_graph *g, double p);
 keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
 keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3);
 keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps);

@@ -91,21 +91,22 @@ done:
     return rc ? -1 : 0;
 }
 
-keel_decoder *keel_decoder_new(const keel_checkpoint *ck, keel_backend *be) {
+keel_decoder *keel_decoder_new(const keel_checkpoint *ck, const keel_adapter *ad, keel_backend *be) {
     keel_decoder *d = calloc(1, sizeof *d);
     if (!d) {
         keel_fail("out of memory");
         return NULL;
     }
     d->be = be;
-    keel_step_opts wo = {.cfg = &ck->cfg, .type = KEEL_F32, .weights_only = true};
-    if (!(d->w = keel_step_build(&wo)) || keel_step_place(d->w, be) || keel_checkpoint_load(ck, d->w->m, be)) {
+    keel_step_opts wo = {.cfg = &ck->cfg, .type = KEEL_F32, .weights_only = true, .adapter = ad};
+    if (!(d->w = keel_step_build(&wo)) || keel_step_place(d->w, be) || keel_step_load(d->w, ck)) {
         keel_decoder_free(d);
         return NULL;
     }
     d->ctx = d->w->ctx, d->m = d->w->m;
     for (int i = 0; i < d->m->n_params; i++)
         d->m->params[i]->flags |= KEEL_FLAG_BOUND; /* placed: later graphs reuse them */
+    for (int i = 0; d->m->lora && i < d->m->lora->n_params; i++) d->m->lora->params[i]->flags |= KEEL_FLAG_BOUND;
     const keel_qwen35_config *cf = &ck->cfg;
     int64_t C = 2 * cf->lk_heads * cf->lk_dim + cf->lv_heads * cf->lv_dim;
     for (int i = 0; i < cf->layers; i++)

@@ -6,12 +6,14 @@
 #define KEEL_DECODE_H
 
 #include "backend/backend.h"
+#include "io/adapter.h"
 #include "io/checkpoint.h"
 
 typedef struct keel_decoder keel_decoder;
 
-/* The checkpoint's weights on be (which the caller keeps and frees), empty caches. NULL with a message. */
-keel_decoder *keel_decoder_new(const keel_checkpoint *ck, keel_backend *be);
+/* The checkpoint's weights on be (which the caller keeps and frees), with a PEFT LoRA adapter
+ * beside them when ad is not NULL (kept by the caller too), empty caches. NULL with a message. */
+keel_decoder *keel_decoder_new(const keel_checkpoint *ck, const keel_adapter *ad, keel_backend *be);
 void keel_decoder_free(keel_decoder *d);
 /* Runs n tokens from the position after those seen so far; writes the last position's logits (vocab floats). */
 int keel_decoder_run(keel_decoder *d, const int32_t *ids, int64_t n, float *last_logits);

@@ -50,6 +50,17 @@ struct cJSON;
     X(STR, freeze, "--freeze", "REGEX", NULL, 0, 0, FIXED,                                                             \
       "do not train the parameters whose names match (POSIX ERE)")                                                     \
     X(U64, seed, "--seed", "N", 1, 0, INT64_MAX, FIXED, "data order, held-out split and fresh weights")                \
+    S("LoRA (low-rank adapters beside the base weights, which stay frozen; saved in PEFT's format)")                  \
+    X(INT, lora_rank, "--lora-rank", "R", 0, 0, 1 << 16, FIXED,                                                        \
+      "train adapters of rank R instead of every weight (0: full fine-tuning; needs --model)")                        \
+    X(DBL, lora_alpha, "--lora-alpha", "A", 0, 0, 1e30, FIXED, "adapter scale A/R (default: A = R, scale 1)")           \
+    X(DBL, lora_dropout, "--lora-dropout", "P", 0, 0, 0.99, FIXED, "dropout on the adapters' input while training")    \
+    X(STR, lora_targets, "--lora-targets", "REGEX", NULL, 0, 0, FIXED,                                                 \
+      "modules to adapt, a POSIX ERE over names like model.layers.0.mlp.up_proj (default: every projection of "      \
+      "the attention, DeltaNet and MLP)")                                                                              \
+    X(STR, base_dtype, "--base-dtype", "T", "f32", 0, 0, FIXED,                                                        \
+      "f32 or bf16: the frozen base's matrices (bf16 halves them; with --recompute their float32 copies live one "    \
+      "layer at a time)")                                                                                              \
     S("run")                                                                                                           \
     X(STR, out_dir, "--out", "DIR", NULL, 0, 0, MAY,                                                                   \
       "checkpoint, metrics.jsonl and the token cache go here (required)")                                              \

@@ -31,13 +31,42 @@ keel_step *keel_step_build(const keel_step_opts *o) {
         return NULL;
     }
     st->ctx = keel_ctx_new();
-    st->m = st->ctx ? keel_qwen35_new(st->ctx, o->cfg, o->type) : NULL;
-    if (st->m && o->weights_only) {
-        if (!(st->g = keel_graph_build(st->ctx, st->m->params, st->m->n_params))) goto fail;
+    if (o->base_bf16 && !o->lora && !o->adapter) {
+        keel_fail("a bf16 base is frozen: it needs LoRA adapters (--lora-rank)");
+        goto fail;
+    }
+    if (o->lora && (o->adapter || o->freeze)) {
+        keel_fail(o->freeze ? "--freeze with LoRA: the base is frozen already, only the adapters train"
+                            : "LoRA options and a saved adapter together");
+        goto fail;
+    }
+    st->m = st->ctx ? keel_qwen35_new_ex(st->ctx, o->cfg, o->type, o->base_bf16 ? KEEL_BF16 : o->type) : NULL;
+    if (!st->m) goto fail;
+    if (o->lora && keel_lora_attach(st->ctx, st->m, o->lora)) goto fail;
+    if (o->adapter) {
+        keel_lora_opts lo;
+        char **names = NULL;
+        int rc = keel_lora_opts_from_adapter(o->adapter, &lo, &names);
+        rc = rc || keel_lora_attach(st->ctx, st->m, &lo);
+        keel_lora_names_free(names, lo.n_modules);
+        if (rc) goto fail;
+        st->adapter = o->adapter;
+    }
+    if (o->weights_only) {
+        int n = st->m->n_params, nl = st->m->lora ? st->m->lora->n_params : 0;
+        keel_tensor **all = malloc((size_t)(n + nl) * sizeof *all);
+        if (!all) {
+            keel_fail("out of memory");
+            goto fail;
+        }
+        memcpy(all, st->m->params, (size_t)n * sizeof *all);
+        if (nl) memcpy(all + n, st->m->lora->params, (size_t)nl * sizeof *all);
+        st->g = keel_graph_build(st->ctx, all, n + nl);
+        free(all);
+        if (!st->g) goto fail;
         return st;
     }
-    if (!st->m ||
-        keel_qwen35_inputs(st->ctx, o->window, o->batch, &st->ids, o->logits_only ? NULL : &st->tgt, &st->pos) ||
+    if (keel_qwen35_inputs(st->ctx, o->window, o->batch, &st->ids, o->logits_only ? NULL : &st->tgt, &st->pos) ||
         keel_qwen35_forward(st->ctx, st->m, st->ids, st->pos, st->tgt, &st->out))
         goto fail;
     if (o->freeze && freeze(st, o->freeze)) goto fail;
@@ -116,6 +145,26 @@ int keel_step_place(keel_step *st, keel_backend *be) {
     for (int i = 0; i < 2 * st->n_opt && !rc; i++)
         rc = be->fill_bytes(be, st->mom[i]->data, 0, keel_nbytes(st->mom[i]));
     return rc ? -1 : 0;
+}
+
+int keel_step_load(keel_step *st, const keel_checkpoint *ck) {
+    if (keel_checkpoint_load(ck, st->m, st->be)) return -1;
+    return st->adapter ? keel_lora_load(st->m, st->be, st->adapter) : 0;
+}
+
+int keel_step_trainable(const keel_step *st, keel_tensor ***out) {
+    const keel_qwen35 *m = st->m;
+    int n = m->lora ? m->lora->n_params : 0;
+    for (int i = 0; !m->lora && i < m->n_params; i++) n += (m->params[i]->flags & KEEL_FLAG_PARAM) != 0;
+    *out = malloc((size_t)(n ? n : 1) * sizeof **out);
+    if (!*out) return keel_fail("out of memory");
+    if (m->lora) {
+        memcpy(*out, m->lora->params, (size_t)n * sizeof **out);
+        return n;
+    }
+    for (int i = 0, k = 0; i < m->n_params; i++)
+        if (m->params[i]->flags & KEEL_FLAG_PARAM) (*out)[k++] = m->params[i];
+    return n;
 }
 
 int keel_step_write_batch(keel_step *st, const int32_t *ids, const int32_t *targets) {

@@ -14,6 +14,8 @@
 #define KEEL_STEP_H
 
 #include "backend/backend.h"
+#include "io/checkpoint.h"
+#include "model/lora.h"
 #include "model/qwen35.h"
 #include "recompute/recompute.h"
 
@@ -28,6 +30,9 @@ typedef struct {
     bool keep_hidden;                     /* so do every hidden state and the final norm's output */
     const char *freeze;                   /* POSIX extended regex: parameters it matches get no gradient */
     bool weights_only;                    /* only the parameters, placed (save, export, decoding); no inputs */
+    const keel_lora_opts *lora;           /* LoRA adapters to train beside the selected weights (base frozen) */
+    const keel_adapter *adapter;          /* or a saved PEFT adapter's modules (evaluation: no dropout) */
+    bool base_bf16;                       /* the base's matrices stored in bf16 (a frozen base: with lora) */
 } keel_step_opts;
 
 typedef struct {
@@ -41,6 +46,7 @@ typedef struct {
     int n_opt;                  /* AdamW (keel_step_adamw): the parameters it updates, */
     keel_tensor **opt_p, **mom; /* their moments (m, v per parameter), */
     keel_tensor **opt;          /* and the update nodes */
+    const keel_adapter *adapter; /* the adapter keel_step_load reads (opts.adapter) */
     keel_backend *be;           /* after keel_step_place */
     keel_session *s;
 } keel_step;
@@ -61,6 +67,12 @@ int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *cons
 /* Plans and binds the graph on be (which the caller keeps and frees), writes the positions and
  * zeroes AdamW's moments. */
 int keel_step_place(keel_step *st, keel_backend *be);
+/* The weights, after keel_step_place: the checkpoint's, then the adapter's factors when the step
+ * was built with opts.adapter. */
+int keel_step_load(keel_step *st, const keel_checkpoint *ck);
+/* The parameters a training step updates: the model's PARAM-flagged parameters, or with LoRA
+ * the adapters' factors. Returns their count and sets *out to a malloc'ed array; -1 if out of memory. */
+int keel_step_trainable(const keel_step *st, keel_tensor ***out);
 /* Writes ids and targets (B*T each; targets ignored when logits_only) and runs the whole graph,
  * calling cb after every node. */
 int keel_step_run(keel_step *st, const int32_t *ids, const int32_t *targets, keel_node_cb cb, void *ud);

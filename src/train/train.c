@@ -14,6 +14,7 @@
 
 #include "autodiff/autodiff.h"
 #include "dist/collective.h"
+#include "io/adapter.h"
 #include "io/checkpoint.h"
 #include "io/run_folder.h"
 #include "ops/ops.h"
@@ -58,27 +59,42 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
     const keel_train_opts *o = t->o;
     keel_recompute_mode rm;
     if (keel_recompute_parse(o->recompute, &rm)) return -1;
+    bool bf16 = strcmp(o->base_dtype, "bf16") == 0;
+    if (!bf16 && strcmp(o->base_dtype, "f32") != 0)
+        return keel_fail("--base-dtype '%s': expected f32 or bf16", o->base_dtype);
+    keel_lora_opts lo = {.rank = o->lora_rank,
+                         .alpha = o->lora_alpha > 0 ? o->lora_alpha : (double)o->lora_rank,
+                         .dropout = o->lora_dropout,
+                         .seed = o->seed,
+                         .targets = o->lora_targets};
+    if (!o->lora_rank && (o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_targets || bf16))
+        return keel_fail("--lora-alpha, --lora-dropout, --lora-targets and --base-dtype bf16 need --lora-rank");
     keel_step_opts so = {.cfg = cfg,
                          .type = KEEL_F32,
                          .batch = o->batch,
                          .window = o->window,
                          .backward = true,
                          .recompute = &rm,
-                         .freeze = o->freeze};
+                         .freeze = o->freeze,
+                         .lora = o->lora_rank ? &lo : NULL,
+                         .base_bf16 = bf16};
     if (!(t->st = keel_step_build(&so))) return -1;
     if (o->freeze) printf("frozen: %d parameter tensors match '%s'\n", t->st->n_frozen, o->freeze);
-    keel_qwen35 *m = t->st->m;
-    int n = m->n_params;
-    t->train_p = calloc((size_t)n, sizeof *t->train_p), t->grad = calloc((size_t)n, sizeof *t->grad);
-    t->acc = calloc((size_t)n, sizeof *t->acc), t->acc_w = calloc((size_t)n, sizeof *t->acc_w);
-    if (!t->train_p || !t->grad || !t->acc || !t->acc_w) return keel_fail("out of memory");
+    const struct keel_lora *l = t->st->m->lora;
+    if (l)
+        printf("lora: rank %lld, alpha %g (scale %g), dropout %g, %d modules adapted, base frozen in %s\n",
+               (long long)lo.rank, lo.alpha, l->scale, lo.dropout, l->n, bf16 ? "bf16" : "f32");
+    int n = keel_step_trainable(t->st, &t->train_p);
+    if (n < 0) return -1;
+    t->grad = calloc((size_t)n + 1, sizeof *t->grad);
+    t->acc = calloc((size_t)n + 1, sizeof *t->acc), t->acc_w = calloc((size_t)n + 1, sizeof *t->acc_w);
+    if (!t->grad || !t->acc || !t->acc_w) return keel_fail("out of memory");
     for (int i = 0; i < n; i++) {
-        keel_tensor *p = m->params[i];
-        if (!(p->flags & KEEL_FLAG_PARAM)) continue;
-        keel_tensor *gr = keel_step_grad(t->st, i);
-        if (!gr) return keel_fail("parameter '%s' gets no gradient", p->name);
-        t->train_p[t->n_train] = p, t->grad[t->n_train] = gr, t->n_train++;
+        keel_tensor *gr = keel_graph_grad(t->st->g, t->train_p[i]);
+        if (!gr) return keel_fail("parameter '%s' gets no gradient", t->train_p[i]->name);
+        t->grad[i] = gr;
     }
+    t->n_train = n;
     if (t->n_train == 0) return keel_fail("every parameter is frozen: nothing to train");
     keel_graph *g = t->st->g;
     keel_tensor **G = t->grad;
@@ -108,8 +124,9 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
 }
 
 static int init_weights(trainer *t) {
-    if (t->src) return keel_checkpoint_load(t->src, t->st->m, t->be);
-    return keel_qwen35_init_weights(t->st->m, t->be, t->o->seed);
+    if (t->src ? keel_checkpoint_load(t->src, t->st->m, t->be) : keel_qwen35_init_weights(t->st->m, t->be, t->o->seed))
+        return -1;
+    return keel_lora_init_weights(t->st->m, t->be, t->o->seed); /* --resume loads the saved ones after */
 }
 
 static int zero(keel_backend *be, keel_tensor *x) { return be->fill_bytes(be, x->data, 0, keel_nbytes(x)); }
@@ -120,6 +137,7 @@ static double eval_loss(trainer *t, const keel_dataset *d) {
     int32_t *ids = malloc((size_t)(T * B) * 4), *tgt = malloc((size_t)(T * B) * 4);
     double sum = 0;
     int64_t nb = 0;
+    keel_dropout_set_p(t->st->g, 0.0); /* evaluation: the adapters see their whole input */
     for (int64_t w = 0; w + B <= W && nb < t->o->eval_batches; w += B, nb++) {
         for (int64_t b = 0; b < B; b++) {
             memcpy(ids + b * T, d->eval + (w + b) * T, (size_t)T * 4);
@@ -133,6 +151,7 @@ static double eval_loss(trainer *t, const keel_dataset *d) {
             break;
         sum += l;
     }
+    keel_dropout_set_p(t->st->g, t->o->lora_dropout);
     free(ids), free(tgt);
     return nb ? sum / (double)nb : NAN;
 }
@@ -261,8 +280,13 @@ static int setup(trainer *t) {
         if (keel_run_clean(o->out_dir, from, &n_clean)) return -1;
         if (n_clean) printf("removed %d leftover folder(s) of interrupted saves from %s\n", n_clean, o->out_dir);
     }
+    if (o->lora_rank && !o->model_dir && !o->resume_dir) {
+        keel_fail("--lora-rank needs --model DIR: the checkpoint the adapters are trained on");
+        return -1;
+    }
+    if (o->lora_rank && keel_trainer_base_of(t, o->model_dir, from)) return -1;
     if (from) {
-        if (!(t->src = keel_checkpoint_open(from))) return -1;
+        if (!(t->src = keel_checkpoint_open(o->lora_rank ? t->base_dir : from))) return -1;
         cfg = t->src->cfg;
     } else if (o->preset ? keel_qwen35_preset(o->preset, &cfg) : keel_hf_config_read_file(o->init_config, &cfg, &mm)) {
         return -1;
@@ -384,6 +408,9 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
         keel_dataset_batch(&t->data, o->window, o->batch, o->seed, t->position + (int64_t)t->rank * o->batch, t->ids,
                            t->tgt);
         t->position += o->batch * t->world;
+        /* dropout masks: one counter per micro-batch of the global batch, so --nproc N draws the
+         * masks of one process with --accum N */
+        keel_dropout_set_counter(t->st->g, ((step - 1) * o->accum + micro) * t->world + t->rank);
         keel_tracer *tr = o->trace && t->lead && step == o->trace_step && micro == 0
                               ? keel_tracer_new(o->trace_data || o->trace_sample > 0, (size_t)o->trace_max_bytes)
                               : NULL;

@@ -1,8 +1,11 @@
+#define _DEFAULT_SOURCE /* realpath */
 /* keel: the trainer's state beside a checkpoint: what `keel train --resume` needs to continue a
  * run bitwise (AdamW's moments, the data position, the step) and what it continues with (the
  * options), plus the tokenizer's files, so that the checkpoint is complete for generate, eval and
  * export. */
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +54,7 @@ static int write_state(const char *tmp_dir, void *ud) {
     cJSON_AddNumberToObject(j, "accum", (double)t->o->accum);
     cJSON_AddNumberToObject(j, "world", (double)t->world);
     cJSON_AddStringToObject(j, "vocabulary", t->tok_file[0] ? "tokenizer" : "bytes");
+    if (t->st->m->lora) cJSON_AddStringToObject(j, "base_model", t->base_dir); /* the adapters' base, for --resume */
     cJSON_AddItemToObject(j, "options", keel_train_opts_json(t->o)); /* what --resume continues with */
     char *txt = cJSON_Print(j);
     cJSON_Delete(j);
@@ -77,10 +81,39 @@ static int write_state(const char *tmp_dir, void *ud) {
     return 0;
 }
 
+/* A LoRA run's checkpoint: the adapter in PEFT's format (PeftModel.from_pretrained(base, dir)
+ * loads it) and the trainer's state; the frozen base stays where it is. */
+static int write_lora(const char *tmp_dir, void *ud) {
+    trainer *t = ud;
+    return keel_lora_write(tmp_dir, t->st->m, t->be, t->src && t->src->multimodal, t->base_dir) ||
+                   write_state(tmp_dir, ud)
+               ? -1
+               : 0;
+}
+
 int keel_trainer_save(trainer *t) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/checkpoint", t->o->out_dir);
+    if (t->st->m->lora) return keel_save_folder(dir, write_lora, t);
     return keel_checkpoint_save_ex(dir, t->st->m, t->be, KEEL_F32, NULL, false, write_state, t);
+}
+
+int keel_trainer_base_of(trainer *t, const char *model_dir, const char *resume_dir) {
+    if (model_dir) {
+        if (!realpath(model_dir, t->base_dir)) return keel_fail("--model %s: %s", model_dir, strerror(errno));
+        return 0;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/trainer_state.json", resume_dir);
+    cJSON *j = keel_read_json(path);
+    if (!j) return -1;
+    const char *b = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "base_model"));
+    int rc = !b ? keel_fail("%s: no \"base_model\" (not a LoRA run's checkpoint?)", path)
+             : strlen(b) >= sizeof t->base_dir ? keel_fail("%s: \"base_model\" is too long", path)
+                                                : 0;
+    if (!rc) snprintf(t->base_dir, sizeof t->base_dir, "%s", b);
+    cJSON_Delete(j);
+    return rc;
 }
 
 int keel_trainer_read_state(trainer *t, const char *dir) {
@@ -136,5 +169,9 @@ int keel_trainer_read_state(trainer *t, const char *dir) {
             rc = t->be->write(t->be, t->st->mom[i]->data, x->data, x->nbytes);
     }
     keel_st_close(st);
+    if (rc || !t->st->m->lora) return rc;
+    keel_adapter *ad = keel_adapter_open(dir); /* the adapters' factors */
+    rc = !ad || keel_lora_load(t->st->m, t->be, ad) ? -1 : 0;
+    keel_adapter_close(ad);
     return rc;
 }

@@ -27,6 +27,7 @@ typedef struct {
     keel_grad_sync *sync; /* the gradient buckets, with more than one rank */
     int rank, world;
     char tok_dir[4096], tok_file[4096]; /* the tokenizer trained with (tok_file empty: bytes) */
+    char base_dir[4096]; /* LoRA: the frozen base's checkpoint folder (absolute), recorded for --resume */
     /* the run */
     keel_tokenizer *tok;
     keel_dataset data;
@@ -46,5 +47,7 @@ int keel_trainer_save(trainer *t);
 /* --resume: the position, step and AdamW's moments from a checkpoint keel train wrote, each checked
  * (the run's window, batch, accumulation, seed and ranks must match). */
 int keel_trainer_read_state(trainer *t, const char *dir);
+/* LoRA: t->base_dir from --model (made absolute) or, resuming, from the checkpoint's trainer_state.json. */
+int keel_trainer_base_of(trainer *t, const char *model_dir, const char *resume_dir);
 
 #endif
