@@ -35,7 +35,8 @@ set_tests_properties(fault_expectation_bites PROPERTIES LABELS "fault" WILL_FAIL
 add_test(NAME cli_bad_flag COMMAND keel test-ops --no-such-flag)
 set_tests_properties(cli_bad_flag PROPERTIES LABELS "unit" WILL_FAIL TRUE)
 
-# Whole-model gradient check: a Qwen3.5 layer pair, every parameter against finite differences.
+# Whole-model gradient check: a Qwen3.5 layer pair, every parameter against finite differences;
+# then the pair with LoRA adapters, every adapter factor.
 add_test(NAME model_layer_pair_grad COMMAND keel test-model)
 set_tests_properties(model_layer_pair_grad PROPERTIES LABELS "model;sanitize")
 
@@ -118,6 +119,9 @@ foreach(bad
   separate_arguments(args)
   add_test(NAME train_bad_${name} COMMAND ${CMAKE_SOURCE_DIR}/scripts/expect-failure.sh "${msg}" $<TARGET_FILE:keel> train ${args})
 endforeach()
+# LoRA: PEFT's format, resume / recompute / data parallel / bf16 base bitwise, merge = unmerged eval.
+add_test(NAME train_lora COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-lora.sh $<TARGET_FILE:keel> ${KEEL_TINY} ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-lora)
+set_tests_properties(train_lora PROPERTIES LABELS "train")
 add_test(NAME train_full_disk COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-train-full-disk.sh $<TARGET_FILE:keel> ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-full-disk)
 set_tests_properties(train_resume_bitwise train_finetune_fixture train_plot train_full_disk PROPERTIES LABELS "train")
 

@@ -5,7 +5,7 @@
 # `scripts/gpu-prepare.sh`) and .gpu-data (the fixture and checkpoints, same script).
 #   scripts/gpu-check.sh            every stage
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
-# Stages: ops grad fault reference recompute hf cross bench, and multi (needs 2 GPUs) and profile
+# Stages: ops grad fault reference recompute hf lora cross bench, and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step), which are not in the default list
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ mkdir -p "$final"
 pack() { tar -czf "$final/gpu-logs.tar.gz" -C "$out" . 2>/dev/null && echo "logs: $final/gpu-logs.tar.gz"; }
 trap pack EXIT
 trap 'exit 143' TERM INT
-stages=${*:-ops grad fault reference recompute hf cross bench}
+stages=${*:-ops grad fault reference recompute hf lora cross bench}
 want() { [[ " $stages " == *" $1 "* ]]; }
 declare -a rows
 record() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); [ "$2" = PASS ] || status=1; }
@@ -121,6 +121,25 @@ if want recompute; then
 fi
 if want hf; then
     run "transformers loads keel's checkpoints" hf.log python3 scripts/hf_load_check.py .gpu-data
+fi
+if want lora; then
+    # LoRA against PEFT: keel trains an adapter on the fixture's model on the GPU (resumed bitwise),
+    # PEFT loads it, the logits agree (keel unmerged, keel merge, PEFT), and check-reference
+    # compares keel's adapter gradients on ref, cpu and cuda with PEFT's in float64
+    lo=$(mktemp -d /tmp/keel-lora.XXXXXX)
+    lt=(--model $fx/causal-f32-sharded --data .gpu-data/moby-dick.txt --backend cuda --lora-rank 4 --lora-alpha 8
+        --lora-dropout 0.1 --steps 20 --window 64 --batch 4 --lr 1e-2 --eval-every 10)
+    run "LoRA: test-model --backend cuda" lora-model.log $keel test-model --backend cuda
+    run "LoRA: train an adapter on cuda, 20 steps" lora-train.log $keel train "${lt[@]}" --out $lo/run
+    run "LoRA: stopped at 10, resumed: bitwise" lora-resume.log bash -c "$keel train ${lt[*]} --out $lo/half --stop-at 10 && $keel train --resume $lo/half --backend cuda && cmp $lo/run/checkpoint/adapter_model.safetensors $lo/half/checkpoint/adapter_model.safetensors && cmp $lo/run/checkpoint/optimizer.safetensors $lo/half/checkpoint/optimizer.safetensors && echo adapter and moments byte-identical"
+    run "LoRA: keel info --adapter --dump-logits" lora-info.log $keel info $fx/causal-f32-sharded --adapter $lo/run/checkpoint --batch 2 --window 48 --dump-logits $lo/keel-logits.safetensors
+    run "LoRA: keel merge" lora-merge.log $keel merge $fx/causal-f32-sharded $lo/run/checkpoint $lo/merged
+    run "LoRA: PEFT loads keel's adapter; logits agree" lora-peft.log python3 scripts/peft_check.py $fx/causal-f32-sharded $lo/run/checkpoint $lo/keel-logits.safetensors $lo/merged $fx $lo/ref
+    cat "$out/lora-peft.log"
+    run "LoRA: check-reference --adapter vs PEFT f64" lora-ref.log $keel check-reference $lo/ref --adapter $lo/run/checkpoint --backend ref,cpu,cuda
+    grep -i "worst\|passed" "$out/lora-ref.log" | tail -3
+    run "LoRA: bench train --lora-rank 16 vs full" lora-bench.log $keel bench train --backend cuda --batch 1 --window 1024 --recompute full --lora-rank 16 --base-dtype bf16 --no-torch
+    tail -6 "$out/lora-bench.log"
 fi
 if want multi; then
     run "2 GPUs: --nproc 2, 20 steps, failures" multi.log scripts/gpu-multi-check.sh "$keel" "$out"

@@ -19,6 +19,7 @@
 #include "cli.h"
 #include "cli_flags.h"
 #include "io/checkpoint.h"
+#include "model/lora.h"
 #include "model/qwen35.h"
 #include "ops/ops.h"
 #include "recompute/recompute.h"
@@ -28,8 +29,8 @@
 #include "util/rng.h"
 
 typedef struct {
-    const char *backend, *preset, *recompute, *torch, *python;
-    long long batch, window, steps, warmup, threads;
+    const char *backend, *preset, *recompute, *torch, *python, *base_dtype;
+    long long batch, window, steps, warmup, threads, lora_rank;
 } bench_opts;
 
 typedef struct {
@@ -37,21 +38,38 @@ typedef struct {
     const char *peak_what;
 } bench_result;
 
-static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_result *r) {
+/* lora_rank 0: full fine-tuning (AdamW on every parameter); else LoRA adapters of that rank on
+ * every projection, the base frozen (in bf16 with base_bf16), AdamW on the adapters only. */
+static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, long long lora_rank, bool base_bf16,
+                    bench_result *r) {
     keel_recompute_mode rm;
     if (keel_recompute_parse(o->recompute, &rm)) return -1;
     int64_t T = o->window, B = o->batch;
     keel_backend *be = keel_backend_new(o->backend, (int)o->threads);
-    keel_step_opts so = {.cfg = cfg, .type = KEEL_F32, .batch = B, .window = T, .backward = true, .recompute = &rm};
+    keel_lora_opts lo = {.rank = lora_rank, .alpha = (double)lora_rank, .seed = 5};
+    keel_step_opts so = {.cfg = cfg,
+                         .type = KEEL_F32,
+                         .batch = B,
+                         .window = T,
+                         .backward = true,
+                         .recompute = &rm,
+                         .lora = lora_rank ? &lo : NULL,
+                         .base_bf16 = base_bf16};
     keel_step *sp = be ? keel_step_build(&so) : NULL;
     int32_t *iv = NULL, *tv = NULL;
     double *times = NULL;
+    keel_tensor **tp = NULL;
+    int n_tp = sp ? keel_step_trainable(sp, &tp) : -1;
     int rc = -1;
-    if (!sp || keel_step_adamw(sp, NULL, NULL, 0, 1e-4, 0.1) || keel_step_place(sp, be)) goto done;
-    printf("keel: %d parameter tensors, plan %.2f GiB (activations %.2f GiB), initialising...\n", sp->m->n_params,
-           (double)sp->s->plan->total_bytes / (1 << 30), (double)sp->s->plan->peak_activation_bytes / (1 << 30));
+    if (n_tp < 0 || keel_step_adamw(sp, tp, NULL, n_tp, 1e-4, 0.1) || keel_step_place(sp, be)) goto done;
+    int64_t n_trained = 0;
+    for (int i = 0; i < n_tp; i++) n_trained += keel_nelements(tp[i]);
+    printf("keel%s: %d parameter tensors trained (%lld parameters), plan %.2f GiB (activations %.2f GiB), "
+           "initialising...\n",
+           lora_rank ? " LoRA" : "", n_tp, (long long)n_trained, (double)sp->s->plan->total_bytes / (1 << 30),
+           (double)sp->s->plan->peak_activation_bytes / (1 << 30));
     fflush(stdout);
-    if (keel_qwen35_init_weights(sp->m, be, 5)) goto done;
+    if (keel_qwen35_init_weights(sp->m, be, 5) || keel_lora_init_weights(sp->m, be, 5)) goto done;
     iv = malloc((size_t)(T * B) * 4), tv = malloc((size_t)(T * B) * 4);
     times = malloc((size_t)(o->warmup + o->steps) * sizeof *times);
     if (!iv || !tv || !times) {
@@ -90,7 +108,7 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, bench_re
     rc = 0;
 done:
     if (rc) fprintf(stderr, "keel bench train: %s\n", keel_last_error());
-    free(iv), free(tv), free(times);
+    free(iv), free(tv), free(times), free(tp);
     keel_step_free(sp);
     keel_backend_free(be);
     return rc;
@@ -175,7 +193,8 @@ int cmd_bench_train(int argc, char **argv) {
                     .window = 1024,
                     .steps = 5,
                     .warmup = 2,
-                    .threads = 2};
+                    .threads = 2,
+                    .base_dtype = "f32"};
     bool no_torch = false;
     const cli_flag flags[] = {
         {"--backend", CLI_STR, &o.backend, .meta = "B", .help = "cuda or cpu (default: cuda when built with it)"},
@@ -191,6 +210,10 @@ int cmd_bench_train(int argc, char **argv) {
          .help = "the PyTorch peer's script (default bench/torch_qwen35.py)"},
         {"--python", CLI_STR, &o.python, .meta = "PYTHON", .help = "the interpreter that runs it (default python3)"},
         {"--no-torch", CLI_BOOL, &no_torch, .help = "keel alone"},
+        {"--lora-rank", CLI_INT, &o.lora_rank, 1, 1 << 16, .meta = "R",
+         .help = "also train LoRA adapters of rank R on every projection (base frozen) and compare with full "
+                 "fine-tuning"},
+        {"--base-dtype", CLI_STR, &o.base_dtype, .meta = "f32|bf16", .help = "with --lora-rank: the frozen base's matrices"},
     };
     const cli_spec spec = {
         "keel bench train",
@@ -209,13 +232,30 @@ int cmd_bench_train(int argc, char **argv) {
            "%lld warm-up\n\n",
            (long long)cfg.layers, (long long)cfg.hidden, (long long)cfg.vocab, o.batch, o.window, o.recompute, o.steps,
            o.warmup);
-    bench_result k = {0}, t = {0};
-    if (run_keel(&o, &cfg, &k)) return 1;
+    bool bf16 = strcmp(o.base_dtype, "bf16") == 0;
+    if (!bf16 && strcmp(o.base_dtype, "f32")) {
+        fprintf(stderr, "keel bench train: --base-dtype '%s': expected f32 or bf16\n", o.base_dtype);
+        return 2;
+    }
+    if (bf16 && !o.lora_rank) {
+        fprintf(stderr, "keel bench train: --base-dtype bf16 is for a frozen base: it needs --lora-rank\n");
+        return 2;
+    }
+    bench_result k = {0}, t = {0}, kl = {0};
+    /* LoRA first: on the cpu the peak is the process's RSS, which only grows */
+    if (o.lora_rank && run_keel(&o, &cfg, o.lora_rank, bf16, &kl)) return 1;
+    if (run_keel(&o, &cfg, 0, false, &k)) return 1;
     bool have_torch = !no_torch && run_torch(&o, &cfg, &t) == 0;
     if (!no_torch && !have_torch) fprintf(stderr, "keel bench train: PyTorch peer: %s\n", keel_last_error());
     printf("\n%-34s %10s %12s %12s  %s\n", "", "step (s)", "tokens/s", "peak GiB", "peak is");
-    printf("%-34s %10.3f %12.0f %12.2f  %s\n", o.backend, k.step_s, k.tokens_per_s, k.peak_bytes / (1 << 30),
-           k.peak_what);
+    char lbl[96];
+    snprintf(lbl, sizeof lbl, "%s%s", o.backend, o.lora_rank ? " full fine-tuning" : "");
+    printf("%-34s %10.3f %12.0f %12.2f  %s\n", lbl, k.step_s, k.tokens_per_s, k.peak_bytes / (1 << 30), k.peak_what);
+    if (o.lora_rank) {
+        snprintf(lbl, sizeof lbl, "%s LoRA rank %lld (base %s)", o.backend, o.lora_rank, o.base_dtype);
+        printf("%-34s %10.3f %12.0f %12.2f  %s\n", lbl, kl.step_s, kl.tokens_per_s, kl.peak_bytes / (1 << 30),
+               kl.peak_what);
+    }
     if (have_torch) {
         printf("%-34s %10.3f %12.0f %12.2f  %s\n", "PyTorch + transformers (float32)", t.step_s, t.tokens_per_s,
                t.peak_bytes / (1 << 30), t.peak_what);
@@ -224,5 +264,10 @@ int cmd_bench_train(int argc, char **argv) {
                k.tokens_per_s / t.tokens_per_s, k.peak_bytes / t.peak_bytes, k.first_loss, t.first_loss,
                log((double)cfg.vocab));
     }
+    if (o.lora_rank)
+        printf("\nLoRA rank %lld / full fine-tuning: tokens/s %.2fx, peak memory %.2fx lower (%.2f vs %.2f GiB); "
+               "first-step loss %.4f vs %.4f (B = 0 at the start: the same model)\n",
+               o.lora_rank, kl.tokens_per_s / k.tokens_per_s, k.peak_bytes / kl.peak_bytes, kl.peak_bytes / (1 << 30),
+               k.peak_bytes / (1 << 30), kl.first_loss, k.first_loss);
     return have_torch || no_torch ? 0 : 1;
 }

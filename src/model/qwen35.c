@@ -176,7 +176,13 @@ keel_qwen35 *keel_qwen35_new_ex(keel_ctx *ctx, const keel_qwen35_config *c, keel
         return NULL;
     }
     int64_t D = c->hidden, kd = c->lk_heads * c->lk_dim, vd = c->lv_heads * c->lv_dim;
+    /* The LM head's matrix (the tied embedding, or lm_head) stays in the activations' type: its
+     * product would need a float32 copy of the whole matrix alive from the forward pass to the
+     * backward pass, more memory than a bf16 copy saves. An untied input embedding is read by
+     * rows only and takes matrix_type. */
+    m->matrix_type = c->tied ? type : matrix_type;
     m->embed = param(m, ctx, type, D, c->vocab, "model.embed_tokens.weight%.0d%s", 0, "");
+    m->matrix_type = matrix_type;
     for (int i = 0; i < c->layers; i++) {
         keel_qwen35_layer *L = &m->layer[i];
         const char *f = "model.layers.%d.%s";
@@ -206,7 +212,9 @@ keel_qwen35 *keel_qwen35_new_ex(keel_ctx *ctx, const keel_qwen35_config *c, keel
         L->down = param(m, ctx, type, c->ffn, D, f, i, "mlp.down_proj.weight");
     }
     m->final_norm = param(m, ctx, type, D, 1, "model.norm.weight%.0d%s", 0, "");
+    m->matrix_type = type;
     m->lm_head = c->tied ? m->embed : param(m, ctx, type, D, c->vocab, "lm_head.weight%.0d%s", 0, "");
+    m->matrix_type = matrix_type;
     for (int i = 0; i < m->n_params; i++)
         if (!m->params[i]) {
             keel_qwen35_free(m);

@@ -33,7 +33,7 @@ typedef struct {
     keel_qwen35_layer layer[KEEL_QWEN35_MAX_LAYERS];
     keel_tensor **params; /* in checkpoint order */
     int n_params;
-    keel_type matrix_type;  /* of the matrices (keel_qwen35_new_ex) */
+    keel_type matrix_type;  /* of the matrices but the LM head's (keel_qwen35_new_ex) */
     struct keel_lora *lora; /* LoRA adapters (model/lora.h), NULL: none */
 } keel_qwen35;
 
@@ -44,8 +44,8 @@ int keel_qwen35_preset(const char *name, keel_qwen35_config *c);
 int keel_qwen35_config_check(const keel_qwen35_config *c);
 /* Parameter leaves of the given type. NULL with an error. Free with keel_qwen35_free. */
 keel_qwen35 *keel_qwen35_new(keel_ctx *ctx, const keel_qwen35_config *c, keel_type type);
-/* The same with the matrices (embeddings, projections, head; not the convolution) of matrix_type:
- * a frozen base stored in bf16. Each use reads a float32 copy (CAST) made where it is used, which
+/* The same with the matrices (the projections, an untied input embedding; not the convolution, not
+ * the LM head's matrix) of matrix_type: a frozen base stored in bf16. Each use reads a float32 copy (CAST) made where it is used, which
  * recompute makes again, so only the bf16 copy stays resident when activations are recomputed. */
 keel_qwen35 *keel_qwen35_new_ex(keel_ctx *ctx, const keel_qwen35_config *c, keel_type type, keel_type matrix_type);
 void keel_qwen35_free(keel_qwen35 *m);

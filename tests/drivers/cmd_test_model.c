@@ -2,7 +2,9 @@
  * layer + gated attention layer, SwiGLU MLPs, tied head, cross-entropy) with random weights:
  * every parameter's analytic gradient on ref (float64) against five-point central differences
  * (h = 1e-4 max(1,|x|): the l2-normalised DeltaNet keys curve too fast for the op suite's 1e-3),
- * then the cpu backend's float32 gradients against ref's (and 1 vs 2 threads, bitwise). */
+ * then the cpu (or cuda) backend's float32 gradients against ref's (and 1 vs 2 threads, bitwise).
+ * Then the same pair with LoRA adapters on every projection (rank 3, dropout 0.25 with a fixed
+ * mask): the adapters' factors are the parameters checked, the base frozen. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include "cli.h"
 #include "cli_flags.h"
 #include "graph/graph.h"
+#include "model/lora.h"
 #include "model/qwen35.h"
 #include "ops/ops.h"
 #include "train/step.h"
@@ -19,18 +22,33 @@
 
 #define FD_PER_PARAM 12
 
-static keel_step *build(keel_backend *be, const keel_qwen35_config *c, keel_type type, int64_t T, int64_t B) {
-    keel_step_opts so = {.cfg = c, .type = type, .batch = B, .window = T, .backward = true};
+static keel_step *build(keel_backend *be, const keel_qwen35_config *c, keel_type type, int64_t T, int64_t B,
+                        const keel_lora_opts *lora) {
+    keel_step_opts so = {.cfg = c, .type = type, .batch = B, .window = T, .backward = true, .lora = lora};
     keel_step *st = keel_step_build(&so);
     if (st && keel_step_place(st, be)) keel_step_free(st), st = NULL;
     return st;
 }
 
-/* The weights (float64 values, rounded once to the step's type) and a batch. */
-static int set_inputs(keel_step *r, keel_backend *be, double **vals, const int32_t *ids, const int32_t *tgt) {
-    for (int i = 0; i < r->m->n_params; i++)
-        if (keel_tensor_write(be, r->m->params[i], vals[i], KEEL_F64)) return -1;
-    return keel_step_write_batch(r, ids, tgt);
+/* Every parameter (the base's, then the adapters') as one list: values are written to all, the
+ * trainable ones are checked. */
+typedef struct {
+    keel_tensor **all;
+    int n_all;
+    keel_tensor **tr;
+    int n_tr;
+} plist;
+
+static int params_of(const keel_step *st, plist *p) {
+    const keel_qwen35 *m = st->m;
+    int nl = m->lora ? m->lora->n_params : 0;
+    p->n_all = m->n_params + nl;
+    p->all = malloc((size_t)p->n_all * sizeof *p->all);
+    if (!p->all) return -1;
+    memcpy(p->all, m->params, (size_t)m->n_params * sizeof *p->all);
+    if (nl) memcpy(p->all + m->n_params, m->lora->params, (size_t)nl * sizeof *p->all);
+    p->n_tr = keel_step_trainable(st, &p->tr);
+    return p->n_tr < 0 ? -1 : 0;
 }
 
 static double loss_of(const keel_step *r, keel_backend *be) {
@@ -39,9 +57,138 @@ static double loss_of(const keel_step *r, keel_backend *be) {
     return v;
 }
 
+/* One model: ref (float64) gradients of every trainable parameter against five-point central
+ * differences, and the other backend's float32 gradients against ref's. Returns failures, or -1. */
+static int check(const char *label, const keel_qwen35_config *c, const keel_lora_opts *lora, const char *other,
+                 int *n_checks) {
+    const int64_t T = 7, B = 2;
+    int32_t ids[T * B], tgt[T * B];
+    uint64_t st = 12345;
+    for (int i = 0; i < T * B; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((st >> 33) % (uint64_t)c->vocab);
+        tgt[i] = (int32_t)((st >> 45) % (uint64_t)c->vocab);
+    }
+    keel_backend *ref = keel_backend_new("ref", 1), *cpu = keel_backend_new(other, 1);
+    keel_step *R = ref ? build(ref, c, KEEL_F64, T, B, lora) : NULL, *C = cpu ? build(cpu, c, KEEL_F32, T, B, lora) : NULL;
+    plist pr = {0}, pc = {0};
+    if (!R || !C || params_of(R, &pr) || params_of(C, &pc)) {
+        fprintf(stderr, "keel test-model: %s\n", keel_last_error());
+        return -1;
+    }
+    /* weights scaled up from the 0.02 init so that every path carries signal */
+    double **vals = keel_qwen35_init_values(R->m, 7);
+    vals = realloc(vals, (size_t)pr.n_all * sizeof *vals);
+    for (int i = 0; i < R->m->n_params; i++) {
+        const char *nm = R->m->params[i]->name;
+        for (int64_t j = 0; j < keel_nelements(R->m->params[i]); j++) {
+            if (strstr(nm, "proj") || strstr(nm, "embed"))
+                vals[i][j] *= 15.0;
+            else if (strstr(nm, "norm") && !strstr(nm, "linear_attn.norm"))
+                vals[i][j] = 0.1 * sin(1.0 + (double)j + i);
+        }
+    }
+    for (int i = R->m->n_params; i < pr.n_all; i++) { /* adapters: A as PEFT draws it, B non-zero (else dA = 0) */
+        int64_t n = keel_nelements(pr.all[i]);
+        vals[i] = malloc((size_t)n * sizeof **vals);
+        double bound = 1.0 / sqrt((double)pr.all[i]->ne[0]);
+        for (int64_t j = 0; j < n; j++) vals[i][j] = (strstr(pr.all[i]->name, "lora_A") ? bound : 0.5) * sin(0.7 * (double)j + 3.0 * i);
+    }
+    for (int i = 0; i < pr.n_all; i++) /* the f32 model: give both the same values */
+        for (int64_t j = 0; j < keel_nelements(pr.all[i]); j++) vals[i][j] = (float)vals[i][j];
+    int fails = 0;
+    double worst_fd = 0, worst_cpu = 0;
+    int rc = 0;
+    for (int i = 0; i < pr.n_all && !rc; i++)
+        rc = keel_tensor_write(ref, pr.all[i], vals[i], KEEL_F64) || keel_tensor_write(cpu, pc.all[i], vals[i], KEEL_F64);
+    if (rc || keel_step_write_batch(R, ids, tgt) || keel_session_run(R->s, NULL, NULL) ||
+        keel_step_write_batch(C, ids, tgt) || keel_session_run(C->s, NULL, NULL)) {
+        fprintf(stderr, "keel test-model: %s\n", keel_last_error());
+        return -1;
+    }
+    printf("%s: %d trainable parameter tensors, loss ref(f64) %.12f %s(f32) %.12f\n", label, pr.n_tr, loss_of(R, ref),
+           other, loss_of(C, cpu));
+    double **ga = calloc((size_t)pr.n_tr, sizeof *ga), **gc = calloc((size_t)pr.n_tr, sizeof *gc);
+    for (int i = 0; i < pr.n_tr; i++) {
+        ga[i] = keel_tensor_read_f64(ref, keel_graph_grad(R->g, pr.tr[i]));
+        gc[i] = keel_tensor_read_f64(cpu, keel_graph_grad(C->g, pc.tr[i]));
+    }
+    bool same_bits = true, threads = strcmp(other, "cpu") == 0; /* 1 vs 2 threads on cpu, bitwise */
+    if (threads) {
+        cpu->set_threads(cpu, 2);
+        keel_session_run(C->s, NULL, NULL);
+        for (int i = 0; i < pc.n_tr; i++) {
+            double *g2 = keel_tensor_read_f64(cpu, keel_graph_grad(C->g, pc.tr[i]));
+            if (memcmp(g2, gc[i], (size_t)keel_nelements(pc.tr[i]) * sizeof(double))) same_bits = false;
+            free(g2);
+        }
+    }
+    for (int i = 0; i < pr.n_tr; i++) {
+        keel_tensor *p = pr.tr[i];
+        int vi = 0;
+        while (pr.all[vi] != p) vi++;
+        int64_t n = keel_nelements(p);
+        double gmax = 0;
+        for (int64_t j = 0; j < n; j++) gmax = fmax(gmax, fabs(ga[i][j]));
+        int64_t idx[FD_PER_PARAM];
+        int m = 0;
+        idx[m++] = 0, idx[m++] = p->ne[0] - 1, idx[m++] = n - 1;
+        uint64_t s2 = 99 + (uint64_t)i;
+        while (m < FD_PER_PARAM && m < n)
+            idx[m++] = (int64_t)(((s2 = s2 * 6364136223846793005ull + 1) >> 33) % (uint64_t)n);
+        double worst = 0;
+        static const double off[4] = {-2, -1, 1, 2}, wt[4] = {1, -8, 8, -1};
+        for (int k = 0; k < m; k++) {
+            double x0 = vals[vi][idx[k]], h = 1e-4 * fmax(1.0, fabs(x0)), acc = 0, lmax = 1;
+            for (int sd = 0; sd < 4; sd++) {
+                vals[vi][idx[k]] = x0 + off[sd] * h;
+                keel_tensor_write(ref, p, vals[vi], KEEL_F64);
+                ref->compute(ref, R->g, 0, R->g->n_forward, NULL, NULL);
+                double l = loss_of(R, ref);
+                acc += wt[sd] * l;
+                lmax = fmax(lmax, fabs(l));
+            }
+            vals[vi][idx[k]] = x0;
+            keel_tensor_write(ref, p, vals[vi], KEEL_F64);
+            double num = acc / (12 * h), a = ga[i][idx[k]];
+            double e = fabs(a - num) / fmax(fmax(fabs(a), fabs(num)), fmax(1e-3 * gmax, 1e-6 * lmax));
+            worst = fmax(worst, e);
+        }
+        double num = 0, den = 0;
+        for (int64_t j = 0; j < n; j++)
+            num += (gc[i][j] - ga[i][j]) * (gc[i][j] - ga[i][j]), den += ga[i][j] * ga[i][j];
+        double e_cpu = den > 0 ? num / den : num;
+        bool ok = worst <= 1e-6 && e_cpu <= 1e-7 && gmax > 0; /* a zero gradient would check nothing */
+        if (!ok) fails++;
+        worst_fd = fmax(worst_fd, worst);
+        worst_cpu = fmax(worst_cpu, e_cpu);
+        printf("grad.%-48s |g|max %.2e  ref vs finite differences: rel err %.1e  %s(f32) vs ref: nmse %.1e  %s\n",
+               p->name, gmax, worst, other, e_cpu, ok ? "OK" : "FAIL");
+    }
+    if (threads) printf("cpu gradients with 1 and 2 threads: %s\n", same_bits ? "bitwise identical" : "DIFFERENT");
+    if (!same_bits) fails++;
+    printf("%s, worst: finite differences %.2e (limit 1e-6), %s nmse %.2e (limit 1e-7)\n", label, worst_fd, other,
+           worst_cpu);
+    *n_checks += pr.n_tr + threads;
+    for (int i = 0; i < pr.n_all; i++) free(vals[i]);
+    for (int i = 0; i < pr.n_tr; i++) free(ga[i]), free(gc[i]);
+    free(vals), free(ga), free(gc), free(pr.all), free(pr.tr), free(pc.all), free(pc.tr);
+    keel_step_free(R);
+    keel_step_free(C);
+    keel_backend_free(ref);
+    keel_backend_free(cpu);
+    return fails;
+}
+
 int cmd_test_model(int argc, char **argv) {
+    const char *other = "cpu";
+    const cli_flag flags[] = {
+        {"--backend", CLI_STR, &other, .meta = "cpu|cuda", .help = "the float32 backend compared with ref (default cpu)"},
+    };
     const cli_spec spec = {"keel test-model",
-                           "whole-model gradient check: a Qwen3.5 layer pair against finite differences", NULL, 0};
+                           "whole-model gradient check: a Qwen3.5 layer pair, and the pair with LoRA adapters, against "
+                           "finite differences",
+                           flags, (int)(sizeof flags / sizeof *flags)};
     int pr = cli_parse(&spec, argc, argv);
     if (pr) return pr == 1 ? 0 : 2;
     keel_qwen35_config c = {.vocab = 37,
@@ -61,105 +208,12 @@ int cmd_test_model(int argc, char **argv) {
                             .rms_eps = 1e-6,
                             .tied = true};
     c.full_attention[1] = 1; /* layer 0: Gated DeltaNet, layer 1: gated attention */
-    const int64_t T = 7, B = 2;
-    int32_t ids[T * B], tgt[T * B];
-    uint64_t st = 12345;
-    for (int i = 0; i < T * B; i++) {
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        ids[i] = (int32_t)((st >> 33) % (uint64_t)c.vocab);
-        tgt[i] = (int32_t)((st >> 45) % (uint64_t)c.vocab);
-    }
-    keel_backend *ref = keel_backend_new("ref", 1), *cpu = keel_backend_new("cpu", 1);
-    keel_step *R = build(ref, &c, KEEL_F64, T, B), *C = build(cpu, &c, KEEL_F32, T, B);
-    if (!R || !C) {
-        fprintf(stderr, "keel test-model: %s\n", keel_last_error());
-        return 2;
-    }
-    /* weights scaled up from the 0.02 init so that every path carries signal */
-    double **vals = keel_qwen35_init_values(R->m, 7);
-    for (int i = 0; i < R->m->n_params; i++) {
-        const char *nm = R->m->params[i]->name;
-        for (int64_t j = 0; j < keel_nelements(R->m->params[i]); j++) {
-            if (strstr(nm, "proj") || strstr(nm, "embed"))
-                vals[i][j] *= 15.0;
-            else if (strstr(nm, "norm") && !strstr(nm, "linear_attn.norm"))
-                vals[i][j] = 0.1 * sin(1.0 + (double)j + i);
-        }
-    }
-    for (int i = 0; i < R->m->n_params; i++) /* the cpu model runs in f32: give both the same values */
-        for (int64_t j = 0; j < keel_nelements(R->m->params[i]); j++) vals[i][j] = (float)vals[i][j];
-    int fails = 0;
-    double worst_fd = 0, worst_cpu = 0;
-    if (set_inputs(R, ref, vals, ids, tgt) || keel_session_run(R->s, NULL, NULL) ||
-        set_inputs(C, cpu, vals, ids, tgt) || keel_session_run(C->s, NULL, NULL)) {
-        fprintf(stderr, "keel test-model: %s\n", keel_last_error());
-        return 2;
-    }
-    printf("Qwen3.5 layer pair (DeltaNet + gated attention), %d parameters, loss ref(f64) %.12f cpu(f32) %.12f\n",
-           R->m->n_params, loss_of(R, ref), loss_of(C, cpu));
-    double **ga = calloc((size_t)R->m->n_params, sizeof *ga), **gc = calloc((size_t)R->m->n_params, sizeof *gc);
-    for (int i = 0; i < R->m->n_params; i++) {
-        ga[i] = keel_tensor_read_f64(ref, keel_step_grad(R, i));
-        gc[i] = keel_tensor_read_f64(cpu, keel_step_grad(C, i));
-    }
-    /* 1 vs 2 threads on cpu, bitwise */
-    cpu->set_threads(cpu, 2);
-    keel_session_run(C->s, NULL, NULL);
-    bool same_bits = true;
-    for (int i = 0; i < C->m->n_params; i++) {
-        double *g2 = keel_tensor_read_f64(cpu, keel_step_grad(C, i));
-        if (memcmp(g2, gc[i], (size_t)keel_nelements(C->m->params[i]) * sizeof(double))) same_bits = false;
-        free(g2);
-    }
-    for (int i = 0; i < R->m->n_params; i++) {
-        keel_tensor *p = R->m->params[i];
-        int64_t n = keel_nelements(p);
-        double gmax = 0;
-        for (int64_t j = 0; j < n; j++) gmax = fmax(gmax, fabs(ga[i][j]));
-        int64_t idx[FD_PER_PARAM];
-        int m = 0;
-        idx[m++] = 0, idx[m++] = p->ne[0] - 1, idx[m++] = n - 1;
-        uint64_t s2 = 99 + (uint64_t)i;
-        while (m < FD_PER_PARAM && m < n)
-            idx[m++] = (int64_t)(((s2 = s2 * 6364136223846793005ull + 1) >> 33) % (uint64_t)n);
-        double worst = 0;
-        static const double off[4] = {-2, -1, 1, 2}, wt[4] = {1, -8, 8, -1};
-        for (int k = 0; k < m; k++) {
-            double x0 = vals[i][idx[k]], h = 1e-4 * fmax(1.0, fabs(x0)), acc = 0, lmax = 1;
-            for (int sd = 0; sd < 4; sd++) {
-                vals[i][idx[k]] = x0 + off[sd] * h;
-                keel_tensor_write(ref, p, vals[i], KEEL_F64);
-                ref->compute(ref, R->g, 0, R->g->n_forward, NULL, NULL);
-                double l = loss_of(R, ref);
-                acc += wt[sd] * l;
-                lmax = fmax(lmax, fabs(l));
-            }
-            vals[i][idx[k]] = x0;
-            keel_tensor_write(ref, p, vals[i], KEEL_F64);
-            double num = acc / (12 * h), a = ga[i][idx[k]];
-            double e = fabs(a - num) / fmax(fmax(fabs(a), fabs(num)), fmax(1e-3 * gmax, 1e-6 * lmax));
-            worst = fmax(worst, e);
-        }
-        double num = 0, den = 0;
-        for (int64_t j = 0; j < n; j++)
-            num += (gc[i][j] - ga[i][j]) * (gc[i][j] - ga[i][j]), den += ga[i][j] * ga[i][j];
-        double e_cpu = den > 0 ? num / den : num;
-        bool ok = worst <= 1e-6 && e_cpu <= 1e-7;
-        if (!ok) fails++;
-        worst_fd = fmax(worst_fd, worst);
-        worst_cpu = fmax(worst_cpu, e_cpu);
-        printf("grad.%-48s |g|max %.2e  ref vs finite differences: rel err %.1e  cpu(f32) vs ref: nmse %.1e  %s\n",
-               p->name, gmax, worst, e_cpu, ok ? "OK" : "FAIL");
-    }
-    printf("cpu gradients with 1 and 2 threads: %s\n", same_bits ? "bitwise identical" : "DIFFERENT");
-    if (!same_bits) fails++;
-    printf("worst: finite differences %.2e (limit 1e-6), cpu nmse %.2e (limit 1e-7)\n", worst_fd, worst_cpu);
-    printf("%d passed, %d failed\n", R->m->n_params + 1 - fails, fails);
-    for (int i = 0; i < R->m->n_params; i++) free(vals[i]), free(ga[i]), free(gc[i]);
-    free(vals), free(ga), free(gc);
-    keel_step_free(R);
-    keel_step_free(C);
-    keel_backend_free(ref);
-    keel_backend_free(cpu);
-    return fails ? 1 : 0;
+    /* LoRA of rank 3 on every projection, alpha 6, dropout 0.25 on the adapters' input (a fixed mask) */
+    keel_lora_opts lora = {.rank = 3, .alpha = 6.0, .dropout = 0.25, .seed = 5};
+    int n_checks = 0;
+    int f1 = check("Qwen3.5 layer pair (DeltaNet + gated attention)", &c, NULL, other, &n_checks);
+    int f2 = f1 < 0 ? -1 : check("the pair with LoRA adapters (rank 3, dropout 0.25)", &c, &lora, other, &n_checks);
+    if (f1 < 0 || f2 < 0) return 2;
+    printf("%d passed, %d failed\n", n_checks - f1 - f2, f1 + f2);
+    return f1 + f2 ? 1 : 0;
 }

@@ -157,6 +157,13 @@ static void copy_family(case_list *l, int op) {
     }
 }
 
+/* CAST into the case's working type (float64 on the oracle, float32 elsewhere), then a SQR so the
+ * gradient reaching CAST varies: CAST's backward rule, with views, under the gradient tiers. */
+static keel_tensor *build_cast_same(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    (void)c;
+    return keel_sqr(ctx, keel_cast(ctx, x[0], x[0]->type));
+}
+
 /* Composite, model-shaped: one projection of width 2*W split per head into [q | gate] views,
  * each used differently downstream (q through RMS_NORM, gate through SIGMOID), W = 2048. */
 static keel_tensor *build_qgate(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
@@ -242,6 +249,12 @@ int keel_cases_all(op_case **out) {
             I(c, KEEL_F32, 5, 7, 3, 2)->view = VIEW_PERMUTED;
             P(c, 1, (int64_t[]){KEEL_F32}, 0, NULL);
             c->keep_types = true;
+            for (int v = 0; v < 2; v++) { /* the gradient rule (same-type CAST), plain and transposed */
+                c = C(&l, op);
+                I(c, KEEL_F32, v ? 33 : 1025, 3, 1, 1)->view = v ? VIEW_TRANSPOSED : VIEW_NONE;
+                c->build = build_cast_same;
+                c->name = v ? "CAST(to the working type, transposed [33,3])" : "CAST(to the working type, [1025,3])";
+            }
             break;
         }
         case KEEL_OP_GET_ROWS:

@@ -1,0 +1,150 @@
+"""Checks keel's LoRA adapters against PEFT, the peer that defines the format.
+
+Usage: python3 peft_check.py BASE ADAPTER KEEL_LOGITS MERGED FIXTURE OUT_DIR
+  BASE         the checkpoint the adapter was trained on (the fixture's causal-f32-sharded)
+  ADAPTER      the folder keel train --lora-rank wrote (adapter_config.json, adapter_model.safetensors)
+  KEEL_LOGITS  keel info BASE --adapter ADAPTER --dump-logits FILE: keel's float32 input ids and logits
+  MERGED       keel merge BASE ADAPTER MERGED: a full checkpoint
+  FIXTURE      the fixture folder (its reference.safetensors gives the inputs)
+  OUT_DIR      written: a check-reference folder for keel check-reference OUT_DIR --adapter ADAPTER:
+               reference.safetensors (PEFT in float64: logits, loss, hidden states, the adapter
+               factors' gradients), peer-f32.json (PEFT's own float32 errors), base -> BASE
+
+Checks, one line each, then 'N passed, N failed':
+  PeftModel.from_pretrained(base, ADAPTER) loads it with no missing and no unexpected adapter keys;
+  keel's float32 logits (the adapter beside the weights) match PEFT's within 1e-5 relative (PEFT in
+  float64: its own float32 logits are about 1e-5 off on this fixture, so float32 against float32 says
+  more about the peer than about keel; both numbers are printed);
+  transformers loads MERGED with no missing or unexpected keys, and its logits (float64 run) match
+  PEFT's unmerged float64 logits within 1e-6 (the merge's one rounding to float32).
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+import transformers
+import peft
+from peft import PeftModel
+from transformers import Qwen3_5ForCausalLM
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "tools"))
+from make_fixtures import f64_module  # noqa: E402  (the peer's modeling code with float64 upcasts)
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+base_dir, adapter_dir, keel_logits, merged_dir, fixture, out_dir = sys.argv[1:7]
+passed = failed = 0
+
+
+def report(name, ok, detail):
+    global passed, failed
+    passed += ok
+    failed += not ok
+    print(f"{name:62s} {'OK' if ok else 'FAIL'}  {detail}")
+
+
+def rel(x, r):
+    x, r = x.double().cpu(), r.double().cpu()
+    return float((x - r).norm() / r.norm()) if float(r.norm()) > 0 else float((x - r).norm())
+
+
+def keel_name(peft_name):
+    # base_model.model.model.layers.0.mlp.up_proj.lora_A.default.weight -> model.layers.0.mlp.up_proj.lora_A.weight
+    n = peft_name[len("base_model.model."):] if peft_name.startswith("base_model.model.") else peft_name
+    return n.replace(".default.", ".")
+
+
+def peft_model(cls, dtype, device):
+    base = cls.from_pretrained(base_dir, dtype=dtype, attn_implementation="eager")
+    m = PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
+    return m.to(device=device, dtype=dtype).train(False)  # eval mode: no dropout
+
+
+# 1. PEFT loads the adapter: every adapter tensor of the model is in the file and nothing else
+m = peft_model(Qwen3_5ForCausalLM, torch.float32, "cpu")
+stored = set(load_file(os.path.join(adapter_dir, "adapter_model.safetensors")).keys())
+want = {k.replace(".default.", ".") for k, _ in m.named_parameters() if "lora_" in k}
+missing, unexpected = sorted(want - stored), sorted(stored - want)
+report("PeftModel.from_pretrained loads keel's adapter", not missing and not unexpected and len(want) > 0,
+       f"{len(stored)} tensors; missing {missing[:3] or 'none'}, unexpected {unexpected[:3] or 'none'} "
+       f"(peft {peft.__version__})")
+nonzero = sum(int(p.abs().sum() > 0) for k, p in m.named_parameters() if "lora_B" in k)
+report("  the trained lora_B factors are not zero", nonzero == len([k for k in want if "lora_B" in k]),
+       f"{nonzero} of {len([k for k in want if 'lora_B' in k])} non-zero")
+
+# 2. keel's float32 logits against PEFT's on the same ids. The comparison is with PEFT in float64:
+# PEFT's own float32 logits are about 1e-5 away from its float64 ones on this fixture (printed),
+# so two float32 runs cannot be expected to agree to 1e-5 with each other.
+dump = load_file(keel_logits)
+ids = dump["input_ids"].long()
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+F64 = f64_module().Qwen3_5ForCausalLM
+m64 = peft_model(F64, torch.float64, "cpu")
+with torch.no_grad():
+    l64 = m64(input_ids=ids, use_cache=False).logits.double().cpu()
+    l32 = m.to(dev)(input_ids=ids.to(dev), use_cache=False).logits.double().cpu()
+e_peer = rel(l32, l64)
+e = rel(dump["logits"], l64)
+report("  keel's float32 logits (adapter unmerged) vs PEFT float64", e <= 1e-5,
+       f"rel err {e:.2e} (tolerance 1e-5; PEFT's own float32 logits: {e_peer:.2e}; keel vs PEFT float32: "
+       f"{rel(dump['logits'], l32):.2e})")
+
+# 3. keel merge's checkpoint in transformers: the keys, and the logits of the merged weights (float64
+# run) against PEFT's unmerged float64 ones: only the merge's one rounding to float32 between them
+mm, info = Qwen3_5ForCausalLM.from_pretrained(merged_dir, dtype=torch.float32, attn_implementation="eager",
+                                              output_loading_info=True)
+bad = sorted(k for k in list(info["missing_keys"]) + list(info["unexpected_keys"]) if not k.startswith("mtp."))
+report("transformers loads keel merge's checkpoint", not bad, f"missing/unexpected keys: {bad or 'none'}")
+mm64 = F64.from_pretrained(merged_dir, dtype=torch.float64, attn_implementation="eager").eval()
+with torch.no_grad():
+    lm64 = mm64(input_ids=ids, use_cache=False).logits.double().cpu()
+    lm32 = mm.to(dev).eval()(input_ids=ids.to(dev), use_cache=False).logits.double().cpu()
+e = rel(lm64, l64)
+report("  its logits (float64 run) vs PEFT unmerged float64", e <= 1e-6,
+       f"rel err {e:.2e} (tolerance 1e-6: the weights' rounding to float32); its float32 run vs PEFT float64: "
+       f"{rel(lm32, l64):.2e}")
+
+# 4. the float64 reference for keel check-reference --adapter, and PEFT's own float32 errors
+ref_in = load_file(os.path.join(fixture, "reference.safetensors"))
+ids, tgt = ref_in["input_ids"].long(), ref_in["targets"].long()
+
+
+def run(cls, dtype, device):
+    m = peft_model(cls, dtype, device)
+    out = m(input_ids=ids.to(device), output_hidden_states=True, use_cache=False)
+    V = out.logits.shape[-1]
+    loss = F.cross_entropy(out.logits.reshape(-1, V), tgt.to(device).reshape(-1))
+    loss.backward()
+    res = {"logits": out.logits.detach().cpu().contiguous(), "loss": loss.detach().reshape(1).cpu()}
+    for i, h in enumerate(out.hidden_states):
+        res[f"hidden.{i}"] = h.detach().cpu().contiguous()
+    for name, p in m.named_parameters():
+        if "lora_" in name and p.grad is not None:
+            res[f"grad.{keel_name(name)}"] = p.grad.detach().cpu().contiguous()
+    return res
+
+
+ref = run(F64, torch.float64, "cpu")
+os.makedirs(out_dir, exist_ok=True)
+save_file(dict(ref, input_ids=ref_in["input_ids"], targets=ref_in["targets"]),
+          os.path.join(out_dir, "reference.safetensors"))
+link = os.path.join(out_dir, "base")
+if not os.path.exists(link):
+    os.symlink(os.path.abspath(base_dir), link)
+peer = {"what": "PEFT + transformers float32 on the fixture with keel's adapter, against its float64 run",
+        "transformers": transformers.__version__, "peft": peft.__version__, "torch": torch.__version__}
+for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+    r32 = run(Qwen3_5ForCausalLM, torch.float32, device)
+    err = {k: rel(r32[k], ref[k]) for k in ref}
+    vals = [v for k, v in err.items() if not k.startswith("grad.")]
+    grads = [v for k, v in err.items() if k.startswith("grad.")]
+    peer[device] = {"worst_value": max(vals), "worst_gradient": max(grads), "errors": err}
+    print(f"PEFT float32 on {device} vs float64: worst value {max(vals):.3e}, worst gradient {max(grads):.3e}")
+json.dump(peer, open(os.path.join(out_dir, "peer-f32.json"), "w"), indent=1)
+report("reference for keel check-reference --adapter written", len([k for k in ref if k.startswith("grad.")]) > 0,
+       f"{out_dir}: {len(ref)} tensors, {len([k for k in ref if k.startswith('grad.')])} adapter gradients")
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
