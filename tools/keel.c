@@ -25,12 +25,12 @@ static const command COMMANDS[] = {
     {"generate", cmd_generate, true,
      "generate --model DIR (--prompt TEXT | --prompt-ids N,N,...) [--max-tokens N] [--temperature X] [--top-p P] "
      "[--seed N]\n"
-     "                 [--tokenizer FILE] [--backend cpu|cuda|ref] [--threads N] [--verify] [--print-ids] "
-     "[--dump-logits FILE]",
+     "                 [--tokenizer FILE] [--adapter DIR] [--backend cpu|cuda|ref] [--threads N] [--verify] "
+     "[--print-ids] [--dump-logits FILE]",
      "sample from a checkpoint, incrementally (KV cache, DeltaNet states)"},
     {"eval", cmd_eval, true,
-     "eval --model DIR --data PATH... [--tokenizer FILE] [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads "
-     "N]",
+     "eval --model DIR --data PATH... [--tokenizer FILE] [--adapter DIR] [--window T] [--batch B] [--backend "
+     "cpu|cuda|ref] [--threads N]",
      "loss and perplexity of a checkpoint on text"},
     {"plot", cmd_plot, true, "plot METRICS.jsonl -o loss.svg", "train and eval loss against tokens seen"},
     {"export", cmd_export, true,
@@ -43,7 +43,8 @@ static const command COMMANDS[] = {
     {"init", cmd_init, true, "init (--preset tiny|small|0.8b | --config CONFIG.json) OUT [--seed N] [--dtype f32|bf16]",
      "a Qwen3.5-family checkpoint with random weights"},
     {"info", cmd_info, true,
-     "info CHECKPOINT [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE] [--threads N]",
+     "info CHECKPOINT [--adapter DIR] [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE] "
+     "[--threads N]",
      "layers, parameters, training memory per recompute mode; --run times one forward + backward"},
     {"tokenize", cmd_tokenize, true,
      "tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]",
@@ -55,12 +56,13 @@ static const command COMMANDS[] = {
      "the first node whose inputs agree but whose output does not (CONFIG: recompute=, threads=, backend=, fault=)"},
     {"test-ops", cmd_test_ops, true, "test-ops [--backend ref,cpu,cuda] [--op NAME,...] [--grad] [--expect-fault N]",
      "check every op (and with --grad, every gradient) against the float64 reference"},
-    {"test-model", cmd_test_model, true, "test-model",
-     "whole-model gradient check: a Qwen3.5 layer pair against finite differences"},
+    {"test-model", cmd_test_model, true, "test-model [--backend cpu|cuda]",
+     "whole-model gradient check: a Qwen3.5 layer pair, and with LoRA adapters, against finite differences"},
     {"test-recompute", cmd_test_recompute, true, "test-recompute [--fixture CHECKPOINT] [--backend cpu|cuda]",
      "recompute modes off, full, every:2, layers:1,3 give bitwise identical training"},
     {"check-reference", cmd_check_reference, true,
-     "check-reference DIR [--backend ref,cpu,cuda] [--checkpoint SUBDIR] [--recompute MODE] [--threads N]\n"
+     "check-reference DIR [--backend ref,cpu,cuda] [--checkpoint SUBDIR] [--adapter DIR] [--recompute MODE] "
+     "[--threads N]\n"
      "                 [--trace FILE [--trace-data] [--trace-max-bytes N]]",
      "run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers"},
     {"bench", cmd_bench, false, "bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N]",
@@ -72,8 +74,10 @@ static const command COMMANDS[] = {
     {"bench", cmd_bench, false,
      "bench train [--backend cuda|cpu] [--preset 0.8b] [--batch 4] [--window 1024] [--steps 5] [--warmup 2]\n"
      "                 [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py] [--python python3] "
-     "[--no-torch]",
-     "training steps of a Qwen3.5-0.8B-shaped model next to PyTorch + transformers, tokens/s and peak memory"},
+     "[--no-torch]\n"
+     "                 [--lora-rank R [--base-dtype f32|bf16]]",
+     "training steps of a Qwen3.5-0.8B-shaped model next to PyTorch + transformers (and LoRA next to full "
+     "fine-tuning), tokens/s and peak memory"},
     {"ops", cmd_ops, false, "ops", "list the op table"},
 };
 #define N_COMMANDS (sizeof COMMANDS / sizeof COMMANDS[0])
