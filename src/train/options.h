@@ -53,7 +53,7 @@ struct cJSON;
     S("LoRA (low-rank adapters beside the base weights, which stay frozen; saved in PEFT's format)")                  \
     X(INT, lora_rank, "--lora-rank", "R", 0, 0, 1 << 16, FIXED,                                                        \
       "train adapters of rank R instead of every weight (0: full fine-tuning; needs --model)")                        \
-    X(DBL, lora_alpha, "--lora-alpha", "A", 0, 0, 1e30, FIXED, "adapter scale A/R (default: A = R, scale 1)")           \
+    X(DBL, lora_alpha, "--lora-alpha", "A", 0, 0, 1e30, FIXED, "the adapters' scale is A/R; 0 takes A = R (scale 1)")           \
     X(DBL, lora_dropout, "--lora-dropout", "P", 0, 0, 0.99, FIXED, "dropout on the adapters' input while training")    \
     X(STR, lora_targets, "--lora-targets", "REGEX", NULL, 0, 0, FIXED,                                                 \
       "modules to adapt, a POSIX ERE over names like model.layers.0.mlp.up_proj (default: every projection of "      \
