@@ -44,7 +44,7 @@ keel_step *keel_step_build(const keel_step_opts *o) {
     if (!st->m) goto fail;
     if (o->lora && keel_lora_attach(st->ctx, st->m, o->lora)) goto fail;
     if (o->adapter) {
-        keel_lora_opts lo;
+        keel_lora_opts lo = {0};
         char **names = NULL;
         int rc = keel_lora_opts_from_adapter(o->adapter, &lo, &names);
         rc = rc || keel_lora_attach(st->ctx, st->m, &lo);

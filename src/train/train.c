@@ -84,6 +84,9 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
     if (l)
         printf("lora: rank %lld, alpha %g (scale %g), dropout %g, %d modules adapted, base frozen in %s\n",
                (long long)lo.rank, lo.alpha, l->scale, lo.dropout, l->n, bf16 ? "bf16" : "f32");
+    if (l && bf16 && rm.kind == KEEL_RC_OFF)
+        printf("note: a bf16 base saves memory with --recompute full or every:N; with recompute off every "
+               "layer's float32 copies stay alive for the backward pass\n");
     int n = keel_step_trainable(t->st, &t->train_p);
     if (n < 0) return -1;
     t->grad = calloc((size_t)n + 1, sizeof *t->grad);
