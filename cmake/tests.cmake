@@ -119,6 +119,9 @@ foreach(bad
   separate_arguments(args)
   add_test(NAME train_bad_${name} COMMAND ${CMAKE_SOURCE_DIR}/scripts/expect-failure.sh "${msg}" $<TARGET_FILE:keel> train ${args})
 endforeach()
+# prompt/completion data: the masked loss over the global batch (accumulation and ranks agree).
+add_test(NAME train_masked_loss COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-masked-loss.sh $<TARGET_FILE:keel> ${KEEL_TINY} ${CMAKE_BINARY_DIR}/train-masked)
+set_tests_properties(train_masked_loss PROPERTIES LABELS "train")
 # LoRA: PEFT's format, resume / recompute / data parallel / bf16 base bitwise, merge = unmerged eval.
 add_test(NAME train_lora COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-lora.sh $<TARGET_FILE:keel> ${KEEL_TINY} ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-lora)
 set_tests_properties(train_lora PROPERTIES LABELS "train")

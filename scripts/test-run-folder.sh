@@ -40,7 +40,7 @@ bash -c 'ln -s "$1/victim" "$2/checkpoint.tmp.$$"; ln -s "$1/victim" "$2/checkpo
 left=$(cd "$work/planted" && ls -A | grep -v -x -e checkpoint -e keel.lock -e metrics.jsonl -e tokens.cache)
 [ -z "$left" ] || { echo "FAIL: planted links or leftovers remain: $left"; fail=1; }
 cp "$work/planted/tokens.cache" "$work/cache.good"
-node -e 'const fs=require("fs"); const b=fs.readFileSync(process.argv[1]); b.writeInt32LE(7777777, 56 + 40); fs.writeFileSync(process.argv[1], b)' "$work/planted/tokens.cache"
+node -e 'const fs=require("fs"); const b=fs.readFileSync(process.argv[1]); b.writeInt32LE(7777777, 64 + 40); fs.writeFileSync(process.argv[1], b)' "$work/planted/tokens.cache"
 # 3. --resume OUT, with a damaged cache: reported, made again, the run continues
 if ! "$keel" train --resume "$work/planted" --steps 5 >"$work/resume.log" 2>&1; then
   echo "FAIL: --resume OUT: $(tail -n 2 "$work/resume.log")"; fail=1

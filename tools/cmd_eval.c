@@ -47,7 +47,7 @@ int cmd_eval(int argc, char **argv) {
     int rc = 1;
     keel_backend *be = keel_backend_new(backend, (int)threads);
     keel_step *st = NULL;
-    if (!be || tok_failed || keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL)) goto done;
+    if (!be || tok_failed || keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL, NULL)) goto done;
     if (tok && keel_tokenizer_vocab_size(tok) > ck->cfg.vocab) {
         keel_fail("the tokenizer has more tokens than the model's vocabulary");
         goto done;
@@ -62,24 +62,30 @@ int cmd_eval(int argc, char **argv) {
     if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_step_load(st, ck)) goto done;
     int32_t *iv = malloc((size_t)(T * B) * 4), *tv = malloc((size_t)(T * B) * 4);
     double sum = 0;
-    int64_t nb = 0;
+    int64_t nb = 0, counted = 0;
     for (int64_t w = 0; w + B <= W; w += B, nb++) { /* every whole batch of consecutive windows */
-        for (int64_t b = 0; b < B; b++)
-            memcpy(iv + b * T, d.train + (w + b) * T, (size_t)T * 4),
-                memcpy(tv + b * T, d.train + (w + b) * T + 1, (size_t)T * 4);
+        int64_t n = 0;
+        for (int64_t b = 0; b < B; b++) n += keel_dataset_window(&d, false, w + b, T, iv + b * T, tv + b * T);
         float l;
         if (keel_step_run(st, iv, tv, NULL, NULL) || keel_tensor_read(be, st->out.loss, &l, KEEL_F32)) break;
-        sum += l;
+        sum += (double)l * (double)n, counted += n; /* the mean over every counted target */
     }
     free(iv), free(tv);
+    if (nb && d.train_mask)
+        printf("the loss counts the completions: %lld of %lld targets\n", (long long)counted, (long long)(nb * B * T));
+    if (nb && !counted) {
+        keel_fail("no target in the evaluated windows is counted by the loss (every one is a prompt token)");
+        nb = 0;
+    }
     if (nb) {
+        double mean = sum / (double)counted;
         printf("%s%s%s on %lld windows of %lld tokens (%lld tokens): loss %.4f, perplexity %.2f\n", model,
-               ad ? " + adapter " : "", ad ? adapter_dir : "",
-               (long long)(nb * B), T, (long long)(nb * B * T), sum / (double)nb, exp(sum / (double)nb));
+               ad ? " + adapter " : "", ad ? adapter_dir : "", (long long)(nb * B), T, (long long)(nb * B * T), mean,
+               exp(mean));
         rc = 0;
-        if (!isfinite(sum)) /* NaN or infinite weights (or logits): not a result to report as one */
+        if (!isfinite(mean)) /* NaN or infinite weights (or logits): not a result to report as one */
             rc = 1,
-            keel_fail("%s: the loss is %g: the checkpoint holds non-finite weights, or they overflow", model, sum);
+            keel_fail("%s: the loss is %g: the checkpoint holds non-finite weights, or they overflow", model, mean);
     }
 done:
     if (rc) fprintf(stderr, "keel eval: %s\n", keel_last_error());

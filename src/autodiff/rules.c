@@ -222,7 +222,7 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
 }
 static int r_cross_entropy(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     ADD(0, keel_op_new(ctx, KEEL_OP_CROSS_ENTROPY_LOSS_BACK, (keel_tensor *const[]){t->src[0], t->src[1], dy}, 3, NULL,
-                       0, NULL, 0));
+                       0, t->fp, 1)); /* the loss's divisor */
     return 0;
 }
 

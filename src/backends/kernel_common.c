@@ -30,6 +30,29 @@ int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_ten
     return 0;
 }
 
+int keel_backend_ce_divisor(keel_backend *be, const keel_tensor *t, double *divisor) {
+    const keel_tensor *logits = t->src[0], *tg = t->src[1];
+    int64_t n = keel_nelements(tg), valid = 0;
+    int32_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v) return keel_fail("out of memory reading the targets of '%s'", t->name);
+    if (keel_tensor_read(be, tg, v, KEEL_I32)) {
+        free(v);
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (v[i] >= logits->ne[0]) {
+            int rc = keel_fail("%s '%s': target %d at flat index %lld outside [0,%lld) (negative: no loss)",
+                               keel_op_get(t->op)->name, t->name, v[i], (long long)i, (long long)logits->ne[0]);
+            free(v);
+            return rc;
+        }
+        valid += v[i] >= 0;
+    }
+    free(v);
+    *divisor = t->fp[0] > 0 ? t->fp[0] : valid ? (double)valid : 1.0;
+    return 0;
+}
+
 void keel_rows_by_id(const int32_t *ids, int64_t n, int64_t R, int64_t *start, int64_t *items) {
     for (int64_t r = 0; r <= R; r++) start[r] = 0;
     for (int64_t i = 0; i < n; i++) start[ids[i] + 1]++;

@@ -24,6 +24,10 @@ int keel_backend_run_copy_family(keel_backend *be, const keel_tensor *t);
  * an error naming the node, the value and where it is. With out, the caller gets the values (free). */
 int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit,
                           const char *what, int32_t **out);
+/* CROSS_ENTROPY_LOSS and its backward: checks the targets (each below the vocabulary; a negative one
+ * means no loss at that position) and gives the divisor D of the loss: fp0, or when fp0 is 0 the
+ * count of targets >= 0 (1 when there is none: the loss is then 0). */
+int keel_backend_ce_divisor(keel_backend *be, const keel_tensor *t, double *divisor);
 /* For GET_ROWS_BACK: the items i (0 <= i < n) grouped by ids[i] in [0, R), each group in
  * ascending i (the fixed summation order): group r is items[start[r] .. start[r+1]). start holds
  * R + 1 values, items n. */

@@ -75,8 +75,10 @@
     X(GATED_DELTA_NET_BACK, OWN, 6, OPF_BACKWARD, 0, 0, "q,k,v,g,beta,do -> packed [dq|dk (per value head)|dv|dg|dbeta]")      \
     X(GATED_DELTA_NET_STATE, OWN, 6, 0, 0, 0,                                                                                  \
       "q,k,v,g,beta as GATED_DELTA_NET, S0 [Dv,Dk,Hv,B] -> packed [o | final state] (decoding)")                       \
-    X(CROSS_ENTROPY_LOSS, OWN, 2, 0, 1, 2, "src0 logits [V,N..], src1 i32 targets [N..] -> mean loss [1]")                     \
-    X(CROSS_ENTROPY_LOSS_BACK, OWN, 3, OPF_BACKWARD, 0, 2, "logits, targets, dloss [1] -> dlogits")                            \
+    X(CROSS_ENTROPY_LOSS, OWN, 2, 0, 1, 2,                                                                                     \
+      "src0 logits [V,N..], src1 i32 targets [N..] (< 0: no loss) -> sum of -log p(target) / D [1]; fp0 D (0: the "   \
+      "count of targets >= 0)")                                                                                        \
+    X(CROSS_ENTROPY_LOSS_BACK, OWN, 3, OPF_BACKWARD, 0, 2, "logits, targets, dloss [1] -> dlogits; fp0 D as the loss's")        \
     X(ADAMW, OWN, 4, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0, 0,                                                                     \
       "p,g,m,v; fp0 lr fp1 beta1 fp2 beta2 fp3 eps fp4 wd fp5 gradient scale; ip0 step (1-based)")
 

@@ -332,6 +332,7 @@ static int shape_rule(keel_tensor *t) {
         REQ(b->type == KEEL_I32, "targets must be i32");
         REQ(keel_nelements(b) == keel_nrows(a), "%lld targets for %lld rows of logits", (long long)keel_nelements(b),
             (long long)keel_nrows(a));
+        REQ(t->fp[0] >= 0 && isfinite(t->fp[0]), "the divisor fp0 %g must be finite and >= 0", t->fp[0]);
         if (op == KEEL_OP_CROSS_ENTROPY_LOSS) {
             set_shape(t, a->type, 1, 1, 1, 1);
         } else {
@@ -523,6 +524,11 @@ keel_tensor *keel_dropout(keel_ctx *ctx, keel_tensor *a, double p, uint64_t seed
     }
     int64_t thr = (int64_t)llround(p * 4294967296.0);
     return OP(KEEL_OP_DROPOUT, (a), IPS((int64_t)seed, (int64_t)stream, 0, thr), 4, FPS(p), 1);
+}
+void keel_cross_entropy_set_divisor(keel_graph *g, double divisor) {
+    for (int64_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == KEEL_OP_CROSS_ENTROPY_LOSS || g->nodes[i]->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK)
+            g->nodes[i]->fp[0] = divisor;
 }
 void keel_dropout_set_p(keel_graph *g, double p) {
     for (int64_t i = 0; i < g->n_nodes; i++)

@@ -105,7 +105,13 @@ double keel_rope_freq(double theta, int64_t n_rot, int64_t f);
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w);
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
                                   keel_tensor *beta);
+/* The sum over positions whose target is >= 0 of -log softmax(logits)[target], divided by the number
+ * of such positions (a negative target: no loss there, no gradient), or by the divisor set with
+ * keel_cross_entropy_set_divisor: a trainer sets the token count of the whole global batch, so that
+ * micro-batches and ranks add up to one mean over it. */
 keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_tensor *targets);
+/* Sets the divisor of every CROSS_ENTROPY_LOSS node of g and its backward (0: each one's own count). */
+void keel_cross_entropy_set_divisor(keel_graph *g, double divisor);
 /* AdamW, in place on p, m and v. The gradient is used multiplied by fp[5] (1 here; set it per
  * step for clipping or gradient accumulation). */
 keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, double lr,

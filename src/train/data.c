@@ -61,23 +61,28 @@ static int collect(file_list *l, const char *p) {
 
 typedef struct {
     int32_t *v;
+    uint8_t *m; /* per token: 1 when it is a target the loss counts */
     int64_t n, cap;
 } tokvec;
 
-static int push(tokvec *t, const int32_t *ids, int64_t n) {
+static int push(tokvec *t, const int32_t *ids, int64_t n, uint8_t mask) {
     if (t->n + n > t->cap) {
         int64_t c = t->cap ? t->cap : 1 << 16;
         while (c < t->n + n) c *= 2;
         int32_t *nv = realloc(t->v, (size_t)c * sizeof *nv);
-        if (!nv) return keel_fail("out of memory for token ids");
-        t->v = nv, t->cap = c;
+        if (nv) t->v = nv;
+        uint8_t *nm = nv ? realloc(t->m, (size_t)c) : NULL;
+        if (!nv || !nm) return keel_fail("out of memory for token ids");
+        t->m = nm, t->cap = c;
     }
     memcpy(t->v + t->n, ids, (size_t)n * sizeof *ids);
+    memset(t->m + t->n, mask, (size_t)n);
     t->n += n;
     return 0;
 }
 
-static int encode_doc(keel_tokenizer *tok, const char *text, size_t n, const char *where, tokvec *out, int32_t eot) {
+/* text's ids (the tokenizer's, or its bytes), each with the given mask */
+static int encode_text(keel_tokenizer *tok, const char *text, size_t n, const char *where, tokvec *out, uint8_t mask) {
     if (tok) {
         int32_t *ids;
         size_t ni;
@@ -86,17 +91,20 @@ static int encode_doc(keel_tokenizer *tok, const char *text, size_t n, const cha
             snprintf(msg, sizeof msg, "%s", keel_last_error());
             return keel_fail("%s: %s", where, msg);
         }
-        int rc = push(out, ids, (int64_t)ni);
+        int rc = push(out, ids, (int64_t)ni, mask);
         free(ids);
-        if (rc) return rc;
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            int32_t b = (unsigned char)text[i];
-            if (b == 0) continue; /* byte 0 is the end-of-text token */
-            if (push(out, &b, 1)) return -1;
-        }
+        return rc;
     }
-    return push(out, &eot, 1);
+    for (size_t i = 0; i < n; i++) {
+        int32_t b = (unsigned char)text[i];
+        if (b == 0) continue; /* byte 0 is the end-of-text token */
+        if (push(out, &b, 1, mask)) return -1;
+    }
+    return 0;
+}
+
+static int encode_doc(keel_tokenizer *tok, const char *text, size_t n, const char *where, tokvec *out, int32_t eot) {
+    return encode_text(tok, text, n, where, out, 1) || push(out, &eot, 1, 1) ? -1 : 0;
 }
 
 static uint64_t mix(uint64_t h, const void *p, size_t n) {
@@ -111,9 +119,10 @@ static bool eval_doc(uint64_t seed, int64_t i, double fraction) {
     return (double)(z % 1000000) / 1e6 < fraction;
 }
 
-/* tokens.cache: "KEELTOK2", the key of what it was made from (tokenizer, files, split), the four
- * counts, an XXH64 of the ids, then the training and the held-out ids. */
-#define CACHE_MAGIC 0x324b4f544c45454bull
+/* tokens.cache: "KEELTOK3", the key of what it was made from (tokenizer, files, split, format),
+ * the four counts, an XXH64 of the ids (and masks), whether masks follow, then the training and
+ * the held-out ids, then (when there are masks) their masks, one byte a token. */
+#define CACHE_MAGIC 0x334b4f544c45454bull
 
 static uint64_t cache_sum(const keel_dataset *d) {
     XXH64_state_t *st = XXH64_createState();
@@ -121,9 +130,17 @@ static uint64_t cache_sum(const keel_dataset *d) {
     XXH64_reset(st, 0);
     XXH64_update(st, d->train, (size_t)d->n_train * 4);
     XXH64_update(st, d->eval, (size_t)d->n_eval * 4);
+    if (d->train_mask) XXH64_update(st, d->train_mask, (size_t)d->n_train);
+    if (d->eval_mask) XXH64_update(st, d->eval_mask, (size_t)d->n_eval);
     uint64_t h = XXH64_digest(st);
     XXH64_freeState(st);
     return h;
+}
+
+static int64_t count_trained(const uint8_t *m, int64_t n) {
+    int64_t k = 0;
+    for (int64_t i = 1; i < n; i++) k += m ? m[i] : 1; /* targets: every token but the first */
+    return k;
 }
 
 /* The cached ids when the cache is for these files and intact: sizes bounded by the file's own,
@@ -133,21 +150,26 @@ static bool read_cache(keel_dataset *d, const char *path, uint64_t key, int32_t 
     struct stat sb;
     if (lstat(path, &sb) != 0) return false;
     FILE *f = S_ISREG(sb.st_mode) ? fopen(path, "rb") : NULL;
-    uint64_t hdr[7];
+    uint64_t hdr[8];
     const char *why = NULL;
-    if (!f || fread(hdr, 8, 7, f) != 7 || hdr[0] != CACHE_MAGIC || hdr[1] != key) { /* another version or data */
+    if (!f || fread(hdr, 8, 8, f) != 8 || hdr[0] != CACHE_MAGIC || hdr[1] != key) { /* another version or data */
         if (f) fclose(f);
         return false;
     }
-    uint64_t room = ((uint64_t)sb.st_size - 56) / 4;
-    if (hdr[2] > room || hdr[3] > room - hdr[2] || hdr[2] + hdr[3] != room || hdr[4] > room || hdr[5] > hdr[4]) {
+    uint64_t per = hdr[7] ? 5 : 4, bytes = (uint64_t)sb.st_size - 64, room = bytes / per;
+    if (hdr[7] > 1 || bytes % per || hdr[2] > room || hdr[3] > room - hdr[2] || hdr[2] + hdr[3] != room ||
+        hdr[4] > room || hdr[5] > hdr[4]) {
         why = "its counts do not match its size";
     } else {
         d->n_train = (int64_t)hdr[2], d->n_eval = (int64_t)hdr[3], d->n_docs = (int64_t)hdr[4],
         d->n_eval_docs = (int64_t)hdr[5];
         d->train = malloc((size_t)(d->n_train + 1) * 4), d->eval = malloc((size_t)(d->n_eval + 1) * 4);
-        if (!d->train || !d->eval || fread(d->train, 4, (size_t)d->n_train, f) != (size_t)d->n_train ||
-            fread(d->eval, 4, (size_t)d->n_eval, f) != (size_t)d->n_eval)
+        if (hdr[7]) d->train_mask = malloc((size_t)d->n_train + 1), d->eval_mask = malloc((size_t)d->n_eval + 1);
+        if (!d->train || !d->eval || (hdr[7] && (!d->train_mask || !d->eval_mask)) ||
+            fread(d->train, 4, (size_t)d->n_train, f) != (size_t)d->n_train ||
+            fread(d->eval, 4, (size_t)d->n_eval, f) != (size_t)d->n_eval ||
+            (hdr[7] && (fread(d->train_mask, 1, (size_t)d->n_train, f) != (size_t)d->n_train ||
+                        fread(d->eval_mask, 1, (size_t)d->n_eval, f) != (size_t)d->n_eval)))
             why = "it cannot be read whole";
         else if (cache_sum(d) != hdr[6])
             why = "its checksum does not match its ids";
@@ -159,30 +181,111 @@ static bool read_cache(keel_dataset *d, const char *path, uint64_t key, int32_t 
     fclose(f);
     if (!why) {
         d->cached = true;
+        d->n_trained = count_trained(d->train_mask, d->n_train);
         return true;
     }
     fprintf(stderr, "keel: %s is damaged (%s); tokenizing the data again\n", path, why);
-    free(d->train), free(d->eval);
-    d->train = d->eval = NULL;
+    free(d->train), free(d->eval), free(d->train_mask), free(d->eval_mask);
+    d->train = d->eval = NULL, d->train_mask = d->eval_mask = NULL;
     d->n_train = d->n_eval = d->n_docs = d->n_eval_docs = 0;
     return false;
 }
 
+typedef enum { FMT_AUTO, FMT_TEXT, FMT_PROMPT_COMPLETION } data_format;
+
+/* The format a JSON Lines object is in: "text", or "prompt" with "completion"; chat conversations
+ * ("messages") are refused by name. FMT_AUTO when it is none of them. */
+static data_format detect(const cJSON *o) {
+    if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "text"))) return FMT_TEXT;
+    if (cJSON_GetObjectItemCaseSensitive(o, "prompt") && cJSON_GetObjectItemCaseSensitive(o, "completion"))
+        return FMT_PROMPT_COMPLETION;
+    return FMT_AUTO;
+}
+
+/* One JSON Lines file: every line an example in the file's format (detected from its first object,
+ * or forced); a line that is not one is an error naming file and line, or with skip_bad counted
+ * and skipped. */
+static int load_jsonl(keel_dataset *d, const char *path, char *text, keel_tokenizer *tok, double eval_fraction,
+                      uint64_t seed, const keel_data_opts *o, tokvec *tr, tokvec *ev) {
+    data_format want = FMT_AUTO;
+    if (o && o->format && strcmp(o->format, "auto")) want = strcmp(o->format, "text") == 0 ? FMT_TEXT : FMT_PROMPT_COMPLETION;
+    data_format fmt = want;
+    int64_t line_no = 0;
+    int rc = 0;
+    for (char *line = text, *next; line && *line && !rc; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        line_no++;
+        if (!*line || (line[0] == '\r' && !line[1])) continue;
+        cJSON *obj = cJSON_Parse(line);
+        if (cJSON_IsObject(obj) && fmt == FMT_AUTO) {
+            fmt = detect(obj);
+            if (fmt == FMT_AUTO && cJSON_GetObjectItemCaseSensitive(obj, "messages")) {
+                cJSON_Delete(obj);
+                return keel_fail("%s:%lld: chat conversations (\"messages\") are not supported yet: keel cannot "
+                                 "render chat templates; give \"prompt\" and \"completion\", or \"text\"",
+                                 path, (long long)line_no);
+            }
+        }
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, "text"),
+                    *p = cJSON_GetObjectItemCaseSensitive(obj, "prompt"),
+                    *c = cJSON_GetObjectItemCaseSensitive(obj, "completion");
+        bool ok = cJSON_IsObject(obj) && (fmt == FMT_TEXT ? cJSON_IsString(t)
+                                          : fmt == FMT_PROMPT_COMPLETION ? cJSON_IsString(p) && cJSON_IsString(c)
+                                                                         : false);
+        if (!ok) {
+            cJSON_Delete(obj);
+            if (o && o->skip_bad_lines) {
+                d->n_bad_lines++;
+                continue;
+            }
+            return keel_fail("%s:%lld: %s (--skip-bad-lines skips such lines)", path, (long long)line_no,
+                             !obj                  ? "not valid JSON"
+                             : fmt == FMT_TEXT     ? "expected a JSON object with a \"text\" string"
+                             : fmt == FMT_AUTO     ? "expected a JSON object with \"text\", or \"prompt\" and \"completion\""
+                                                   : "expected a JSON object with \"prompt\" and \"completion\" strings");
+        }
+        char where[4200];
+        snprintf(where, sizeof where, "%s:%lld", path, (long long)line_no);
+        bool to_eval = eval_doc(seed, d->n_docs, eval_fraction);
+        tokvec *out = to_eval ? ev : tr;
+        if (fmt == FMT_TEXT) {
+            rc = encode_doc(tok, t->valuestring, strlen(t->valuestring), where, out, d->eot);
+        } else { /* the prompt's ids, then the completion's, then end-of-text; the loss on the completion
+                  * and the end-of-text after it (the prompt too with train_on_all) */
+            rc = encode_text(tok, p->valuestring, strlen(p->valuestring), where, out, o && o->train_on_all) ||
+                 encode_text(tok, c->valuestring, strlen(c->valuestring), where, out, 1) || push(out, &d->eot, 1, 1);
+            d->n_pc++;
+        }
+        d->n_eval_docs += to_eval;
+        d->n_docs++;
+        cJSON_Delete(obj);
+    }
+    return rc;
+}
+
 int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, keel_tokenizer *tok, double eval_fraction,
-                      uint64_t seed, const char *cache_path) {
+                      uint64_t seed, const char *cache_path, const keel_data_opts *o) {
     memset(d, 0, sizeof *d);
+    if (o && o->format && strcmp(o->format, "auto") && strcmp(o->format, "text") &&
+        strcmp(o->format, "prompt-completion"))
+        return keel_fail("--data-format '%s': expected auto, text or prompt-completion", o->format);
     d->eot = tok ? keel_tokenizer_added_id(tok, "<|endoftext|>") : 0;
     if (tok && d->eot < 0) return keel_fail("the tokenizer has no <|endoftext|> token to join documents with");
     file_list files = {0};
     int rc = 0;
     for (int i = 0; i < n_paths && !rc; i++) rc = collect(&files, paths[i]);
     if (!rc && files.n == 0) rc = keel_fail("--data: no files found");
-    /* the cache key: tokenizer, files (name, size, time), split */
-    uint64_t key = mix(0xcbf29ce484222325ull, "keel-data-1", 11);
+    /* the cache key: tokenizer, files (name, size, time), split, format */
+    uint64_t key = mix(0xcbf29ce484222325ull, "keel-data-2", 11);
     uint64_t th = tok ? keel_tokenizer_hash(tok) : 0;
     key = mix(key, &th, 8);
     key = mix(key, &eval_fraction, 8);
     key = mix(key, &seed, 8);
+    const char *fmt_s = o && o->format ? o->format : "auto";
+    uint8_t flags[2] = {(uint8_t)(o && o->skip_bad_lines), (uint8_t)(o && o->train_on_all)};
+    key = mix(key, fmt_s, strlen(fmt_s));
+    key = mix(key, flags, 2);
     for (int i = 0; i < files.n && !rc; i++) {
         struct stat st;
         stat(files.path[i], &st);
@@ -206,27 +309,9 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
         size_t len = strlen(files.path[i]);
         bool jsonl = len > 6 && !strcmp(files.path[i] + len - 6, ".jsonl");
         if (jsonl) {
-            int64_t line_no = 0;
-            for (char *line = text, *next; line && *line && !rc; line = next) {
-                next = strchr(line, '\n');
-                if (next) *next++ = 0;
-                line_no++;
-                if (!*line) continue;
-                cJSON *o = cJSON_Parse(line);
-                const cJSON *t = o ? cJSON_GetObjectItemCaseSensitive(o, "text") : NULL;
-                if (!cJSON_IsString(t)) {
-                    rc = keel_fail("%s:%lld: not a JSON object with a \"text\" string", files.path[i],
-                                   (long long)line_no);
-                } else {
-                    char where[4200];
-                    snprintf(where, sizeof where, "%s:%lld", files.path[i], (long long)line_no);
-                    rc = encode_doc(tok, t->valuestring, strlen(t->valuestring), where,
-                                    eval_doc(seed, d->n_docs, eval_fraction) ? &ev : &tr, d->eot);
-                    d->n_eval_docs += eval_doc(seed, d->n_docs, eval_fraction);
-                    d->n_docs++;
-                }
-                cJSON_Delete(o);
-            }
+            rc = load_jsonl(d, files.path[i], text, tok, eval_fraction, seed, o, &tr, &ev);
+        } else if (o && o->format && !strcmp(o->format, "prompt-completion")) {
+            rc = keel_fail("%s: --data-format prompt-completion needs .jsonl files", files.path[i]);
         } else if (n > 0) {
             bool to_eval = eval_doc(seed, d->n_docs, eval_fraction);
             rc = encode_doc(tok, text, n, files.path[i], to_eval ? &ev : &tr, d->eot);
@@ -235,38 +320,54 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
         }
         free(text);
     }
-    if (!rc && d->n_docs == 0) rc = keel_fail("--data: no text (the files are empty)");
+    if (!rc && d->n_docs == 0)
+        rc = d->n_bad_lines ? keel_fail("--data: every line was skipped (%lld bad lines)", (long long)d->n_bad_lines)
+                            : keel_fail("--data: no text (the files are empty)");
     if (!rc && (tr.n == 0 || (ev.n == 0 && eval_fraction > 0))) {
         /* one document (or an unlucky draw): hold out the last fraction of the token stream */
         tokvec all = {0};
-        rc = push(&all, tr.v ? tr.v : ev.v, tr.n ? tr.n : ev.n);
-        if (!rc && tr.n && ev.n) rc = push(&all, ev.v, ev.n);
-        free(tr.v), free(ev.v);
+        rc = tr.n ? push(&all, tr.v, tr.n, 1) : 0;
+        if (!rc && tr.n) memcpy(all.m, tr.m, (size_t)tr.n);
+        if (!rc && ev.n) rc = push(&all, ev.v, ev.n, 1), memcpy(all.m + all.n - ev.n, ev.m, (size_t)ev.n);
+        free(tr.v), free(ev.v), free(tr.m), free(ev.m);
         int64_t n_ev = (int64_t)((double)all.n * eval_fraction);
         tr = (tokvec){0}, ev = (tokvec){0};
-        if (!rc) rc = push(&tr, all.v, all.n - n_ev);
-        if (!rc && n_ev) rc = push(&ev, all.v + all.n - n_ev, n_ev);
-        free(all.v);
+        if (!rc) rc = push(&tr, all.v, all.n - n_ev, 1);
+        if (!rc) memcpy(tr.m, all.m, (size_t)(all.n - n_ev));
+        if (!rc && n_ev) rc = push(&ev, all.v + all.n - n_ev, n_ev, 1);
+        if (!rc && n_ev) memcpy(ev.m, all.m + all.n - n_ev, (size_t)n_ev);
+        free(all.v), free(all.m);
         d->n_eval_docs = 0;
     }
     for (int i = 0; i < files.n; i++) free(files.path[i]);
     free(files.path);
     if (rc) {
-        free(tr.v), free(ev.v);
+        free(tr.v), free(ev.v), free(tr.m), free(ev.m);
         return rc;
     }
+    bool masked = false; /* masks only when some target is left out of the loss */
+    for (int64_t i = 0; i < tr.n && !masked; i++) masked = !tr.m[i];
+    for (int64_t i = 0; i < ev.n && !masked; i++) masked = !ev.m[i];
     d->train = tr.v, d->n_train = tr.n, d->eval = ev.v ? ev.v : malloc(4), d->n_eval = ev.n;
+    if (masked) {
+        d->train_mask = tr.m, d->eval_mask = ev.m ? ev.m : malloc(1);
+    } else {
+        free(tr.m), free(ev.m);
+    }
+    d->n_trained = count_trained(d->train_mask, d->n_train);
     if (cache_path) { /* written whole, then renamed */
         char tmp[4200];
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", cache_path, (long)getpid()); /* ranks may write at once */
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);  /* never through a planted link */
         FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
         if (fd >= 0 && !f) close(fd);
-        uint64_t hdr[7] = {
-            CACHE_MAGIC, key, (uint64_t)d->n_train, (uint64_t)d->n_eval, (uint64_t)d->n_docs, (uint64_t)d->n_eval_docs,
-            cache_sum(d)};
-        bool ok = f && fwrite(hdr, 8, 7, f) == 7 && fwrite(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
+        uint64_t hdr[8] = {CACHE_MAGIC,          key,           (uint64_t)d->n_train, (uint64_t)d->n_eval,
+                           (uint64_t)d->n_docs, (uint64_t)d->n_eval_docs, cache_sum(d), masked ? 1u : 0u};
+        bool ok = f && fwrite(hdr, 8, 8, f) == 8 && fwrite(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
                   fwrite(d->eval, 4, (size_t)d->n_eval, f) == (size_t)d->n_eval;
+        if (masked)
+            ok = ok && fwrite(d->train_mask, 1, (size_t)d->n_train, f) == (size_t)d->n_train &&
+                 fwrite(d->eval_mask, 1, (size_t)d->n_eval, f) == (size_t)d->n_eval;
         if (f) ok = fclose(f) == 0 && ok;
         if (!ok || rename(tmp, cache_path))
             remove(tmp); /* a cache is an optimisation: failing to write one is not an error */
@@ -275,7 +376,7 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
 }
 
 void keel_dataset_free(keel_dataset *d) {
-    free(d->train), free(d->eval);
+    free(d->train), free(d->eval), free(d->train_mask), free(d->eval_mask);
     memset(d, 0, sizeof *d);
 }
 
@@ -301,12 +402,27 @@ static int64_t window_of(int64_t W, uint64_t seed, int64_t p) {
     return perm[p % W];
 }
 
-void keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids,
-                        int32_t *tgt) {
-    int64_t W = keel_dataset_windows(d, T);
+/* T ids from start, and the next T as targets (KEEL_NO_TARGET where the mask leaves them out) */
+static void fill_window(const int32_t *v, const uint8_t *m, int64_t start, int64_t T, int32_t *ids, int32_t *tgt) {
+    memcpy(ids, v + start, (size_t)T * 4);
+    memcpy(tgt, v + start + 1, (size_t)T * 4);
+    for (int64_t i = 0; m && i < T; i++)
+        if (!m[start + 1 + i]) tgt[i] = KEEL_NO_TARGET;
+}
+
+int64_t keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids,
+                           int32_t *tgt) {
+    int64_t W = keel_dataset_windows(d, T), n = 0;
     for (int64_t b = 0; b < B; b++) {
-        int64_t start = window_of(W, seed, p + b) * T;
-        memcpy(ids + b * T, d->train + start, (size_t)T * 4);
-        memcpy(tgt + b * T, d->train + start + 1, (size_t)T * 4);
+        fill_window(d->train, d->train_mask, window_of(W, seed, p + b) * T, T, ids + b * T, tgt + b * T);
+        for (int64_t i = 0; i < T; i++) n += tgt[b * T + i] >= 0;
     }
+    return n;
+}
+
+int64_t keel_dataset_window(const keel_dataset *d, bool eval, int64_t w, int64_t T, int32_t *ids, int32_t *tgt) {
+    fill_window(eval ? d->eval : d->train, eval ? d->eval_mask : d->train_mask, w * T, T, ids, tgt);
+    int64_t n = 0;
+    for (int64_t i = 0; i < T; i++) n += tgt[i] >= 0;
+    return n;
 }

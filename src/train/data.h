@@ -1,5 +1,5 @@
-/* keel: training data. Text files, folders of them, and JSON Lines files with a "text" field
- * become documents; documents become token ids (the model's tokenizer, or bytes when there is
+/* keel: training data. Text files, folders of them, and JSON Lines files (a "text" field, or
+ * "prompt" and "completion": the loss then on the completion only) become documents; documents become token ids (the model's tokenizer, or bytes when there is
  * none) joined by the end-of-text token, split into a training and a held-out stream by document,
  * and cached next to the output. Batches are windows of T tokens (and the next T as targets) in a
  * deterministic shuffled order: sample p of the run is always the same window for the same seed. */
@@ -11,22 +11,38 @@
 
 #include "tokenizer/tokenizer.h"
 
+/* A target the loss leaves out (the cross-entropy op skips negative targets). */
+#define KEEL_NO_TARGET (-100)
+
 typedef struct {
     int32_t *train, *eval;
+    uint8_t *train_mask, *eval_mask; /* per token, 1: a target the loss counts; NULL: every token is */
     int64_t n_train, n_eval;
     int64_t n_docs, n_eval_docs;
+    int64_t n_pc;        /* of the documents, prompt/completion examples */
+    int64_t n_bad_lines; /* JSON Lines skipped (--skip-bad-lines) */
+    int64_t n_trained;   /* targets of the training stream the loss counts */
     int32_t eot;
     bool cached; /* loaded from the cache */
 } keel_dataset;
 
-/* tok NULL: bytes, with 0 as end-of-text. cache_path NULL: no cache. */
+typedef struct {
+    const char *format;  /* of .jsonl files: "auto" (NULL: the same; detected per file), "text", "prompt-completion" */
+    bool skip_bad_lines; /* count and skip a line that is not an example, instead of failing */
+    bool train_on_all;   /* prompt/completion: the loss on the prompt's tokens too */
+} keel_data_opts;
+
+/* tok NULL: bytes, with 0 as end-of-text. cache_path NULL: no cache. o NULL: the defaults. */
 int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, keel_tokenizer *tok, double eval_fraction,
-                      uint64_t seed, const char *cache_path);
+                      uint64_t seed, const char *cache_path, const keel_data_opts *o);
 void keel_dataset_free(keel_dataset *d);
 
-/* Windows of the training stream: ids and targets [T, B] for samples p .. p+B-1. */
+/* Windows of the training stream: ids and targets [T, B] for samples p .. p+B-1 (KEEL_NO_TARGET
+ * where the mask leaves a target out). Returns the number of targets the loss counts. */
 int64_t keel_dataset_windows(const keel_dataset *d, int64_t T);
-void keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids,
-                        int32_t *tgt);
+int64_t keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids,
+                           int32_t *tgt);
+/* Window w (in order, not shuffled) of the training or held-out stream; returns its counted targets. */
+int64_t keel_dataset_window(const keel_dataset *d, bool eval, int64_t w, int64_t T, int32_t *ids, int32_t *tgt);
 
 #endif

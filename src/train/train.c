@@ -134,29 +134,30 @@ static int init_weights(trainer *t) {
 
 static int zero(keel_backend *be, keel_tensor *x) { return be->fill_bytes(be, x->data, 0, keel_nbytes(x)); }
 
+/* The held-out loss: the mean over every counted target of the first eval_batches batches (each
+ * batch's mean weighted by its count of targets). */
 static double eval_loss(trainer *t, const keel_dataset *d) {
     int64_t T = t->o->window, B = t->o->batch, W = d->n_eval > T ? (d->n_eval - 1) / T : 0;
     if (W < B) return NAN;
     int32_t *ids = malloc((size_t)(T * B) * 4), *tgt = malloc((size_t)(T * B) * 4);
     double sum = 0;
-    int64_t nb = 0;
-    keel_dropout_set_p(t->st->g, 0.0); /* evaluation: the adapters see their whole input */
+    int64_t nb = 0, counted = 0;
+    keel_dropout_set_p(t->st->g, 0.0);          /* evaluation: the adapters see their whole input */
+    keel_cross_entropy_set_divisor(t->st->g, 0); /* each batch's own count */
     for (int64_t w = 0; w + B <= W && nb < t->o->eval_batches; w += B, nb++) {
-        for (int64_t b = 0; b < B; b++) {
-            memcpy(ids + b * T, d->eval + (w + b) * T, (size_t)T * 4);
-            memcpy(tgt + b * T, d->eval + (w + b) * T + 1, (size_t)T * 4);
-        }
+        int64_t n = 0;
+        for (int64_t b = 0; b < B; b++) n += keel_dataset_window(d, true, w + b, T, ids + b * T, tgt + b * T);
         float l = NAN;
         if (keel_tensor_write(t->be, t->st->ids, ids, KEEL_I32) ||
             keel_tensor_write(t->be, t->st->tgt, tgt, KEEL_I32) ||
             t->be->compute(t->be, t->st->g, 0, t->st->g->n_forward, NULL, NULL) ||
             keel_tensor_read(t->be, t->st->out.loss, &l, KEEL_F32))
             break;
-        sum += l;
+        sum += (double)l * (double)n, counted += n;
     }
     keel_dropout_set_p(t->st->g, t->o->lora_dropout);
     free(ids), free(tgt);
-    return nb ? sum / (double)nb : NAN;
+    return counted ? sum / (double)counted : NAN;
 }
 
 /* The first parameter whose gradient holds a NaN or an infinity. */
@@ -321,7 +322,13 @@ static int setup(trainer *t) {
     }
     char cache[4200];
     snprintf(cache, sizeof cache, "%s/tokens.cache", o->out_dir);
-    if (keel_dataset_load(&t->data, o->data, o->n_data, t->tok, o->eval_fraction, o->seed, cache)) return -1;
+    if (strcmp(o->train_on, "completion") && strcmp(o->train_on, "all")) {
+        keel_fail("--train-on '%s': expected completion or all", o->train_on);
+        return -1;
+    }
+    keel_data_opts dopt = {
+        .format = o->data_format, .skip_bad_lines = o->skip_bad_lines, .train_on_all = !strcmp(o->train_on, "all")};
+    if (keel_dataset_load(&t->data, o->data, o->n_data, t->tok, o->eval_fraction, o->seed, cache, &dopt)) return -1;
     int64_t W = keel_dataset_windows(&t->data, o->window);
     if (W < 1) {
         keel_fail("--window %lld is longer than the training data (%lld tokens)", (long long)o->window,
@@ -337,6 +344,11 @@ static int setup(trainer *t) {
            (long long)t->data.n_docs, (long long)t->data.n_train, (long long)W, (long long)t->data.n_eval,
            (long long)t->data.n_eval_docs, t->data.cached ? " (cached)" : "",
            t->tok ? "model tokenizer" : "byte vocabulary");
+    if (t->data.n_pc || t->data.n_bad_lines || t->data.train_mask)
+        printf("data: %lld prompt/completion examples, %lld bad lines skipped; the loss counts %lld of the %lld "
+               "training targets (%s)\n",
+               (long long)t->data.n_pc, (long long)t->data.n_bad_lines, (long long)t->data.n_trained,
+               (long long)(t->data.n_train - 1), t->data.train_mask ? "the completions" : "all");
     t->be = keel_backend_new(o->backend, (int)o->threads);
     if (!t->be || build(t, &cfg) || init_weights(t)) return -1;
     const char *coll_name = NULL;
@@ -404,6 +416,16 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
     if (o->accum > 1)
         for (int i = 0; i < t->n_train; i++)
             if (zero(t->be, t->acc[i])) return -1;
+    /* The loss is the mean over the targets the loss counts in the whole global batch (every
+     * micro-batch of every rank): each micro-batch's sum is divided by that count / (accum x ranks),
+     * so that the usual 1 / (accum x ranks) of their sum is the mean over the global batch. Every
+     * rank counts every rank's share (the data order is the same everywhere). */
+    int64_t counted = 0;
+    for (int64_t k = 0; k < o->accum * t->world; k++)
+        counted += keel_dataset_batch(&t->data, o->window, o->batch, o->seed, t->position + k * o->batch, t->ids, t->tgt);
+    keel_cross_entropy_set_divisor(t->st->g, counted ? (double)counted / (double)(o->accum * t->world)
+                                                     : 1.0 / (double)(o->accum * t->world));
+    t->trained += counted;
     double loss = 0;
     for (int64_t micro = 0; micro < o->accum; micro++) {
         /* rank r takes the r-th share of the global micro-batch: the samples of one process with
@@ -465,8 +487,8 @@ static void log_step(trainer *t, int64_t step, double loss, double lr, double no
            eta = el / (double)(step - t->start_step) * (double)(o->steps - step);
     fprintf(t->metrics,
             "{\"step\": %lld, \"tokens\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-            "\"tokens_per_s\": %.1f, \"elapsed_s\": %.2f}\n",
-            (long long)step, (long long)t->tokens, loss, lr, norm, tps, el);
+            "\"tokens_per_s\": %.1f, \"elapsed_s\": %.2f, \"tokens_trained\": %lld}\n",
+            (long long)step, (long long)t->tokens, loss, lr, norm, tps, el, (long long)t->trained);
     if (t->tty)
         printf("\rstep %6lld/%lld  loss %.4f  lr %.2e  %7.0f tok/s  elapsed %6.1fs  eta %6.1fs ", (long long)step,
                (long long)o->steps, loss, lr, tps, el, eta);

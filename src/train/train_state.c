@@ -48,6 +48,7 @@ static int write_state(const char *tmp_dir, void *ud) {
     cJSON_AddNumberToObject(j, "step", (double)t->step);
     cJSON_AddNumberToObject(j, "position", (double)t->position);
     cJSON_AddNumberToObject(j, "tokens", (double)t->tokens);
+    cJSON_AddNumberToObject(j, "tokens_trained", (double)t->trained);
     cJSON_AddNumberToObject(j, "seed", (double)t->o->seed);
     cJSON_AddNumberToObject(j, "window", (double)t->o->window);
     cJSON_AddNumberToObject(j, "batch", (double)t->o->batch);
@@ -153,6 +154,8 @@ int keel_trainer_read_state(trainer *t, const char *dir) {
             rc = keel_fail("--resume %s: the run used %s %lld, this one %lld (a resumed run must match)", dir,
                            f2[i].flag, (long long)v->valuedouble, (long long)f2[i].want);
     }
+    const cJSON *tt = cJSON_GetObjectItemCaseSensitive(j, "tokens_trained"); /* absent before it was kept */
+    if (!rc && cJSON_IsNumber(tt) && tt->valuedouble >= 0 && tt->valuedouble < 9e15) t->trained = (int64_t)tt->valuedouble;
     cJSON_Delete(j);
     if (rc) return rc;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);

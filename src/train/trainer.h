@@ -22,6 +22,7 @@ typedef struct {
     int n_train;
     int64_t end_fb, end_norm; /* node ranges: [0,end_fb) forward+backward(+accumulate), then the norm, then AdamW */
     int64_t step, position, tokens;
+    int64_t trained; /* of the tokens seen, the targets the loss counted */
     keel_checkpoint *src;
     keel_coll *coll;      /* NULL: one process */
     keel_grad_sync *sync; /* the gradient buckets, with more than one rank */

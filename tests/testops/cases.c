@@ -491,6 +491,16 @@ int keel_cases_all(op_case **out) {
             I(c, KEEL_F32, 33, 17, 1, 1)->view = VIEW_TRANSPOSED;
             IDX(c, 17, 1, 33);
             if (op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK) I(c, KEEL_F32, 1, 1, 1, 1);
+            /* targets with no loss (negative): their own count as the divisor, a divisor given (a
+             * global batch's), and every target ignored (a loss of 0, no NaN) */
+            for (int k = 0; k < 3; k++) {
+                c = C(&l, op);
+                I(c, KEEL_F32, k == 1 ? 1025 : 31, 7, 2, 1)->scale = 3.0;
+                IDX(c, 7, 2, k == 1 ? 1025 : 31)->dom = DOM_INDEX_OR_IGNORED;
+                if (k == 2) c->in[1].index_max = 1, c->in[1].dom = DOM_INDEX_OR_IGNORED;
+                if (op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK) I(c, KEEL_F32, 1, 1, 1, 1)->dom = DOM_POSITIVE;
+                P(c, 0, NULL, 1, (double[]){k == 1 ? 23.0 : 0.0});
+            }
             break;
         case KEEL_OP_ADAMW:
             for (int w = 0; w < N_WIDTHS; w += 2) {

@@ -76,6 +76,11 @@ static double *gen_values(const case_input *in, uint64_t seed, int64_t n) {
         case DOM_INDEX:
             x = (double)(keel_splitmix64(&s) % (uint64_t)in->index_max);
             break;
+        case DOM_INDEX_OR_IGNORED: {
+            uint64_t u = keel_splitmix64(&s);
+            x = u % 3 == 0 ? -100.0 : (double)((u / 3) % (uint64_t)in->index_max);
+            break;
+        }
         case DOM_GATE:
             x = -0.01 - 1.5 * keel_uniform01(&s);
             break;
@@ -89,7 +94,7 @@ static double *gen_values(const case_input *in, uint64_t seed, int64_t n) {
             x = normal(&s);
             break;
         }
-        v[i] = round_to(in->type, in->dom == DOM_INDEX ? x : x * sc);
+        v[i] = round_to(in->type, in->dom == DOM_INDEX || in->dom == DOM_INDEX_OR_IGNORED ? x : x * sc);
     }
     return v;
 }

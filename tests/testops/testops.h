@@ -10,7 +10,15 @@
 
 #define CASE_MAX_IN 6
 
-typedef enum { DOM_NORMAL, DOM_POSITIVE, DOM_INDEX, DOM_GATE, DOM_UNIT, DOM_SMALL } case_domain;
+typedef enum {
+    DOM_NORMAL,
+    DOM_POSITIVE,
+    DOM_INDEX,
+    DOM_INDEX_OR_IGNORED, /* DOM_INDEX, with about a third -100 (cross-entropy targets with no loss) */
+    DOM_GATE,
+    DOM_UNIT,
+    DOM_SMALL
+} case_domain;
 typedef enum { VIEW_NONE, VIEW_TRANSPOSED, VIEW_PERMUTED, VIEW_STRIDED } case_view;
 
 typedef struct {

@@ -16,6 +16,7 @@ typedef struct {
     keel_backend *be;
     const keel_tensor *t;
     double *partial; /* per-row results reduced serially afterwards */
+    double ce_div;   /* CROSS_ENTROPY_LOSS(_BACK): the loss's divisor */
     int64_t *csr_start, *csr_items;
     float *wt;   /* CONV1D: the weight as [K][C] */
     double *acc; /* REPEAT_BACK: one row of float64 sums per thread (NULL: sum element by element) */
@@ -186,6 +187,13 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
             int64_t ti0 = r % tg->ne[0], ti1 = (r / tg->ne[0]) % tg->ne[1],
                     ti2 = (r / (tg->ne[0] * tg->ne[1])) % tg->ne[2], ti3 = r / (tg->ne[0] * tg->ne[1] * tg->ne[2]);
             memcpy(&yv, cpu_row(tg, ti1, ti2, ti3) + ti0 * tg->nb[0], 4);
+            if (yv < 0) { /* no loss at this position */
+                if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS)
+                    c->partial[r] = 0.0;
+                else
+                    for (int64_t i = 0; i < n; i++) W(d + 4 * i) = 0.0f;
+                break;
+            }
             if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS) {
                 /* max, then sum exp(x - max), over the row in chunks gathered to the stack */
                 enum { CH = 1024 };
@@ -208,8 +216,8 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
                 for (int64_t i = 0; i < n; i++) dr[i] = F(s + i * an);
                 float mx = keel_max_row(dr, n);
                 keel_exp_row(dr, mx, n);
-                double z = keel_sum_row_f64(dr, n), N = (double)keel_nrows(a);
-                float dl = F(t->src[2]->data), sc = (float)(1.0 / z), k = (float)(dl / N);
+                double z = keel_sum_row_f64(dr, n);
+                float dl = F(t->src[2]->data), sc = (float)(1.0 / z), k = (float)(dl / c->ce_div);
                 float ey = dr[yv];
                 for (int64_t i = 0; i < n; i++) dr[i] = (dr[i] * sc) * k;
                 dr[yv] = (ey * sc - 1.0f) * k;
@@ -478,7 +486,7 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_SUM:
     case KEEL_OP_CROSS_ENTROPY_LOSS: {
-        if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;
+        if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_ce_divisor(be, t, &c.ce_div)) return -1;
         int64_t R = keel_nrows(a);
         c.partial = malloc((size_t)R * sizeof(double));
         if (!c.partial) return keel_fail("cpu: out of memory in '%s'", t->name);
@@ -486,11 +494,11 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         double s = 0;
         for (int64_t r = 0; r < R; r++) s += c.partial[r]; /* fixed order */
         free(c.partial);
-        W(t->data) = (float)(t->op == KEEL_OP_SUM ? s : s / (double)R);
+        W(t->data) = (float)(t->op == KEEL_OP_SUM ? s : s / c.ce_div);
         return 0;
     }
     case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
-        if (keel_backend_read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;
+        if (keel_backend_ce_divisor(be, t, &c.ce_div)) return -1;
         keel_pool_for(pool, keel_nrows(a), row_task, &c);
         return 0;
     case KEEL_OP_SUM_ROWS:

@@ -398,11 +398,17 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
             double z = 0;
             for (int64_t i = tid; i < n; i += TS) z += expf(ldf(s + i * an) - mx);
             z = team_sum(z, sh, warp);
-            if (op == KEEL_OP_CROSS_ENTROPY_LOSS) {
+            if (yv < 0) { /* no loss at this position (the row was still reduced above: every thread of
+                           * the team takes part in team_max and team_sum) */
+                if (op == KEEL_OP_CROSS_ENTROPY_LOSS) {
+                    if (tid == 0) partial[r] = 0.0;
+                } else {
+                    for (int64_t i = tid; i < n; i += TS) stf(d + i * t.nb[0], 0.0f);
+                }
+            } else if (op == KEEL_OP_CROSS_ENTROPY_LOSS) {
                 if (tid == 0) partial[r] = log(z) + mx - ldf(s + (int64_t)yv * an);
             } else {
-                double N = (double)R;
-                float sc = (float)(1.0 / z), k = (float)(*dloss / N);
+                float sc = (float)(1.0 / z), k = (float)(*dloss / eps); /* eps: the loss's divisor */
                 for (int64_t i = tid; i < n; i += TS)
                     stf(d + i * t.nb[0],
                         __fmul_rn(__fsub_rn(__fmul_rn(expf(ldf(s + i * an) - mx), sc), (float)(i == yv)), k));
@@ -447,7 +453,8 @@ static int get_rows_back(keel_backend *be, const keel_tensor *t) {
     return 0;
 }
 
-static int rows(keel_backend *be, const keel_tensor *t, double *partial) {
+/* ce_div: CROSS_ENTROPY_LOSS(_BACK)'s divisor (passed where the norms take eps) */
+static int rows(keel_backend *be, const keel_tensor *t, double *partial, double ce_div) {
     kt none;
     memset(&none, 0, sizeof none);
     const keel_tensor *a = t->src[0];
@@ -461,18 +468,18 @@ static int rows(keel_backend *be, const keel_tensor *t, double *partial) {
     k_rows<<<blocks, RT, 0, st(be)>>>(t->op, partial ? none : kt_of(t), kt_of(a), has_y ? kt_of(t->src[1]) : none,
                                       ce ? kt_of(t->src[1]) : none,
                                       t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ? (const float *)t->src[2]->data : NULL,
-                                      partial, (float)t->fp[0], t->fp[0], t->ip[0], warp ? 1 : 0);
+                                      partial, (float)t->fp[0], ce ? ce_div : t->fp[0], t->ip[0], warp ? 1 : 0);
     return 0;
 }
 
 static int reduce_all(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0];
     int64_t R = keel_nrows(a);
-    if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_read_ids(be, t, t->src[1], a->ne[0], "target", NULL))
-        return -1;
+    double div = 1.0;
+    if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_ce_divisor(be, t, &div)) return -1;
     double *partial = (double *)cuda_scratch(be, (size_t)(R ? R : 1) * sizeof(double), t);
-    if (!partial || rows(be, t, partial)) return -1;
-    k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, t->op == KEEL_OP_SUM ? 1.0 : (double)R);
+    if (!partial || rows(be, t, partial, div)) return -1;
+    k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, div);
     return 0;
 }
 
@@ -566,9 +573,11 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_SUM:
     case KEEL_OP_CROSS_ENTROPY_LOSS:
         return reduce_all(be, t);
-    case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
-        if (keel_backend_read_ids(be, t, b, a->ne[0], "target", NULL)) return -1;
-        return rows(be, t, NULL);
+    case KEEL_OP_CROSS_ENTROPY_LOSS_BACK: {
+        double div;
+        if (keel_backend_ce_divisor(be, t, &div)) return -1;
+        return rows(be, t, NULL, div);
+    }
     case KEEL_OP_SUM_ROWS:
     case KEEL_OP_MEAN:
     case KEEL_OP_RMS_NORM:
@@ -577,7 +586,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_L2_NORM_BACK:
     case KEEL_OP_SOFT_MAX:
     case KEEL_OP_SOFT_MAX_BACK:
-        return rows(be, t, NULL);
+        return rows(be, t, NULL, 0.0);
     case KEEL_OP_ROPE:
     case KEEL_OP_ROPE_BACK:
         return rope(be, t);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backends/host_memory.h"
+#include "backends/kernel_common.h"
 #include "ops/ops.h"
 #include "ops/dropout_mask.h"
 #include "util/error.h"
@@ -481,14 +482,17 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_CROSS_ENTROPY_LOSS:
     case KEEL_OP_CROSS_ENTROPY_LOSS_BACK: {
         int64_t V = a->ne[0], N = keel_nrows(a);
-        double total = 0, dl = t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ? getf(t->src[2], 0) : 0;
+        double total = 0, dl = t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ? getf(t->src[2], 0) : 0, D;
+        if (keel_backend_ce_divisor(be, t, &D)) return -1;
         for (int64_t r = 0; r < N; r++) {
             int64_t c[4];
             c[0] = 0, c[1] = r % a->ne[1], c[2] = (r / a->ne[1]) % a->ne[2], c[3] = r / (a->ne[1] * a->ne[2]);
             int64_t y = (int64_t)getf(b, r);
-            if (y < 0 || y >= V)
-                return keel_fail("CROSS_ENTROPY_LOSS '%s': target %lld of row %lld outside [0,%lld)", t->name,
-                                 (long long)y, (long long)r, (long long)V);
+            if (y < 0) { /* no loss here */
+                if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK)
+                    for (int64_t i = 0; i < V; i++) put(t, i, c[1], c[2], c[3], 0.0);
+                continue;
+            }
             double mx = -INFINITY, z = 0;
             for (int64_t i = 0; i < V; i++) mx = fmax(mx, get(a, i, c[1], c[2], c[3]));
             for (int64_t i = 0; i < V; i++) z += exp(get(a, i, c[1], c[2], c[3]) - mx);
@@ -497,10 +501,10 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
             } else {
                 for (int64_t i = 0; i < V; i++)
                     put(t, i, c[1], c[2], c[3],
-                        (exp(get(a, i, c[1], c[2], c[3]) - mx) / z - (i == y ? 1.0 : 0.0)) * dl / (double)N);
+                        (exp(get(a, i, c[1], c[2], c[3]) - mx) / z - (i == y ? 1.0 : 0.0)) * dl / D);
             }
         }
-        if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS) put(t, 0, 0, 0, 0, total / (double)N);
+        if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS) put(t, 0, 0, 0, 0, total / D);
         return 0;
     }
     case KEEL_OP_ADAMW: {
