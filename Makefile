@@ -44,6 +44,7 @@ assets:
 
 check: build build-asan build-fuzz assets
 	@scripts/setup-llama.sh
+	@scripts/setup-transformersjs.sh
 	@scripts/run-checks.sh
 
 bench: build assets

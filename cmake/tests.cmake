@@ -71,6 +71,10 @@ set(KEEL_ASSETS "${CMAKE_SOURCE_DIR}/assets")
 add_test(NAME tokenizer_cases_qwen3 COMMAND keel tokenize --tokenizer ${KEEL_ASSETS}/qwen3/tokenizer.json --cases ${KEEL_FIXTURES}/tokenizer/qwen3-gpt2-cases.json --expect qwen3)
 add_test(NAME tokenizer_cases_gpt2 COMMAND keel tokenize --tokenizer ${KEEL_ASSETS}/gpt2 --cases ${KEEL_FIXTURES}/tokenizer/qwen3-gpt2-cases.json --expect gpt2)
 set_tests_properties(tokenizer_cases_qwen3 tokenizer_cases_gpt2 PROPERTIES LABELS "tokenizer;sanitize")
+# Chat templates: keel tokenize --chat against transformers.js's apply_chat_template (npm, installed
+# at setup by scripts/setup-transformersjs.sh), 32 conversations with Qwen3's template.
+add_test(NAME tokenizer_chat_template COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-chat-template.sh $<TARGET_FILE:keel> ${KEEL_ASSETS})
+set_tests_properties(tokenizer_chat_template PROPERTIES LABELS "tokenizer")
 
 # keel diff. Unfaulted runs agree; a fault applied to configuration B alone is found at exactly
 # the node it hits, with identical inputs, and the row-limited copy at the row limit.

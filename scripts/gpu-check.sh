@@ -5,7 +5,7 @@
 # `scripts/gpu-prepare.sh`) and .gpu-data (the fixture and checkpoints, same script).
 #   scripts/gpu-check.sh            every stage
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
-# Stages: ops grad fault reference recompute hf lora cross bench, and multi (needs 2 GPUs) and profile
+# Stages: ops grad fault reference recompute hf lora chat cross bench, and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step), which are not in the default list
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ mkdir -p "$final"
 pack() { tar -czf "$final/gpu-logs.tar.gz" -C "$out" . 2>/dev/null && echo "logs: $final/gpu-logs.tar.gz"; }
 trap pack EXIT
 trap 'exit 143' TERM INT
-stages=${*:-ops grad fault reference recompute hf lora cross bench}
+stages=${*:-ops grad fault reference recompute hf lora chat cross bench}
 want() { [[ " $stages " == *" $1 "* ]]; }
 declare -a rows
 record() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); [ "$2" = PASS ] || status=1; }
@@ -140,6 +140,10 @@ if want lora; then
     grep -i "worst\|passed" "$out/lora-ref.log" | tail -3
     run "LoRA: bench train --lora-rank 16 vs full" lora-bench.log $keel bench train --backend cuda --batch 1 --window 1024 --recompute full --lora-rank 16 --base-dtype bf16 --no-torch
     tail -6 "$out/lora-bench.log"
+fi
+if want chat; then
+    run "chat templates: keel vs Python transformers" chat.log python3 scripts/hf_chat_check.py $keel .gpu-data/qwen3 tests/chat/conversations.jsonl tests/chat/python-semantics.jsonl
+    cat "$out/chat.log"
 fi
 if want multi; then
     run "2 GPUs: --nproc 2, 20 steps, failures" multi.log scripts/gpu-multi-check.sh "$keel" "$out"

@@ -213,7 +213,8 @@ int cmd_bench_train(int argc, char **argv) {
         {"--lora-rank", CLI_INT, &o.lora_rank, 1, 1 << 16, .meta = "R",
          .help = "also train LoRA adapters of rank R on every projection (base frozen) and compare with full "
                  "fine-tuning"},
-        {"--base-dtype", CLI_STR, &o.base_dtype, .meta = "f32|bf16", .help = "with --lora-rank: the frozen base's matrices"},
+        {"--base-dtype", CLI_STR, &o.base_dtype, .meta = "f32|bf16",
+         .help = "with --lora-rank: the frozen base's matrices"},
     };
     const cli_spec spec = {
         "keel bench train",

@@ -160,8 +160,8 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
         }
     }
     printf("%s%s%s on %s (%s, %s weights, %lld layers, B=%lld T=%lld, recompute %s)\n", ckpt_dir,
-           ad ? " + adapter " : "", ad ? ad->dir : "", backend, keel_type_name(type), ck->dtype[0] ? ck->dtype : "stored",
-           (long long)ck->cfg.layers, (long long)B, (long long)T, rm->text);
+           ad ? " + adapter " : "", ad ? ad->dir : "", backend, keel_type_name(type),
+           ck->dtype[0] ? ck->dtype : "stored", (long long)ck->cfg.layers, (long long)B, (long long)T, rm->text);
     compare(be, out.logits, ref, "logits", &tl, ty, false);
     compare(be, out.loss, ref, "loss", &tl, ty, false);
     for (int i = 0; i < ck->cfg.layers; i++) {

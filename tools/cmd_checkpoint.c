@@ -275,7 +275,8 @@ int cmd_info(int argc, char **argv) {
     }
     if (run) {
         keel_backend *be = keel_backend_new("cpu", (int)threads);
-        if (!be || keel_step_place(kept, be) || keel_step_load(kept, ck)) { /* the checkpoint's (and adapter's) weights */
+        if (!be || keel_step_place(kept, be) ||
+            keel_step_load(kept, ck)) { /* the checkpoint's (and adapter's) weights */
             fprintf(stderr, "keel info: %s\n", keel_last_error());
             keel_backend_free(be);
             goto done;

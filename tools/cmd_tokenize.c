@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "cli_flags.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -73,9 +74,100 @@ static int run_cases(keel_tokenizer *t, const char *path, const char *expect) {
     return fail ? 1 : 0;
 }
 
+/* A special token of tokenizer_config.json: a string, or {"content": ...}; NULL when absent or null. */
+static const char *special(const cJSON *cfg, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    return cJSON_GetStringValue(v);
+}
+
+/* keel tokenize --chat: each line of a JSON Lines file a conversation ({"messages": [...]}, with
+ * optional "add_generation_prompt" and other template variables such as "enable_thinking"),
+ * rendered with the chat template, then tokenized; one JSON line out per conversation:
+ * {"line": N, "text": "...", "ids": [...]}. */
+static int run_chat(keel_tokenizer *t, const char *tok_path, const char *path, const char *template_path,
+                    bool gen_prompt) {
+    char dir[4096], cfg_path[4200];
+    snprintf(dir, sizeof dir, "%s", tok_path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    else
+        snprintf(dir, sizeof dir, ".");
+    snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", dir);
+    cJSON *cfg = keel_read_json(cfg_path); /* the special tokens (and the template, unless given) */
+    keel_chat_template *ct = NULL;
+    if (template_path) {
+        char *src = keel_read_file(template_path, NULL);
+        ct = src ? keel_chat_template_compile(src, template_path) : NULL;
+        free(src);
+    } else if (cfg) {
+        ct = keel_chat_template_from_config(cfg_path);
+    }
+    size_t n;
+    char *text = ct ? keel_read_file(path, &n) : NULL;
+    if (!ct || !text) {
+        fprintf(stderr, "keel tokenize: %s\n", keel_last_error());
+        cJSON_Delete(cfg), keel_chat_template_free(ct), free(text);
+        return 1;
+    }
+    int rc = 0;
+    long long line_no = 0;
+    for (char *line = text, *next; line && *line && !rc; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        line_no++;
+        if (!*line) continue;
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages"),
+                    *agp = cJSON_GetObjectItemCaseSensitive(o, "add_generation_prompt");
+        if (!cJSON_IsArray(msgs)) {
+            fprintf(stderr, "keel tokenize: %s:%lld: expected a JSON object with a \"messages\" list\n", path, line_no);
+            cJSON_Delete(o);
+            rc = 1;
+            break;
+        }
+        cJSON *extra = cJSON_CreateObject(); /* the line's other fields are template variables */
+        for (const cJSON *it = o->child; it; it = it->next)
+            if (strcmp(it->string, "messages") && strcmp(it->string, "add_generation_prompt"))
+                cJSON_AddItemToObject(extra, it->string, cJSON_Duplicate(it, true));
+        keel_chat_vars v = {.messages = msgs,
+                            .add_generation_prompt = agp ? cJSON_IsTrue(agp) : gen_prompt,
+                            .bos_token = special(cfg, "bos_token"),
+                            .eos_token = special(cfg, "eos_token"),
+                            .extra = extra};
+        size_t len;
+        char *out = keel_chat_template_render(ct, &v, &len);
+        int32_t *ids = NULL;
+        size_t ni = 0;
+        if (!out || keel_tokenizer_encode(t, out, len, &ids, &ni)) {
+            fprintf(stderr, "keel tokenize: %s:%lld: %s\n", path, line_no, keel_last_error());
+            rc = 1;
+        } else {
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddNumberToObject(r, "line", (double)line_no);
+            cJSON_AddStringToObject(r, "text", out);
+            cJSON *arr = cJSON_AddArrayToObject(r, "ids");
+            for (size_t i = 0; i < ni; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+            char *js = cJSON_PrintUnformatted(r);
+            if (js) printf("%s\n", js);
+            free(js);
+            cJSON_Delete(r);
+        }
+        free(out), free(ids);
+        cJSON_Delete(extra);
+        cJSON_Delete(o);
+    }
+    free(text);
+    cJSON_Delete(cfg);
+    keel_chat_template_free(ct);
+    return rc;
+}
+
 int cmd_tokenize(int argc, char **argv) {
-    const char *tok = NULL, *file = NULL, *cases = NULL, *expect = NULL, *text = NULL;
-    bool tokens = false;
+    const char *tok = NULL, *file = NULL, *cases = NULL, *expect = NULL, *text = NULL, *chat = NULL,
+               *chat_template = NULL;
+    bool tokens = false, gen_prompt = false;
     bool ids = false;
     const cli_flag flags[] = {
         {"--tokenizer", CLI_STR, &tok, .meta = "FILE",
@@ -85,6 +177,12 @@ int cmd_tokenize(int argc, char **argv) {
         {"--cases", CLI_STR, &cases, .meta = "JSON", .help = "or check every case of a cases file against its ids"},
         {"--expect", CLI_STR, &expect, .meta = "NAME",
          .help = "with --cases: the key of the expected ids (qwen3, gpt2)"},
+        {"--chat", CLI_STR, &chat, .meta = "FILE.jsonl",
+         .help = "or conversations ({\"messages\": [...]} a line) rendered with the chat template, then encoded"},
+        {"--chat-template", CLI_STR, &chat_template, .meta = "FILE",
+         .help = "with --chat: a Jinja template (default: tokenizer_config.json's beside the tokenizer)"},
+        {"--add-generation-prompt", CLI_BOOL, &gen_prompt,
+         .help = "with --chat: end with the assistant's header (a line's own add_generation_prompt wins)"},
         {"--ids", CLI_BOOL, &ids, .help = "print token ids (the default)"},
         {"--tokens", CLI_BOOL, &tokens, .help = "print the tokens' strings"},
     };
@@ -96,9 +194,9 @@ int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "keel tokenize: --ids and --tokens exclude each other\n");
         return 2;
     }
-    if (!tok || (!!text + !!file + !!cases) != 1 || (cases && !expect)) {
+    if (!tok || (!!text + !!file + !!cases + !!chat) != 1 || (cases && !expect)) {
         fprintf(stderr, "usage: keel tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON "
-                        "--expect NAME]\n");
+                        "--expect NAME | --chat FILE.jsonl [--chat-template FILE] [--add-generation-prompt]]\n");
         return 2;
     }
     keel_tokenizer *t = keel_tokenizer_load(tok);
@@ -109,6 +207,8 @@ int cmd_tokenize(int argc, char **argv) {
     int rc = 0;
     if (cases) {
         rc = run_cases(t, cases, expect);
+    } else if (chat) {
+        rc = run_chat(t, tok, chat, chat_template, gen_prompt);
     } else {
         size_t n = text ? strlen(text) : 0;
         char *buf = file ? keel_read_file(file, &n) : NULL;

@@ -43,7 +43,8 @@ int keel_lora_attach(keel_ctx *ctx, keel_qwen35 *m, const keel_lora_opts *o) {
     if (m->lora) return keel_fail("the model has LoRA adapters already");
     if (o->rank < 1) return keel_fail("--lora-rank %lld: must be at least 1", (long long)o->rank);
     if (!(o->dropout >= 0 && o->dropout < 1)) return keel_fail("--lora-dropout %g: must be in [0, 1)", o->dropout);
-    if (!isfinite(o->alpha) || o->alpha == 0) return keel_fail("--lora-alpha %g: must be finite and non-zero", o->alpha);
+    if (!isfinite(o->alpha) || o->alpha == 0)
+        return keel_fail("--lora-alpha %g: must be finite and non-zero", o->alpha);
     keel_tensor **cand = calloc((size_t)(m->cfg.layers * 12 + 1), sizeof *cand);
     struct keel_lora *l = calloc(1, sizeof *l);
     if (!cand || !l) {
@@ -214,8 +215,8 @@ int keel_lora_write(const char *dir, const keel_qwen35 *m, keel_backend *be, boo
         const char *nm = t->name; /* "model.layers..." */
         snprintf(names[i], KEEL_NAME_MAX + 64, "base_model.model.%s%s", multimodal ? "model.language_model." : "",
                  multimodal ? nm + 6 : nm);
-        e[i] = (keel_st_entry){.name = names[i], .n_dims = 2, .shape = {t->ne[1], t->ne[0]}, .raw = bufs[i],
-                               .raw_dtype = "F32"};
+        e[i] = (keel_st_entry){
+            .name = names[i], .n_dims = 2, .shape = {t->ne[1], t->ne[0]}, .raw = bufs[i], .raw_dtype = "F32"};
     }
     char path[4200];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
@@ -289,8 +290,9 @@ int keel_lora_load(const keel_qwen35 *m, keel_backend *be, const keel_adapter *a
             if (!s) return keel_fail("%s: no lora_%c for '%s'", a->dir, 'A' + k, md->module);
             if (s->n_dims != 2 || s->shape[0] != t->ne[1] || s->shape[1] != t->ne[0] || s->type < 0)
                 return keel_fail("%s: '%s' is %s [%lld, %lld]; expected a real tensor [%lld, %lld]", a->file->path,
-                                 s->name, s->dtype, (long long)s->shape[0], (long long)(s->n_dims > 1 ? s->shape[1] : 0),
-                                 (long long)t->ne[1], (long long)t->ne[0]);
+                                 s->name, s->dtype, (long long)s->shape[0],
+                                 (long long)(s->n_dims > 1 ? s->shape[1] : 0), (long long)t->ne[1],
+                                 (long long)t->ne[0]);
             int64_t ne = keel_nelements(t);
             double *v = malloc((size_t)ne * sizeof *v);
             if (!v) return keel_fail("out of memory loading '%s'", s->name);
@@ -299,8 +301,8 @@ int keel_lora_load(const keel_qwen35 *m, keel_backend *be, const keel_adapter *a
                 if (!isfinite(v[j] = keel_st_get(s, j)) && bad < 0) bad = j;
             if (bad >= 0) {
                 free(v);
-                return keel_fail("%s: '%s' holds %g at element %lld", a->file->path, s->name,
-                                 keel_st_get(s, bad), (long long)bad);
+                return keel_fail("%s: '%s' holds %g at element %lld", a->file->path, s->name, keel_st_get(s, bad),
+                                 (long long)bad);
             }
             int wr = keel_tensor_write(be, t, v, KEEL_F64);
             free(v);

@@ -246,9 +246,9 @@ static keel_tensor *linear(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, 
     return m->lora ? keel_lora_linear(ctx, m, w, x, y) : y;
 }
 
-static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L,
-                                    keel_tensor *h, keel_tensor *pos, keel_tensor *kin, keel_tensor *vin,
-                                    keel_tensor **kout, keel_tensor **vout) {
+static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L, keel_tensor *h,
+                                    keel_tensor *pos, keel_tensor *kin, keel_tensor *vin, keel_tensor **kout,
+                                    keel_tensor **vout) {
     const keel_qwen35_config *c = &m->cfg;
     int64_t hd = c->head_dim, H = c->heads, KV = c->kv_heads, T = h->ne[1], B = h->ne[2];
     int64_t es = (int64_t)keel_type_size(h->type);
@@ -272,8 +272,8 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
     return linear(ctx, m, L->o, keel_reshape_3d(ctx, o, hd * H, T, B));
 }
 
-static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L,
-                                   keel_tensor *h, keel_tensor *S_in, keel_tensor *conv_in, keel_tensor **S_out,
+static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L, keel_tensor *h,
+                                   keel_tensor *S_in, keel_tensor *conv_in, keel_tensor **S_out,
                                    keel_tensor **conv_out) {
     const keel_qwen35_config *c = &m->cfg;
     int64_t Dk = c->lk_dim, Hk = c->lk_heads, Dv = c->lv_dim, Hv = c->lv_heads, T = h->ne[1], B = h->ne[2];
@@ -331,8 +331,8 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
                                                 cout ? &cout->S[i] : NULL, cout ? &cout->conv[i] : NULL);
         x = keel_add(ctx, x, mix);
         keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps);
-        keel_tensor *mlp =
-            linear(ctx, m, L->down, keel_mul(ctx, keel_silu(ctx, linear(ctx, m, L->gate, h2)), linear(ctx, m, L->up, h2)));
+        keel_tensor *mlp = linear(
+            ctx, m, L->down, keel_mul(ctx, keel_silu(ctx, linear(ctx, m, L->gate, h2)), linear(ctx, m, L->up, h2)));
         x = keel_add(ctx, x, mlp);
         keel_set_name(x, "hidden.%d", i + 1);
         out->hidden[i + 1] = x;

@@ -208,7 +208,8 @@ static data_format detect(const cJSON *o) {
 static int load_jsonl(keel_dataset *d, const char *path, char *text, keel_tokenizer *tok, double eval_fraction,
                       uint64_t seed, const keel_data_opts *o, tokvec *tr, tokvec *ev) {
     data_format want = FMT_AUTO;
-    if (o && o->format && strcmp(o->format, "auto")) want = strcmp(o->format, "text") == 0 ? FMT_TEXT : FMT_PROMPT_COMPLETION;
+    if (o && o->format && strcmp(o->format, "auto"))
+        want = strcmp(o->format, "text") == 0 ? FMT_TEXT : FMT_PROMPT_COMPLETION;
     data_format fmt = want;
     int64_t line_no = 0;
     int rc = 0;
@@ -230,7 +231,7 @@ static int load_jsonl(keel_dataset *d, const char *path, char *text, keel_tokeni
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, "text"),
                     *p = cJSON_GetObjectItemCaseSensitive(obj, "prompt"),
                     *c = cJSON_GetObjectItemCaseSensitive(obj, "completion");
-        bool ok = cJSON_IsObject(obj) && (fmt == FMT_TEXT ? cJSON_IsString(t)
+        bool ok = cJSON_IsObject(obj) && (fmt == FMT_TEXT                ? cJSON_IsString(t)
                                           : fmt == FMT_PROMPT_COMPLETION ? cJSON_IsString(p) && cJSON_IsString(c)
                                                                          : false);
         if (!ok) {
@@ -240,10 +241,11 @@ static int load_jsonl(keel_dataset *d, const char *path, char *text, keel_tokeni
                 continue;
             }
             return keel_fail("%s:%lld: %s (--skip-bad-lines skips such lines)", path, (long long)line_no,
-                             !obj                  ? "not valid JSON"
-                             : fmt == FMT_TEXT     ? "expected a JSON object with a \"text\" string"
-                             : fmt == FMT_AUTO     ? "expected a JSON object with \"text\", or \"prompt\" and \"completion\""
-                                                   : "expected a JSON object with \"prompt\" and \"completion\" strings");
+                             !obj              ? "not valid JSON"
+                             : fmt == FMT_TEXT ? "expected a JSON object with a \"text\" string"
+                             : fmt == FMT_AUTO
+                                 ? "expected a JSON object with \"text\", or \"prompt\" and \"completion\""
+                                 : "expected a JSON object with \"prompt\" and \"completion\" strings");
         }
         char where[4200];
         snprintf(where, sizeof where, "%s:%lld", path, (long long)line_no);
@@ -361,8 +363,10 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);  /* never through a planted link */
         FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
         if (fd >= 0 && !f) close(fd);
-        uint64_t hdr[8] = {CACHE_MAGIC,          key,           (uint64_t)d->n_train, (uint64_t)d->n_eval,
-                           (uint64_t)d->n_docs, (uint64_t)d->n_eval_docs, cache_sum(d), masked ? 1u : 0u};
+        uint64_t hdr[8] = {CACHE_MAGIC,          key,
+                           (uint64_t)d->n_train, (uint64_t)d->n_eval,
+                           (uint64_t)d->n_docs,  (uint64_t)d->n_eval_docs,
+                           cache_sum(d),         masked ? 1u : 0u};
         bool ok = f && fwrite(hdr, 8, 8, f) == 8 && fwrite(d->train, 4, (size_t)d->n_train, f) == (size_t)d->n_train &&
                   fwrite(d->eval, 4, (size_t)d->n_eval, f) == (size_t)d->n_eval;
         if (masked)

@@ -1,6 +1,7 @@
 /* keel: training data. Text files, folders of them, and JSON Lines files (a "text" field, or
- * "prompt" and "completion": the loss then on the completion only) become documents; documents become token ids (the model's tokenizer, or bytes when there is
- * none) joined by the end-of-text token, split into a training and a held-out stream by document,
+ * "prompt" and "completion": the loss then on the completion only) become documents; documents
+ * become token ids (the model's tokenizer, or bytes when there is none) joined by the end-of-text
+ * token, split into a training and a held-out stream by document,
  * and cached next to the output. Batches are windows of T tokens (and the next T as targets) in a
  * deterministic shuffled order: sample p of the run is always the same window for the same seed. */
 #ifndef KEEL_TRAIN_DATA_H

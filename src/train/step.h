@@ -41,13 +41,13 @@ typedef struct {
     keel_tensor *ids, *tgt, *pos; /* [T,B], [T,B] (NULL when logits_only), [T]; all NULL when weights_only */
     keel_qwen35_out out;
     keel_graph *g;
-    int clones;                 /* nodes the recompute rewrite added */
-    int n_frozen;               /* parameters the freeze pattern matched */
-    int n_opt;                  /* AdamW (keel_step_adamw): the parameters it updates, */
-    keel_tensor **opt_p, **mom; /* their moments (m, v per parameter), */
-    keel_tensor **opt;          /* and the update nodes */
+    int clones;                  /* nodes the recompute rewrite added */
+    int n_frozen;                /* parameters the freeze pattern matched */
+    int n_opt;                   /* AdamW (keel_step_adamw): the parameters it updates, */
+    keel_tensor **opt_p, **mom;  /* their moments (m, v per parameter), */
+    keel_tensor **opt;           /* and the update nodes */
     const keel_adapter *adapter; /* the adapter keel_step_load reads (opts.adapter) */
-    keel_backend *be;           /* after keel_step_place */
+    keel_backend *be;            /* after keel_step_place */
     keel_session *s;
 } keel_step;
 

@@ -142,7 +142,7 @@ static double eval_loss(trainer *t, const keel_dataset *d) {
     int32_t *ids = malloc((size_t)(T * B) * 4), *tgt = malloc((size_t)(T * B) * 4);
     double sum = 0;
     int64_t nb = 0, counted = 0;
-    keel_dropout_set_p(t->st->g, 0.0);          /* evaluation: the adapters see their whole input */
+    keel_dropout_set_p(t->st->g, 0.0);           /* evaluation: the adapters see their whole input */
     keel_cross_entropy_set_divisor(t->st->g, 0); /* each batch's own count */
     for (int64_t w = 0; w + B <= W && nb < t->o->eval_batches; w += B, nb++) {
         int64_t n = 0;
@@ -422,7 +422,8 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
      * rank counts every rank's share (the data order is the same everywhere). */
     int64_t counted = 0;
     for (int64_t k = 0; k < o->accum * t->world; k++)
-        counted += keel_dataset_batch(&t->data, o->window, o->batch, o->seed, t->position + k * o->batch, t->ids, t->tgt);
+        counted +=
+            keel_dataset_batch(&t->data, o->window, o->batch, o->seed, t->position + k * o->batch, t->ids, t->tgt);
     keel_cross_entropy_set_divisor(t->st->g, counted ? (double)counted / (double)(o->accum * t->world)
                                                      : 1.0 / (double)(o->accum * t->world));
     t->trained += counted;

@@ -56,7 +56,7 @@ static int write_state(const char *tmp_dir, void *ud) {
     cJSON_AddNumberToObject(j, "world", (double)t->world);
     cJSON_AddStringToObject(j, "vocabulary", t->tok_file[0] ? "tokenizer" : "bytes");
     if (t->st->m->lora) cJSON_AddStringToObject(j, "base_model", t->base_dir); /* the adapters' base, for --resume */
-    cJSON_AddItemToObject(j, "options", keel_train_opts_json(t->o)); /* what --resume continues with */
+    cJSON_AddItemToObject(j, "options", keel_train_opts_json(t->o));           /* what --resume continues with */
     char *txt = cJSON_Print(j);
     cJSON_Delete(j);
     snprintf(path, sizeof path, "%s/trainer_state.json", tmp_dir);
@@ -109,9 +109,9 @@ int keel_trainer_base_of(trainer *t, const char *model_dir, const char *resume_d
     cJSON *j = keel_read_json(path);
     if (!j) return -1;
     const char *b = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "base_model"));
-    int rc = !b ? keel_fail("%s: no \"base_model\" (not a LoRA run's checkpoint?)", path)
+    int rc = !b                                ? keel_fail("%s: no \"base_model\" (not a LoRA run's checkpoint?)", path)
              : strlen(b) >= sizeof t->base_dir ? keel_fail("%s: \"base_model\" is too long", path)
-                                                : 0;
+                                               : 0;
     if (!rc) snprintf(t->base_dir, sizeof t->base_dir, "%s", b);
     cJSON_Delete(j);
     return rc;
@@ -155,7 +155,8 @@ int keel_trainer_read_state(trainer *t, const char *dir) {
                            f2[i].flag, (long long)v->valuedouble, (long long)f2[i].want);
     }
     const cJSON *tt = cJSON_GetObjectItemCaseSensitive(j, "tokens_trained"); /* absent before it was kept */
-    if (!rc && cJSON_IsNumber(tt) && tt->valuedouble >= 0 && tt->valuedouble < 9e15) t->trained = (int64_t)tt->valuedouble;
+    if (!rc && cJSON_IsNumber(tt) && tt->valuedouble >= 0 && tt->valuedouble < 9e15)
+        t->trained = (int64_t)tt->valuedouble;
     cJSON_Delete(j);
     if (rc) return rc;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);

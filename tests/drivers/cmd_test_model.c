@@ -70,7 +70,8 @@ static int check(const char *label, const keel_qwen35_config *c, const keel_lora
         tgt[i] = (int32_t)((st >> 45) % (uint64_t)c->vocab);
     }
     keel_backend *ref = keel_backend_new("ref", 1), *cpu = keel_backend_new(other, 1);
-    keel_step *R = ref ? build(ref, c, KEEL_F64, T, B, lora) : NULL, *C = cpu ? build(cpu, c, KEEL_F32, T, B, lora) : NULL;
+    keel_step *R = ref ? build(ref, c, KEEL_F64, T, B, lora) : NULL,
+              *C = cpu ? build(cpu, c, KEEL_F32, T, B, lora) : NULL;
     plist pr = {0}, pc = {0};
     if (!R || !C || params_of(R, &pr) || params_of(C, &pc)) {
         fprintf(stderr, "keel test-model: %s\n", keel_last_error());
@@ -92,7 +93,8 @@ static int check(const char *label, const keel_qwen35_config *c, const keel_lora
         int64_t n = keel_nelements(pr.all[i]);
         vals[i] = malloc((size_t)n * sizeof **vals);
         double bound = 1.0 / sqrt((double)pr.all[i]->ne[0]);
-        for (int64_t j = 0; j < n; j++) vals[i][j] = (strstr(pr.all[i]->name, "lora_A") ? bound : 0.5) * sin(0.7 * (double)j + 3.0 * i);
+        for (int64_t j = 0; j < n; j++)
+            vals[i][j] = (strstr(pr.all[i]->name, "lora_A") ? bound : 0.5) * sin(0.7 * (double)j + 3.0 * i);
     }
     for (int i = 0; i < pr.n_all; i++) /* the f32 model: give both the same values */
         for (int64_t j = 0; j < keel_nelements(pr.all[i]); j++) vals[i][j] = (float)vals[i][j];
@@ -100,7 +102,8 @@ static int check(const char *label, const keel_qwen35_config *c, const keel_lora
     double worst_fd = 0, worst_cpu = 0;
     int rc = 0;
     for (int i = 0; i < pr.n_all && !rc; i++)
-        rc = keel_tensor_write(ref, pr.all[i], vals[i], KEEL_F64) || keel_tensor_write(cpu, pc.all[i], vals[i], KEEL_F64);
+        rc = keel_tensor_write(ref, pr.all[i], vals[i], KEEL_F64) ||
+             keel_tensor_write(cpu, pc.all[i], vals[i], KEEL_F64);
     if (rc || keel_step_write_batch(R, ids, tgt) || keel_session_run(R->s, NULL, NULL) ||
         keel_step_write_batch(C, ids, tgt) || keel_session_run(C->s, NULL, NULL)) {
         fprintf(stderr, "keel test-model: %s\n", keel_last_error());
@@ -183,7 +186,8 @@ static int check(const char *label, const keel_qwen35_config *c, const keel_lora
 int cmd_test_model(int argc, char **argv) {
     const char *other = "cpu";
     const cli_flag flags[] = {
-        {"--backend", CLI_STR, &other, .meta = "cpu|cuda", .help = "the float32 backend compared with ref (default cpu)"},
+        {"--backend", CLI_STR, &other, .meta = "cpu|cuda",
+         .help = "the float32 backend compared with ref (default cpu)"},
     };
     const cli_spec spec = {"keel test-model",
                            "whole-model gradient check: a Qwen3.5 layer pair, and the pair with LoRA adapters, against "

@@ -358,11 +358,13 @@ int keel_cases_all(op_case **out) {
             break;
         case KEEL_OP_DROPOUT: { /* p 0 keeps all, 0.9 drops most; views and a wide row */
             static const double ps[] = {0.1, 0.5, 0.0, 0.9, 0.25};
-            static const int64_t sh[][4] = {{64, 3, 1, 1}, {4097, 2, 1, 1}, {6, 4, 3, 2}, {17, 17, 2, 1}, {5, 65537, 1, 1}};
+            static const int64_t sh[][4] = {
+                {64, 3, 1, 1}, {4097, 2, 1, 1}, {6, 4, 3, 2}, {17, 17, 2, 1}, {5, 65537, 1, 1}};
             for (int s = 0; s < 5; s++) {
                 c = C(&l, op);
-                I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view =
-                    s == 3 ? VIEW_TRANSPOSED : s == 2 ? VIEW_PERMUTED : VIEW_NONE;
+                I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view = s == 3   ? VIEW_TRANSPOSED
+                                                                               : s == 2 ? VIEW_PERMUTED
+                                                                                        : VIEW_NONE;
                 P(c, 4, (int64_t[]){1234 + s, 7 * s + 1, 3 + s, (int64_t)llround(ps[s] * 4294967296.0)}, 1,
                   (double[]){ps[s]});
             }

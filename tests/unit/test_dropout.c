@@ -67,14 +67,17 @@ static void backward_uses_the_forward_mask(void **st) {
         keel_dropout_set_counter(g, counter * 5);
         for (int b = 0; b < 2; b++) {
             const char *be = b ? "cpu" : "ref";
-            double *yv = run_graph(be, g, leaves, vals, 1, y), *gx = run_graph(be, g, leaves, vals, 1, keel_graph_grad(g, x));
+            double *yv = run_graph(be, g, leaves, vals, 1, y),
+                   *gx = run_graph(be, g, leaves, vals, 1, keel_graph_grad(g, x));
             uint64_t key = keel_dropout_key(11, 2, (uint64_t)(counter * 5)), thr = (uint64_t)llround(p * 4294967296.0);
             for (int i = 0; i < n; i++) {
                 int keep = keel_dropout_keep(key, (uint64_t)i, thr);
                 assert_true(fabs(yv[i] - (keep ? xv[i] / (1 - p) : 0.0)) <= 1e-6 * xv[i]);
                 assert_true(fabs(gx[i] - (keep ? 1 / (1 - p) : 0.0)) <= 1e-6);
-                if (counter == 0) first[i] = keep;
-                else differ += keep != first[i];
+                if (counter == 0)
+                    first[i] = keep;
+                else
+                    differ += keep != first[i];
             }
             free(yv), free(gx);
         }
@@ -86,6 +89,7 @@ static void backward_uses_the_forward_mask(void **st) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(mask_statistics), cmocka_unit_test(backward_uses_the_forward_mask)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(mask_statistics),
+                                       cmocka_unit_test(backward_uses_the_forward_mask)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

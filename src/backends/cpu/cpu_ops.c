@@ -353,7 +353,8 @@ static void dropout_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
     const keel_tensor *t = c->t, *a = t->src[0];
-    uint64_t key = keel_dropout_key((uint64_t)t->ip[0], (uint64_t)t->ip[1], (uint64_t)t->ip[2]), thr = (uint64_t)t->ip[3];
+    uint64_t key = keel_dropout_key((uint64_t)t->ip[0], (uint64_t)t->ip[1], (uint64_t)t->ip[2]),
+             thr = (uint64_t)t->ip[3];
     float inv = (float)(1.0 / (1.0 - t->fp[0]));
     int64_t n = t->ne[0];
     for (int64_t r = b; r < e; r++) {

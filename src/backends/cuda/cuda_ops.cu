@@ -564,8 +564,9 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_REPEAT_BACK:
         return reduce_terms(be, t, keel_nelements(a) / (n ? n : 1));
     case KEEL_OP_DROPOUT:
-        EW(k_dropout, n, kt_of(t), kt_of(a), keel_dropout_key((uint64_t)t->ip[0], (uint64_t)t->ip[1], (uint64_t)t->ip[2]),
-           (uint64_t)t->ip[3], (float)(1.0 / (1.0 - t->fp[0])));
+        EW(k_dropout, n, kt_of(t), kt_of(a),
+           keel_dropout_key((uint64_t)t->ip[0], (uint64_t)t->ip[1], (uint64_t)t->ip[2]), (uint64_t)t->ip[3],
+           (float)(1.0 / (1.0 - t->fp[0])));
         return 0;
     case KEEL_OP_SILU_BACK:
         EW(k_silu_back, n, kt_of(t), kt_of(a), kt_of(b));
