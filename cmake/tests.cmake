@@ -74,7 +74,10 @@ set_tests_properties(tokenizer_cases_qwen3 tokenizer_cases_gpt2 PROPERTIES LABEL
 # Chat templates: keel tokenize --chat against transformers.js's apply_chat_template (npm, installed
 # at setup by scripts/setup-transformersjs.sh), 32 conversations with Qwen3's template.
 add_test(NAME tokenizer_chat_template COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-chat-template.sh $<TARGET_FILE:keel> ${KEEL_ASSETS})
-set_tests_properties(tokenizer_chat_template PROPERTIES LABELS "tokenizer")
+set_tests_properties(tokenizer_chat_template PROPERTIES LABELS "tokenizer;sanitize")
+# Fine-tuning on conversations: the assistant-only loss falls; eval and generate --chat.
+add_test(NAME train_chat COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-chat-train.sh $<TARGET_FILE:keel> ${CMAKE_SOURCE_DIR} ${KEEL_ASSETS} ${CMAKE_BINARY_DIR}/train-chat)
+set_tests_properties(train_chat PROPERTIES LABELS "train")
 
 # keel diff. Unfaulted runs agree; a fault applied to configuration B alone is found at exactly
 # the node it hits, with identical inputs, and the row-limited copy at the row limit.

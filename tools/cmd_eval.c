@@ -9,12 +9,14 @@
 #include "io/adapter.h"
 #include "io/checkpoint.h"
 #include "ops/ops.h"
+#include "tokenizer/chat_template.h"
 #include "train/data.h"
 #include "train/step.h"
 #include "util/error.h"
 
 int cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *tokp = NULL, *data[64], *backend = "cpu", *adapter_dir = NULL;
+    const char *model = NULL, *tokp = NULL, *data[64], *backend = "cpu", *adapter_dir = NULL, *chat_template = NULL,
+               *data_format = "auto";
     int n_data = 0;
     long long T = 128, B = 8, threads = 2;
     const cli_flag flags[] = {
@@ -23,6 +25,10 @@ int cmd_eval(int argc, char **argv) {
          "text files, folders of them, .jsonl with a \"text\" field", true},
         {"--tokenizer", CLI_STR, &tokp, .meta = "FILE",
          .help = "tokenizer.json (default: the model folder's, else bytes)"},
+        {"--data-format", CLI_STR, &data_format, .meta = "F",
+         .help = "of .jsonl files: auto, text, prompt-completion, messages (default auto)"},
+        {"--chat-template", CLI_STR, &chat_template, .meta = "FILE",
+         .help = "for \"messages\": a Jinja chat template (default: the tokenizer's tokenizer_config.json)"},
         {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
          .help = "a PEFT LoRA adapter (keel train --lora-rank writes one) applied beside the weights"},
         {"--window", CLI_INT, &T, 1, 1 << 24, .meta = "T", .help = "tokens per window (default 128)"},
@@ -47,7 +53,20 @@ int cmd_eval(int argc, char **argv) {
     int rc = 1;
     keel_backend *be = keel_backend_new(backend, (int)threads);
     keel_step *st = NULL;
-    if (!be || tok_failed || keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL, NULL)) goto done;
+    keel_chat_template *chat = NULL;
+    char tok_dir[4096];
+    snprintf(tok_dir, sizeof tok_dir, "%s", tokp ? tokp : model);
+    if (tokp) { /* the folder of the tokenizer given */
+        char *slash = strrchr(tok_dir, '/');
+        if (slash)
+            *slash = 0;
+        else
+            snprintf(tok_dir, sizeof tok_dir, ".");
+    }
+    keel_data_opts dopt = {.format = data_format};
+    if (!be || tok_failed || (tok && keel_chat_setup(chat_template, tok_dir, &chat, &dopt)) ||
+        keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL, &dopt))
+        goto done;
     if (tok && keel_tokenizer_vocab_size(tok) > ck->cfg.vocab) {
         keel_fail("the tokenizer has more tokens than the model's vocabulary");
         goto done;
@@ -72,7 +91,8 @@ int cmd_eval(int argc, char **argv) {
     }
     free(iv), free(tv);
     if (nb && d.train_mask)
-        printf("the loss counts the completions: %lld of %lld targets\n", (long long)counted, (long long)(nb * B * T));
+        printf("the loss counts the completions and the assistant's turns: %lld of %lld targets\n", (long long)counted,
+               (long long)(nb * B * T));
     if (nb && !counted) {
         keel_fail("no target in the evaluated windows is counted by the loss (every one is a prompt token)");
         nb = 0;
@@ -94,6 +114,7 @@ done:
     keel_dataset_free(&d);
     keel_tokenizer_free(tok);
     keel_adapter_close(ad);
+    keel_chat_template_free(chat);
     keel_checkpoint_close(ck);
     return rc;
 }

@@ -3,6 +3,7 @@
  * layers' recurrent and convolution states. --verify also runs the whole sequence through the
  * ordinary forward pass and checks that both give the same choices and logits. */
 #include <errno.h>
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,7 +16,9 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "ops/ops.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "train/data.h"
 #include "train/decode.h"
 #include "util/error.h"
 
@@ -93,7 +96,8 @@ static int dump_logits(keel_decoder *d, const keel_qwen35_config *cfg, const int
 
 int cmd_generate(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *prompt = NULL, *backend = "cpu", *prompt_ids = NULL, *dump = NULL,
-               *adapter_dir = NULL;
+               *adapter_dir = NULL, *chat_template = NULL, *system = NULL;
+    bool chat = false, no_thinking = false;
     bool print_ids = false;
     long long max_tokens = 64, seed = 1, threads = 2;
     double temp = 0.8, top_p = 0.95;
@@ -118,6 +122,13 @@ int cmd_generate(int argc, char **argv) {
          .help = "the prompt's logits at every position (safetensors)"},
         {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
          .help = "a PEFT LoRA adapter (keel train --lora-rank writes one) applied beside the weights"},
+        {"--chat", CLI_BOOL, &chat,
+         .help = "the prompt is a user's message: rendered with the chat template, the answer printed until the "
+                 "end of the turn"},
+        {"--system", CLI_STR, &system, .meta = "TEXT", .help = "with --chat: a system message first"},
+        {"--no-thinking", CLI_BOOL, &no_thinking, .help = "with --chat: enable_thinking=false for the template"},
+        {"--chat-template", CLI_STR, &chat_template, .meta = "FILE",
+         .help = "with --chat: a Jinja template (default: the tokenizer's tokenizer_config.json)"},
     };
     const cli_spec spec = {"keel generate", "sample from a checkpoint, incrementally (KV cache, DeltaNet states)",
                            flags, (int)(sizeof flags / sizeof *flags)};
@@ -145,6 +156,50 @@ int cmd_generate(int argc, char **argv) {
     }
     int32_t *pids = NULL;
     size_t np = 0;
+    int32_t stop[2] = {-1, -1}; /* --chat: the end of the turn, and of the text */
+    char *rendered = NULL;
+    if (chat) { /* the conversation so far, rendered as the model was trained to see it */
+        if (!tok || prompt_ids) {
+            fprintf(stderr, "keel generate: --chat needs the model's tokenizer and a --prompt TEXT\n");
+            keel_tokenizer_free(tok), keel_adapter_close(ad), keel_checkpoint_close(ck);
+            return 2;
+        }
+        char tok_dir[4096];
+        snprintf(tok_dir, sizeof tok_dir, "%s", tokp ? tokp : model);
+        char *slash = tokp ? strrchr(tok_dir, '/') : NULL;
+        if (slash) *slash = 0;
+        keel_data_opts co = {0};
+        keel_chat_template *ct = NULL;
+        cJSON *msgs = cJSON_CreateArray(), *extra = cJSON_CreateObject();
+        if (system) {
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "role", "system"), cJSON_AddStringToObject(m, "content", system);
+            cJSON_AddItemToArray(msgs, m);
+        }
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "user"), cJSON_AddStringToObject(m, "content", prompt);
+        cJSON_AddItemToArray(msgs, m);
+        if (no_thinking) cJSON_AddFalseToObject(extra, "enable_thinking");
+        size_t rl = 0;
+        if (keel_chat_setup(chat_template, tok_dir, &ct, &co) == 0 && !ct)
+            keel_fail("%s/tokenizer_config.json has no chat template (give one with --chat-template FILE)", tok_dir);
+        if (ct) {
+            keel_chat_vars v = {.messages = msgs,
+                                .add_generation_prompt = true,
+                                .bos_token = co.bos_token,
+                                .eos_token = co.eos_token,
+                                .extra = extra};
+            rendered = keel_chat_template_render(ct, &v, &rl);
+        }
+        cJSON_Delete(msgs), cJSON_Delete(extra), keel_chat_template_free(ct);
+        if (!rendered) {
+            fprintf(stderr, "keel generate: %s\n", keel_last_error());
+            keel_tokenizer_free(tok), keel_adapter_close(ad), keel_checkpoint_close(ck);
+            return 1;
+        }
+        prompt = rendered;
+        stop[0] = keel_tokenizer_added_id(tok, "<|im_end|>"), stop[1] = keel_tokenizer_added_id(tok, "<|endoftext|>");
+    }
     if (prompt_ids) {
         if (parse_ids(prompt_ids, &pids, &np)) {
             fprintf(stderr, "keel generate: %s\n", keel_last_error());
@@ -209,6 +264,10 @@ int cmd_generate(int argc, char **argv) {
         if (verify) memcpy(lg_all + len * V, lg, (size_t)V * sizeof *lg); /* the logits that chose token len */
         seq[len] = pick(lg, V, temp, top_p, &r, c);
         len++;
+        if (seq[len - 1] >= 0 && (seq[len - 1] == stop[0] || seq[len - 1] == stop[1])) { /* the end of the turn */
+            T = len;
+            break;
+        }
         if (len < T && keel_decoder_run(d, &seq[len - 1], 1, lg)) {
             fprintf(stderr, "keel generate: %s\n", keel_last_error());
             goto done;
@@ -222,6 +281,11 @@ int cmd_generate(int argc, char **argv) {
     size_t tl = 0;
     if (print_ids)
         for (int64_t i = 0; i < len; i++) printf("%d%c", seq[i], i + 1 < len ? ',' : '\n');
+    else if (chat &&
+             keel_tokenizer_decode(tok, seq + np,
+                                   (size_t)(len - (int64_t)np - (seq[len - 1] == stop[0] || seq[len - 1] == stop[1])),
+                                   &text, &tl) == 0)
+        fwrite(text, 1, tl, stdout); /* the answer alone */
     else if (tok && keel_tokenizer_decode(tok, seq, (size_t)len, &text, &tl) == 0)
         fwrite(text, 1, tl, stdout);
     else
@@ -252,7 +316,7 @@ int cmd_generate(int argc, char **argv) {
         free(full);
     }
 done:
-    free(seq), free(lg), free(lg_all), free(c), free(pids);
+    free(seq), free(lg), free(lg_all), free(c), free(pids), free(rendered);
     keel_decoder_free(d);
     keel_backend_free(be);
     keel_tokenizer_free(tok);

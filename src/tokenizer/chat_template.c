@@ -121,6 +121,7 @@ struct node {
 struct keel_chat_template {
     arena ar;
     node *body;
+    const char *source;
     char label[256];
 };
 
@@ -802,7 +803,9 @@ keel_chat_template *keel_chat_template_compile(const char *source, const char *l
     pieces pcs = {0};
     list body = {0};
     const char *why = NULL;
-    int rc = lex_all(source, &ps, &pcs);
+    /* the tree points into the template's own copy of the source (its text pieces) */
+    int rc = (t->source = astrndup(&t->ar, source, strlen(source))) ? lex_all(t->source, &ps, &pcs)
+                                                                    : perr(&ps, "out of memory");
     if (!rc) rc = parse_list(&ps, &pcs, &body, NULL, &why);
     if (!rc && why) rc = perr(&ps, "'%s' without its opening statement", why);
     free(pcs.v);
@@ -815,6 +818,10 @@ keel_chat_template *keel_chat_template_compile(const char *source, const char *l
     t->body = body.head;
     return t;
 }
+
+const char *keel_chat_template_source(const keel_chat_template *t) { return t->source; }
+
+const char *keel_chat_template_keep(keel_chat_template *t, const char *s) { return astrndup(&t->ar, s, strlen(s)); }
 
 void keel_chat_template_free(keel_chat_template *t) {
     if (!t) return;

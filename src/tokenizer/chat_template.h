@@ -37,4 +37,9 @@ typedef struct {
  * error naming the line). */
 char *keel_chat_template_render(const keel_chat_template *t, const keel_chat_vars *v, size_t *len);
 
+/* The template's source text. */
+const char *keel_chat_template_source(const keel_chat_template *t);
+/* A copy of s that lives as long as the template (NULL if out of memory). */
+const char *keel_chat_template_keep(keel_chat_template *t, const char *s);
+
 #endif

@@ -13,6 +13,7 @@
 
 #include <xxhash.h>
 
+#include "tokenizer/chat_template.h"
 #include "util/error.h"
 #include "util/rng.h"
 #include "util/file.h"
@@ -191,15 +192,73 @@ static bool read_cache(keel_dataset *d, const char *path, uint64_t key, int32_t 
     return false;
 }
 
-typedef enum { FMT_AUTO, FMT_TEXT, FMT_PROMPT_COMPLETION } data_format;
+typedef enum { FMT_AUTO, FMT_TEXT, FMT_PROMPT_COMPLETION, FMT_MESSAGES } data_format;
 
-/* The format a JSON Lines object is in: "text", or "prompt" with "completion"; chat conversations
- * ("messages") are refused by name. FMT_AUTO when it is none of them. */
+/* The format a JSON Lines object is in: "text", "prompt" with "completion", or "messages" (a
+ * conversation). FMT_AUTO when it is none of them. */
 static data_format detect(const cJSON *o) {
     if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, "text"))) return FMT_TEXT;
     if (cJSON_GetObjectItemCaseSensitive(o, "prompt") && cJSON_GetObjectItemCaseSensitive(o, "completion"))
         return FMT_PROMPT_COMPLETION;
+    if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "messages"))) return FMT_MESSAGES;
     return FMT_AUTO;
+}
+
+/* A conversation keel trains on: a list of {role, content} with roles system, user, assistant (or
+ * tool), contents strings, at least one assistant turn. */
+static bool conversation_ok(const cJSON *msgs) {
+    if (!cJSON_IsArray(msgs)) return false;
+    int assistant = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const char *role = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "role"));
+        if (!role || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "content"))) return false;
+        if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "tool"))
+            return false;
+        assistant += !strcmp(role, "assistant");
+    }
+    return assistant > 0;
+}
+
+/* A conversation rendered with the chat template, tokenized, then the loss's mask: each assistant
+ * turn's tokens after its header ("<|im_start|>assistant\n"), up to and including its
+ * end-of-turn token <|im_end|> (ChatML, the format of Qwen's templates; train_on_all: every
+ * token). The end-of-text token that follows is not trained on (with train_on_all it is). */
+static int encode_chat(keel_tokenizer *tok, const cJSON *msgs, const char *where, const keel_data_opts *o, tokvec *out,
+                       int32_t eot) {
+    keel_chat_vars v = {.messages = msgs, .bos_token = o->bos_token, .eos_token = o->eos_token};
+    size_t len;
+    char *text = keel_chat_template_render(o->chat, &v, &len);
+    if (!text) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", keel_last_error());
+        return keel_fail("%s: %s", where, msg);
+    }
+    int32_t *ids = NULL, *hdr = NULL;
+    size_t ni = 0, nh = 0;
+    int rc = keel_tokenizer_encode(tok, text, len, &ids, &ni);
+    free(text);
+    int32_t start = keel_tokenizer_added_id(tok, "<|im_start|>"), end = keel_tokenizer_added_id(tok, "<|im_end|>");
+    if (!rc && !o->train_on_all && (start < 0 || end < 0))
+        rc = keel_fail("%s: the loss on the assistant's turns needs a ChatML template and tokenizer (<|im_start|>, "
+                       "<|im_end|>); --train-on all trains on every token",
+                       where);
+    if (!rc && !o->train_on_all) rc = keel_tokenizer_encode(tok, "assistant\n", 10, &hdr, &nh);
+    size_t base = (size_t)out->n;
+    if (!rc) rc = push(out, ids, (int64_t)ni, o->train_on_all ? 1 : 0);
+    int turns = 0;
+    for (size_t i = 0; !rc && !o->train_on_all && i + nh < ni; i++) {
+        if (ids[i] != start || memcmp(ids + i + 1, hdr, nh * sizeof *hdr)) continue;
+        size_t j = i + 1 + nh;
+        while (j < ni && ids[j] != end) out->m[base + j++] = 1;
+        if (j < ni) out->m[base + j] = 1; /* the end-of-turn token */
+        turns++;
+        i = j;
+    }
+    if (!rc && !o->train_on_all && !turns)
+        rc = keel_fail("%s: the rendered conversation has no assistant turn (<|im_start|>assistant)", where);
+    free(ids), free(hdr);
+    return rc ? rc : push(out, &eot, 1, o->train_on_all ? 1 : 0);
 }
 
 /* One JSON Lines file: every line an example in the file's format (detected from its first object,
@@ -209,7 +268,9 @@ static int load_jsonl(keel_dataset *d, const char *path, char *text, keel_tokeni
                       uint64_t seed, const keel_data_opts *o, tokvec *tr, tokvec *ev) {
     data_format want = FMT_AUTO;
     if (o && o->format && strcmp(o->format, "auto"))
-        want = strcmp(o->format, "text") == 0 ? FMT_TEXT : FMT_PROMPT_COMPLETION;
+        want = !strcmp(o->format, "text")                ? FMT_TEXT
+               : !strcmp(o->format, "prompt-completion") ? FMT_PROMPT_COMPLETION
+                                                         : FMT_MESSAGES;
     data_format fmt = want;
     int64_t line_no = 0;
     int rc = 0;
@@ -219,20 +280,20 @@ static int load_jsonl(keel_dataset *d, const char *path, char *text, keel_tokeni
         line_no++;
         if (!*line || (line[0] == '\r' && !line[1])) continue;
         cJSON *obj = cJSON_Parse(line);
-        if (cJSON_IsObject(obj) && fmt == FMT_AUTO) {
-            fmt = detect(obj);
-            if (fmt == FMT_AUTO && cJSON_GetObjectItemCaseSensitive(obj, "messages")) {
-                cJSON_Delete(obj);
-                return keel_fail("%s:%lld: chat conversations (\"messages\") are not supported yet: keel cannot "
-                                 "render chat templates; give \"prompt\" and \"completion\", or \"text\"",
-                                 path, (long long)line_no);
-            }
+        if (cJSON_IsObject(obj) && fmt == FMT_AUTO) fmt = detect(obj);
+        if (fmt == FMT_MESSAGES && (!tok || !o || !o->chat)) {
+            cJSON_Delete(obj);
+            return keel_fail("%s:%lld: conversations (\"messages\") need the model's tokenizer and its chat template "
+                             "(tokenizer_config.json beside tokenizer.json, or --chat-template FILE)",
+                             path, (long long)line_no);
         }
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, "text"),
                     *p = cJSON_GetObjectItemCaseSensitive(obj, "prompt"),
                     *c = cJSON_GetObjectItemCaseSensitive(obj, "completion");
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(obj, "messages");
         bool ok = cJSON_IsObject(obj) && (fmt == FMT_TEXT                ? cJSON_IsString(t)
                                           : fmt == FMT_PROMPT_COMPLETION ? cJSON_IsString(p) && cJSON_IsString(c)
+                                          : fmt == FMT_MESSAGES          ? conversation_ok(msgs)
                                                                          : false);
         if (!ok) {
             cJSON_Delete(obj);
@@ -240,12 +301,14 @@ static int load_jsonl(keel_dataset *d, const char *path, char *text, keel_tokeni
                 d->n_bad_lines++;
                 continue;
             }
-            return keel_fail("%s:%lld: %s (--skip-bad-lines skips such lines)", path, (long long)line_no,
-                             !obj              ? "not valid JSON"
-                             : fmt == FMT_TEXT ? "expected a JSON object with a \"text\" string"
-                             : fmt == FMT_AUTO
-                                 ? "expected a JSON object with \"text\", or \"prompt\" and \"completion\""
-                                 : "expected a JSON object with \"prompt\" and \"completion\" strings");
+            return keel_fail(
+                "%s:%lld: %s (--skip-bad-lines skips such lines)", path, (long long)line_no,
+                !obj                  ? "not valid JSON"
+                : fmt == FMT_TEXT     ? "expected a JSON object with a \"text\" string"
+                : fmt == FMT_MESSAGES ? "expected a JSON object with \"messages\": a list of {\"role\": system, user, "
+                                        "assistant or tool, \"content\": a string}, one at least from the assistant"
+                : fmt == FMT_AUTO     ? "expected a JSON object with \"text\", or \"prompt\" and \"completion\""
+                                      : "expected a JSON object with \"prompt\" and \"completion\" strings");
         }
         char where[4200];
         snprintf(where, sizeof where, "%s:%lld", path, (long long)line_no);
@@ -253,6 +316,9 @@ static int load_jsonl(keel_dataset *d, const char *path, char *text, keel_tokeni
         tokvec *out = to_eval ? ev : tr;
         if (fmt == FMT_TEXT) {
             rc = encode_doc(tok, t->valuestring, strlen(t->valuestring), where, out, d->eot);
+        } else if (fmt == FMT_MESSAGES) {
+            rc = encode_chat(tok, msgs, where, o, out, d->eot);
+            d->n_chat++;
         } else { /* the prompt's ids, then the completion's, then end-of-text; the loss on the completion
                   * and the end-of-text after it (the prompt too with train_on_all) */
             rc = encode_text(tok, p->valuestring, strlen(p->valuestring), where, out, o && o->train_on_all) ||
@@ -270,8 +336,8 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
                       uint64_t seed, const char *cache_path, const keel_data_opts *o) {
     memset(d, 0, sizeof *d);
     if (o && o->format && strcmp(o->format, "auto") && strcmp(o->format, "text") &&
-        strcmp(o->format, "prompt-completion"))
-        return keel_fail("--data-format '%s': expected auto, text or prompt-completion", o->format);
+        strcmp(o->format, "prompt-completion") && strcmp(o->format, "messages"))
+        return keel_fail("--data-format '%s': expected auto, text, prompt-completion or messages", o->format);
     d->eot = tok ? keel_tokenizer_added_id(tok, "<|endoftext|>") : 0;
     if (tok && d->eot < 0) return keel_fail("the tokenizer has no <|endoftext|> token to join documents with");
     file_list files = {0};
@@ -287,6 +353,7 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
     const char *fmt_s = o && o->format ? o->format : "auto";
     uint8_t flags[2] = {(uint8_t)(o && o->skip_bad_lines), (uint8_t)(o && o->train_on_all)};
     key = mix(key, fmt_s, strlen(fmt_s));
+    if (o && o->chat_id) key = mix(key, o->chat_id, strlen(o->chat_id));
     key = mix(key, flags, 2);
     for (int i = 0; i < files.n && !rc; i++) {
         struct stat st;
@@ -312,8 +379,8 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
         bool jsonl = len > 6 && !strcmp(files.path[i] + len - 6, ".jsonl");
         if (jsonl) {
             rc = load_jsonl(d, files.path[i], text, tok, eval_fraction, seed, o, &tr, &ev);
-        } else if (o && o->format && !strcmp(o->format, "prompt-completion")) {
-            rc = keel_fail("%s: --data-format prompt-completion needs .jsonl files", files.path[i]);
+        } else if (o && o->format && (!strcmp(o->format, "prompt-completion") || !strcmp(o->format, "messages"))) {
+            rc = keel_fail("%s: --data-format %s needs .jsonl files", files.path[i], o->format);
         } else if (n > 0) {
             bool to_eval = eval_doc(seed, d->n_docs, eval_fraction);
             rc = encode_doc(tok, text, n, files.path[i], to_eval ? &ev : &tr, d->eot);
@@ -429,4 +496,39 @@ int64_t keel_dataset_window(const keel_dataset *d, bool eval, int64_t w, int64_t
     int64_t n = 0;
     for (int64_t i = 0; i < T; i++) n += tgt[i] >= 0;
     return n;
+}
+
+int keel_chat_setup(const char *template_path, const char *tok_dir, keel_chat_template **out, keel_data_opts *o) {
+    *out = NULL;
+    char cfg_path[4200];
+    snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", tok_dir ? tok_dir : ".");
+    struct stat st;
+    cJSON *cfg = tok_dir && stat(cfg_path, &st) == 0 ? keel_read_json(cfg_path) : NULL;
+    if (tok_dir && stat(cfg_path, &st) == 0 && !cfg) return -1;
+    if (template_path) {
+        char *src = keel_read_file(template_path, NULL);
+        *out = src ? keel_chat_template_compile(src, template_path) : NULL;
+        free(src);
+        if (!*out) {
+            cJSON_Delete(cfg);
+            return -1;
+        }
+    } else if (cJSON_GetObjectItemCaseSensitive(cfg, "chat_template")) {
+        if (!(*out = keel_chat_template_from_config(cfg_path))) {
+            cJSON_Delete(cfg);
+            return -1;
+        }
+    }
+    /* the special tokens the template may print: strings, or {"content": ...}; kept in the template */
+    const char *names[2] = {"bos_token", "eos_token"};
+    const char **dst[2] = {&o->bos_token, &o->eos_token};
+    for (int i = 0; i < 2 && *out; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, names[i]);
+        if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+        *dst[i] = cJSON_IsString(v) ? keel_chat_template_keep(*out, v->valuestring) : NULL;
+    }
+    cJSON_Delete(cfg);
+    o->chat = *out;
+    o->chat_id = *out ? keel_chat_template_source(*out) : NULL;
+    return 0;
 }

@@ -21,16 +21,23 @@ typedef struct {
     int64_t n_train, n_eval;
     int64_t n_docs, n_eval_docs;
     int64_t n_pc;        /* of the documents, prompt/completion examples */
+    int64_t n_chat;      /* and conversations */
     int64_t n_bad_lines; /* JSON Lines skipped (--skip-bad-lines) */
     int64_t n_trained;   /* targets of the training stream the loss counts */
     int32_t eot;
     bool cached; /* loaded from the cache */
 } keel_dataset;
 
+struct keel_chat_template;
+
 typedef struct {
-    const char *format;  /* of .jsonl files: "auto" (NULL: the same; detected per file), "text", "prompt-completion" */
+    const char *format;  /* of .jsonl files: "auto" (NULL: the same; detected per file), "text",
+                          * "prompt-completion", "messages" */
     bool skip_bad_lines; /* count and skip a line that is not an example, instead of failing */
-    bool train_on_all;   /* prompt/completion: the loss on the prompt's tokens too */
+    bool train_on_all;   /* prompt/completion: the loss on the prompt's tokens too; messages: on every token */
+    const struct keel_chat_template *chat; /* renders "messages" (NULL: such data is refused) */
+    const char *bos_token, *eos_token;     /* the template's variables (NULL: undefined) */
+    const char *chat_id;                   /* what the template is (its path), for the token cache's key */
 } keel_data_opts;
 
 /* tok NULL: bytes, with 0 as end-of-text. cache_path NULL: no cache. o NULL: the defaults. */
@@ -45,5 +52,11 @@ int64_t keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t
                            int32_t *tgt);
 /* Window w (in order, not shuffled) of the training or held-out stream; returns its counted targets. */
 int64_t keel_dataset_window(const keel_dataset *d, bool eval, int64_t w, int64_t T, int32_t *ids, int32_t *tgt);
+
+/* The chat template "messages" data is rendered with: the file given (template_path), else the
+ * "chat_template" of tokenizer_config.json in tok_dir (none: *out NULL, and such data is then
+ * refused when met); and its bos/eos tokens from that file. Fills o's chat fields. -1 with a message. */
+int keel_chat_setup(const char *template_path, const char *tok_dir, struct keel_chat_template **out,
+                    keel_data_opts *o);
 
 #endif

@@ -31,15 +31,17 @@ struct cJSON;
       "the run with its settings")                            \
     S("data")                                                                                                          \
     X(LIST, data, "--data", "PATH...", NULL, 0, 0, FIXED,                                                              \
-      "text files, folders of them, .jsonl files (\"text\", or \"prompt\" and \"completion\")")                              \
+      "text files, folders of them, .jsonl files (\"text\"; \"prompt\" and \"completion\"; \"messages\")")                     \
     X(STR, tokenizer, "--tokenizer", "FILE", NULL, 0, 0, FIXED,                                                        \
       "tokenizer.json (default: the model folder's, else bytes)")                                                      \
     X(STR, data_format, "--data-format", "F", "auto", 0, 0, FIXED,                                                     \
-      "of .jsonl files: auto (each file's first line says), text, prompt-completion")                                 \
+      "of .jsonl files: auto (each file's first line says), text, prompt-completion, messages")                       \
     X(BOOL, skip_bad_lines, "--skip-bad-lines", "", 0, 0, 0, FIXED,                                                    \
       "count and skip .jsonl lines that are not examples (default: stop, naming file and line)")                     \
-    X(STR, train_on, "--train-on", "WHAT", "completion", 0, 0, FIXED,                                                  \
-      "prompt/completion examples: the loss on the completion, or on all tokens")                                    \
+    X(STR, train_on, "--train-on", "WHAT", "responses", 0, 0, FIXED,                                                   \
+      "responses: the loss on the completions and the assistant's turns only; all: on every token")                  \
+    X(STR, chat_template, "--chat-template", "FILE", NULL, 0, 0, FIXED,                                                \
+      "a Jinja chat template for \"messages\" data (default: the tokenizer's tokenizer_config.json)")                 \
     X(DBL, eval_fraction, "--eval-fraction", "F", 0.05, 0, 0.99, FIXED, "documents held out for evaluation")           \
     X(INT, window, "--window", "T", 128, 1, 1 << 24, FIXED, "tokens per sample")                                       \
     X(INT, batch, "--batch", "B", 8, 1, 1 << 20, FIXED, "samples per micro-batch")                                     \

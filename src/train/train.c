@@ -322,12 +322,13 @@ static int setup(trainer *t) {
     }
     char cache[4200];
     snprintf(cache, sizeof cache, "%s/tokens.cache", o->out_dir);
-    if (strcmp(o->train_on, "completion") && strcmp(o->train_on, "all")) {
-        keel_fail("--train-on '%s': expected completion or all", o->train_on);
+    if (strcmp(o->train_on, "responses") && strcmp(o->train_on, "all")) {
+        keel_fail("--train-on '%s': expected responses or all", o->train_on);
         return -1;
     }
     keel_data_opts dopt = {
         .format = o->data_format, .skip_bad_lines = o->skip_bad_lines, .train_on_all = !strcmp(o->train_on, "all")};
+    if (keel_chat_setup(o->chat_template, t->tok ? t->tok_dir : NULL, &t->chat, &dopt)) return -1;
     if (keel_dataset_load(&t->data, o->data, o->n_data, t->tok, o->eval_fraction, o->seed, cache, &dopt)) return -1;
     int64_t W = keel_dataset_windows(&t->data, o->window);
     if (W < 1) {
@@ -344,11 +345,12 @@ static int setup(trainer *t) {
            (long long)t->data.n_docs, (long long)t->data.n_train, (long long)W, (long long)t->data.n_eval,
            (long long)t->data.n_eval_docs, t->data.cached ? " (cached)" : "",
            t->tok ? "model tokenizer" : "byte vocabulary");
-    if (t->data.n_pc || t->data.n_bad_lines || t->data.train_mask)
-        printf("data: %lld prompt/completion examples, %lld bad lines skipped; the loss counts %lld of the %lld "
-               "training targets (%s)\n",
-               (long long)t->data.n_pc, (long long)t->data.n_bad_lines, (long long)t->data.n_trained,
-               (long long)(t->data.n_train - 1), t->data.train_mask ? "the completions" : "all");
+    if (t->data.n_pc || t->data.n_chat || t->data.n_bad_lines || t->data.train_mask)
+        printf("data: %lld prompt/completion examples, %lld conversations, %lld bad lines skipped; the loss counts "
+               "%lld of the %lld training targets (%s)\n",
+               (long long)t->data.n_pc, (long long)t->data.n_chat, (long long)t->data.n_bad_lines,
+               (long long)t->data.n_trained, (long long)(t->data.n_train - 1),
+               t->data.train_mask ? "the completions and the assistant's turns" : "all");
     t->be = keel_backend_new(o->backend, (int)o->threads);
     if (!t->be || build(t, &cfg) || init_weights(t)) return -1;
     const char *coll_name = NULL;
@@ -514,6 +516,7 @@ static void teardown(trainer *t) {
     free(t->ids), free(t->tgt);
     keel_dataset_free(&t->data);
     keel_tokenizer_free(t->tok);
+    keel_chat_template_free(t->chat);
     keel_step_free(t->st);
     keel_backend_free(t->be);
     keel_checkpoint_close(t->src);

@@ -8,6 +8,7 @@
 #include "dist/collective.h"
 #include "dist/grad_sync.h"
 #include "io/checkpoint.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "train/data.h"
 #include "train/step.h"
@@ -31,6 +32,7 @@ typedef struct {
     char base_dir[4096]; /* LoRA: the frozen base's checkpoint folder (absolute), recorded for --resume */
     /* the run */
     keel_tokenizer *tok;
+    keel_chat_template *chat; /* renders "messages" data (NULL: none) */
     keel_dataset data;
     FILE *metrics;
     int lock_fd;         /* the --out folder's lock (keel_run_lock), held for the run's life; -1: none */
