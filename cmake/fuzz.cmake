@@ -2,7 +2,7 @@
 # each runs KEEL_FUZZ_SECONDS (default 20) under the "fuzz" label; `make fuzz` runs them longer.
 set(KEEL_FUZZ_SECONDS 20 CACHE STRING "seconds each fuzz target runs under ctest")
 enable_testing()
-foreach(target safetensors config tokenizer trace trainer_state)
+foreach(target safetensors config tokenizer trace trainer_state chat_template)
   add_executable(fuzz_${target} tests/fuzz/fuzz_${target}.c)
   target_include_directories(fuzz_${target} PRIVATE tests/fuzz src)
   target_link_libraries(fuzz_${target} PRIVATE keelcore)

@@ -6,7 +6,7 @@
 set -uo pipefail
 build=$1 seconds=$2 jobs=$3
 root=$(cd "$(dirname "$0")/.." && pwd)
-targets=(safetensors config tokenizer trace trainer_state)
+targets=(safetensors config tokenizer trace trainer_state chat_template)
 echo "fuzz: ${#targets[@]} targets, ${seconds} s each, ${jobs} at a time"
 printf '%s\n' "${targets[@]}" | xargs -P "$jobs" -I{} "$root/scripts/run-fuzzer.sh" "$build/fuzz_{}" \
   "$root/tests/fuzz/seeds/{}" "$build/fuzz-work/{}" "$seconds"

@@ -132,6 +132,8 @@ typedef struct {
     const char *label;
     const char *p, *end; /* the current tag's content */
     int line;
+    int depth; /* of expressions and statements being parsed: bounded, so a hostile template cannot
+                * exhaust the stack */
     char err[512];
 } parser;
 
@@ -346,6 +348,16 @@ static node *primary(parser *ps) {
     return e;
 }
 
+static node *unary(parser *ps);
+
+/* a unary operand, counted in the nesting depth (so is not's) */
+static node *expr_unary(parser *ps) {
+    if (++ps->depth > 100) return perr(ps, "expressions nested more than 100 deep"), NULL;
+    node *e = unary(ps);
+    ps->depth--;
+    return e;
+}
+
 static node *postfix(parser *ps) {
     node *e = primary(ps);
     while (e) {
@@ -401,10 +413,10 @@ static node *postfix(parser *ps) {
 static node *unary(parser *ps) {
     if (eat(ps, "-")) {
         node *n = mk(ps, E_NEG);
-        if (n && !(n->a = unary(ps))) return NULL;
+        if (n && !(n->a = expr_unary(ps))) return NULL;
         return n;
     }
-    if (eat(ps, "+")) return unary(ps);
+    if (eat(ps, "+")) return expr_unary(ps);
     return postfix(ps);
 }
 
@@ -492,7 +504,9 @@ static node *compare(parser *ps) {
 static node *not_expr(parser *ps) {
     if (eat_kw(ps, "not")) {
         node *n = mk(ps, E_NOT);
+        if (++ps->depth > 100) return perr(ps, "expressions nested more than 100 deep"), NULL;
         if (n && !(n->a = not_expr(ps))) return NULL;
+        ps->depth--;
         return n;
     }
     return compare(ps);
@@ -510,7 +524,16 @@ static node *or_expr(parser *ps) {
     return e;
 }
 
+static node *expr_inner(parser *ps);
+
 static node *expr(parser *ps) {
+    if (++ps->depth > 100) return perr(ps, "expressions nested more than 100 deep"), NULL;
+    node *e = expr_inner(ps);
+    ps->depth--;
+    return e;
+}
+
+static node *expr_inner(parser *ps) {
     node *e = or_expr(ps);
     if (e && eat_kw(ps, "if")) {
         node *c = mk(ps, E_COND);
@@ -688,6 +711,7 @@ static int lex_all(const char *src, parser *ps, pieces *out) {
 }
 
 static int parse_list(parser *ps, pieces *pcs, list *out, const char *const *stops, const char **stopped);
+static int parse_list_in(parser *ps, pieces *pcs, list *out, const char *const *stops, const char **stopped);
 
 /* the keyword a statement piece starts with */
 static size_t stmt_kw(parser *ps, const piece *pc, const char **kw) {
@@ -697,6 +721,14 @@ static size_t stmt_kw(parser *ps, const piece *pc, const char **kw) {
 
 static int parse_list(parser *ps, pieces *pcs, list *out, const char *const *stops, const char **stopped) {
     *stopped = NULL;
+    if (ps->depth > 100) return perr(ps, "statements nested more than 100 deep");
+    ps->depth++;
+    int rc = parse_list_in(ps, pcs, out, stops, stopped);
+    ps->depth--;
+    return rc;
+}
+
+static int parse_list_in(parser *ps, pieces *pcs, list *out, const char *const *stops, const char **stopped) {
     while (pcs->at < pcs->n) {
         piece *pc = &pcs->v[pcs->at++];
         ps->line = pc->line;
@@ -867,6 +899,7 @@ typedef struct {
     size_t n, cap;
     char err[512];
     int depth;
+    int64_t steps; /* loop iterations so far: bounded, so a hostile template cannot hang a render */
 } renderer;
 
 static int rerr(renderer *r, const node *at, const char *fmt, ...) {
@@ -1716,6 +1749,7 @@ static int run_for(renderer *r, const node *n, frame *f) {
     }
     if (!m) return n->c ? run(r, n->c, f) : 0;
     for (size_t i = 0; i < m; i++) {
+        if (++r->steps > 10000000) return rerr(r, n, "more than 10 million loop iterations");
         frame lf = {.up = f};
         value *loop = val(r, V_DICT);
         if (!loop) return -1;
