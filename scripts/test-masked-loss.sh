@@ -5,8 +5,8 @@
 # --batch 2 and --batch 1 --accum 2 (the same windows) give the same first-step loss to float32
 # rounding, although their two windows count different numbers of targets (a mean per micro-batch
 # would not), and --nproc 2 equals --accum 2 bitwise; (3) bad lines are named by file and line, or
-# counted with --skip-bad-lines; chat "messages" are refused by name; keel eval reports the
-# completions' loss. Usage: test-masked-loss.sh KEEL TINY_FIXTURE_DIR WORKDIR
+# counted with --skip-bad-lines; conversations for a model without a tokenizer (bytes) are refused
+# by name; keel eval reports the completions' loss. Usage: test-masked-loss.sh KEEL TINY_FIXTURE_DIR WORKDIR
 set -euo pipefail
 keel=$1 fx=$2 work=$3
 base=$fx/causal-f32-sharded
@@ -47,8 +47,8 @@ out=$("$keel" train --model "$base" --data "$work/bad.jsonl" --out "$work/bad" -
   && grep -q "2 bad lines skipped" <<<"$out" || { echo "FAIL: --skip-bad-lines: $out"; fail=1; }
 echo '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}' >"$work/chat.jsonl"
 if out=$("$keel" train --model "$base" --data "$work/chat.jsonl" --out "$work/chat" --steps 1 --window 4 --batch 1 2>&1) \
-   || ! grep -q 'chat.jsonl:1: chat conversations ("messages") are not supported yet' <<<"$out"; then
-  echo "FAIL: messages were not refused by name: $out"; fail=1
+   || ! grep -q 'chat.jsonl:1: conversations ("messages") need the model'"'"'s tokenizer and its chat template' <<<"$out"; then
+  echo "FAIL: conversations for a model without a tokenizer were not refused by name: $out"; fail=1
 fi
 out=$("$keel" eval --model "$work/a/checkpoint" --data "$work/pc.jsonl" --window 64 --batch 4)
 grep -q "the loss counts the completions" <<<"$out" || { echo "FAIL: keel eval: $out"; fail=1; }
