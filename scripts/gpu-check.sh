@@ -138,6 +138,11 @@ if want lora; then
     cat "$out/lora-peft.log"
     run "LoRA: check-reference --adapter vs PEFT f64" lora-ref.log $keel check-reference $lo/ref --adapter $lo/run/checkpoint --backend ref,cpu,cuda
     grep -i "worst\|passed" "$out/lora-ref.log" | tail -3
+    if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then # data parallel over NCCL: 2 GPUs against --accum 2 on one
+        ld=(--model $fx/causal-f32-sharded --data .gpu-data/moby-dick.txt --backend cuda --lora-rank 4 --lora-dropout 0.1
+            --steps 10 --window 64 --batch 2 --lr 1e-2 --eval-every 0)
+        run "LoRA: --nproc 2 (NCCL) vs --accum 2" lora-dp.log bash -c "$keel train ${ld[*]} --accum 2 --out $lo/acc && $keel train ${ld[*]} --nproc 2 --out $lo/dp && diff <(grep -o '\"loss\": [0-9.e-]*' $lo/acc/metrics.jsonl) <(grep -o '\"loss\": [0-9.e-]*' $lo/dp/metrics.jsonl) && cmp $lo/acc/checkpoint/adapter_model.safetensors $lo/dp/checkpoint/adapter_model.safetensors && echo 10 steps: losses and adapter identical"
+    fi
     run "LoRA: bench train --lora-rank 16 vs full" lora-bench.log $keel bench train --backend cuda --batch 1 --window 1024 --recompute full --lora-rank 16 --base-dtype bf16 --no-torch
     tail -6 "$out/lora-bench.log"
 fi
