@@ -614,13 +614,11 @@ static void append(list *l, node *n) {
     l->tail = n;
 }
 
-/* A parsed template is a list of raw pieces first (text with the whitespace rules applied), then
- * statements nest over it. */
+/* A template is first a list of pieces (text with the whitespace rules applied, {{ }} and {% %}
+ * contents), then the statements nest over it. */
 typedef struct {
-    nkind k; /* N_TEXT, N_OUT, or N_IF/N_FOR/N_SET and the keywords below */
-    const char *kw;
-    node *n;
-    const char *s, *e; /* a statement's content */
+    nkind k;           /* N_TEXT, N_OUT, or N_SET standing for any statement */
+    const char *s, *e; /* the text, or the tag's content */
     int line;
 } piece;
 
