@@ -54,17 +54,10 @@ int cmd_eval(int argc, char **argv) {
     keel_backend *be = keel_backend_new(backend, (int)threads);
     keel_step *st = NULL;
     keel_chat_template *chat = NULL;
-    char tok_dir[4096];
-    snprintf(tok_dir, sizeof tok_dir, "%s", tokp ? tokp : model);
-    if (tokp) { /* the folder of the tokenizer given */
-        char *slash = strrchr(tok_dir, '/');
-        if (slash)
-            *slash = 0;
-        else
-            snprintf(tok_dir, sizeof tok_dir, ".");
-    }
+    char tok_json[4200]; /* the tokenizer's file: its tokenizer_config.json has the chat template */
+    snprintf(tok_json, sizeof tok_json, tokp ? "%s" : "%s/tokenizer.json", tokp ? tokp : model);
     keel_data_opts dopt = {.format = data_format};
-    if (!be || tok_failed || (tok && keel_chat_setup(chat_template, tok_dir, &chat, &dopt)) ||
+    if (!be || tok_failed || (tok && keel_chat_setup(chat_template, tok_json, &chat, &dopt)) ||
         keel_dataset_load(&d, data, n_data, tok, 0.0, 0, NULL, &dopt))
         goto done;
     if (tok && keel_tokenizer_vocab_size(tok) > ck->cfg.vocab) {

@@ -164,10 +164,8 @@ int cmd_generate(int argc, char **argv) {
             keel_tokenizer_free(tok), keel_adapter_close(ad), keel_checkpoint_close(ck);
             return 2;
         }
-        char tok_dir[4096];
-        snprintf(tok_dir, sizeof tok_dir, "%s", tokp ? tokp : model);
-        char *slash = tokp ? strrchr(tok_dir, '/') : NULL;
-        if (slash) *slash = 0;
+        char tok_json[4200]; /* the tokenizer's file: its tokenizer_config.json has the chat template */
+        snprintf(tok_json, sizeof tok_json, tokp ? "%s" : "%s/tokenizer.json", tokp ? tokp : model);
         keel_data_opts co = {0};
         keel_chat_template *ct = NULL;
         cJSON *msgs = cJSON_CreateArray(), *extra = cJSON_CreateObject();
@@ -181,8 +179,9 @@ int cmd_generate(int argc, char **argv) {
         cJSON_AddItemToArray(msgs, m);
         if (no_thinking) cJSON_AddFalseToObject(extra, "enable_thinking");
         size_t rl = 0;
-        if (keel_chat_setup(chat_template, tok_dir, &ct, &co) == 0 && !ct)
-            keel_fail("%s/tokenizer_config.json has no chat template (give one with --chat-template FILE)", tok_dir);
+        if (keel_chat_setup(chat_template, tok_json, &ct, &co) == 0 && !ct)
+            keel_fail("no chat template in the tokenizer_config.json beside %s (give one with --chat-template FILE)",
+                      tok_json);
         if (ct) {
             keel_chat_vars v = {.messages = msgs,
                                 .add_generation_prompt = true,

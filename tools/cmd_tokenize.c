@@ -10,6 +10,7 @@
 #include "cli_flags.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "train/data.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -74,41 +75,22 @@ static int run_cases(keel_tokenizer *t, const char *path, const char *expect) {
     return fail ? 1 : 0;
 }
 
-/* A special token of tokenizer_config.json: a string, or {"content": ...}; NULL when absent or null. */
-static const char *special(const cJSON *cfg, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
-    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
-    return cJSON_GetStringValue(v);
-}
-
 /* keel tokenize --chat: each line of a JSON Lines file a conversation ({"messages": [...]}, with
  * optional "add_generation_prompt" and other template variables such as "enable_thinking"),
  * rendered with the chat template, then tokenized; one JSON line out per conversation:
  * {"line": N, "text": "...", "ids": [...]}. */
 static int run_chat(keel_tokenizer *t, const char *tok_path, const char *path, const char *template_path,
                     bool gen_prompt) {
-    char dir[4096], cfg_path[4200];
-    snprintf(dir, sizeof dir, "%s", tok_path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = 0;
-    else
-        snprintf(dir, sizeof dir, ".");
-    snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", dir);
-    cJSON *cfg = keel_read_json(cfg_path); /* the special tokens (and the template, unless given) */
+    keel_data_opts co = {0}; /* the template, and the special tokens it may print */
     keel_chat_template *ct = NULL;
-    if (template_path) {
-        char *src = keel_read_file(template_path, NULL);
-        ct = src ? keel_chat_template_compile(src, template_path) : NULL;
-        free(src);
-    } else if (cfg) {
-        ct = keel_chat_template_from_config(cfg_path);
-    }
+    if (keel_chat_setup(template_path, tok_path, &ct, &co) == 0 && !ct)
+        keel_fail("no chat template in the tokenizer_config.json beside %s (give one with --chat-template FILE)",
+                  tok_path);
     size_t n;
     char *text = ct ? keel_read_file(path, &n) : NULL;
     if (!ct || !text) {
         fprintf(stderr, "keel tokenize: %s\n", keel_last_error());
-        cJSON_Delete(cfg), keel_chat_template_free(ct), free(text);
+        keel_chat_template_free(ct), free(text);
         return 1;
     }
     int rc = 0;
@@ -133,8 +115,8 @@ static int run_chat(keel_tokenizer *t, const char *tok_path, const char *path, c
                 cJSON_AddItemToObject(extra, it->string, cJSON_Duplicate(it, true));
         keel_chat_vars v = {.messages = msgs,
                             .add_generation_prompt = agp ? cJSON_IsTrue(agp) : gen_prompt,
-                            .bos_token = special(cfg, "bos_token"),
-                            .eos_token = special(cfg, "eos_token"),
+                            .bos_token = co.bos_token,
+                            .eos_token = co.eos_token,
                             .extra = extra};
         size_t len;
         char *out = keel_chat_template_render(ct, &v, &len);
@@ -159,7 +141,6 @@ static int run_chat(keel_tokenizer *t, const char *tok_path, const char *path, c
         cJSON_Delete(o);
     }
     free(text);
-    cJSON_Delete(cfg);
     keel_chat_template_free(ct);
     return rc;
 }

@@ -7,22 +7,28 @@
 #include "ops/ops.h"
 #include "util/error.h"
 
-int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit,
-                          const char *what, int32_t **out) {
-    int64_t n = keel_nelements(ids);
+/* ids read to the host and checked: each below limit, and >= 0 unless negatives are allowed (*n_valid,
+ * when given, counts the others); what names them in the message */
+static int read_checked(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit, bool negatives,
+                        const char *what, int32_t **out, int64_t *n_valid) {
+    int64_t n = keel_nelements(ids), valid = 0;
     int32_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
-    if (!v) return keel_fail("out of memory reading the ids of '%s'", t->name);
+    if (!v) return keel_fail("out of memory reading the %ss of '%s'", what, t->name);
     if (keel_tensor_read(be, ids, v, KEEL_I32)) {
         free(v);
         return -1;
     }
-    for (int64_t i = 0; i < n; i++)
-        if (v[i] < 0 || v[i] >= limit) {
-            int rc = keel_fail("%s '%s': %s %d at flat index %lld outside [0,%lld)", keel_op_get(t->op)->name, t->name,
-                               what, v[i], (long long)i, (long long)limit);
+    for (int64_t i = 0; i < n; i++) {
+        if ((v[i] < 0 && !negatives) || v[i] >= limit) {
+            int rc =
+                keel_fail("%s '%s': %s %d at flat index %lld outside [0,%lld)%s", keel_op_get(t->op)->name, t->name,
+                          what, v[i], (long long)i, (long long)limit, negatives ? " (negative: no loss)" : "");
             free(v);
             return rc;
         }
+        valid += v[i] >= 0;
+    }
+    if (n_valid) *n_valid = valid;
     if (out)
         *out = v;
     else
@@ -30,25 +36,14 @@ int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_ten
     return 0;
 }
 
+int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit,
+                          const char *what, int32_t **out) {
+    return read_checked(be, t, ids, limit, false, what, out, NULL);
+}
+
 int keel_backend_ce_divisor(keel_backend *be, const keel_tensor *t, double *divisor) {
-    const keel_tensor *logits = t->src[0], *tg = t->src[1];
-    int64_t n = keel_nelements(tg), valid = 0;
-    int32_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
-    if (!v) return keel_fail("out of memory reading the targets of '%s'", t->name);
-    if (keel_tensor_read(be, tg, v, KEEL_I32)) {
-        free(v);
-        return -1;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        if (v[i] >= logits->ne[0]) {
-            int rc = keel_fail("%s '%s': target %d at flat index %lld outside [0,%lld) (negative: no loss)",
-                               keel_op_get(t->op)->name, t->name, v[i], (long long)i, (long long)logits->ne[0]);
-            free(v);
-            return rc;
-        }
-        valid += v[i] >= 0;
-    }
-    free(v);
+    int64_t valid;
+    if (read_checked(be, t, t->src[1], t->src[0]->ne[0], true, "target", NULL, &valid)) return -1;
     *divisor = t->fp[0] > 0 ? t->fp[0] : valid ? (double)valid : 1.0;
     return 0;
 }

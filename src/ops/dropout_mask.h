@@ -25,6 +25,12 @@ KEEL_HD uint64_t keel_dropout_key(uint64_t seed, uint64_t stream, uint64_t count
                       (counter + 0x85ebca77c2b2ae63ull));
 }
 
+/* DROPOUT's threshold (ip3) for a drop probability p: 2^32 p, rounded. Host code only. */
+#ifndef __CUDACC__
+#include <math.h>
+static inline int64_t keel_dropout_threshold(double p) { return (int64_t)llround(p * 4294967296.0); }
+#endif
+
 /* Element i is kept when the high 32 bits of its draw are >= threshold (2^32 p rounded): it is
  * dropped with probability threshold / 2^32. Element i's draw is SplitMix64's i-th output from the key. */
 KEEL_HD int keel_dropout_keep(uint64_t key, uint64_t i, uint64_t threshold) {

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "ops/dropout_mask.h"
 #include "util/error.h"
 
 /* Why an op has no gradient (ops with grad_srcs == 0). Checked by the op tests: every op either
@@ -251,7 +252,7 @@ static int shape_rule(keel_tensor *t) {
         return 0;
     case KEEL_OP_DROPOUT:
         REQ(keel_type_is_float(a->type), "src0 must be real");
-        REQ(t->fp[0] >= 0 && t->fp[0] < 1 && t->ip[3] == (int64_t)llround(t->fp[0] * 4294967296.0),
+        REQ(t->fp[0] >= 0 && t->fp[0] < 1 && t->ip[3] == keel_dropout_threshold(t->fp[0]),
             "p %g must be in [0, 1) with threshold round(2^32 p)", t->fp[0]);
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         return 0;
@@ -522,7 +523,7 @@ keel_tensor *keel_dropout(keel_ctx *ctx, keel_tensor *a, double p, uint64_t seed
         keel_fail("dropout probability %g must be in [0, 1)", p);
         return NULL;
     }
-    int64_t thr = (int64_t)llround(p * 4294967296.0);
+    int64_t thr = keel_dropout_threshold(p);
     return OP(KEEL_OP_DROPOUT, (a), IPS((int64_t)seed, (int64_t)stream, 0, thr), 4, FPS(p), 1);
 }
 void keel_cross_entropy_set_divisor(keel_graph *g, double divisor) {
@@ -532,8 +533,7 @@ void keel_cross_entropy_set_divisor(keel_graph *g, double divisor) {
 }
 void keel_dropout_set_p(keel_graph *g, double p) {
     for (int64_t i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == KEEL_OP_DROPOUT)
-            g->nodes[i]->fp[0] = p, g->nodes[i]->ip[3] = (int64_t)llround(p * 4294967296.0);
+        if (g->nodes[i]->op == KEEL_OP_DROPOUT) g->nodes[i]->fp[0] = p, g->nodes[i]->ip[3] = keel_dropout_threshold(p);
 }
 void keel_dropout_set_counter(keel_graph *g, int64_t counter) {
     for (int64_t i = 0; i < g->n_nodes; i++)

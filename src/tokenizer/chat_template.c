@@ -348,15 +348,16 @@ static node *primary(parser *ps) {
     return e;
 }
 
-static node *unary(parser *ps);
-
-/* a unary operand, counted in the nesting depth (so is not's) */
-static node *expr_unary(parser *ps) {
+/* fn(ps) one level deeper: the parser's recursions all pass here, so a hostile template's nesting
+ * ends in a message, not in a stack overflow */
+static node *nested(parser *ps, node *(*fn)(parser *)) {
     if (++ps->depth > 100) return perr(ps, "expressions nested more than 100 deep"), NULL;
-    node *e = unary(ps);
+    node *e = fn(ps);
     ps->depth--;
     return e;
 }
+
+static node *unary(parser *ps);
 
 static node *postfix(parser *ps) {
     node *e = primary(ps);
@@ -413,10 +414,10 @@ static node *postfix(parser *ps) {
 static node *unary(parser *ps) {
     if (eat(ps, "-")) {
         node *n = mk(ps, E_NEG);
-        if (n && !(n->a = expr_unary(ps))) return NULL;
+        if (n && !(n->a = nested(ps, unary))) return NULL;
         return n;
     }
-    if (eat(ps, "+")) return expr_unary(ps);
+    if (eat(ps, "+")) return nested(ps, unary);
     return postfix(ps);
 }
 
@@ -504,9 +505,7 @@ static node *compare(parser *ps) {
 static node *not_expr(parser *ps) {
     if (eat_kw(ps, "not")) {
         node *n = mk(ps, E_NOT);
-        if (++ps->depth > 100) return perr(ps, "expressions nested more than 100 deep"), NULL;
-        if (n && !(n->a = not_expr(ps))) return NULL;
-        ps->depth--;
+        if (n && !(n->a = nested(ps, not_expr))) return NULL;
         return n;
     }
     return compare(ps);
@@ -526,12 +525,7 @@ static node *or_expr(parser *ps) {
 
 static node *expr_inner(parser *ps);
 
-static node *expr(parser *ps) {
-    if (++ps->depth > 100) return perr(ps, "expressions nested more than 100 deep"), NULL;
-    node *e = expr_inner(ps);
-    ps->depth--;
-    return e;
-}
+static node *expr(parser *ps) { return nested(ps, expr_inner); }
 
 static node *expr_inner(parser *ps) {
     node *e = or_expr(ps);

@@ -498,13 +498,17 @@ int64_t keel_dataset_window(const keel_dataset *d, bool eval, int64_t w, int64_t
     return n;
 }
 
-int keel_chat_setup(const char *template_path, const char *tok_dir, keel_chat_template **out, keel_data_opts *o) {
+int keel_chat_setup(const char *template_path, const char *tokenizer_json, keel_chat_template **out,
+                    keel_data_opts *o) {
     *out = NULL;
     char cfg_path[4200];
-    snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", tok_dir ? tok_dir : ".");
+    const char *slash = tokenizer_json ? strrchr(tokenizer_json, '/') : NULL;
+    snprintf(cfg_path, sizeof cfg_path, "%.*s/tokenizer_config.json", slash ? (int)(slash - tokenizer_json) : 1,
+             slash ? tokenizer_json : ".");
     struct stat st;
-    cJSON *cfg = tok_dir && stat(cfg_path, &st) == 0 ? keel_read_json(cfg_path) : NULL;
-    if (tok_dir && stat(cfg_path, &st) == 0 && !cfg) return -1;
+    bool have = tokenizer_json && stat(cfg_path, &st) == 0; /* no tokenizer: no config to read */
+    cJSON *cfg = have ? keel_read_json(cfg_path) : NULL;
+    if (have && !cfg) return -1;
     if (template_path) {
         char *src = keel_read_file(template_path, NULL);
         *out = src ? keel_chat_template_compile(src, template_path) : NULL;

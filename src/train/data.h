@@ -54,9 +54,10 @@ int64_t keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t
 int64_t keel_dataset_window(const keel_dataset *d, bool eval, int64_t w, int64_t T, int32_t *ids, int32_t *tgt);
 
 /* The chat template "messages" data is rendered with: the file given (template_path), else the
- * "chat_template" of tokenizer_config.json in tok_dir (none: *out NULL, and such data is then
- * refused when met); and its bos/eos tokens from that file. Fills o's chat fields. -1 with a message. */
-int keel_chat_setup(const char *template_path, const char *tok_dir, struct keel_chat_template **out,
+ * "chat_template" of the tokenizer_config.json beside tokenizer_json (none: *out NULL, and such
+ * data is refused when met); and its bos/eos tokens from that file. Fills o's chat fields. -1 with
+ * a message. */
+int keel_chat_setup(const char *template_path, const char *tokenizer_json, struct keel_chat_template **out,
                     keel_data_opts *o);
 
 #endif

@@ -328,7 +328,7 @@ static int setup(trainer *t) {
     }
     keel_data_opts dopt = {
         .format = o->data_format, .skip_bad_lines = o->skip_bad_lines, .train_on_all = !strcmp(o->train_on, "all")};
-    if (keel_chat_setup(o->chat_template, t->tok ? t->tok_dir : NULL, &t->chat, &dopt)) return -1;
+    if (keel_chat_setup(o->chat_template, t->tok ? t->tok_file : NULL, &t->chat, &dopt)) return -1;
     if (keel_dataset_load(&t->data, o->data, o->n_data, t->tok, o->eval_fraction, o->seed, cache, &dopt)) return -1;
     int64_t W = keel_dataset_windows(&t->data, o->window);
     if (W < 1) {
