@@ -26,12 +26,13 @@ static const command COMMANDS[] = {
      "generate --model DIR (--prompt TEXT | --prompt-ids N,N,...) [--max-tokens N] [--temperature X] [--top-p P] "
      "[--seed N]\n"
      "                 [--tokenizer FILE] [--adapter DIR] [--backend cpu|cuda|ref] [--threads N] [--verify] "
-     "[--print-ids] [--dump-logits FILE]",
+     "[--print-ids] [--dump-logits FILE]\n"
+     "                 [--chat [--system TEXT] [--no-thinking] [--chat-template FILE]]",
      "sample from a checkpoint, incrementally (KV cache, DeltaNet states)"},
     {"eval", cmd_eval, true,
-     "eval --model DIR --data PATH... [--tokenizer FILE] [--adapter DIR] [--window T] [--batch B] [--backend "
-     "cpu|cuda|ref] [--threads N]",
-     "loss and perplexity of a checkpoint on text"},
+     "eval --model DIR --data PATH... [--tokenizer FILE] [--adapter DIR] [--data-format F] [--chat-template FILE]\n"
+     "                 [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads N]",
+     "loss and perplexity of a checkpoint on text (on prompt/completion and chat data: the responses' loss)"},
     {"plot", cmd_plot, true, "plot METRICS.jsonl -o loss.svg", "train and eval loss against tokens seen"},
     {"export", cmd_export, true,
      "export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE | --byte-vocab]",
@@ -47,8 +48,9 @@ static const command COMMANDS[] = {
      "[--threads N]",
      "layers, parameters, training memory per recompute mode; --run times one forward + backward"},
     {"tokenize", cmd_tokenize, true,
-     "tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]",
-     "byte-level BPE, identical to Hugging Face tokenizers"},
+     "tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]\n"
+     "  tokenize --tokenizer FILE --chat FILE.jsonl [--chat-template FILE] [--add-generation-prompt]",
+     "byte-level BPE, identical to Hugging Face tokenizers; --chat: conversations through the chat template"},
     {"diff", cmd_diff, true,
      "diff TRACE_A TRACE_B [--tolerance NMSE]\n"
      "  diff --model DIR [--data FILE] [--tokenizer FILE] [--window T] --a CONFIG --b CONFIG [--tolerance NMSE]\n"
