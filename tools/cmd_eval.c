@@ -16,7 +16,8 @@
 
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *data[64], *backend = "cpu", *adapter_dir = NULL, *chat_template = NULL,
-               *data_format = "auto";
+               *data_format = "auto", *doc_boundaries = "auto", *overlong_s = "truncate";
+    bool no_pack = false;
     int n_data = 0;
     long long T = 128, B = 8, threads = 2;
     const cli_flag flags[] = {
@@ -29,6 +30,11 @@ int cmd_eval(int argc, char **argv) {
          .help = "of .jsonl files: auto, text, prompt-completion, messages (default auto)"},
         {"--chat-template", CLI_STR, &chat_template, .meta = "FILE",
          .help = "for \"messages\": a Jinja chat template (default: the tokenizer's tokenizer_config.json)"},
+        {"--doc-boundaries", CLI_STR, &doc_boundaries, .meta = "on|off",
+         .help = "each example alone in its window (as keel train; default auto: on for .jsonl data)"},
+        {"--no-pack", CLI_BOOL, &no_pack, .help = "with document boundaries, one example a window"},
+        {"--overlong", CLI_STR, &overlong_s, .meta = "HOW",
+         .help = "with document boundaries, an example longer than the window: truncate (default), split, drop"},
         {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
          .help = "a PEFT LoRA adapter (keel train --lora-rank writes one) applied beside the weights"},
         {"--window", CLI_INT, &T, 1, 1 << 24, .meta = "T", .help = "tokens per window (default 128)"},
@@ -64,6 +70,12 @@ int cmd_eval(int argc, char **argv) {
         keel_fail("the tokenizer has more tokens than the model's vocabulary");
         goto done;
     }
+    int bounds = keel_doc_boundaries(doc_boundaries, d.jsonl);
+    keel_overlong overlong;
+    if (bounds < 0 || keel_overlong_parse(overlong_s, &overlong) ||
+        (bounds && keel_dataset_pack(&d, T, 0, !no_pack, overlong)))
+        goto done;
+    keel_data_report_packing(&d, T, !no_pack);
     int64_t W = keel_dataset_windows(&d, T);
     if (W < 1) {
         keel_fail("--window %lld is longer than the data (%lld tokens)", T, (long long)d.n_train);
@@ -72,17 +84,20 @@ int cmd_eval(int argc, char **argv) {
     if (B > W) B = W;
     keel_step_opts so = {.cfg = &ck->cfg, .type = KEEL_F32, .batch = B, .window = T, .adapter = ad};
     if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_step_load(st, ck)) goto done;
-    int32_t *iv = malloc((size_t)(T * B) * 4), *tv = malloc((size_t)(T * B) * 4);
+    int32_t *iv = malloc((size_t)(T * B) * 4), *tv = malloc((size_t)(T * B) * 4), *pv = malloc((size_t)(T * B) * 4);
     double sum = 0;
     int64_t nb = 0, counted = 0;
     for (int64_t w = 0; w + B <= W; w += B, nb++) { /* every whole batch of consecutive windows */
         int64_t n = 0;
-        for (int64_t b = 0; b < B; b++) n += keel_dataset_window(&d, false, w + b, T, iv + b * T, tv + b * T);
+        for (int64_t b = 0; b < B; b++)
+            n += keel_dataset_window(&d, false, w + b, T, iv + b * T, tv + b * T, pv + b * T);
         float l;
-        if (keel_step_run(st, iv, tv, NULL, NULL) || keel_tensor_read(be, st->out.loss, &l, KEEL_F32)) break;
+        if (keel_step_write_positions(st, pv) || keel_step_run(st, iv, tv, NULL, NULL) ||
+            keel_tensor_read(be, st->out.loss, &l, KEEL_F32))
+            break;
         sum += (double)l * (double)n, counted += n; /* the mean over every counted target */
     }
-    free(iv), free(tv);
+    free(iv), free(tv), free(pv);
     if (nb && d.train_mask)
         printf("the loss counts the completions and the assistant's turns: %lld of %lld targets\n", (long long)counted,
                (long long)(nb * B * T));

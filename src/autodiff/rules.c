@@ -181,19 +181,19 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     return 0;
 }
 static int r_conv1d(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    keel_tensor *x = t->src[0], *w = t->src[1];
+    keel_tensor *x = t->src[0], *w = t->src[1], *pos = t->src[2];
     if (WANT(0))
-        ADD(0, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_INPUT, (keel_tensor *const[]){dy, w}, 2, NULL, 0, NULL, 0));
+        ADD(0, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_INPUT, (keel_tensor *const[]){dy, w, pos}, 3, NULL, 0, NULL, 0));
     if (WANT(1))
-        ADD(1, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_WEIGHT, (keel_tensor *const[]){x, dy}, 2, (int64_t[]){w->ne[0]}, 1,
-                           NULL, 0));
+        ADD(1, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_WEIGHT, (keel_tensor *const[]){x, dy, pos}, 3,
+                           (int64_t[]){w->ne[0]}, 1, NULL, 0));
     return 0;
 }
 static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *q = t->src[0], *v = t->src[2];
     int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], B = q->ne[3], Dv = v->ne[0], Hv = v->ne[1], r = Hv / Hk;
-    keel_tensor *src[6] = {t->src[0], t->src[1], t->src[2], t->src[3], t->src[4], dy};
-    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_BACK, src, 6, NULL, 0, NULL, 0);
+    keel_tensor *src[7] = {t->src[0], t->src[1], t->src[2], t->src[3], t->src[4], t->src[5], dy};
+    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_BACK, src, 7, NULL, 0, NULL, 0);
     if (!pk) return -1;
     int64_t es = (int64_t)keel_type_size(pk->type), nqk = Dk * Hv * T * B, nv = Dv * Hv * T * B, ng = Hv * T * B;
     for (int which = 0; which < 2; which++) { /* dq, dk: per value head, summed over each key head's group */
@@ -259,6 +259,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_RMS_NORM] = r_norm,
     [KEEL_OP_L2_NORM] = r_norm,
     [KEEL_OP_SOFT_MAX] = r_soft_max,
+    [KEEL_OP_SOFT_MAX_CAUSAL] = r_soft_max, /* masked entries are 0 in y: SOFT_MAX_BACK needs no mask */
     [KEEL_OP_ROPE] = r_rope,
     [KEEL_OP_SILU] = r_silu,
     [KEEL_OP_SIGMOID] = r_sigmoid,

@@ -264,7 +264,8 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
     if (kout) *kout = k, *vout = v;
     /* heads to dim 2: [hd, T, H, B]; scores [Tk, Tq, H, B]; query head h reads kv head h / (H/KV) */
     keel_tensor *qp = keel_permute(ctx, q, 0, 2, 1, 3), *kp = keel_permute(ctx, k, 0, 2, 1, 3);
-    keel_tensor *p = keel_soft_max(ctx, keel_mul_mat(ctx, kp, qp), 1.0 / sqrt((double)hd), true);
+    /* causal within each example: positions restart where a packed example starts */
+    keel_tensor *p = keel_soft_max_causal(ctx, keel_mul_mat(ctx, kp, qp), pos, 1.0 / sqrt((double)hd));
     keel_tensor *vt = keel_cont(ctx, keel_permute(ctx, v, 1, 2, 0, 3)); /* [T, hd, KV, B] */
     keel_tensor *o = keel_mul_mat(ctx, vt, p);                          /* [hd, Tq, H, B] */
     o = keel_cont(ctx, keel_permute(ctx, o, 0, 2, 1, 3));               /* [hd, H, T, B] */
@@ -273,19 +274,19 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
 }
 
 static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L, keel_tensor *h,
-                                   keel_tensor *S_in, keel_tensor *conv_in, keel_tensor **S_out,
-                                   keel_tensor **conv_out) {
+                                   keel_tensor *pos, keel_tensor *S_in, keel_tensor *conv_in, keel_tensor *conv_pos,
+                                   keel_tensor **S_out, keel_tensor **conv_out) {
     const keel_qwen35_config *c = &m->cfg;
     int64_t Dk = c->lk_dim, Hk = c->lk_heads, Dv = c->lv_dim, Hv = c->lv_heads, T = h->ne[1], B = h->ne[2];
     int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(h->type), K = c->conv_kernel;
     keel_tensor *pre = linear(ctx, m, L->qkv, h), *conv;
     if (conv_in) { /* decoding: the last K-1 inputs come first; keep the outputs of the new tokens */
         keel_tensor *cat = keel_concat(ctx, conv_in, pre, 1);
-        conv =
-            keel_view_3d(ctx, keel_conv1d(ctx, cat, L->conv), C, T, B, C * es, C * (T + K - 1) * es, (K - 1) * C * es);
+        conv = keel_view_3d(ctx, keel_conv1d(ctx, cat, L->conv, conv_pos), C, T, B, C * es, C * (T + K - 1) * es,
+                            (K - 1) * C * es);
         *conv_out = keel_cont(ctx, keel_view_3d(ctx, cat, C, K - 1, B, C * es, C * (T + K - 1) * es, T * C * es));
     } else {
-        conv = keel_conv1d(ctx, pre, L->conv);
+        conv = keel_conv1d(ctx, pre, L->conv, pos);
     }
     keel_tensor *mixed = keel_silu(ctx, conv); /* [C, T, B] */
     keel_tensor *q = keel_view_4d(ctx, mixed, Dk, Hk, T, B, Dk * es, C * es, C * T * es, 0);
@@ -298,13 +299,12 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
                               keel_neg(ctx, keel_exp(ctx, L->A_log)));
     keel_tensor *o;
     if (S_in) { /* decoding: start from S_in, keep the final state */
-        keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_STATE,
-                                      (keel_tensor *const[]){q, k, v, g, beta, S_in}, 6, NULL, 0, NULL, 0);
+        keel_tensor *pk = keel_gated_delta_net_state(ctx, q, k, v, g, beta, pos, S_in);
         o = keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, Dv * Hv * es, Dv * Hv * T * es, 0);
         *S_out = keel_cont(
             ctx, keel_view_4d(ctx, pk, Dv, Dk, Hv, B, Dv * es, Dv * Dk * es, Dv * Dk * Hv * es, Dv * Hv * T * B * es));
     } else {
-        o = keel_gated_delta_net(ctx, q, k, v, g, beta); /* [Dv, Hv, T, B] */
+        o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos); /* [Dv, Hv, T, B] */
     }
     keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, h), Dv, Hv, T, B);
     o = keel_mul(ctx, keel_mul(ctx, keel_rms_norm(ctx, o, c->rms_eps), L->norm), keel_silu(ctx, z));
@@ -324,11 +324,12 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
         const keel_qwen35_layer *L = &m->layer[i];
         out->layers.first_id[i] = keel_ctx_count(ctx);
         keel_tensor *h = norm1p(ctx, x, L->in_norm, c->rms_eps);
-        keel_tensor *mix = c->full_attention[i]
-                               ? gated_attention(ctx, m, L, h, pos, cin ? cin->k[i] : NULL, cin ? cin->v[i] : NULL,
-                                                 cout ? &cout->k[i] : NULL, cout ? &cout->v[i] : NULL)
-                               : gated_deltanet(ctx, m, L, h, cin ? cin->S[i] : NULL, cin ? cin->conv[i] : NULL,
-                                                cout ? &cout->S[i] : NULL, cout ? &cout->conv[i] : NULL);
+        keel_tensor *mix =
+            c->full_attention[i]
+                ? gated_attention(ctx, m, L, h, pos, cin ? cin->k[i] : NULL, cin ? cin->v[i] : NULL,
+                                  cout ? &cout->k[i] : NULL, cout ? &cout->v[i] : NULL)
+                : gated_deltanet(ctx, m, L, h, pos, cin ? cin->S[i] : NULL, cin ? cin->conv[i] : NULL,
+                                 cin ? cin->conv_pos : NULL, cout ? &cout->S[i] : NULL, cout ? &cout->conv[i] : NULL);
         x = keel_add(ctx, x, mix);
         keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps);
         keel_tensor *mlp = linear(
@@ -350,7 +351,7 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
 int keel_qwen35_inputs(keel_ctx *ctx, int64_t T, int64_t B, keel_tensor **ids, keel_tensor **tgt, keel_tensor **pos) {
     *ids = keel_set_name(keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), "input_ids");
     if (tgt) *tgt = keel_set_name(keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), "targets");
-    *pos = keel_set_name(keel_set_flags(keel_new_1d(ctx, KEEL_I32, T), KEEL_FLAG_INPUT), "positions");
+    *pos = keel_set_name(keel_set_flags(keel_new_2d(ctx, KEEL_I32, T, B), KEEL_FLAG_INPUT), "positions");
     return *ids && *pos && (!tgt || *tgt) ? 0 : -1;
 }
 

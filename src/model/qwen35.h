@@ -58,11 +58,13 @@ typedef struct {
     keel_layer_map layers;                           /* for activation recompute */
 } keel_qwen35_out;
 
-/* The input leaves of a forward graph: ids and targets [T, B] and positions [T] (i32), named
- * input_ids, targets and positions; tgt may be NULL when no loss is wanted. */
+/* The input leaves of a forward graph: ids, targets and positions [T, B] (i32), named input_ids,
+ * targets and positions; tgt may be NULL when no loss is wanted. Positions count from 0 at the
+ * start of each example: where they restart, attention, the DeltaNet convolution and its state
+ * start afresh, so packed examples never see each other (0..T-1 per column: one example). */
 int keel_qwen35_inputs(keel_ctx *ctx, int64_t T, int64_t B, keel_tensor **ids, keel_tensor **tgt, keel_tensor **pos);
 
-/* Forward graph for ids [T, B] (i32), positions [T] (i32), targets [T, B] (i32, or NULL). */
+/* Forward graph for ids [T, B] (i32), positions [T, B] (i32), targets [T, B] (i32, or NULL). */
 int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos, keel_tensor *targets,
                         keel_qwen35_out *out);
 
@@ -72,10 +74,12 @@ int keel_qwen35_forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, k
 typedef struct {
     keel_tensor *k[KEEL_QWEN35_MAX_LAYERS], *v[KEEL_QWEN35_MAX_LAYERS];
     keel_tensor *S[KEEL_QWEN35_MAX_LAYERS], *conv[KEEL_QWEN35_MAX_LAYERS];
+    keel_tensor *conv_pos; /* in: i32 [K-1+T, 1], the positions of [conv inputs | new tokens] */
 } keel_qwen35_cache;
 
-/* Forward for decoding (batch 1): ids [T,1] at positions pos [T], continuing from `in` (attention
- * k/v NULL when nothing was seen yet; DeltaNet S and conv always given, zeros at the start).
+/* Forward for decoding (batch 1): ids [T,1] at positions pos [T,1], continuing from `in` (attention
+ * k/v NULL when nothing was seen yet; DeltaNet S and conv always given, zeros at the start, and
+ * conv_pos when the model has DeltaNet layers).
  * Fills `out` with the state after these tokens and returns the logits [V,T,1]. */
 keel_tensor *keel_qwen35_forward_cached(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos,
                                         const keel_qwen35_cache *in, keel_qwen35_cache *out);

@@ -56,10 +56,13 @@
     X(RMS_NORM_BACK, ROWS, 2, OPF_BACKWARD, 0, 0, "src0 x, src1 dy, fp0 eps")                                                   \
     X(L2_NORM, ROWS, 1, 0, 1, 0, "fp0 eps: x * rsqrt(sum(x^2) + eps) over dim 0")                                               \
     X(L2_NORM_BACK, ROWS, 2, OPF_BACKWARD, 0, 0, "src0 x, src1 dy, fp0 eps")                                                    \
-    X(SOFT_MAX, ROWS, 1, 0, 1, 0, "fp0 scale, ip0 causal: softmax(scale*x [+ mask]) over dim 0")                                \
+    X(SOFT_MAX, ROWS, 1, 0, 1, 0, "fp0 scale: softmax(scale*x) over dim 0")                                                     \
+    X(SOFT_MAX_CAUSAL, ROWS, 2, 0, 1, 2,                                                                                       \
+      "src0 scores [Tk,Tq,H,B], src1 i32 positions [Tq,B]; fp0 scale: softmax(scale*x) over the keys of the query's "  \
+      "example, o+t-pos[t] .. o+t (o = Tk-Tq, from 0); the rest 0")                                                      \
     X(SOFT_MAX_BACK, ROWS, 2, OPF_BACKWARD, 0, 0, "src0 y, src1 dy, fp0 scale")                                                 \
     X(ROPE, OWN, 2, 0, 1, 2,                                                                                                   \
-      "src0 [D,H,T,B], src1 i32 positions [T]; ip0 n_rot, fp0 theta (rotate-half; float32 frequencies as "             \
+      "src0 [D,H,T,B], src1 i32 positions [T] or [T,B]; ip0 n_rot, fp0 theta (rotate-half; float32 frequencies as "   \
       "transformers)")                                                                                                 \
     X(ROPE_BACK, OWN, 2, OPF_BACKWARD, 0, 2, "src0 dy, src1 positions; ip0 n_rot, fp0 theta")                                  \
     X(SILU, UNARY, 1, 0, 1, 0, "")                                                                                               \
@@ -68,13 +71,18 @@
     X(SOFTPLUS, UNARY, 1, 0, 1, 0, "log(1+exp(x)); x when x > 20 (as torch)")                                                    \
     X(DROPOUT, OWN, 1, 0, 1, 0,                                                                                                \
       "fp0 p, ip0 seed, ip1 stream, ip2 counter, ip3 threshold: x/(1-p) where ops/dropout_mask.h keeps it, else 0")     \
-    X(CONV1D, OWN, 2, 0, 3, 0, "src0 x [C,T,B], src1 w [K,C]: causal depthwise, no bias")                                      \
-    X(CONV1D_BACK_INPUT, OWN, 2, OPF_BACKWARD, 0, 0, "src0 dy [C,T,B], src1 w [K,C] -> dx")                                    \
-    X(CONV1D_BACK_WEIGHT, OWN, 2, OPF_BACKWARD, 0, 0, "src0 x [C,T,B], src1 dy, ip0 K -> dw [K,C]")                            \
-    X(GATED_DELTA_NET, OWN, 5, 0, 31, 0, "q,k [Dk,Hk,T,B], v [Dv,Hv,T,B], g,beta [Hv,T,B] -> o [Dv,Hv,T,B]")                   \
-    X(GATED_DELTA_NET_BACK, OWN, 6, OPF_BACKWARD, 0, 0, "q,k,v,g,beta,do -> packed [dq|dk (per value head)|dv|dg|dbeta]")      \
-    X(GATED_DELTA_NET_STATE, OWN, 6, 0, 0, 0,                                                                                  \
-      "q,k,v,g,beta as GATED_DELTA_NET, S0 [Dv,Dk,Hv,B] -> packed [o | final state] (decoding)")                       \
+    X(CONV1D, OWN, 3, 0, 3, 4,                                                                                                 \
+      "src0 x [C,T,B], src1 w [K,C], src2 i32 positions [T,B]: causal depthwise, no bias; y[t] reads x[t-d] for "      \
+      "d <= pos[t] only")                                                                                              \
+    X(CONV1D_BACK_INPUT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 dy [C,T,B], src1 w [K,C], src2 positions -> dx")                   \
+    X(CONV1D_BACK_WEIGHT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 x [C,T,B], src1 dy, src2 positions, ip0 K -> dw [K,C]")           \
+    X(GATED_DELTA_NET, OWN, 6, 0, 31, 32,                                                                              \
+      "q,k [Dk,Hk,T,B], v [Dv,Hv,T,B], g,beta [Hv,T,B], i32 positions [T,B] -> o [Dv,Hv,T,B]; the state is 0 "         \
+      "before a step at position 0")                                                                                   \
+    X(GATED_DELTA_NET_BACK, OWN, 7, OPF_BACKWARD, 0, 32,                                                               \
+      "q,k,v,g,beta,positions,do -> packed [dq|dk (per value head)|dv|dg|dbeta]")                                      \
+    X(GATED_DELTA_NET_STATE, OWN, 7, 0, 0, 32,                                                                         \
+      "q,k,v,g,beta,positions as GATED_DELTA_NET, S0 [Dv,Dk,Hv,B] -> packed [o | final state] (decoding)")             \
     X(CROSS_ENTROPY_LOSS, OWN, 2, 0, 1, 2,                                                                                     \
       "src0 logits [V,N..], src1 i32 targets [N..] (< 0: no loss) -> sum of -log p(target) / D [1]; fp0 D (0: the "   \
       "count of targets >= 0)")                                                                                        \

@@ -86,6 +86,11 @@ static int shape_fail(const keel_tensor *t, const char *fmt, ...) {
         if (!(cond)) return shape_fail(t, __VA_ARGS__);                                                                \
     } while (0)
 
+/* i32 positions [n0, n1]: the model's per-token positions, which also mark where examples start */
+static bool is_positions(const keel_tensor *p, int64_t n0, int64_t n1) {
+    return p->type == KEEL_I32 && p->ne[0] == n0 && p->ne[1] == n1 && p->ne[2] == 1 && p->ne[3] == 1;
+}
+
 static bool can_repeat(const keel_tensor *small, const int64_t *ne) {
     for (int i = 0; i < 4; i++)
         if (small->ne[i] <= 0 || ne[i] % small->ne[i] != 0) return false;
@@ -250,6 +255,13 @@ static int shape_rule(keel_tensor *t) {
         REQ(keel_type_is_float(a->type), "src0 must be real");
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         return 0;
+    case KEEL_OP_SOFT_MAX_CAUSAL:
+        REQ(keel_type_is_float(a->type), "src0 must be real");
+        REQ(a->ne[0] >= a->ne[1], "fewer keys (%lld) than queries (%lld)", (long long)a->ne[0], (long long)a->ne[1]);
+        REQ(is_positions(b, a->ne[1], a->ne[3]), "positions must be i32 [%lld,%lld] (queries, batch)",
+            (long long)a->ne[1], (long long)a->ne[3]);
+        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
     case KEEL_OP_DROPOUT:
         REQ(keel_type_is_float(a->type), "src0 must be real");
         REQ(t->fp[0] >= 0 && t->fp[0] < 1 && t->ip[3] == keel_dropout_threshold(t->fp[0]),
@@ -285,8 +297,9 @@ static int shape_rule(keel_tensor *t) {
         return 0;
     case KEEL_OP_ROPE:
     case KEEL_OP_ROPE_BACK:
-        REQ(b->type == KEEL_I32 && b->ne[0] == a->ne[2] && keel_nelements(b) == b->ne[0],
-            "positions must be i32 [ne2 of src0 = %lld]", (long long)a->ne[2]);
+        REQ(is_positions(b, a->ne[2], 1) || is_positions(b, a->ne[2], a->ne[3]),
+            "positions must be i32 [%lld] or [%lld,%lld] (ne2, ne3 of src0)", (long long)a->ne[2], (long long)a->ne[2],
+            (long long)a->ne[3]);
         REQ(t->ip[0] > 0 && t->ip[0] % 2 == 0 && t->ip[0] <= a->ne[0], "n_rot %lld must be even and <= %lld",
             (long long)t->ip[0], (long long)a->ne[0]);
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
@@ -294,14 +307,17 @@ static int shape_rule(keel_tensor *t) {
     case KEEL_OP_CONV1D:
         REQ(a->type == b->type, "types differ");
         REQ(a->ne[3] == 1 && b->ne[1] == a->ne[0] && b->ne[2] == 1 && b->ne[3] == 1, "want x [C,T,B] and w [K,C]");
+        REQ(is_positions(t->src[2], a->ne[1], a->ne[2]), "positions must be i32 [T,B]");
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], 1);
         return 0;
     case KEEL_OP_CONV1D_BACK_INPUT:
         REQ(a->type == b->type && a->ne[3] == 1 && b->ne[1] == a->ne[0], "want dy [C,T,B] and w [K,C]");
+        REQ(is_positions(t->src[2], a->ne[1], a->ne[2]), "positions must be i32 [T,B]");
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], 1);
         return 0;
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         REQ(a->type == b->type && keel_same_shape(a, b) && a->ne[3] == 1, "want x and dy of one shape [C,T,B]");
+        REQ(is_positions(t->src[2], a->ne[1], a->ne[2]), "positions must be i32 [T,B]");
         REQ(t->ip[0] > 0, "kernel size must be positive");
         set_shape(t, a->type, t->ip[0], a->ne[0], 1, 1);
         return 0;
@@ -315,15 +331,16 @@ static int shape_rule(keel_tensor *t) {
         REQ(Hv % Hk == 0, "value heads (%lld) must be a multiple of key heads (%lld)", (long long)Hv, (long long)Hk);
         REQ(g->ne[0] == Hv && g->ne[1] == T && g->ne[2] == B && keel_same_shape(g, be), "g and beta must be [Hv,T,B]");
         for (int i = 1; i < 5; i++) REQ(t->src[i]->type == a->type, "types differ");
+        REQ(is_positions(t->src[5], T, B), "positions must be i32 [T,B]");
         if (op == KEEL_OP_GATED_DELTA_NET) {
             set_shape(t, a->type, Dv, Hv, T, B);
         } else if (op == KEEL_OP_GATED_DELTA_NET_STATE) {
-            const keel_tensor *s0 = t->src[5];
+            const keel_tensor *s0 = t->src[6];
             REQ(s0->type == a->type && s0->ne[0] == Dv && s0->ne[1] == Dk && s0->ne[2] == Hv && s0->ne[3] == B,
                 "S0 must be [Dv,Dk,Hv,B]");
             set_shape(t, a->type, Dv * Hv * T * B + Dv * Dk * Hv * B, 1, 1, 1);
         } else {
-            REQ(keel_same_shape(t->src[5], v) && t->src[5]->type == a->type, "do must be shaped like v");
+            REQ(keel_same_shape(t->src[6], v) && t->src[6]->type == a->type, "do must be shaped like v");
             set_shape(t, a->type, (2 * Dk * Hv + Dv * Hv + 2 * Hv) * T * B, 1, 1, 1);
         }
         return 0;
@@ -551,8 +568,11 @@ keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps) {
 keel_tensor *keel_l2_norm(keel_ctx *ctx, keel_tensor *a, double eps) {
     return OP(KEEL_OP_L2_NORM, (a), NULL, 0, FPS(eps), 1);
 }
-keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale, bool causal) {
-    return OP(KEEL_OP_SOFT_MAX, (a), IPS(causal), 1, FPS(scale), 1);
+keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale) {
+    return OP(KEEL_OP_SOFT_MAX, (a), NULL, 0, FPS(scale), 1);
+}
+keel_tensor *keel_soft_max_causal(keel_ctx *ctx, keel_tensor *a, keel_tensor *pos, double scale) {
+    return OP(KEEL_OP_SOFT_MAX_CAUSAL, (a, pos), NULL, 0, FPS(scale), 1);
 }
 keel_tensor *keel_rope(keel_ctx *ctx, keel_tensor *a, keel_tensor *pos, int64_t n_rot, double theta) {
     return OP(KEEL_OP_ROPE, (a, pos), IPS(n_rot), 1, FPS(theta), 1);
@@ -562,12 +582,16 @@ double keel_rope_freq(double theta, int64_t n_rot, int64_t f) {
     return (double)(1.0f / powf((float)theta, e));
 }
 
-keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w) {
-    return OP(KEEL_OP_CONV1D, (x, w), NULL, 0, NULL, 0);
+keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos) {
+    return OP(KEEL_OP_CONV1D, (x, w, pos), NULL, 0, NULL, 0);
 }
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
-                                  keel_tensor *beta) {
-    return OP(KEEL_OP_GATED_DELTA_NET, (q, k, v, g, beta), NULL, 0, NULL, 0);
+                                  keel_tensor *beta, keel_tensor *pos) {
+    return OP(KEEL_OP_GATED_DELTA_NET, (q, k, v, g, beta, pos), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_gated_delta_net_state(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
+                                        keel_tensor *beta, keel_tensor *pos, keel_tensor *s0) {
+    return OP(KEEL_OP_GATED_DELTA_NET_STATE, (q, k, v, g, beta, pos, s0), NULL, 0, NULL, 0);
 }
 keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_tensor *targets) {
     return OP(KEEL_OP_CROSS_ENTROPY_LOSS, (logits, targets), NULL, 0, NULL, 0);

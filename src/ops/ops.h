@@ -97,14 +97,25 @@ keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
 keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3);
 keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps);
 keel_tensor *keel_l2_norm(keel_ctx *ctx, keel_tensor *a, double eps);
-keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale, bool causal);
+keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale);
+/* Attention's softmax over keys [Tk, Tq, ...]: query t (key index o + t, o = Tk - Tq) sees the keys
+ * of its own example only, o + t - pos[t] .. o + t (from 0 at the earliest): causal, and
+ * block-diagonal where positions restart at 0 (packed examples). Positions below 0 count as 0. */
+keel_tensor *keel_soft_max_causal(keel_ctx *ctx, keel_tensor *a, keel_tensor *pos, double scale);
 keel_tensor *keel_rope(keel_ctx *ctx, keel_tensor *a, keel_tensor *pos, int64_t n_rot, double theta);
 /* ROPE's frequency for pair f of n_rot rotary dims, as transformers computes it: in float32,
  * 1 / theta^((2f)/n_rot). Part of the op's definition, shared by every backend. */
 double keel_rope_freq(double theta, int64_t n_rot, int64_t f);
-keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w);
+/* Causal depthwise convolution over T; output t reads the inputs t-d for d <= pos[t] only, so it
+ * never reaches back past the start of its example (positions [T,B] restart at 0 per example). */
+keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos);
+/* The gated delta rule; the state is reset to 0 before every step whose position is 0 (<= 0): a
+ * packed example starts from a fresh state, as it would alone. */
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
-                                  keel_tensor *beta);
+                                  keel_tensor *beta, keel_tensor *pos);
+/* Decoding: as keel_gated_delta_net from the state s0 [Dv,Dk,Hv,B] -> packed [o | final state]. */
+keel_tensor *keel_gated_delta_net_state(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
+                                        keel_tensor *beta, keel_tensor *pos, keel_tensor *s0);
 /* The sum over positions whose target is >= 0 of -log softmax(logits)[target], divided by the number
  * of such positions (a negative target: no loss there, no gradient), or by the divisor set with
  * keel_cross_entropy_set_divisor: a trainer sets the token count of the whole global batch, so that

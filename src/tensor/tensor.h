@@ -25,7 +25,7 @@ enum {
 };
 
 #define KEEL_MAX_DIMS 4
-#define KEEL_MAX_SRC  6
+#define KEEL_MAX_SRC  7
 #define KEEL_MAX_IP   12
 #define KEEL_MAX_FP   6
 #define KEEL_NAME_MAX 112

@@ -361,6 +361,8 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
         key = mix(key, files.path[i], strlen(files.path[i]));
         key = mix(key, &st.st_size, sizeof st.st_size);
         key = mix(key, &st.st_mtime, sizeof st.st_mtime);
+        size_t len = strlen(files.path[i]);
+        d->jsonl |= len > 6 && !strcmp(files.path[i] + len - 6, ".jsonl");
     }
     if (!rc && cache_path && read_cache(d, cache_path, key, tok ? keel_tokenizer_vocab_size(tok) : 256)) {
         for (int i = 0; i < files.n; i++) free(files.path[i]);
@@ -446,12 +448,179 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
     return 0;
 }
 
+static void packing_free(keel_packing *k) {
+    if (!k) return;
+    free(k->first), free(k->start), free(k->len);
+    free(k);
+}
+
 void keel_dataset_free(keel_dataset *d) {
     free(d->train), free(d->eval), free(d->train_mask), free(d->eval_mask);
+    packing_free(d->train_pack), packing_free(d->eval_pack);
     memset(d, 0, sizeof *d);
 }
 
-int64_t keel_dataset_windows(const keel_dataset *d, int64_t T) { return d->n_train > T ? (d->n_train - 1) / T : 0; }
+/* ---- packing ---- */
+
+/* First fit in O(log n): a tree over the windows holding the most room left below each node; the
+ * leftmost window with room for `need` is found by going down where there is room. */
+typedef struct {
+    int32_t *room;
+    int64_t leaves;
+} fit_tree;
+
+static int64_t fit_take(fit_tree *f, int32_t need) {
+    int64_t i = 1;
+    while (i < f->leaves) i = f->room[2 * i] >= need ? 2 * i : 2 * i + 1;
+    int64_t w = i - f->leaves;
+    f->room[i] -= need;
+    for (i /= 2; i >= 1; i /= 2) f->room[i] = f->room[2 * i] > f->room[2 * i + 1] ? f->room[2 * i] : f->room[2 * i + 1];
+    return w;
+}
+
+/* The examples of a stream: the tokens up to and including each end-of-text (the last one may end
+ * without), cut to pieces of at most T inputs by the overlong rule; shuffled by seed when
+ * shuffle, then placed first fit (or one a window). */
+static keel_packing *pack_stream(const int32_t *v, int64_t n, int32_t eot, int64_t T, bool shuffle, uint64_t seed,
+                                 bool pack, keel_overlong overlong) {
+    keel_packing *k = calloc(1, sizeof *k);
+    if (k) k->overlong = overlong;
+    int64_t n_ex = 0;
+    for (int64_t i = 0; i < n; i++) n_ex += v[i] == eot || i == n - 1;
+    int64_t cap = 0; /* pieces: an example of L inputs gives ceil(L / T) when split, else at most 1 */
+    for (int64_t s = 0, i = 0; i < n; i++)
+        if (v[i] == eot || i == n - 1) {
+            int64_t L = i - s;
+            cap += overlong == KEEL_OVERLONG_SPLIT ? (L + T - 1) / T : 1;
+            s = i + 1;
+        }
+    int64_t *ex = malloc((size_t)(n_ex ? n_ex : 1) * sizeof *ex); /* example starts, in stream order */
+    int64_t *pstart = malloc((size_t)(cap ? cap : 1) * sizeof *pstart), *pwin = NULL;
+    int32_t *plen = malloc((size_t)(cap ? cap : 1) * sizeof *plen);
+    if (!k || !ex || !pstart || !plen) goto oom;
+    for (int64_t s = 0, j = 0, i = 0; i < n; i++)
+        if (v[i] == eot || i == n - 1) ex[j++] = s, s = i + 1;
+    if (shuffle) { /* Fisher-Yates: the examples' order is fixed by the seed */
+        uint64_t r = seed * 0x9e3779b97f4a7c15ull + 0x7061636bull;
+        for (int64_t i = n_ex - 1; i > 0; i--) {
+            int64_t j = (int64_t)(keel_splitmix64(&r) % (uint64_t)(i + 1)), t = ex[i];
+            ex[i] = ex[j], ex[j] = t;
+        }
+    }
+    int64_t np = 0;
+    for (int64_t e = 0; e < n_ex; e++) {
+        int64_t s = ex[e], end = s; /* end: the example's last token */
+        while (end < n - 1 && v[end] != eot) end++;
+        int64_t L = end - s; /* inputs: every token but the last, whose targets are the next ones */
+        if (L < 1) continue; /* a lone end-of-text: nothing to learn */
+        k->n_examples++;
+        if (L > T) {
+            k->n_overlong++;
+            if (overlong == KEEL_OVERLONG_DROP) {
+                k->n_dropped++;
+                continue;
+            }
+            if (overlong == KEEL_OVERLONG_TRUNCATE) L = T;
+        }
+        for (int64_t o = 0; o < L; o += T) pstart[np] = s + o, plen[np++] = (int32_t)(L - o < T ? L - o : T);
+    }
+    k->n_pieces = np;
+    pwin = malloc((size_t)(np ? np : 1) * sizeof *pwin);
+    if (!pwin) goto oom;
+    if (pack) {
+        fit_tree f = {NULL, 1};
+        while (f.leaves < (np ? np : 1)) f.leaves *= 2;
+        f.room = malloc((size_t)(2 * f.leaves) * sizeof *f.room);
+        if (!f.room) goto oom;
+        for (int64_t i = 0; i < 2 * f.leaves; i++) f.room[i] = (int32_t)T;
+        for (int64_t i = 0; i < np; i++) {
+            pwin[i] = fit_take(&f, plen[i]);
+            if (pwin[i] + 1 > k->n_windows) k->n_windows = pwin[i] + 1;
+        }
+        free(f.room);
+    } else {
+        for (int64_t i = 0; i < np; i++) pwin[i] = i;
+        k->n_windows = np;
+    }
+    /* the pieces grouped by window, each window's in the order they were placed (a stable count sort) */
+    k->first = calloc((size_t)(k->n_windows + 1), sizeof *k->first);
+    k->start = malloc((size_t)(np ? np : 1) * sizeof *k->start);
+    k->len = malloc((size_t)(np ? np : 1) * sizeof *k->len);
+    if (!k->first || !k->start || !k->len) goto oom;
+    for (int64_t i = 0; i < np; i++) k->first[pwin[i] + 1]++, k->n_slots += plen[i];
+    for (int64_t w = 0; w < k->n_windows; w++) k->first[w + 1] += k->first[w];
+    int64_t *next = malloc((size_t)(k->n_windows ? k->n_windows : 1) * sizeof *next);
+    if (!next) goto oom;
+    memcpy(next, k->first, (size_t)k->n_windows * sizeof *next);
+    for (int64_t i = 0; i < np; i++) {
+        int64_t at = next[pwin[i]]++;
+        k->start[at] = pstart[i], k->len[at] = plen[i];
+    }
+    free(next), free(ex), free(pstart), free(plen), free(pwin);
+    return k;
+oom:
+    free(ex), free(pstart), free(plen), free(pwin);
+    packing_free(k);
+    keel_fail("out of memory packing the examples into windows");
+    return NULL;
+}
+
+int keel_dataset_pack(keel_dataset *d, int64_t T, uint64_t seed, bool pack, keel_overlong overlong) {
+    packing_free(d->train_pack), packing_free(d->eval_pack);
+    d->train_pack = pack_stream(d->train, d->n_train, d->eot, T, true, seed, pack, overlong);
+    d->eval_pack = d->train_pack ? pack_stream(d->eval, d->n_eval, d->eot, T, false, 0, pack, overlong) : NULL;
+    if (!d->train_pack || !d->eval_pack) return -1;
+    if (d->train_pack->n_windows == 0)
+        return keel_fail("no training example fits a window of %lld tokens (%lld examples, %lld longer than the "
+                         "window and dropped by --overlong drop)",
+                         (long long)T, (long long)d->train_pack->n_examples, (long long)d->train_pack->n_dropped);
+    return 0;
+}
+
+int keel_doc_boundaries(const char *flag, bool jsonl) {
+    if (!flag || !strcmp(flag, "auto")) return jsonl ? 1 : 0;
+    if (!strcmp(flag, "on")) return 1;
+    if (!strcmp(flag, "off")) return 0;
+    return keel_fail("--doc-boundaries '%s': expected on, off or auto", flag);
+}
+
+int keel_overlong_parse(const char *flag, keel_overlong *out) {
+    if (!strcmp(flag, "truncate"))
+        *out = KEEL_OVERLONG_TRUNCATE;
+    else if (!strcmp(flag, "split"))
+        *out = KEEL_OVERLONG_SPLIT;
+    else if (!strcmp(flag, "drop"))
+        *out = KEEL_OVERLONG_DROP;
+    else
+        return keel_fail("--overlong '%s': expected truncate, split or drop", flag);
+    return 0;
+}
+
+void keel_data_report_packing(const keel_dataset *d, int64_t T, bool pack) {
+    const keel_packing *k = d->train_pack;
+    if (!k) return;
+    printf("data: document boundaries on: %lld examples %s %lld windows of %lld (%.1f%% of the positions "
+           "hold tokens)",
+           (long long)k->n_examples, pack ? "packed into" : "in", (long long)k->n_windows, (long long)T,
+           k->n_windows ? 100.0 * (double)k->n_slots / ((double)k->n_windows * (double)T) : 0.0);
+    if (k->n_overlong)
+        printf("; %lld longer than the window %s", (long long)k->n_overlong,
+               k->overlong == KEEL_OVERLONG_DROP    ? "dropped"
+               : k->overlong == KEEL_OVERLONG_SPLIT ? "split"
+                                                    : "truncated");
+    if (d->n_eval) printf("; %lld held-out windows", (long long)keel_dataset_eval_windows(d, T));
+    printf("\n");
+}
+
+int64_t keel_dataset_windows(const keel_dataset *d, int64_t T) {
+    if (d->train_pack) return d->train_pack->n_windows;
+    return d->n_train > T ? (d->n_train - 1) / T : 0;
+}
+
+int64_t keel_dataset_eval_windows(const keel_dataset *d, int64_t T) {
+    if (d->eval_pack) return d->eval_pack->n_windows;
+    return d->n_eval > T ? (d->n_eval - 1) / T : 0;
+}
 
 /* The window of sample p: a fresh Fisher-Yates permutation of the windows for each epoch. */
 static int64_t window_of(int64_t W, uint64_t seed, int64_t p) {
@@ -473,29 +642,54 @@ static int64_t window_of(int64_t W, uint64_t seed, int64_t p) {
     return perm[p % W];
 }
 
-/* T ids from start, and the next T as targets (KEEL_NO_TARGET where the mask leaves them out) */
-static void fill_window(const int32_t *v, const uint8_t *m, int64_t start, int64_t T, int32_t *ids, int32_t *tgt) {
-    memcpy(ids, v + start, (size_t)T * 4);
-    memcpy(tgt, v + start + 1, (size_t)T * 4);
-    for (int64_t i = 0; m && i < T; i++)
-        if (!m[start + 1 + i]) tgt[i] = KEEL_NO_TARGET;
-}
-
-int64_t keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids,
-                           int32_t *tgt) {
-    int64_t W = keel_dataset_windows(d, T), n = 0;
-    for (int64_t b = 0; b < B; b++) {
-        fill_window(d->train, d->train_mask, window_of(W, seed, p + b) * T, T, ids + b * T, tgt + b * T);
-        for (int64_t i = 0; i < T; i++) n += tgt[b * T + i] >= 0;
+/* len ids from start, the next len as targets (KEEL_NO_TARGET where the mask leaves them out),
+ * positions from 0 */
+static void fill_span(const int32_t *v, const uint8_t *m, int64_t start, int64_t len, int32_t *ids, int32_t *tgt,
+                      int32_t *pos) {
+    memcpy(ids, v + start, (size_t)len * 4);
+    memcpy(tgt, v + start + 1, (size_t)len * 4);
+    for (int64_t i = 0; i < len; i++) {
+        if (m && !m[start + 1 + i]) tgt[i] = KEEL_NO_TARGET;
+        if (pos) pos[i] = (int32_t)i;
     }
-    return n;
 }
 
-int64_t keel_dataset_window(const keel_dataset *d, bool eval, int64_t w, int64_t T, int32_t *ids, int32_t *tgt) {
-    fill_window(eval ? d->eval : d->train, eval ? d->eval_mask : d->train_mask, w * T, T, ids, tgt);
+/* Window w of a stream, and its count of targets the loss counts. */
+static int64_t fill_window(const keel_dataset *d, bool eval, int64_t w, int64_t T, int32_t *ids, int32_t *tgt,
+                           int32_t *pos) {
+    const int32_t *v = eval ? d->eval : d->train;
+    const uint8_t *m = eval ? d->eval_mask : d->train_mask;
+    const keel_packing *k = eval ? d->eval_pack : d->train_pack;
+    int64_t o = 0;
+    if (!k) {
+        fill_span(v, m, w * T, T, ids, tgt, pos);
+        o = T;
+    } else {
+        for (int64_t i = k->first[w]; i < k->first[w + 1]; i++) {
+            fill_span(v, m, k->start[i], k->len[i], ids + o, tgt + o, pos ? pos + o : NULL);
+            o += k->len[i];
+        }
+        for (int64_t i = o; i < T; i++) { /* padding: an example of its own that nothing reads */
+            ids[i] = d->eot, tgt[i] = KEEL_NO_TARGET;
+            if (pos) pos[i] = (int32_t)(i - o);
+        }
+    }
     int64_t n = 0;
     for (int64_t i = 0; i < T; i++) n += tgt[i] >= 0;
     return n;
+}
+
+int64_t keel_dataset_batch(const keel_dataset *d, int64_t T, int64_t B, uint64_t seed, int64_t p, int32_t *ids,
+                           int32_t *tgt, int32_t *pos) {
+    int64_t W = keel_dataset_windows(d, T), n = 0;
+    for (int64_t b = 0; b < B; b++)
+        n += fill_window(d, false, window_of(W, seed, p + b), T, ids + b * T, tgt + b * T, pos ? pos + b * T : NULL);
+    return n;
+}
+
+int64_t keel_dataset_window(const keel_dataset *d, bool eval, int64_t w, int64_t T, int32_t *ids, int32_t *tgt,
+                            int32_t *pos) {
+    return fill_window(d, eval, w, T, ids, tgt, pos);
 }
 
 int keel_chat_setup(const char *template_path, const char *tokenizer_json, keel_chat_template **out,

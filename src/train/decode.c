@@ -22,13 +22,21 @@ static keel_tensor *leaf(keel_ctx *ctx, int64_t a, int64_t b, int64_t c, int64_t
     return keel_set_flags(keel_new_4d(ctx, KEEL_F32, a, b, c, d), KEEL_FLAG_INPUT);
 }
 
+static bool has_deltanet(const keel_qwen35_config *c) {
+    for (int i = 0; i < c->layers; i++)
+        if (!c->full_attention[i]) return true;
+    return false;
+}
+
 /* Runs n tokens from position dec->seen; writes the last position's logits. */
 int keel_decoder_run(keel_decoder *d, const int32_t *ids, int64_t n, float *last_logits) {
     const keel_qwen35_config *c = &d->m->cfg;
     int64_t C = 2 * c->lk_heads * c->lk_dim + c->lv_heads * c->lv_dim, K = c->conv_kernel;
     keel_qwen35_cache in = {0}, out;
     keel_tensor *ti = keel_set_flags(keel_new_2d(d->ctx, KEEL_I32, n, 1), KEEL_FLAG_INPUT);
-    keel_tensor *tp = keel_set_flags(keel_new_1d(d->ctx, KEEL_I32, n), KEEL_FLAG_INPUT);
+    keel_tensor *tp = keel_set_flags(keel_new_2d(d->ctx, KEEL_I32, n, 1), KEEL_FLAG_INPUT);
+    /* the convolution reads [its K-1 cached inputs | the new tokens]: their positions */
+    in.conv_pos = keel_set_flags(keel_new_2d(d->ctx, KEEL_I32, K - 1 + n, 1), KEEL_FLAG_INPUT);
     for (int i = 0; i < c->layers; i++) {
         if (c->full_attention[i]) {
             if (d->seen)
@@ -53,9 +61,17 @@ int keel_decoder_run(keel_decoder *d, const int32_t *ids, int64_t n, float *last
     keel_session *s = g ? keel_session_new(d->be, g, NULL) : NULL;
     int rc = -1;
     if (!s) goto done;
-    int32_t *pv = malloc((size_t)n * sizeof *pv);
-    for (int64_t i = 0; i < n; i++) pv[i] = (int32_t)(d->seen + i);
-    rc = keel_tensor_write(d->be, ti, ids, KEEL_I32) || keel_tensor_write(d->be, tp, pv, KEEL_I32);
+    int32_t *pv = malloc((size_t)(K - 1 + n) * sizeof *pv);
+    if (!pv) {
+        keel_fail("out of memory");
+        goto done;
+    }
+    for (int64_t i = 0; i < K - 1 + n; i++) { /* cached inputs from before the start: 0 (never read) */
+        int64_t p = d->seen - (K - 1) + i;
+        pv[i] = (int32_t)(p < 0 ? 0 : p);
+    }
+    rc = keel_tensor_write(d->be, ti, ids, KEEL_I32) || keel_tensor_write(d->be, tp, pv + (K - 1), KEEL_I32) ||
+         (has_deltanet(c) && keel_tensor_write(d->be, in.conv_pos, pv, KEEL_I32));
     free(pv);
     for (int i = 0; i < c->layers && !rc; i++) {
         if (c->full_attention[i]) {

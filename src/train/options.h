@@ -42,6 +42,14 @@ struct cJSON;
       "responses: the loss on the completions and the assistant's turns only; all: on every token")                  \
     X(STR, chat_template, "--chat-template", "FILE", NULL, 0, 0, FIXED,                                                \
       "a Jinja chat template for \"messages\" data (default: the tokenizer's tokenizer_config.json)")                 \
+    X(STR, doc_boundaries, "--doc-boundaries", "on|off", "auto", 0, 0, FIXED,                                          \
+      "on: each example (document, conversation, prompt with completion) alone in its window's attention, "           \
+      "convolution and state, positions from 0, examples packed first fit; off: one token stream cut into "          \
+      "windows; auto: on for .jsonl data")                                                                             \
+    X(BOOL, no_pack, "--no-pack", "", 0, 0, 0, FIXED, "with document boundaries, one example a window (padded)")     \
+    X(STR, overlong, "--overlong", "HOW", "truncate", 0, 0, FIXED,                                                     \
+      "with document boundaries, an example longer than the window: truncate, split (pieces from position 0) or "    \
+      "drop")                                                                                                          \
     X(DBL, eval_fraction, "--eval-fraction", "F", 0.05, 0, 0.99, FIXED, "documents held out for evaluation")           \
     X(INT, window, "--window", "T", 128, 1, 1 << 24, FIXED, "tokens per sample")                                       \
     X(INT, batch, "--batch", "B", 8, 1, 1 << 20, FIXED, "samples per micro-batch")                                     \

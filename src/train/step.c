@@ -136,10 +136,10 @@ int keel_step_place(keel_step *st, keel_backend *be) {
     st->s = keel_session_new(be, st->g, NULL);
     if (!st->s) return -1;
     if (!st->pos) return 0;
-    int64_t T = st->pos->ne[0];
-    int32_t *pv = malloc((size_t)T * sizeof *pv);
+    int64_t T = st->pos->ne[0], B = st->pos->ne[1];
+    int32_t *pv = malloc((size_t)(T * B) * sizeof *pv);
     if (!pv) return keel_fail("out of memory");
-    for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
+    for (int64_t i = 0; i < T * B; i++) pv[i] = (int32_t)(i % T); /* one example per column */
     int rc = keel_tensor_write(be, st->pos, pv, KEEL_I32);
     free(pv);
     for (int i = 0; i < 2 * st->n_opt && !rc; i++)
@@ -170,6 +170,10 @@ int keel_step_trainable(const keel_step *st, keel_tensor ***out) {
 int keel_step_write_batch(keel_step *st, const int32_t *ids, const int32_t *targets) {
     if (keel_tensor_write(st->be, st->ids, ids, KEEL_I32)) return -1;
     return st->tgt && targets ? keel_tensor_write(st->be, st->tgt, targets, KEEL_I32) : 0;
+}
+
+int keel_step_write_positions(keel_step *st, const int32_t *pos) {
+    return st->pos ? keel_tensor_write(st->be, st->pos, pos, KEEL_I32) : 0;
 }
 
 int keel_step_run(keel_step *st, const int32_t *ids, const int32_t *targets, keel_node_cb cb, void *ud) {

@@ -5,7 +5,7 @@
  *
  *   keel_step *st = keel_step_build(&opts);    graph only: a caller may append nodes (the trainer's
  *   keel_step_adamw(st, ...);                  accumulation and gradient norm) before placing it
- *   keel_step_place(st, be);                   plan + session; positions 0..T-1; moments zeroed
+ *   keel_step_place(st, be);                   plan + session; positions 0..T-1 a column; moments zeroed
  *   keel_checkpoint_load(ck, st->m, be) / keel_qwen35_init_weights(st->m, be, seed)
  *   keel_step_run(st, ids, targets, cb, ud);   as often as needed
  *   keel_step_free(st);
@@ -38,7 +38,7 @@ typedef struct {
 typedef struct {
     keel_ctx *ctx;
     keel_qwen35 *m;
-    keel_tensor *ids, *tgt, *pos; /* [T,B], [T,B] (NULL when logits_only), [T]; all NULL when weights_only */
+    keel_tensor *ids, *tgt, *pos; /* [T,B], [T,B] (NULL when logits_only), [T,B]; all NULL when weights_only */
     keel_qwen35_out out;
     keel_graph *g;
     int clones;                  /* nodes the recompute rewrite added */
@@ -78,6 +78,8 @@ int keel_step_trainable(const keel_step *st, keel_tensor ***out);
 int keel_step_run(keel_step *st, const int32_t *ids, const int32_t *targets, keel_node_cb cb, void *ud);
 /* Writes ids and targets only (for callers that run node ranges themselves). */
 int keel_step_write_batch(keel_step *st, const int32_t *ids, const int32_t *targets);
+/* Writes the positions [T,B] of packed windows (each example from 0; keel_step_place wrote 0..T-1). */
+int keel_step_write_positions(keel_step *st, const int32_t *pos);
 void keel_step_free(keel_step *st);
 
 #endif

@@ -137,26 +137,26 @@ static int zero(keel_backend *be, keel_tensor *x) { return be->fill_bytes(be, x-
 /* The held-out loss: the mean over every counted target of the first eval_batches batches (each
  * batch's mean weighted by its count of targets). */
 static double eval_loss(trainer *t, const keel_dataset *d) {
-    int64_t T = t->o->window, B = t->o->batch, W = d->n_eval > T ? (d->n_eval - 1) / T : 0;
+    int64_t T = t->o->window, B = t->o->batch, W = keel_dataset_eval_windows(d, T);
     if (W < B) return NAN;
-    int32_t *ids = malloc((size_t)(T * B) * 4), *tgt = malloc((size_t)(T * B) * 4);
+    int32_t *ids = malloc((size_t)(T * B) * 4), *tgt = malloc((size_t)(T * B) * 4), *pos = malloc((size_t)(T * B) * 4);
     double sum = 0;
     int64_t nb = 0, counted = 0;
     keel_dropout_set_p(t->st->g, 0.0);           /* evaluation: the adapters see their whole input */
     keel_cross_entropy_set_divisor(t->st->g, 0); /* each batch's own count */
     for (int64_t w = 0; w + B <= W && nb < t->o->eval_batches; w += B, nb++) {
         int64_t n = 0;
-        for (int64_t b = 0; b < B; b++) n += keel_dataset_window(d, true, w + b, T, ids + b * T, tgt + b * T);
+        for (int64_t b = 0; b < B; b++)
+            n += keel_dataset_window(d, true, w + b, T, ids + b * T, tgt + b * T, pos + b * T);
         float l = NAN;
-        if (keel_tensor_write(t->be, t->st->ids, ids, KEEL_I32) ||
-            keel_tensor_write(t->be, t->st->tgt, tgt, KEEL_I32) ||
+        if (keel_step_write_batch(t->st, ids, tgt) || keel_step_write_positions(t->st, pos) ||
             t->be->compute(t->be, t->st->g, 0, t->st->g->n_forward, NULL, NULL) ||
             keel_tensor_read(t->be, t->st->out.loss, &l, KEEL_F32))
             break;
         sum += (double)l * (double)n, counted += n;
     }
     keel_dropout_set_p(t->st->g, t->o->lora_dropout);
-    free(ids), free(tgt);
+    free(ids), free(tgt), free(pos);
     return counted ? sum / (double)counted : NAN;
 }
 
@@ -330,6 +330,13 @@ static int setup(trainer *t) {
         .format = o->data_format, .skip_bad_lines = o->skip_bad_lines, .train_on_all = !strcmp(o->train_on, "all")};
     if (keel_chat_setup(o->chat_template, t->tok ? t->tok_file : NULL, &t->chat, &dopt)) return -1;
     if (keel_dataset_load(&t->data, o->data, o->n_data, t->tok, o->eval_fraction, o->seed, cache, &dopt)) return -1;
+    int bounds = keel_doc_boundaries(o->doc_boundaries, t->data.jsonl);
+    keel_overlong overlong;
+    if (bounds < 0 || keel_overlong_parse(o->overlong, &overlong)) return -1;
+    if (bounds) {
+        if (keel_dataset_pack(&t->data, o->window, o->seed, !o->no_pack, overlong)) return -1;
+        keel_data_report_packing(&t->data, o->window, !o->no_pack);
+    }
     int64_t W = keel_dataset_windows(&t->data, o->window);
     if (W < 1) {
         keel_fail("--window %lld is longer than the training data (%lld tokens)", (long long)o->window,
@@ -395,7 +402,8 @@ static int setup(trainer *t) {
         return -1;
     }
     t->ids = malloc((size_t)(o->window * o->batch) * 4), t->tgt = malloc((size_t)(o->window * o->batch) * 4);
-    if (!t->ids || !t->tgt) return keel_fail("out of memory for a batch");
+    t->pos = malloc((size_t)(o->window * o->batch) * 4);
+    if (!t->ids || !t->tgt || !t->pos) return keel_fail("out of memory for a batch");
     t->tty = isatty(fileno(stdout));
     if (t->lead && t->step == 0 && t->data.n_eval > o->window) {
         double el = eval_loss(t, &t->data);
@@ -424,8 +432,8 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
      * rank counts every rank's share (the data order is the same everywhere). */
     int64_t counted = 0;
     for (int64_t k = 0; k < o->accum * t->world; k++)
-        counted +=
-            keel_dataset_batch(&t->data, o->window, o->batch, o->seed, t->position + k * o->batch, t->ids, t->tgt);
+        counted += keel_dataset_batch(&t->data, o->window, o->batch, o->seed, t->position + k * o->batch, t->ids,
+                                      t->tgt, t->pos);
     keel_cross_entropy_set_divisor(t->st->g, counted ? (double)counted / (double)(o->accum * t->world)
                                                      : 1.0 / (double)(o->accum * t->world));
     t->trained += counted;
@@ -434,7 +442,7 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
         /* rank r takes the r-th share of the global micro-batch: the samples of one process with
          * --accum world, so the sum over ranks equals its accumulated gradient bit for bit */
         keel_dataset_batch(&t->data, o->window, o->batch, o->seed, t->position + (int64_t)t->rank * o->batch, t->ids,
-                           t->tgt);
+                           t->tgt, t->pos);
         t->position += o->batch * t->world;
         /* dropout masks: one counter per micro-batch of the global batch, so --nproc N draws the
          * masks of one process with --accum N */
@@ -446,7 +454,8 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
         float l = NAN;
         step_cb cb = {tr, micro == o->accum - 1 ? t->sync : NULL};
         if (cb.sync) keel_grad_sync_begin(cb.sync);
-        int rc = keel_step_write_batch(t->st, t->ids, t->tgt) || (tr && keel_tracer_begin(tr, t->be, t->st->g)) ||
+        int rc = keel_step_write_batch(t->st, t->ids, t->tgt) || keel_step_write_positions(t->st, t->pos) ||
+                 (tr && keel_tracer_begin(tr, t->be, t->st->g)) ||
                  t->be->compute(t->be, t->st->g, 0, t->end_fb, cb.tr || cb.sync ? on_node : NULL, &cb) ||
                  (cb.sync && keel_grad_sync_finish(cb.sync)) || keel_tensor_read(t->be, t->st->out.loss, &l, KEEL_F32);
         if (tr && !rc) {
@@ -513,7 +522,7 @@ static void log_eval(trainer *t, int64_t step) {
 static void teardown(trainer *t) {
     if (t->metrics) fclose(t->metrics);
     if (t->lock_fd >= 0) close(t->lock_fd);
-    free(t->ids), free(t->tgt);
+    free(t->ids), free(t->tgt), free(t->pos);
     keel_dataset_free(&t->data);
     keel_tokenizer_free(t->tok);
     keel_chat_template_free(t->chat);

@@ -35,12 +35,12 @@ typedef struct {
     keel_chat_template *chat; /* renders "messages" data (NULL: none) */
     keel_dataset data;
     FILE *metrics;
-    int lock_fd;         /* the --out folder's lock (keel_run_lock), held for the run's life; -1: none */
-    char from_buf[4200]; /* the checkpoint resumed from, when it was moved into place */
-    int32_t *ids, *tgt;  /* one micro-batch */
-    bool lead, tty;      /* rank 0 prints, evaluates, writes; a terminal gets one live line */
-    double t0;           /* when the first step of this invocation began */
-    int64_t start_step;  /* the step it began after */
+    int lock_fd;              /* the --out folder's lock (keel_run_lock), held for the run's life; -1: none */
+    char from_buf[4200];      /* the checkpoint resumed from, when it was moved into place */
+    int32_t *ids, *tgt, *pos; /* one micro-batch */
+    bool lead, tty;           /* rank 0 prints, evaluates, writes; a terminal gets one live line */
+    double t0;                /* when the first step of this invocation began */
+    int64_t start_step;       /* the step it began after */
 } trainer;
 
 /* OUT/checkpoint: the weights (keel_checkpoint_save_ex) with the trainer's state beside them:

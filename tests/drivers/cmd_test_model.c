@@ -4,7 +4,9 @@
  * (h = 1e-4 max(1,|x|): the l2-normalised DeltaNet keys curve too fast for the op suite's 1e-3),
  * then the cpu (or cuda) backend's float32 gradients against ref's (and 1 vs 2 threads, bitwise).
  * Then the same pair with LoRA adapters on every projection (rank 3, dropout 0.25 with a fixed
- * mask): the adapters' factors are the parameters checked, the base frozen. */
+ * mask): the adapters' factors are the parameters checked, the base frozen. Then packing: windows
+ * holding several examples (positions restarting at 0, padding after) give the loss and every
+ * gradient of running each example alone, summed (ref float64 and the float32 backend). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +185,95 @@ static int check(const char *label, const keel_qwen35_config *c, const keel_lora
     return fails;
 }
 
+/* Packed windows against each example alone. Column 0 packs examples of 5, 3 and 6 inputs and two
+ * padding positions, column 1 examples of 9 and 7: ids and targets random, every target counted,
+ * the cross-entropy divided by one fixed count in every run, so that the packed loss is the sum of
+ * the examples' losses and its gradients the sums of theirs. Relative error: per parameter, the
+ * largest difference over the largest gradient. Returns failures, or -1. */
+static int check_packing(const keel_qwen35_config *c, const char *backend, double limit, int *n_checks) {
+    enum { T = 16, B = 2, NE = 5 };
+    static const int col[NE] = {0, 0, 0, 1, 1}, len[NE] = {5, 3, 6, 9, 7};
+    int32_t ids[T * B], tgt[T * B], pos[T * B], ex_ids[NE][T], ex_tgt[NE][T], ex_pos[NE][T];
+    uint64_t rs = 777;
+    int o[B] = {0, 0};
+    for (int e = 0; e < NE; e++) {
+        for (int i = 0; i < len[e]; i++) {
+            rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+            int at = col[e] * T + o[col[e]] + i;
+            ex_ids[e][i] = ids[at] = (int32_t)((rs >> 33) % (uint64_t)c->vocab);
+            ex_tgt[e][i] = tgt[at] = (int32_t)((rs >> 45) % (uint64_t)c->vocab);
+            ex_pos[e][i] = pos[at] = i;
+        }
+        o[col[e]] += len[e];
+    }
+    for (int b = 0; b < B; b++)
+        for (int i = o[b]; i < T; i++) ids[b * T + i] = 0, tgt[b * T + i] = -100, pos[b * T + i] = i - o[b];
+    double D = 30.0; /* the counted targets of the packed batch */
+    keel_backend *be = keel_backend_new(backend, 1);
+    keel_type type = strcmp(backend, "ref") ? KEEL_F32 : KEEL_F64;
+    keel_step *P = be ? build(be, c, type, T, B, NULL) : NULL, *A[NE] = {0};
+    int rc = !P;
+    for (int e = 0; e < NE && !rc; e++) rc = !(A[e] = build(be, c, type, len[e], 1, NULL));
+    double **vals = rc ? NULL : keel_qwen35_init_values(P->m, 11);
+    for (int i = 0; vals && i < P->m->n_params; i++)
+        for (int64_t j = 0; j < keel_nelements(P->m->params[i]); j++) {
+            const char *nm = P->m->params[i]->name;
+            if (strstr(nm, "proj") || strstr(nm, "embed")) vals[i][j] *= 15.0;
+            vals[i][j] = (float)vals[i][j];
+        }
+    rc = rc || !vals;
+    for (int i = 0; !rc && i < P->m->n_params; i++) {
+        rc = keel_tensor_write(be, P->m->params[i], vals[i], KEEL_F64);
+        for (int e = 0; e < NE && !rc; e++) rc = keel_tensor_write(be, A[e]->m->params[i], vals[i], KEEL_F64);
+    }
+    keel_cross_entropy_set_divisor(P->g, D);
+    rc = rc || keel_step_write_positions(P, pos) || keel_step_run(P, ids, tgt, NULL, NULL);
+    double lp = rc ? NAN : loss_of(P, be), la = 0;
+    for (int e = 0; e < NE && !rc; e++) {
+        keel_cross_entropy_set_divisor(A[e]->g, D);
+        rc = keel_step_write_positions(A[e], ex_pos[e]) || keel_step_run(A[e], ex_ids[e], ex_tgt[e], NULL, NULL);
+        la += loss_of(A[e], be);
+    }
+    if (rc) {
+        fprintf(stderr, "keel test-model: %s\n", keel_last_error());
+        return -1;
+    }
+    int fails = 0;
+    double e_loss = fabs(lp - la) / fabs(la), worst = e_loss;
+    if (!(e_loss <= limit)) fails++;
+    printf("packing on %s: loss of the packed batch %.15g, sum of the examples alone %.15g: rel err %.1e\n", backend,
+           lp, la, e_loss);
+    for (int i = 0; i < P->m->n_params; i++) {
+        keel_tensor *p = P->m->params[i];
+        int64_t n = keel_nelements(p);
+        double *gp = keel_tensor_read_f64(be, keel_graph_grad(P->g, p)), *ga = calloc((size_t)n, sizeof *ga);
+        for (int e = 0; e < NE && gp && ga; e++) {
+            double *g = keel_tensor_read_f64(be, keel_graph_grad(A[e]->g, A[e]->m->params[i]));
+            for (int64_t j = 0; g && j < n; j++) ga[j] += g[j];
+            free(g);
+        }
+        double dmax = 0, gmax = 0;
+        for (int64_t j = 0; gp && ga && j < n; j++)
+            dmax = fmax(dmax, fabs(gp[j] - ga[j])), gmax = fmax(gmax, fabs(ga[j]));
+        double e = gmax > 0 ? dmax / gmax : 1.0; /* a zero gradient would check nothing */
+        bool ok = gp && ga && e <= limit;
+        fails += !ok;
+        worst = fmax(worst, e);
+        if (!ok) printf("packing on %s: grad.%s rel err %.1e > %.0e  FAIL\n", backend, p->name, e, limit);
+        free(gp), free(ga);
+    }
+    printf("packing on %s: loss and %d gradients of a packed batch equal the examples' alone: worst rel err %.2e "
+           "(limit %.0e)  %s\n",
+           backend, P->m->n_params, worst, limit, fails ? "FAIL" : "OK");
+    *n_checks += 1 + P->m->n_params;
+    for (int i = 0; i < P->m->n_params; i++) free(vals[i]);
+    free(vals);
+    keel_step_free(P);
+    for (int e = 0; e < NE; e++) keel_step_free(A[e]);
+    keel_backend_free(be);
+    return fails;
+}
+
 int cmd_test_model(int argc, char **argv) {
     const char *other = "cpu";
     const cli_flag flags[] = {
@@ -217,7 +308,14 @@ int cmd_test_model(int argc, char **argv) {
     int n_checks = 0;
     int f1 = check("Qwen3.5 layer pair (DeltaNet + gated attention)", &c, NULL, other, &n_checks);
     int f2 = f1 < 0 ? -1 : check("the pair with LoRA adapters (rank 3, dropout 0.25)", &c, &lora, other, &n_checks);
-    if (f1 < 0 || f2 < 0) return 2;
-    printf("%d passed, %d failed\n", n_checks - f1 - f2, f1 + f2);
-    return f1 + f2 ? 1 : 0;
+    /* packing: three layers (DeltaNet, attention, DeltaNet), so a DeltaNet layer also reads what
+     * attention mixed; float64 on ref to 1e-12, float32 to 1e-6 */
+    keel_qwen35_config c3 = c;
+    c3.layers = 3;
+    int f3 = f2 < 0 ? -1 : check_packing(&c3, "ref", 1e-12, &n_checks);
+    int f4 = f3 < 0 ? -1 : check_packing(&c3, other, 1e-6, &n_checks);
+    if (f1 < 0 || f2 < 0 || f3 < 0 || f4 < 0) return 2;
+    int fails = f1 + f2 + f3 + f4;
+    printf("%d passed, %d failed\n", n_checks - fails, fails);
+    return fails ? 1 : 0;
 }

@@ -1,8 +1,9 @@
 /* keel test-recompute: activation recompute must cost no accuracy. For the transformers fixture's model
  * and a deeper random one (8 layers, both layer kinds), modes off, full, every:2 and layers:1,3
  * (and 1 vs 2 threads; on cuda, which ignores threads, that is a second run) must give bitwise
- * identical losses, gradients and parameters over 3 AdamW steps. Also prints each mode's planned
- * memory. */
+ * identical losses, gradients and parameters over 3 AdamW steps; the random model also with packed
+ * windows (positions restarting at 0 where an example starts, a different packing each step).
+ * Also prints each mode's planned memory. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #define STEPS 3
 
 static const char *backend_name = "cpu"; /* --backend */
+static bool packed;                      /* packed windows: examples of 1..9 tokens */
 
 typedef struct {
     uint64_t loss[STEPS], grads[STEPS], params;
@@ -68,14 +70,16 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
         }
         free(v);
     }
-    int32_t iv[T * B], tv[T * B];
+    int32_t iv[T * B], tv[T * B], pv[T * B];
     for (int step = 0; step < STEPS; step++) {
         for (int64_t i = 0; i < T * B; i++) {
             iv[i] = (int32_t)((i * 7 + step * 13 + 3) % cfg->vocab);
             tv[i] = (int32_t)((i * 11 + step * 5 + 1) % cfg->vocab);
+            int64_t t = i % T;
+            pv[i] = (int32_t)(!packed ? t : t == 0 || (t * 5 + step * 3 + i / T) % 9 == 0 ? 0 : pv[i - 1] + 1);
         }
         keel_adamw_set(st->opt, st->n_opt, step + 1, 1e-2, 1.0);
-        if (keel_step_run(st, iv, tv, NULL, NULL)) goto done;
+        if (keel_step_write_positions(st, pv) || keel_step_run(st, iv, tv, NULL, NULL)) goto done;
         o->loss[step] = hash_tensor(0xcbf29ce484222325ull, be, st->out.loss);
         uint64_t h = 0xcbf29ce484222325ull;
         for (int i = 0; i < m->n_params; i++) h = hash_tensor(h, be, keel_step_grad(st, i));
@@ -169,6 +173,8 @@ int cmd_test_recompute(int argc, char **argv) {
     for (int i = 0; i < 8; i++) c.full_attention[i] = (i + 1) % 4 == 0;
     check_model("random 8-layer model (6 Gated DeltaNet + 2 gated attention layers, untied head)", &c, NULL, &pass,
                 &fail);
+    packed = true;
+    check_model("the random model on packed windows (examples of 1 to 9 tokens)", &c, NULL, &pass, &fail);
     printf("%d passed, %d failed\n", pass, fail);
     return fail ? 1 : 0;
 }

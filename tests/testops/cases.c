@@ -42,6 +42,13 @@ static case_input *IDX(op_case *c, int64_t n0, int64_t n1, int64_t max) {
     return in;
 }
 
+/* positions [T,B] of packed examples of up to max_len tokens (DOM_SEGMENTS) */
+static case_input *SEG(op_case *c, int64_t T, int64_t B, int64_t max_len) {
+    case_input *in = IDX(c, T, B, max_len);
+    in->dom = DOM_SEGMENTS;
+    return in;
+}
+
 static void P(op_case *c, int n_ip, const int64_t *ip, int n_fp, const double *fp) {
     c->n_ip = n_ip;
     c->n_fp = n_fp;
@@ -377,16 +384,22 @@ int keel_cases_all(op_case **out) {
             rows_family(&l, op, keel_op_get(op)->arity, DOM_NORMAL, NULL, 0, (double[]){1e-6}, 1);
             break;
         case KEEL_OP_SOFT_MAX:
-            rows_family(&l, op, 1, DOM_NORMAL, (int64_t[]){0}, 1, (double[]){0.7}, 1);
-            for (int w = 0; w < N_WIDTHS; w += 1) { /* causal: keys along dim 0, queries along dim 1 */
-                c = C(&l, op);
-                I(c, KEEL_F32, WIDTHS[w], WIDTHS[w] < 5 ? WIDTHS[w] : 5, 2, 1);
-                P(c, 1, (int64_t[]){1}, 1, (double[]){0.125});
-            }
-            c = C(&l, op);
-            I(c, KEEL_F32, 17, 17, 2, 1)->view = VIEW_TRANSPOSED;
-            P(c, 1, (int64_t[]){1}, 1, (double[]){1.0});
+            rows_family(&l, op, 1, DOM_NORMAL, NULL, 0, (double[]){0.7}, 1);
             break;
+        case KEEL_OP_SOFT_MAX_CAUSAL: {
+            /* keys, queries, heads, batch, longest example: one example a column (plain causal),
+             * packed examples, more keys than queries (decoding), a transposed view */
+            static const int64_t sh[][5] = {{1, 1, 2, 1, 1},       {31, 31, 2, 2, 7}, {1024, 5, 2, 1, 4000},
+                                            {4097, 3, 1, 1, 2000}, {64, 64, 3, 2, 9}, {1025, 1025, 1, 1, 5000},
+                                            {17, 17, 2, 1, 5},     {40, 40, 1, 3, 1}};
+            for (int s = 0; s < 8; s++) {
+                c = C(&l, op);
+                I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view = s == 6 ? VIEW_TRANSPOSED : VIEW_NONE;
+                SEG(c, sh[s][1], sh[s][3], sh[s][4]);
+                P(c, 0, NULL, 1, (double[]){s % 2 ? 0.125 : 1.0});
+            }
+            break;
+        }
         case KEEL_OP_SOFT_MAX_BACK:
             rows_family(&l, op, 2, DOM_NORMAL, NULL, 0, (double[]){0.7}, 1);
             break;
@@ -400,6 +413,10 @@ int keel_cases_all(op_case **out) {
                 IDX(c, sh[s][2], 1, s == 1 ? 20000 : 64);
                 P(c, 1, (int64_t[]){sh[s][4]}, 1, (double[]){s == 1 ? 1e7 : 10000.0});
             }
+            c = C(&l, op); /* positions per column [T,B]: packed examples */
+            I(c, KEEL_F32, 32, 3, 9, 2);
+            SEG(c, 9, 2, 4);
+            P(c, 1, (int64_t[]){16}, 1, (double[]){10000.0});
             break;
         }
         case KEEL_OP_MUL_MAT:
@@ -439,15 +456,19 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_CONV1D:
         case KEEL_OP_CONV1D_BACK_INPUT:
         case KEEL_OP_CONV1D_BACK_WEIGHT: {
-            static const int64_t sh[][3] = {{1, 5, 1}, {31, 9, 2}, {4097, 3, 1}, {8, 70, 2}, {3, 1, 1}};
-            for (int s = 0; s < 5; s++) {
+            /* C, T, B, longest example (a window's worth: one example a column; short: packed) */
+            static const int64_t sh[][4] = {{1, 5, 1, 5},  {31, 9, 2, 3}, {4097, 3, 1, 3},
+                                            {8, 70, 2, 6}, {3, 1, 1, 1},  {16, 40, 3, 100}};
+            for (int s = 0; s < 6; s++) {
                 c = C(&l, op);
                 I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], 1)->view = s == 3 ? VIEW_STRIDED : VIEW_NONE;
                 if (op == KEEL_OP_CONV1D_BACK_WEIGHT) {
                     I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], 1);
+                    SEG(c, sh[s][1], sh[s][2], sh[s][3]);
                     P(c, 1, (int64_t[]){4}, 0, NULL);
                 } else {
                     I(c, KEEL_F32, 4, sh[s][0], 1, 1)->view = s == 1 ? VIEW_TRANSPOSED : VIEW_NONE;
+                    SEG(c, sh[s][1], sh[s][2], sh[s][3]);
                 }
             }
             break;
@@ -455,14 +476,11 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_GATED_DELTA_NET:
         case KEEL_OP_GATED_DELTA_NET_STATE:
         case KEEL_OP_GATED_DELTA_NET_BACK: {
-            /* Dk, Hk, T, B, Dv, Hv */
-            /* the last: Dk = 160 > 128, the cuda kernels' 8-registers-a-lane variant */
-            static const int64_t sh[][6] = {{4, 1, 5, 1, 3, 1},
-                                            {8, 2, 130, 2, 6, 4},
-                                            {16, 1, 65, 1, 16, 2},
-                                            {5, 2, 3, 1, 7, 2},
-                                            {160, 1, 20, 1, 3, 2}};
-            for (int s = 0; s < 5; s++) {
+            /* Dk, Hk, T, B, Dv, Hv, longest example (>= T: one example a column; less: packed) */
+            /* Dk = 160 > 128: the cuda kernels' 8-registers-a-lane variant */
+            static const int64_t sh[][7] = {{4, 1, 5, 1, 3, 1, 5}, {8, 2, 130, 2, 6, 4, 40}, {16, 1, 65, 1, 16, 2, 65},
+                                            {5, 2, 3, 1, 7, 2, 2}, {160, 1, 20, 1, 3, 2, 7}, {8, 1, 70, 2, 9, 1, 1000}};
+            for (int s = 0; s < 6; s++) {
                 const int64_t *x = sh[s];
                 c = C(&l, op);
                 case_input *q = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
@@ -472,6 +490,7 @@ int keel_cases_all(op_case **out) {
                 I(c, KEEL_F32, x[4], x[5], x[2], x[3])->view = s == 3 ? VIEW_STRIDED : VIEW_NONE;
                 I(c, KEEL_F32, x[5], x[2], x[3], 1)->dom = DOM_GATE;
                 I(c, KEEL_F32, x[5], x[2], x[3], 1)->dom = DOM_UNIT;
+                SEG(c, x[2], x[3], x[6]);
                 if (op == KEEL_OP_GATED_DELTA_NET_BACK) I(c, KEEL_F32, x[4], x[5], x[2], x[3]);
                 if (op == KEEL_OP_GATED_DELTA_NET_STATE) I(c, KEEL_F32, x[4], x[0], x[5], x[3])->scale = 0.3;
             }

@@ -67,6 +67,7 @@ static double *gen_values(const case_input *in, uint64_t seed, int64_t n) {
     double *v = malloc((size_t)n * sizeof *v);
     uint64_t s = seed;
     double sc = in->scale ? in->scale : 1.0;
+    int64_t pos = 0; /* DOM_SEGMENTS */
     for (int64_t i = 0; i < n; i++) {
         double x;
         switch (in->dom) {
@@ -90,11 +91,17 @@ static double *gen_values(const case_input *in, uint64_t seed, int64_t n) {
         case DOM_SMALL:
             x = 1e-4 * keel_uniform01(&s);
             break;
+        case DOM_SEGMENTS: {
+            uint64_t u = keel_splitmix64(&s), L = (uint64_t)in->index_max;
+            pos = i % in->ne[0] == 0 ? (int64_t)(u % L) : (u % L == 0 || (uint64_t)pos + 1 >= L) ? 0 : pos + 1;
+            x = (double)pos;
+            break;
+        }
         default:
             x = normal(&s);
             break;
         }
-        v[i] = round_to(in->type, in->dom == DOM_INDEX || in->dom == DOM_INDEX_OR_IGNORED ? x : x * sc);
+        v[i] = round_to(in->type, in->type == KEEL_I32 ? x : x * sc);
     }
     return v;
 }
@@ -334,7 +341,6 @@ static void make_label(op_case *c) {
     }
     if ((c->op == KEEL_OP_ACC || c->op == KEEL_OP_SET) && c->ip[4])
         k = snprintf(p, left, ",inplace"), p += k, left -= (size_t)k;
-    if (c->op == KEEL_OP_SOFT_MAX && c->ip[0]) k = snprintf(p, left, ",causal"), p += k, left -= (size_t)k;
     if (c->op == KEEL_OP_CONCAT) k = snprintf(p, left, ",dim=%lld", (long long)c->ip[0]), p += k, left -= (size_t)k;
     snprintf(p, left, ")");
 }

@@ -8,7 +8,7 @@
 
 #include "tensor/tensor.h"
 
-#define CASE_MAX_IN 6
+#define CASE_MAX_IN KEEL_MAX_SRC
 
 typedef enum {
     DOM_NORMAL,
@@ -17,7 +17,9 @@ typedef enum {
     DOM_INDEX_OR_IGNORED, /* DOM_INDEX, with about a third -100 (cross-entropy targets with no loss) */
     DOM_GATE,
     DOM_UNIT,
-    DOM_SMALL
+    DOM_SMALL,
+    DOM_SEGMENTS, /* i32 positions [T,B]: each column starts inside an example, and examples of up to
+                   * index_max tokens restart at 0 at random (packed windows) */
 } case_domain;
 typedef enum { VIEW_NONE, VIEW_TRANSPOSED, VIEW_PERMUTED, VIEW_STRIDED } case_view;
 

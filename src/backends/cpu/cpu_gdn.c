@@ -39,11 +39,13 @@ static void gather(const gdn_ctx *c, int64_t b, int64_t hv, lane_in *L, bool wit
             L->k[t * c->Dk + i] = cpu_ldf(kr + i * s[1]->nb[0]);
         }
         for (int64_t j = 0; j < c->Dv; j++) L->v[t * c->Dv + j] = cpu_ldf(vr + j * s[2]->nb[0]);
-        L->g[t] = cpu_ldf(cpu_row(s[3], t, b, 0) + hv * s[3]->nb[0]);
+        /* an example starts here: g = -inf makes the decay exp(g) exactly 0, which resets the
+         * state (forward) and stops dS flowing into the previous example (backward) */
+        L->g[t] = cpu_pos(s[5], t, b) == 0 ? -INFINITY : cpu_ldf(cpu_row(s[3], t, b, 0) + hv * s[3]->nb[0]);
         L->beta[t] = cpu_ldf(cpu_row(s[4], t, b, 0) + hv * s[4]->nb[0]);
         if (with_do) {
-            const char *dr = cpu_row(s[5], hv, t, b);
-            for (int64_t j = 0; j < c->Dv; j++) L->dO[t * c->Dv + j] = cpu_ldf(dr + j * s[5]->nb[0]);
+            const char *dr = cpu_row(s[6], hv, t, b);
+            for (int64_t j = 0; j < c->Dv; j++) L->dO[t * c->Dv + j] = cpu_ldf(dr + j * s[6]->nb[0]);
         }
     }
 }
@@ -115,7 +117,7 @@ static void forward_task(void *arg, int64_t begin, int64_t end, int th) {
         return;
     }
     float *o = S + VB * Dk;
-    const keel_tensor *s0 = c->t->op == KEEL_OP_GATED_DELTA_NET_STATE ? c->t->src[5] : NULL;
+    const keel_tensor *s0 = c->t->op == KEEL_OP_GATED_DELTA_NET_STATE ? c->t->src[6] : NULL;
     for (int64_t lane = begin; lane < end; lane++) {
         int64_t b = lane / c->Hv, hv = lane % c->Hv;
         gather(c, b, hv, &L, false);

@@ -30,6 +30,12 @@ static inline float cpu_ldf(const char *p) {
     return v;
 }
 static inline void cpu_stf(char *p, float v) { memcpy(p, &v, 4); }
+/* Position (t, b) of an i32 positions tensor [T] or [T,B]; below 0 counts as 0 (ops/ops.h). */
+static inline int64_t cpu_pos(const keel_tensor *p, int64_t t, int64_t b) {
+    int32_t v;
+    memcpy(&v, (const char *)p->data + t * p->nb[0] + (p->ne[1] == 1 ? 0 : b * p->nb[1]), 4);
+    return v < 0 ? 0 : v;
+}
 
 /* The copy path (cpu_copy.c). */
 int cpu_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate);

@@ -129,20 +129,26 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
             for (int64_t i = 0; i < n; i++) W(d + 4 * i) = (float)(sc * F(dy + i * yn) - f2 * F(s + i * an));
             break;
         }
-        case KEEL_OP_SOFT_MAX: {
-            int64_t lim = t->ip[0] ? i1 + (n - a->ne[1]) : n - 1;
-            if (lim > n - 1) lim = n - 1;
+        case KEEL_OP_SOFT_MAX:
+        case KEEL_OP_SOFT_MAX_CAUSAL: { /* over keys lo .. hi; the others 0 */
+            int64_t lo = 0, hi = n - 1;
+            if (t->op == KEEL_OP_SOFT_MAX_CAUSAL) {
+                hi = i1 + (n - a->ne[1]);
+                lo = hi - cpu_pos(y, i1, i3);
+                if (lo < 0) lo = 0;
+            }
             float sc = (float)t->fp[0], mx = -INFINITY;
-            for (int64_t i = 0; i <= lim; i++) mx = fmaxf(mx, sc * F(s + i * an));
+            for (int64_t i = lo; i <= hi; i++) mx = fmaxf(mx, sc * F(s + i * an));
             double z = 0;
-            for (int64_t i = 0; i <= lim; i++) {
+            for (int64_t i = lo; i <= hi; i++) {
                 float ev = expf(sc * F(s + i * an) - mx);
                 W(d + 4 * i) = ev;
                 z += ev;
             }
             float iz = (float)(1.0 / z);
-            for (int64_t i = 0; i <= lim; i++) W(d + 4 * i) *= iz;
-            for (int64_t i = lim + 1; i < n; i++) W(d + 4 * i) = 0.0f;
+            for (int64_t i = 0; i < lo; i++) W(d + 4 * i) = 0.0f;
+            for (int64_t i = lo; i <= hi; i++) W(d + 4 * i) *= iz;
+            for (int64_t i = hi + 1; i < n; i++) W(d + 4 * i) = 0.0f;
             break;
         }
         case KEEL_OP_SOFT_MAX_BACK: {
@@ -166,8 +172,7 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
         case KEEL_OP_ROPE_BACK: {
             /* angles in float64: a float32 angle at position 1e4 is off by ~1e-3 rad */
             int64_t nr = t->ip[0], h = nr / 2;
-            int32_t pos;
-            memcpy(&pos, cpu_row(y, 0, 0, 0) + i2 * y->nb[0], 4);
+            int64_t pos = cpu_pos(y, i2, i3);
             double dir = t->op == KEEL_OP_ROPE ? 1.0 : -1.0;
             for (int64_t f = 0; f < h; f++) {
                 double ang = (double)pos * keel_rope_freq(t->fp[0], nr, f);
@@ -271,7 +276,7 @@ enum { CONV_CB = 64 };
 static void conv_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
-    const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1];
+    const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1], *p = t->src[2];
     if (t->op == KEEL_OP_CONV1D_BACK_WEIGHT) { /* item = block of CONV_CB channels; src1 is dy */
         int64_t K = t->ne[0], T = x->ne[1], C = t->ne[1], xn = x->nb[0], wn = w->nb[0];
         for (int64_t blk = b; blk < e; blk++) {
@@ -280,6 +285,7 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
                 double acc[CONV_CB] = {0}; /* each channel summed over (batch, time) in order */
                 for (int64_t bb = 0; bb < x->ne[2]; bb++)
                     for (int64_t tt = (K - 1) - j; tt < T; tt++) {
+                        if (K - 1 - j > cpu_pos(p, tt, bb)) continue; /* reaches before the example */
                         const char *dyr = cpu_row(w, tt, bb, 0) + c0 * wn,
                                    *xr = cpu_row(x, tt - (K - 1) + j, bb, 0) + c0 * xn;
                         for (int64_t ch = 0; ch < nc; ch++) acc[ch] += (double)F(dyr + ch * wn) * F(xr + ch * xn);
@@ -297,8 +303,9 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
         float *d = (float *)(void *)cpu_row(t, tt, bb, 0);
         for (int64_t ch = 0; ch < C; ch++) d[ch] = 0.0f;
         for (int64_t j = 0; j < K; j++) {
+            /* tap j reaches d = K-1-j steps back from the output position, within its example */
             int64_t ts = t->op == KEEL_OP_CONV1D ? tt - (K - 1) + j : tt + (K - 1) - j;
-            if (ts < 0 || ts >= T) continue;
+            if (ts < 0 || ts >= T || K - 1 - j > cpu_pos(p, t->op == KEEL_OP_CONV1D ? tt : ts, bb)) continue;
             const char *xr = cpu_row(x, ts, bb, 0);
             const float *wj = c->wt + j * C;
             if (xn == 4) {
@@ -509,6 +516,7 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_RMS_NORM_BACK:
     case KEEL_OP_L2_NORM_BACK:
     case KEEL_OP_SOFT_MAX:
+    case KEEL_OP_SOFT_MAX_CAUSAL:
     case KEEL_OP_SOFT_MAX_BACK:
     case KEEL_OP_SILU_BACK:
     case KEEL_OP_ROPE:

@@ -19,7 +19,7 @@
 #define BWD_WARPS 16 /* columns per backward block */
 
 typedef struct {
-    kt q, k, v, g, beta, dO, s0;
+    kt q, k, v, g, beta, pos, dO, s0;
     int64_t Dk, Hk, T, B, Dv, Hv;
 } gdn_args;
 
@@ -67,7 +67,9 @@ __device__ static void stage_load(const stage &st, const gdn_args &A, int64_t b,
         if (st.dO) st.dO[x] = in ? ldf(kt_at(A.dO, j0 + c, hv, t0 + s, b)) : 0.0f;
     }
     for (int x = threadIdx.x; x < n; x += blockDim.x) {
-        st.eg[x] = expf(ldf(kt_at(A.g, hv, t0 + x, b, 0)));
+        /* an example starts here (position 0): a decay of exactly 0 resets the state (forward)
+         * and stops dS flowing into the previous example (backward) */
+        st.eg[x] = pos_at(A.pos, t0 + x, b) == 0 ? 0.0f : expf(ldf(kt_at(A.g, hv, t0 + x, b, 0)));
         st.beta[x] = ldf(kt_at(A.beta, hv, t0 + x, b, 0));
     }
 }
@@ -327,8 +329,9 @@ static gdn_args args_of(const keel_tensor *t) {
     memset(&A, 0, sizeof A);
     A.q = kt_of(t->src[0]), A.k = kt_of(t->src[1]), A.v = kt_of(t->src[2]), A.g = kt_of(t->src[3]),
     A.beta = kt_of(t->src[4]);
-    if (t->op == KEEL_OP_GATED_DELTA_NET_BACK) A.dO = kt_of(t->src[5]);
-    if (t->op == KEEL_OP_GATED_DELTA_NET_STATE) A.s0 = kt_of(t->src[5]);
+    A.pos = kt_of(t->src[5]);
+    if (t->op == KEEL_OP_GATED_DELTA_NET_BACK) A.dO = kt_of(t->src[6]);
+    if (t->op == KEEL_OP_GATED_DELTA_NET_STATE) A.s0 = kt_of(t->src[6]);
     const keel_tensor *q = t->src[0], *v = t->src[2];
     A.Dk = q->ne[0], A.Hk = q->ne[1], A.T = q->ne[2], A.B = q->ne[3], A.Dv = v->ne[0], A.Hv = v->ne[1];
     return A;

@@ -52,6 +52,11 @@ __device__ static inline void kt_unflat(const kt &t, int64_t e, int64_t *i) {
     i[2] = e % t.ne[2], i[3] = e / t.ne[2];
 }
 __device__ static inline float ldf(const char *p) { return *(const float *)p; }
+/* Position (t, b) of an i32 positions tensor [T] or [T,B]; below 0 counts as 0 (ops/ops.h). */
+__device__ static inline int64_t pos_at(const kt &p, int64_t t, int64_t b) {
+    int32_t v = *(const int32_t *)(p.p + t * p.nb[0] + (p.ne[1] == 1 ? 0 : b * p.nb[1]));
+    return v < 0 ? 0 : v;
+}
 __device__ static inline void stf(char *p, float v) { *(float *)p = v; }
 
 #define GRID_STRIDE(e, n)                                                                                              \

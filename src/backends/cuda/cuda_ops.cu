@@ -169,7 +169,7 @@ __global__ void k_repeat_back_part(kt t, kt a, int64_t per, int64_t n_chunks, do
 }
 
 /* The conv weight gradient, pass 1: dw[j, ch] = sum over (b, t) of dy[ch, t, b] x[ch, t-(K-1)+j, b]. */
-__global__ void k_conv_back_w_part(kt t, kt x, kt dy, int64_t per, int64_t n_chunks, double *part) {
+__global__ void k_conv_back_w_part(kt t, kt x, kt dy, kt pos, int64_t per, int64_t n_chunks, double *part) {
     int64_t K = t.ne[0], C = t.ne[1], T = x.ne[1], n_out = K * C, n_terms = T * x.ne[2];
     GRID_STRIDE(e, n_out * n_chunks) {
         int64_t o = e % n_out, c = e / n_out, ch = o % C, j = o / C;
@@ -178,7 +178,8 @@ __global__ void k_conv_back_w_part(kt t, kt x, kt dy, int64_t per, int64_t n_chu
         int64_t tt = q % T, bb = q / T; /* then counted up: no division per term */
         for (; q < q1; q++) {
             int64_t ts = tt - (K - 1) + j;
-            if (ts >= 0) acc += (double)ldf(kt_at(dy, ch, tt, bb, 0)) * ldf(kt_at(x, ch, ts, bb, 0));
+            if (ts >= 0 && K - 1 - j <= pos_at(pos, tt, bb))
+                acc += (double)ldf(kt_at(dy, ch, tt, bb, 0)) * ldf(kt_at(x, ch, ts, bb, 0));
             if (++tt == T) tt = 0, bb++;
         }
         part[c * n_out + o] = acc;
@@ -246,8 +247,7 @@ __global__ void k_rope(kt t, kt a, kt pos, const double *freq, int64_t nr, doubl
         const char *s = kt_at(a, 0, i1, i2, i3);
         char *d = kt_at(t, 0, i1, i2, i3);
         if (c < h) {
-            int32_t p = *(const int32_t *)(pos.p + i2 * pos.nb[0]);
-            double ang = (double)p * freq[c];
+            double ang = (double)pos_at(pos, i2, i3) * freq[c];
             float cs = (float)cos(ang), sn = (float)(dir * sin(ang));
             float x1 = ldf(s + c * a.nb[0]), x2 = ldf(s + (c + h) * a.nb[0]);
             stf(d + c * t.nb[0], __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
@@ -260,8 +260,9 @@ __global__ void k_rope(kt t, kt a, kt pos, const double *freq, int64_t nr, doubl
 }
 
 /* Causal depthwise conv over time: x [C,T,B], w [K,C]. CONV1D reads x[t-(K-1)+j], the input
- * gradient reads dy[t+(K-1)-j]; a float32 sum in j order, as on the cpu. */
-__global__ void k_conv(kt t, kt x, kt w, int fwd) {
+ * gradient reads dy[t+(K-1)-j], a tap reaching K-1-j steps back from the output position only
+ * within its example (<= its position); a float32 sum in j order, as on the cpu. */
+__global__ void k_conv(kt t, kt x, kt w, kt pos, int fwd) {
     int64_t K = w.ne[0], T = x.ne[1];
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2]) {
         int64_t i[4];
@@ -270,7 +271,8 @@ __global__ void k_conv(kt t, kt x, kt w, int fwd) {
         float acc = 0;
         for (int64_t j = 0; j < K; j++) {
             int64_t ts = fwd ? tt - (K - 1) + j : tt + (K - 1) - j;
-            if (ts >= 0 && ts < T) acc += __fmul_rn(ldf(kt_at(w, j, ch, 0, 0)), ldf(kt_at(x, ch, ts, bb, 0)));
+            if (ts >= 0 && ts < T && K - 1 - j <= pos_at(pos, fwd ? tt : ts, bb))
+                acc += __fmul_rn(ldf(kt_at(w, j, ch, 0, 0)), ldf(kt_at(x, ch, ts, bb, 0)));
         }
         stf(kt_at(t, ch, tt, bb, 0), acc);
     }
@@ -307,7 +309,7 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n,
 /* One block, or with `warp` one warp, per row of a (rows flat over dims 1..3). partial: float64
  * per row (SUM, CE). */
 __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, double *partial, float p0, double eps,
-                       int64_t causal, int warp) {
+                       int warp) {
     __shared__ double sh[RT];
     int64_t n = a.ne[0], R = a.ne[1] * a.ne[2] * a.ne[3];
     int tid = warp ? (int)(threadIdx.x & 31) : (int)threadIdx.x, TS = warp ? 32 : RT;
@@ -363,18 +365,24 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
                 stf(d + i * t.nb[0], (float)(sc * ldf(dy + i * y.nb[0]) - f2 * ldf(s + i * an)));
             break;
         }
-        case KEEL_OP_SOFT_MAX: {
-            int64_t lim = causal ? i1 + (n - a.ne[1]) : n - 1;
-            if (lim > n - 1) lim = n - 1;
+        case KEEL_OP_SOFT_MAX:
+        case KEEL_OP_SOFT_MAX_CAUSAL: { /* over keys lo .. hi; the others 0 */
+            int64_t lo = 0, hi = n - 1;
+            if (op == KEEL_OP_SOFT_MAX_CAUSAL) {
+                hi = i1 + (n - a.ne[1]);
+                lo = hi - pos_at(y, i1, i3);
+                if (lo < 0) lo = 0;
+            }
             float mx = -INFINITY;
-            for (int64_t i = tid; i <= lim; i += TS) mx = fmaxf(mx, __fmul_rn(p0, ldf(s + i * an)));
+            for (int64_t i = lo + tid; i <= hi; i += TS) mx = fmaxf(mx, __fmul_rn(p0, ldf(s + i * an)));
             mx = team_max(mx, sh, warp);
             double z = 0;
-            for (int64_t i = tid; i <= lim; i += TS) z += expf(__fsub_rn(__fmul_rn(p0, ldf(s + i * an)), mx));
+            for (int64_t i = lo + tid; i <= hi; i += TS) z += expf(__fsub_rn(__fmul_rn(p0, ldf(s + i * an)), mx));
             z = team_sum(z, sh, warp);
             float iz = (float)(1.0 / z);
             for (int64_t i = tid; i < n; i += TS)
-                stf(d + i * t.nb[0], i <= lim ? expf(__fsub_rn(__fmul_rn(p0, ldf(s + i * an)), mx)) * iz : 0.0f);
+                stf(d + i * t.nb[0],
+                    i >= lo && i <= hi ? expf(__fsub_rn(__fmul_rn(p0, ldf(s + i * an)), mx)) * iz : 0.0f);
             break;
         }
         case KEEL_OP_SOFT_MAX_BACK: {
@@ -459,7 +467,9 @@ static int rows(keel_backend *be, const keel_tensor *t, double *partial, double 
     memset(&none, 0, sizeof none);
     const keel_tensor *a = t->src[0];
     bool ce = t->op == KEEL_OP_CROSS_ENTROPY_LOSS || t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK;
-    bool has_y = t->op == KEEL_OP_RMS_NORM_BACK || t->op == KEEL_OP_L2_NORM_BACK || t->op == KEEL_OP_SOFT_MAX_BACK;
+    /* y: dy of the backward ops, the positions of SOFT_MAX_CAUSAL */
+    bool has_y = t->op == KEEL_OP_RMS_NORM_BACK || t->op == KEEL_OP_L2_NORM_BACK || t->op == KEEL_OP_SOFT_MAX_BACK ||
+                 t->op == KEEL_OP_SOFT_MAX_CAUSAL;
     int64_t R = keel_nrows(a);
     if (R == 0) return 0;
     bool warp = a->ne[0] <= WARP_ROW_MAX;
@@ -468,7 +478,7 @@ static int rows(keel_backend *be, const keel_tensor *t, double *partial, double 
     k_rows<<<blocks, RT, 0, st(be)>>>(t->op, partial ? none : kt_of(t), kt_of(a), has_y ? kt_of(t->src[1]) : none,
                                       ce ? kt_of(t->src[1]) : none,
                                       t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ? (const float *)t->src[2]->data : NULL,
-                                      partial, (float)t->fp[0], ce ? ce_div : t->fp[0], t->ip[0], warp ? 1 : 0);
+                                      partial, (float)t->fp[0], ce ? ce_div : t->fp[0], warp ? 1 : 0);
     return 0;
 }
 
@@ -510,7 +520,7 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     bool conv = t->op == KEEL_OP_CONV1D_BACK_WEIGHT;
     if (conv)
         k_conv_back_w_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(
-            kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), per, n_chunks, part);
+            kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), kt_of(t->src[2]), per, n_chunks, part);
     else
         k_repeat_back_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), per,
                                                                                    n_chunks, part);
@@ -586,6 +596,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_RMS_NORM_BACK:
     case KEEL_OP_L2_NORM_BACK:
     case KEEL_OP_SOFT_MAX:
+    case KEEL_OP_SOFT_MAX_CAUSAL:
     case KEEL_OP_SOFT_MAX_BACK:
         return rows(be, t, NULL, 0.0);
     case KEEL_OP_ROPE:
@@ -597,7 +608,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return cuda_out_prod(be, t);
     case KEEL_OP_CONV1D:
     case KEEL_OP_CONV1D_BACK_INPUT:
-        EW(k_conv, n, kt_of(t), kt_of(a), kt_of(b), t->op == KEEL_OP_CONV1D ? 1 : 0);
+        EW(k_conv, n, kt_of(t), kt_of(a), kt_of(b), kt_of(t->src[2]), t->op == KEEL_OP_CONV1D ? 1 : 0);
         return 0;
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         return reduce_terms(be, t, a->ne[1] * a->ne[2]);

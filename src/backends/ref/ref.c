@@ -105,16 +105,22 @@ static double binary(int op, double a, double b) {
 
 /* Gated delta rule, one (batch, value head) lane, forward; states[c] receives S before step
  * c*chunk when states != NULL. */
+/* The state's decay before step t: exp(g), or 0 where an example starts (position <= 0), which
+ * resets the state: S = 0 S + k d^T, and the backward's dS flowing into the past is 0 too. */
+static double gdn_decay(const keel_tensor *g, const keel_tensor *pos, int64_t hv, int64_t t, int64_t b) {
+    return get(pos, t, b, 0, 0) <= 0 ? 0.0 : exp(get(g, hv, t, b, 0));
+}
+
 static void gdn_lane_forward(const keel_tensor *q, const keel_tensor *k, const keel_tensor *v, const keel_tensor *g,
-                             const keel_tensor *beta, const keel_tensor *s0, int64_t b, int64_t hv, double *S,
-                             double *o_out) {
+                             const keel_tensor *beta, const keel_tensor *pos, const keel_tensor *s0, int64_t b,
+                             int64_t hv, double *S, double *o_out) {
     int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], Dv = v->ne[0], Hv = v->ne[1];
     int64_t hk = hv / (Hv / Hk);
     double *u = malloc((size_t)Dv * sizeof *u);
     for (int64_t i = 0; i < Dk; i++)
         for (int64_t j = 0; j < Dv; j++) S[i * Dv + j] = s0 ? get(s0, j, i, hv, b) : 0.0;
     for (int64_t t = 0; t < T; t++) {
-        double eg = exp(get(g, hv, t, b, 0)), bt = get(beta, hv, t, b, 0);
+        double eg = gdn_decay(g, pos, hv, t, b), bt = get(beta, hv, t, b, 0);
         for (int64_t i = 0; i < Dk * Dv; i++) S[i] *= eg;
         for (int64_t j = 0; j < Dv; j++) {
             double s = 0;
@@ -146,7 +152,7 @@ static int ref_gdn(const keel_tensor *t) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t hv = 0; hv < Hv; hv++) {
             if (t->op == KEEL_OP_GATED_DELTA_NET_STATE) { /* packed: o, then the final state */
-                gdn_lane_forward(q, k, v, g, beta, t->src[5], b, hv, S, o);
+                gdn_lane_forward(q, k, v, g, beta, t->src[5], t->src[6], b, hv, S, o);
                 for (int64_t tt = 0; tt < T; tt++)
                     for (int64_t j = 0; j < Dv; j++) putf(t, ((b * T + tt) * Hv + hv) * Dv + j, o[tt * Dv + j]);
                 for (int64_t i = 0; i < Dk; i++)
@@ -154,7 +160,7 @@ static int ref_gdn(const keel_tensor *t) {
                         putf(t, Dv * Hv * T * B + ((b * Hv + hv) * Dk + i) * Dv + j, S[i * Dv + j]);
                 continue;
             }
-            gdn_lane_forward(q, k, v, g, beta, NULL, b, hv, S, o);
+            gdn_lane_forward(q, k, v, g, beta, t->src[5], NULL, b, hv, S, o);
             for (int64_t tt = 0; tt < T; tt++)
                 for (int64_t j = 0; j < Dv; j++) put(t, j, hv, tt, b, o[tt * Dv + j]);
         }
@@ -167,7 +173,7 @@ static int ref_gdn(const keel_tensor *t) {
  * keep every state (this is the oracle; memory is no concern at test sizes). */
 static int ref_gdn_back(const keel_tensor *t) {
     const keel_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *g = t->src[3], *beta = t->src[4],
-                      *dO = t->src[5];
+                      *pos = t->src[5], *dO = t->src[6];
     int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], B = q->ne[3], Dv = v->ne[0], Hv = v->ne[1];
     int64_t r = Hv / Hk, n = Dk * Dv;
     int64_t off_dk = Dk * Hv * T * B, off_dv = 2 * Dk * Hv * T * B, off_dg = off_dv + Dv * Hv * T * B,
@@ -186,7 +192,7 @@ static int ref_gdn_back(const keel_tensor *t) {
             memset(Sall, 0, (size_t)n * sizeof(double));
             for (int64_t tt = 0; tt < T; tt++) {
                 double *S0 = Sall + tt * n, *S1 = Sall + (tt + 1) * n;
-                double eg = exp(get(g, hv, tt, b, 0)), bt = get(beta, hv, tt, b, 0);
+                double eg = gdn_decay(g, pos, hv, tt, b), bt = get(beta, hv, tt, b, 0);
                 for (int64_t i = 0; i < n; i++) S1[i] = eg * S0[i];
                 for (int64_t j = 0; j < Dv; j++) {
                     double s = 0;
@@ -199,7 +205,7 @@ static int ref_gdn_back(const keel_tensor *t) {
             memset(dS, 0, (size_t)n * sizeof(double));
             for (int64_t tt = T - 1; tt >= 0; tt--) {
                 double *Sp = Sall + tt * n, *St = Sall + (tt + 1) * n;
-                double eg = exp(get(g, hv, tt, b, 0)), bt = get(beta, hv, tt, b, 0);
+                double eg = gdn_decay(g, pos, hv, tt, b), bt = get(beta, hv, tt, b, 0);
                 /* recompute u = (eg Sp)^T k and d */
                 for (int64_t j = 0; j < Dv; j++) {
                     double s = 0;
@@ -354,6 +360,7 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_RMS_NORM_BACK:
     case KEEL_OP_L2_NORM_BACK:
     case KEEL_OP_SOFT_MAX:
+    case KEEL_OP_SOFT_MAX_CAUSAL:
     case KEEL_OP_SOFT_MAX_BACK:
         for (int64_t i3 = 0; i3 < a->ne[3]; i3++)
             for (int64_t i2 = 0; i2 < a->ne[2]; i2++)
@@ -392,14 +399,20 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
                                 sc * get(b, i, i1, i2, i3) - sc * sc * sc * get(a, i, i1, i2, i3) * sd / dn);
                         break;
                     }
-                    case KEEL_OP_SOFT_MAX: {
-                        /* causal: key i masked for query i1 when i > i1 + (n - ne1) */
-                        int64_t lim = t->ip[0] ? i1 + (n - a->ne[1]) : n - 1;
+                    case KEEL_OP_SOFT_MAX:
+                    case KEEL_OP_SOFT_MAX_CAUSAL: { /* over keys lo .. hi; the others 0 */
+                        int64_t lo = 0, hi = n - 1;
+                        if (t->op == KEEL_OP_SOFT_MAX_CAUSAL) {
+                            hi = i1 + (n - a->ne[1]);
+                            lo = hi - (int64_t)fmax(get(b, i1, i3, 0, 0), 0.0);
+                            if (lo < 0) lo = 0;
+                        }
                         double mx = -INFINITY, z = 0;
-                        for (int64_t i = 0; i <= lim && i < n; i++) mx = fmax(mx, t->fp[0] * get(a, i, i1, i2, i3));
-                        for (int64_t i = 0; i <= lim && i < n; i++) z += exp(t->fp[0] * get(a, i, i1, i2, i3) - mx);
+                        for (int64_t i = lo; i <= hi; i++) mx = fmax(mx, t->fp[0] * get(a, i, i1, i2, i3));
+                        for (int64_t i = lo; i <= hi; i++) z += exp(t->fp[0] * get(a, i, i1, i2, i3) - mx);
                         for (int64_t i = 0; i < n; i++)
-                            put(t, i, i1, i2, i3, i <= lim ? exp(t->fp[0] * get(a, i, i1, i2, i3) - mx) / z : 0.0);
+                            put(t, i, i1, i2, i3,
+                                i >= lo && i <= hi ? exp(t->fp[0] * get(a, i, i1, i2, i3) - mx) / z : 0.0);
                         break;
                     }
                     case KEEL_OP_SOFT_MAX_BACK:
@@ -441,7 +454,7 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
                 continue;
             }
             int64_t f = i0 % h;
-            double ang = (double)(int32_t)get(b, i2, 0, 0, 0) * keel_rope_freq(t->fp[0], nr, f);
+            double ang = (double)(int32_t)get(b, i2, b->ne[1] == 1 ? 0 : i3, 0, 0) * keel_rope_freq(t->fp[0], nr, f);
             double c = cos(ang), s = dir * sin(ang);
             double y = i0 < h ? x * c - get(a, i0 + h, i1, i2, i3) * s : x * c + get(a, i0 - h, i1, i2, i3) * s;
             put(t, i0, i1, i2, i3, y);
@@ -450,25 +463,31 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
     }
     case KEEL_OP_CONV1D:
     case KEEL_OP_CONV1D_BACK_INPUT: {
+        /* tap j reads d = K-1-j steps back from output position to, when d <= pos[to] */
+        const keel_tensor *p = t->src[2];
         int64_t K = b->ne[0], T = a->ne[1];
         FOR4(t) {
             double s = 0;
             for (int64_t j = 0; j < K; j++) {
-                int64_t tt = t->op == KEEL_OP_CONV1D ? i1 - (K - 1) + j : i1 + (K - 1) - j;
-                if (tt >= 0 && tt < T) s += get(b, j, i0, 0, 0) * get(a, i0, tt, i2, 0);
+                int64_t d = K - 1 - j, tt = t->op == KEEL_OP_CONV1D ? i1 - d : i1 + d,
+                        to = t->op == KEEL_OP_CONV1D ? i1 : tt;
+                if (tt >= 0 && tt < T && (double)d <= get(p, to, i2, 0, 0))
+                    s += get(b, j, i0, 0, 0) * get(a, i0, tt, i2, 0);
             }
             put(t, i0, i1, i2, i3, s);
         }
         return 0;
     }
     case KEEL_OP_CONV1D_BACK_WEIGHT: {
+        const keel_tensor *p = t->src[2];
         int64_t K = t->ne[0];
         FOR4(t) {
             double s = 0;
             for (int64_t bb = 0; bb < a->ne[2]; bb++)
                 for (int64_t tt = 0; tt < a->ne[1]; tt++) {
-                    int64_t ts = tt - (K - 1) + i0;
-                    if (ts >= 0) s += get(b, i1, tt, bb, 0) * get(a, i1, ts, bb, 0);
+                    int64_t d = K - 1 - i0, ts = tt - d;
+                    if (ts >= 0 && (double)d <= get(p, tt, bb, 0, 0))
+                        s += get(b, i1, tt, bb, 0) * get(a, i1, ts, bb, 0);
                 }
             put(t, i0, i1, i2, i3, s);
         }
