@@ -129,6 +129,10 @@ endforeach()
 # prompt/completion data: the masked loss over the global batch (accumulation and ranks agree).
 add_test(NAME train_masked_loss COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-masked-loss.sh $<TARGET_FILE:keel> ${KEEL_TINY} ${CMAKE_BINARY_DIR}/train-masked)
 set_tests_properties(train_masked_loss PROPERTIES LABELS "train")
+# Packing with document boundaries through keel train and keel eval: defaults, --no-pack,
+# --overlong, --doc-boundaries, packed resume bitwise.
+add_test(NAME train_packing COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-packing.sh $<TARGET_FILE:keel> ${KEEL_TINY} ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-packing)
+set_tests_properties(train_packing PROPERTIES LABELS "train")
 # LoRA: PEFT's format, resume / recompute / data parallel / bf16 base bitwise, merge = unmerged eval.
 add_test(NAME train_lora COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-lora.sh $<TARGET_FILE:keel> ${KEEL_TINY} ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-lora)
 set_tests_properties(train_lora PROPERTIES LABELS "train")

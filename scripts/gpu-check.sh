@@ -5,7 +5,7 @@
 # `scripts/gpu-prepare.sh`) and .gpu-data (the fixture and checkpoints, same script).
 #   scripts/gpu-check.sh            every stage
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
-# Stages: ops grad fault reference recompute hf lora chat cross bench, and multi (needs 2 GPUs) and profile
+# Stages: ops grad fault reference recompute model hf lora chat cross bench, and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step), which are not in the default list
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ mkdir -p "$final"
 pack() { tar -czf "$final/gpu-logs.tar.gz" -C "$out" . 2>/dev/null && echo "logs: $final/gpu-logs.tar.gz"; }
 trap pack EXIT
 trap 'exit 143' TERM INT
-stages=${*:-ops grad fault reference recompute hf lora chat cross bench}
+stages=${*:-ops grad fault reference recompute model hf lora chat cross bench}
 want() { [[ " $stages " == *" $1 "* ]]; }
 declare -a rows
 record() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); [ "$2" = PASS ] || status=1; }
@@ -119,6 +119,10 @@ fi
 if want recompute; then
     run "test-recompute --backend cuda (bitwise)" recompute.log $keel test-recompute --backend cuda --fixture $fx/causal-f32-sharded
 fi
+if want model; then # the layer pair (plain, LoRA) against finite differences, packed windows = examples alone
+    run "test-model --backend cuda (pair, LoRA, packing)" model.log $keel test-model --backend cuda
+    grep "packing on\|worst" "$out/model.log"
+fi
 if want hf; then
     run "transformers loads keel's checkpoints" hf.log python3 scripts/hf_load_check.py .gpu-data
 fi
@@ -129,7 +133,6 @@ if want lora; then
     lo=$(mktemp -d /tmp/keel-lora.XXXXXX)
     lt=(--model $fx/causal-f32-sharded --data .gpu-data/moby-dick.txt --backend cuda --lora-rank 4 --lora-alpha 8
         --lora-dropout 0.1 --steps 20 --window 64 --batch 4 --lr 1e-2 --eval-every 10)
-    run "LoRA: test-model --backend cuda" lora-model.log $keel test-model --backend cuda
     run "LoRA: train an adapter on cuda, 20 steps" lora-train.log $keel train "${lt[@]}" --out $lo/run
     run "LoRA: resumed; recompute full: bitwise" lora-resume.log bash -c "$keel train ${lt[*]} --out $lo/half --stop-at 10 && $keel train --resume $lo/half --backend cuda && cmp $lo/run/checkpoint/adapter_model.safetensors $lo/half/checkpoint/adapter_model.safetensors && cmp $lo/run/checkpoint/optimizer.safetensors $lo/half/checkpoint/optimizer.safetensors && $keel train ${lt[*]} --out $lo/rc --recompute full && cmp $lo/run/checkpoint/adapter_model.safetensors $lo/rc/checkpoint/adapter_model.safetensors && echo resumed and recompute-full runs: adapter and moments byte-identical"
     run "LoRA: keel info --adapter --dump-logits" lora-info.log $keel info $fx/causal-f32-sharded --adapter $lo/run/checkpoint --batch 2 --window 48 --dump-logits $lo/keel-logits.safetensors
