@@ -99,8 +99,8 @@ int cmd_eval(int argc, char **argv) {
     }
     free(iv), free(tv), free(pv);
     if (nb && d.train_mask)
-        printf("the loss counts the completions and the assistant's turns: %lld of %lld targets\n", (long long)counted,
-               (long long)(nb * B * T));
+        printf("the loss counts the completions and the assistant's turns: %lld of the %lld positions evaluated\n",
+               (long long)counted, (long long)(nb * B * T));
     if (nb && !counted) {
         keel_fail("no target in the evaluated windows is counted by the loss (every one is a prompt token)");
         nb = 0;
