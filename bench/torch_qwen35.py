@@ -1,6 +1,8 @@
 """The PyTorch peer of `keel bench train`: float32 training steps (forward, cross-entropy,
 backward, AdamW) of transformers' own Qwen3.5 (Qwen3_5ForCausalLM) on the configuration keel
-passes (--config: a folder with config.json), on the GPU, TF32 off everywhere.
+passes (--config: a folder with config.json), on the GPU, TF32 off everywhere; with --precision
+bf16 the forward and the loss run under torch.autocast(bfloat16) (float32 weights, gradients and
+AdamW, bf16 matrix products: PyTorch's mixed precision, keel's --precision bf16 policy).
 
 Prints progress lines and one last line: RESULT {"step_s": ..., "tokens_per_s": ..., "peak_bytes": ...}
 (median step time after the warm-up steps; peak = torch.cuda.max_memory_allocated).
@@ -22,6 +24,7 @@ ap.add_argument("--window", type=int, default=1024)
 ap.add_argument("--steps", type=int, default=5)
 ap.add_argument("--warmup", type=int, default=2)
 ap.add_argument("--seed", type=int, default=0)
+ap.add_argument("--precision", choices=["f32", "bf16"], default="f32")
 args = ap.parse_args()
 
 # float32 means float32: no TF32 in matrix products or convolutions
@@ -52,8 +55,9 @@ for step in range(args.warmup + args.steps):
     tgt = torch.randint(0, V, (B, T), device=dev)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    logits = model(input_ids=ids, use_cache=False).logits
-    loss = F.cross_entropy(logits.view(-1, V), tgt.view(-1))
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        logits = model(input_ids=ids, use_cache=False).logits
+        loss = F.cross_entropy(logits.view(-1, V), tgt.view(-1))
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

@@ -5,7 +5,7 @@
 # `scripts/gpu-prepare.sh`) and .gpu-data (the fixture and checkpoints, same script).
 #   scripts/gpu-check.sh            every stage
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
-# Stages: ops grad fault reference recompute model hf lora chat cross bench, and multi (needs 2 GPUs) and profile
+# Stages: ops grad fault reference recompute model bf16 hf lora chat cross bench, and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step), which are not in the default list
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ mkdir -p "$final"
 pack() { tar -czf "$final/gpu-logs.tar.gz" -C "$out" . 2>/dev/null && echo "logs: $final/gpu-logs.tar.gz"; }
 trap pack EXIT
 trap 'exit 143' TERM INT
-stages=${*:-ops grad fault reference recompute model hf lora chat cross bench}
+stages=${*:-ops grad fault reference recompute model bf16 hf lora chat cross bench}
 want() { [[ " $stages " == *" $1 "* ]]; }
 declare -a rows
 record() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); [ "$2" = PASS ] || status=1; }
@@ -122,6 +122,16 @@ fi
 if want model; then # the layer pair (plain, LoRA) against finite differences, packed windows = examples alone
     run "test-model --backend cuda (pair, LoRA, packing)" model.log $keel test-model --backend cuda
     grep "packing on\|worst" "$out/model.log"
+fi
+if want bf16; then # mixed precision: PyTorch autocast's own errors on the fixture, keel's within 1.5x of them
+    run "peer: PyTorch autocast bf16 errors (fixture)" peer-bf16.log python3 tests/fixtures/tools/peer_errors.py $fx "$out/peer-bf16.json" bf16
+    cat "$out/peer-bf16.log"
+    [ -e $fx/peer-bf16.json ] || cp "$out/peer-bf16.json" $fx/ 2>/dev/null
+    run "check-reference --precision bf16 (ref,cpu,cuda)" bf16-ref.log $keel check-reference $fx --precision bf16 --backend ref,cpu,cuda
+    grep -i "worst\|passed\|above" "$out/bf16-ref.log" | tail -4
+    run "test-recompute --precision bf16 --backend cuda" bf16-recompute.log $keel test-recompute --backend cuda --precision bf16 --fixture $fx/causal-f32-sharded
+    run "bench train --precision bf16 --batch 8 (vs autocast)" bf16-bench.log $keel bench train --backend cuda --precision bf16 --batch 8 --torch bench/torch_qwen35.py
+    tail -5 "$out/bf16-bench.log"
 fi
 if want hf; then
     run "transformers loads keel's checkpoints" hf.log python3 scripts/hf_load_check.py .gpu-data

@@ -29,7 +29,8 @@
 #include "util/rng.h"
 
 typedef struct {
-    const char *backend, *preset, *recompute, *torch, *python, *base_dtype;
+    const char *backend, *preset, *recompute, *torch, *python, *base_dtype, *precision;
+    keel_precision prec;
     long long batch, window, steps, warmup, threads, lora_rank;
 } bench_opts;
 
@@ -54,7 +55,8 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, long lon
                          .backward = true,
                          .recompute = &rm,
                          .lora = lora_rank ? &lo : NULL,
-                         .base_bf16 = base_bf16};
+                         .base_bf16 = base_bf16,
+                         .precision = o->prec};
     keel_step *sp = be ? keel_step_build(&so) : NULL;
     int32_t *iv = NULL, *tv = NULL;
     double *times = NULL;
@@ -143,6 +145,8 @@ static int run_torch(const bench_opts *o, const keel_qwen35_config *cfg, bench_r
                        s_s,
                        "--warmup",
                        u_s,
+                       "--precision",
+                       (char *)keel_precision_name(o->prec),
                        NULL};
     printf("\n$");
     for (int i = 0; argv_py[i]; i++) printf(" %s", argv_py[i]);
@@ -194,7 +198,8 @@ int cmd_bench_train(int argc, char **argv) {
                     .steps = 5,
                     .warmup = 2,
                     .threads = 2,
-                    .base_dtype = "f32"};
+                    .base_dtype = "f32",
+                    .precision = "f32"};
     bool no_torch = false;
     const cli_flag flags[] = {
         {"--backend", CLI_STR, &o.backend, .meta = "B", .help = "cuda or cpu (default: cuda when built with it)"},
@@ -206,6 +211,9 @@ int cmd_bench_train(int argc, char **argv) {
         {"--warmup", CLI_INT, &o.warmup, 0, 1 << 20, .meta = "N", .help = "untimed steps first (default 2)"},
         {"--recompute", CLI_STR, &o.recompute, .meta = "MODE", .help = "off, full, every:N, layers:i,j (default off)"},
         {"--threads", CLI_INT, &o.threads, 1, 1024, .meta = "N", .help = "cpu threads (default 2)"},
+        {"--precision", CLI_STR, &o.precision, .meta = "f32|bf16",
+         .help = "f32 (default), or bf16 mixed precision (bf16 product operands, float32 sums, master weights and "
+                 "moments; PyTorch under torch.autocast(bfloat16))"},
         {"--torch", CLI_STR, &o.torch, .meta = "FILE",
          .help = "the PyTorch peer's script (default bench/torch_qwen35.py)"},
         {"--python", CLI_STR, &o.python, .meta = "PYTHON", .help = "the interpreter that runs it (default python3)"},
@@ -224,11 +232,12 @@ int cmd_bench_train(int argc, char **argv) {
     int pr = cli_parse(&spec, argc - 1, argv + 1);
     if (pr) return pr == 1 ? 0 : 2;
     keel_qwen35_config cfg;
-    if (keel_qwen35_preset(o.preset, &cfg)) {
+    if (keel_qwen35_preset(o.preset, &cfg) || keel_precision_parse(o.precision, &o.prec)) {
         fprintf(stderr, "keel bench train: %s\n", keel_last_error());
         return 2;
     }
-    printf("keel bench train: float32 training steps (forward, backward, AdamW) of a Qwen3.5 '%s' model\n", o.preset);
+    printf("keel bench train: %s training steps (forward, backward, AdamW) of a Qwen3.5 '%s' model\n",
+           o.prec == KEEL_PRECISION_BF16 ? "bf16 mixed-precision" : "float32", o.preset);
     printf("(%lld layers, hidden %lld, vocab %lld), batch %lld, window %lld, recompute %s; median of %lld steps after "
            "%lld warm-up\n\n",
            (long long)cfg.layers, (long long)cfg.hidden, (long long)cfg.vocab, o.batch, o.window, o.recompute, o.steps,
@@ -258,8 +267,10 @@ int cmd_bench_train(int argc, char **argv) {
                kl.peak_what);
     }
     if (have_torch) {
-        printf("%-34s %10.3f %12.0f %12.2f  %s\n", "PyTorch + transformers (float32)", t.step_s, t.tokens_per_s,
-               t.peak_bytes / (1 << 30), t.peak_what);
+        printf("%-34s %10.3f %12.0f %12.2f  %s\n",
+               o.prec == KEEL_PRECISION_BF16 ? "PyTorch + transformers (autocast bf16)"
+                                             : "PyTorch + transformers (float32)",
+               t.step_s, t.tokens_per_s, t.peak_bytes / (1 << 30), t.peak_what);
         printf("\nkeel / PyTorch tokens/s: %.2fx; peak memory keel / PyTorch: %.2fx; first-step loss keel %.4f, "
                "PyTorch %.4f (ln V = %.4f)\n",
                k.tokens_per_s / t.tokens_per_s, k.peak_bytes / t.peak_bytes, k.first_loss, t.first_loss,

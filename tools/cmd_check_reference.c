@@ -39,15 +39,24 @@ static double rel_err(const double *x, const keel_st_tensor *r, int64_t n) {
 
 /* Tolerances. float64 (ref): 1e-10. float32: no worse than the peer on this model, when the
  * fixture says how good the peer is (DIR/peer-f32.json: transformers' float32 run against its own
- * float64 reference, tests/fixtures/tools/peer_f32_errors.py): values (logits, loss, hidden
+ * float64 reference, tests/fixtures/tools/peer_errors.py): values (logits, loss, hidden
  * states) within the peer's worst value error, gradients within its worst gradient error, from
  * its run on the same kind of device. Without that file, fixed values: 2e-5 and 1e-4. Tensor by
  * tensor, keel's errors above the peer's own on that tensor are counted and named (not failed). */
 typedef struct {
     const cJSON *errors; /* name -> the peer's relative error on that tensor, or NULL */
     double value, grad;  /* the tolerances */
-    const char *why;     /* "peer", "fixed" or "float64" */
+    const char *why;     /* "peer", "fixed", "float64" or "1.5x peer" */
+    double per_tensor;   /* > 0 (bf16): each tensor's tolerance is this times the peer's error on it */
 } tolerances;
+
+/* The tolerance of one tensor: per tensor from the peer's errors (bf16), else by kind. -1: the
+ * peer has no error for it (the check fails, naming it). */
+static double tol_of(const tolerances *tl, const char *name, bool is_grad) {
+    if (!(tl->per_tensor > 0)) return is_grad ? tl->grad : tl->value;
+    const cJSON *pe = tl->errors ? cJSON_GetObjectItemCaseSensitive(tl->errors, name) : NULL;
+    return cJSON_IsNumber(pe) && pe->valuedouble > 0 ? tl->per_tensor * pe->valuedouble : -1;
+}
 
 static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *ref, const char *name,
                    const tolerances *tl, tally *ty, bool is_grad) {
@@ -67,8 +76,9 @@ static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *r
     if (!x) return -1;
     double e = rel_err(x, r, keel_nelements(t));
     free(x);
-    double tol = is_grad ? tl->grad : tl->value;
+    double tol = tol_of(tl, name, is_grad);
     bool ok = e <= tol;
+    if (tol < 0) printf("  %-58s the peer's file has no error for it  FAIL\n", name);
     const cJSON *pe = tl->errors ? cJSON_GetObjectItemCaseSensitive(tl->errors, name) : NULL;
     bool above = cJSON_IsNumber(pe) && e > pe->valuedouble;
     printf("  %-58s rel err %.3e  (tol %.2e %s)  %s", name, e, tol, tl->why, ok ? "PASS" : "FAIL");
@@ -93,7 +103,7 @@ typedef struct {
 
 static int check_one(const char *ckpt_dir, const char *backend, int threads, const keel_recompute_mode *rm,
                      const trace_opts *to, const keel_st_file *ref, const cJSON *peer, const keel_adapter *ad,
-                     tally *ty) {
+                     keel_precision prec, tally *ty) {
     keel_checkpoint *ck = keel_checkpoint_open(ckpt_dir);
     if (!ck) {
         fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
@@ -118,17 +128,20 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
     tolerances tl = {.value = type == KEEL_F64 ? 1e-10 : 2e-5,
                      .grad = type == KEEL_F64 ? 1e-10 : 1e-4,
                      .why = type == KEEL_F64 ? "float64" : "fixed"};
-    if (type == KEEL_F32 && peer) { /* the peer's run on the same kind of device: its GPU run for cuda */
+    if (prec == KEEL_PRECISION_BF16 || (type == KEEL_F32 && peer)) {
+        /* the peer's run on the same kind of device: its GPU run for cuda (ref: its cpu run) */
         const cJSON *dev = be->on_device ? cJSON_GetObjectItemCaseSensitive(peer, "cuda") : NULL;
         if (!dev) dev = cJSON_GetObjectItemCaseSensitive(peer, "cpu");
         const cJSON *wv = cJSON_GetObjectItemCaseSensitive(dev, "worst_value"),
                     *wg = cJSON_GetObjectItemCaseSensitive(dev, "worst_gradient");
         if (!cJSON_IsNumber(wv) || !cJSON_IsNumber(wg) || !(wv->valuedouble > 0) || !(wg->valuedouble > 0)) {
-            keel_fail("peer-f32.json: no positive worst_value / worst_gradient for this device");
+            keel_fail("peer-%s.json: no positive worst_value / worst_gradient for this device",
+                      keel_precision_name(prec));
             goto done;
         }
         tl.value = wv->valuedouble, tl.grad = wg->valuedouble, tl.why = "peer";
         tl.errors = cJSON_GetObjectItemCaseSensitive(dev, "errors");
+        if (prec == KEEL_PRECISION_BF16) tl.per_tensor = 1.5, tl.why = "1.5x peer";
     }
     keel_step_opts so = {.cfg = &ck->cfg,
                          .type = type,
@@ -137,7 +150,8 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
                          .backward = true,
                          .recompute = rm,
                          .keep_hidden = true,
-                         .adapter = ad};
+                         .adapter = ad,
+                         .precision = prec};
     if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_step_load(st, ck)) goto done;
     const keel_qwen35_out out = st->out;
     {
@@ -159,9 +173,10 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
             if (wr) goto done;
         }
     }
-    printf("%s%s%s on %s (%s, %s weights, %lld layers, B=%lld T=%lld, recompute %s)\n", ckpt_dir,
+    printf("%s%s%s on %s (%s%s, %s weights, %lld layers, B=%lld T=%lld, recompute %s)\n", ckpt_dir,
            ad ? " + adapter " : "", ad ? ad->dir : "", backend, keel_type_name(type),
-           ck->dtype[0] ? ck->dtype : "stored", (long long)ck->cfg.layers, (long long)B, (long long)T, rm->text);
+           prec == KEEL_PRECISION_BF16 ? ", bf16 products" : "", ck->dtype[0] ? ck->dtype : "stored",
+           (long long)ck->cfg.layers, (long long)B, (long long)T, rm->text);
     compare(be, out.logits, ref, "logits", &tl, ty, false);
     compare(be, out.loss, ref, "loss", &tl, ty, false);
     for (int i = 0; i < ck->cfg.layers; i++) {
@@ -178,7 +193,7 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
         if (r && pre && post && keel_st_numel(r) == keel_nelements(out.normed)) {
             double e_pre = rel_err(pre, r, keel_nelements(out.normed)),
                    e_post = rel_err(post, r, keel_nelements(out.normed));
-            double e = fmin(e_pre, e_post), tol_v = tl.value;
+            double e = fmin(e_pre, e_post), tol_v = tol_of(&tl, nm, false);
             printf("  %-58s rel err %.3e  (tol %.2e %s)  %s   [taken %s the final norm; the other side: %.1e]\n", nm, e,
                    tol_v, tl.why, e <= tol_v ? "PASS" : "FAIL", e_post <= e_pre ? "after" : "before",
                    fmax(e_pre, e_post));
@@ -222,7 +237,7 @@ static int is_checkpoint(const char *dir) {
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int cmd_check_reference(int argc, char **argv) {
-    const char *dir = NULL, *backends = "cpu", *only = NULL, *rmode = "off", *adapter_dir = NULL;
+    const char *dir = NULL, *backends = "cpu", *only = NULL, *rmode = "off", *adapter_dir = NULL, *prec_s = "f32";
     trace_opts to = {.max_bytes = 256u << 20};
     long long threads = 2;
     long long max_bytes = 256ll << 20;
@@ -235,6 +250,9 @@ int cmd_check_reference(int argc, char **argv) {
         {"--recompute", CLI_STR, &rmode, .meta = "MODE", .help = "off, full, every:N, layers:i,j (default off)"},
         {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
          .help = "a PEFT LoRA adapter beside the weights (the reference then holds its factors' gradients)"},
+        {"--precision", CLI_STR, &prec_s, .meta = "f32|bf16",
+         .help = "bf16: mixed precision, each tensor within 1.5x of PyTorch autocast's error (DIR/peer-bf16.json) "
+                 "(default f32)"},
         {"--threads", CLI_INT, &threads, 1, 1024, .meta = "N", .help = "cpu threads (default 2)"},
         {"--trace", CLI_STR, &to.path, .meta = "FILE", .help = "write a trace of the run for keel diff"},
         {"--trace-data", CLI_BOOL, &to.data, .help = "store each node's output in the trace"},
@@ -248,7 +266,8 @@ int cmd_check_reference(int argc, char **argv) {
     if (pr) return pr == 1 ? 0 : 2;
     to.max_bytes = (size_t)max_bytes;
     keel_recompute_mode rm;
-    if (keel_recompute_parse(rmode, &rm)) {
+    keel_precision prec;
+    if (keel_recompute_parse(rmode, &rm) || keel_precision_parse(prec_s, &prec)) {
         fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
         return 2;
     }
@@ -259,15 +278,23 @@ int cmd_check_reference(int argc, char **argv) {
         fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
         return 2;
     }
-    cJSON *peer = NULL; /* the peer's float32 errors, when the fixture has them */
-    snprintf(refp, sizeof refp, "%s/peer-f32.json", dir);
+    cJSON *peer = NULL; /* the peer's errors in this precision, when the fixture has them (bf16: required) */
+    snprintf(refp, sizeof refp, "%s/peer-%s.json", dir, keel_precision_name(prec));
     struct stat pst;
-    if (stat(refp, &pst) == 0 && !(peer = keel_read_json(refp))) {
-        fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
+    if ((stat(refp, &pst) == 0 || prec == KEEL_PRECISION_BF16) && !(peer = keel_read_json(refp))) {
+        fprintf(stderr, "keel check-reference: %s%s\n", keel_last_error(),
+                prec == KEEL_PRECISION_BF16 ? " (--precision bf16 is judged against PyTorch autocast's errors: "
+                                              "tests/fixtures/tools/peer_errors.py DIR OUT bf16)"
+                                            : "");
         keel_st_close(ref);
         return 2;
     }
-    if (peer)
+    if (peer && prec == KEEL_PRECISION_BF16)
+        printf("bf16 tolerances: each tensor within 1.5x of the peer's own error on it (%s, transformers %s)\n", refp,
+               cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(peer, "transformers"))
+                   ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(peer, "transformers"))
+                   : "?");
+    else if (peer)
         printf("float32 tolerances: no worse than the peer's worst value and gradient errors (%s, transformers %s)\n",
                refp,
                cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(peer, "transformers"))
@@ -318,7 +345,7 @@ int cmd_check_reference(int argc, char **argv) {
                 snprintf(p, sizeof p, "%s", subs[i]); /* an absolute --checkpoint */
             else
                 snprintf(p, sizeof p, "%s/%s", dir, subs[i]);
-            if (check_one(p, b, (int)threads, &rm, &to, ref, peer, ad, &ty)) errors++;
+            if (check_one(p, b, (int)threads, &rm, &to, ref, peer, ad, prec, &ty)) errors++;
         }
     for (int i = 0; i < n_sub; i++) free(subs[i]);
     keel_adapter_close(ad);

@@ -18,6 +18,7 @@
 typedef struct {
     char recompute[64], backend[16], fault[160];
     int threads;
+    keel_precision precision;
 } run_config;
 
 static int parse_config(const char *s, run_config *c) {
@@ -25,6 +26,7 @@ static int parse_config(const char *s, run_config *c) {
     snprintf(c->backend, sizeof c->backend, "cpu");
     c->fault[0] = 0;
     c->threads = 2;
+    c->precision = KEEL_PRECISION_F32;
     char buf[512];
     snprintf(buf, sizeof buf, "%s", s);
     for (char *kv = strtok(buf, ","); kv; kv = strtok(NULL, ",")) {
@@ -40,8 +42,10 @@ static int parse_config(const char *s, run_config *c) {
             snprintf(c->fault, sizeof c->fault, "%s", v);
         else if (!strcmp(kv, "threads"))
             c->threads = atoi(v);
-        else
-            return keel_fail("config '%s': unknown key '%s' (recompute, threads, backend, fault)", s, kv);
+        else if (!strcmp(kv, "precision")) {
+            if (keel_precision_parse(v, &c->precision)) return -1;
+        } else
+            return keel_fail("config '%s': unknown key '%s' (recompute, threads, backend, fault, precision)", s, kv);
         /* recompute layers:1,3 contains a comma: take the rest of a layers: list */
         if (!strcmp(kv, "recompute") && !strncmp(v, "layers:", 7)) {
             char *rest;
@@ -90,8 +94,13 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
     if (j->model_dir) {
         ck = keel_checkpoint_open(j->model_dir);
         if (!ck) goto done;
-        keel_step_opts so = {
-            .cfg = &ck->cfg, .type = type, .batch = 1, .window = j->T, .backward = true, .recompute = &rm};
+        keel_step_opts so = {.cfg = &ck->cfg,
+                             .type = type,
+                             .batch = 1,
+                             .window = j->T,
+                             .backward = true,
+                             .recompute = &rm,
+                             .precision = c->precision};
         if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_checkpoint_load(ck, st->m, be) ||
             keel_step_write_batch(st, j->ids, j->tgt))
             goto done;

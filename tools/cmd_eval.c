@@ -16,7 +16,7 @@
 
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *tokp = NULL, *data[64], *backend = "cpu", *adapter_dir = NULL, *chat_template = NULL,
-               *data_format = "auto", *doc_boundaries = "auto", *overlong_s = "truncate";
+               *data_format = "auto", *doc_boundaries = "auto", *overlong_s = "truncate", *prec_s = "f32";
     bool no_pack = false;
     int n_data = 0;
     long long T = 128, B = 8, threads = 2;
@@ -37,6 +37,8 @@ int cmd_eval(int argc, char **argv) {
          .help = "with document boundaries, an example longer than the window: truncate (default), split, drop"},
         {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
          .help = "a PEFT LoRA adapter (keel train --lora-rank writes one) applied beside the weights"},
+        {"--precision", CLI_STR, &prec_s, .meta = "f32|bf16",
+         .help = "bf16: mixed-precision products, as keel train --precision bf16 (default f32)"},
         {"--window", CLI_INT, &T, 1, 1 << 24, .meta = "T", .help = "tokens per window (default 128)"},
         {"--batch", CLI_INT, &B, 1, 1 << 20, .meta = "B", .help = "windows per batch (default 8)"},
         {"--backend", CLI_STR, &backend, .meta = "B", .help = "ref, cpu or cuda (default cpu)"},
@@ -82,7 +84,9 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     if (B > W) B = W;
-    keel_step_opts so = {.cfg = &ck->cfg, .type = KEEL_F32, .batch = B, .window = T, .adapter = ad};
+    keel_precision prec;
+    if (keel_precision_parse(prec_s, &prec)) goto done;
+    keel_step_opts so = {.cfg = &ck->cfg, .type = KEEL_F32, .batch = B, .window = T, .adapter = ad, .precision = prec};
     if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_step_load(st, ck)) goto done;
     int32_t *iv = malloc((size_t)(T * B) * 4), *tv = malloc((size_t)(T * B) * 4), *pv = malloc((size_t)(T * B) * 4);
     double sum = 0;

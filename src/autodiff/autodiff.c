@@ -39,15 +39,17 @@ bool keel_grad_wanted(const keel_grad_acc *acc, int src) {
     return (keel_op_get(t->op)->grad_srcs >> src & 1) && acc->needs[t->src[src]->id];
 }
 
+keel_type keel_grad_type(keel_type t) { return t == KEEL_BF16 ? KEEL_F32 : t; }
+
 int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib) {
     if (!contrib) return -1;
     if (!keel_grad_wanted(acc, src)) return 0;
     keel_tensor *s = acc->node->src[src];
-    if (!keel_same_shape(s, contrib) || contrib->type != s->type) {
+    if (!keel_same_shape(s, contrib) || contrib->type != keel_grad_type(s->type)) {
         char a[64], b[64];
         return keel_fail("autodiff: %s rule gave a %s %s gradient for source '%s' (%s %s)",
                          keel_op_get(acc->node->op)->name, keel_type_name(contrib->type),
-                         keel_shape_str(contrib->ne, a, sizeof a), s->name, keel_type_name(s->type),
+                         keel_shape_str(contrib->ne, a, sizeof a), s->name, keel_type_name(keel_grad_type(s->type)),
                          keel_shape_str(s->ne, b, sizeof b));
     }
     if (grow(acc)) return -1;
@@ -74,7 +76,7 @@ int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t n
     keel_tensor *cur = acc->g->grads[s->id];
     bool inplace = true;
     if (!cur) {
-        cur = keel_zeros_like(acc->ctx, s); /* a real fill: x*0 would turn inf into NaN */
+        cur = keel_fill(acc->ctx, keel_grad_type(s->type), s->ne, 0.0); /* a real fill: x*0 turns inf into NaN */
     } else if (!acc->owned[cur->id] || !keel_is_contiguous(cur)) {
         inplace = false; /* someone else may read it: accumulate into a copy */
         if (!keel_is_contiguous(cur)) cur = keel_cont(acc->ctx, cur);

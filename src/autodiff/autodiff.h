@@ -14,6 +14,11 @@
  * parameter's gradient is an output node named "grad.<parameter name>". */
 int keel_build_backward(keel_graph *g, keel_tensor *loss);
 
+/* The type of a tensor's gradient: its own, except that a bf16 tensor (a product operand in mixed
+ * precision) has a float32 gradient, so that weight gradients are never rounded to bf16 before they
+ * are summed. */
+keel_type keel_grad_type(keel_type t);
+
 /* ---- for the rules ---- */
 typedef struct keel_grad_acc keel_grad_acc;
 typedef int (*keel_grad_rule)(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc);

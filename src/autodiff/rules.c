@@ -39,10 +39,11 @@ static int r_transpose(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad
 }
 static int r_copy(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *a = t->src[0];
-    if (dy->type == a->type) {
+    keel_type want = keel_grad_type(a->type);
+    if (dy->type == want) {
         ADD(0, contiguous(ctx, dy));
-    } else { /* CPY or CAST across types: the gradient goes back in the source's type */
-        ADD(0, keel_cast(ctx, dy, a->type));
+    } else { /* CPY or CAST across types: the gradient goes back in the source's gradient type */
+        ADD(0, keel_cast(ctx, dy, want));
     }
     return 0;
 }
@@ -153,6 +154,12 @@ static int r_sum(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
 }
 static int r_mul_mat(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *a = t->src[0], *b = t->src[1];
+    if (a->type == KEEL_BF16) { /* mixed precision: dy as a bf16 operand, the gradients float32 sums */
+        keel_tensor *d16 = dy->type == KEEL_BF16 ? dy : keel_cast(ctx, dy, KEEL_BF16);
+        if (WANT(0)) ADD(0, keel_out_prod_to(ctx, b, d16, a->ne[2], a->ne[3], KEEL_F32));
+        if (WANT(1)) ADD(1, keel_mul_mat_to(ctx, keel_transpose(ctx, a), d16, KEEL_F32));
+        return 0;
+    }
     /* da[k,m] = sum_n b[k,n] dy[m,n], over each group of broadcast matrices */
     if (WANT(0)) ADD(0, keel_out_prod(ctx, b, dy, a->ne[2], a->ne[3]));
     /* db[k,n] = sum_m a[k,m] dy[m,n]: the product reads a transposed through the view's strides

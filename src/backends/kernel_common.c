@@ -71,6 +71,11 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
         return true;
     case KEEL_OP_GET_ROWS:
         return t->src[1]->type == KEEL_I32;
+    case KEEL_OP_MUL_MAT:
+    case KEEL_OP_OUT_PROD: /* mixed precision: bf16 operands, float32 sums, a float32 or bf16 result */
+        if (t->src[0]->type == KEEL_BF16)
+            return t->src[1]->type == KEEL_BF16 && (t->type == KEEL_F32 || t->type == KEEL_BF16);
+        break;
     default:
         break;
     }

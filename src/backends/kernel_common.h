@@ -7,8 +7,8 @@
 #include "backend/backend.h"
 
 /* The type rule of the float32 backends (cpu, cuda): the copy family converts between all types,
- * GET_ROWS takes int32 ids, every other op takes float32 values (int32 index sources) and gives
- * float32. */
+ * GET_ROWS takes int32 ids, the products also take bf16 operands (float32 sums, a float32 or bf16
+ * result), every other op takes float32 values (int32 index sources) and gives float32. */
 bool keel_backend_f32_supports(const keel_tensor *t);
 /* ACC and SET (`dst = src0` unless in place, then the window), and CONCAT, as calls of the
  * backend's one copy path; the float32 backends run them so. */

@@ -215,6 +215,7 @@ keel_qwen35 *keel_qwen35_new_ex(keel_ctx *ctx, const keel_qwen35_config *c, keel
     m->matrix_type = type;
     m->lm_head = c->tied ? m->embed : param(m, ctx, type, D, c->vocab, "lm_head.weight%.0d%s", 0, "");
     m->matrix_type = matrix_type;
+    m->operand_type = type;
     for (int i = 0; i < m->n_params; i++)
         if (!m->params[i]) {
             keel_qwen35_free(m);
@@ -240,10 +241,25 @@ static keel_tensor *as_type(keel_ctx *ctx, keel_tensor *w, keel_type type) {
     return w->type == type ? w : keel_cast(ctx, w, type);
 }
 
-/* W x, plus W's LoRA adapter when it has one */
-static keel_tensor *linear(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, keel_tensor *x) {
-    keel_tensor *y = keel_mul_mat(ctx, as_type(ctx, w, x->type), x);
-    return m->lora ? keel_lora_linear(ctx, m, w, x, y) : y;
+/* An activation and its product operand: itself, or its bf16 copy (mixed precision), made once for
+ * the projections that share it. */
+typedef struct {
+    keel_tensor *x, *op;
+} operand;
+
+static operand operand_of(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *x) {
+    operand o = {x, x};
+    if (x && m->operand_type == KEEL_BF16) o.op = keel_cast(ctx, x, KEEL_BF16);
+    return o;
+}
+
+/* W x in the activations' type (mixed precision: bf16 operands, float32 sums), plus W's LoRA
+ * adapter when it has one */
+static keel_tensor *linear(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, operand in) {
+    if (!in.x) return NULL;
+    keel_tensor *y = m->operand_type == KEEL_BF16 ? keel_mul_mat_to(ctx, as_type(ctx, w, KEEL_BF16), in.op, in.x->type)
+                                                  : keel_mul_mat(ctx, as_type(ctx, w, in.x->type), in.x);
+    return m->lora ? keel_lora_linear(ctx, m, w, in.x, y) : y;
 }
 
 static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L, keel_tensor *h,
@@ -252,11 +268,12 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
     const keel_qwen35_config *c = &m->cfg;
     int64_t hd = c->head_dim, H = c->heads, KV = c->kv_heads, T = h->ne[1], B = h->ne[2];
     int64_t es = (int64_t)keel_type_size(h->type);
-    keel_tensor *qg = linear(ctx, m, L->q, h); /* per head [q | gate] */
+    operand hin = operand_of(ctx, m, h);
+    keel_tensor *qg = linear(ctx, m, L->q, hin); /* per head [q | gate] */
     keel_tensor *q = keel_view_4d(ctx, qg, hd, H, T, B, 2 * hd * es, 2 * hd * H * es, 2 * hd * H * T * es, 0);
     keel_tensor *gate = keel_view_4d(ctx, qg, hd, H, T, B, 2 * hd * es, 2 * hd * H * es, 2 * hd * H * T * es, hd * es);
-    keel_tensor *k = keel_reshape_4d(ctx, linear(ctx, m, L->k, h), hd, KV, T, B);
-    keel_tensor *v = keel_reshape_4d(ctx, linear(ctx, m, L->v, h), hd, KV, T, B);
+    keel_tensor *k = keel_reshape_4d(ctx, linear(ctx, m, L->k, hin), hd, KV, T, B);
+    keel_tensor *v = keel_reshape_4d(ctx, linear(ctx, m, L->v, hin), hd, KV, T, B);
     int64_t n_rot = (int64_t)(c->partial_rotary * (double)hd);
     q = keel_rope(ctx, norm1p(ctx, q, L->q_norm, c->rms_eps), pos, n_rot, c->rope_theta);
     k = keel_rope(ctx, norm1p(ctx, k, L->k_norm, c->rms_eps), pos, n_rot, c->rope_theta);
@@ -270,7 +287,7 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
     keel_tensor *o = keel_mul_mat(ctx, vt, p);                          /* [hd, Tq, H, B] */
     o = keel_cont(ctx, keel_permute(ctx, o, 0, 2, 1, 3));               /* [hd, H, T, B] */
     o = keel_mul(ctx, o, keel_sigmoid(ctx, gate));
-    return linear(ctx, m, L->o, keel_reshape_3d(ctx, o, hd * H, T, B));
+    return linear(ctx, m, L->o, operand_of(ctx, m, keel_reshape_3d(ctx, o, hd * H, T, B)));
 }
 
 static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L, keel_tensor *h,
@@ -279,7 +296,8 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
     const keel_qwen35_config *c = &m->cfg;
     int64_t Dk = c->lk_dim, Hk = c->lk_heads, Dv = c->lv_dim, Hv = c->lv_heads, T = h->ne[1], B = h->ne[2];
     int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(h->type), K = c->conv_kernel;
-    keel_tensor *pre = linear(ctx, m, L->qkv, h), *conv;
+    operand hin = operand_of(ctx, m, h);
+    keel_tensor *pre = linear(ctx, m, L->qkv, hin), *conv;
     if (conv_in) { /* decoding: the last K-1 inputs come first; keep the outputs of the new tokens */
         keel_tensor *cat = keel_concat(ctx, conv_in, pre, 1);
         conv = keel_view_3d(ctx, keel_conv1d(ctx, cat, L->conv, conv_pos), C, T, B, C * es, C * (T + K - 1) * es,
@@ -294,8 +312,8 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
     keel_tensor *v = keel_view_4d(ctx, mixed, Dv, Hv, T, B, Dv * es, C * es, C * T * es, 2 * kd * es);
     q = keel_scale(ctx, keel_l2_norm(ctx, q, 1e-6), 1.0 / sqrt((double)Dk), 0.0);
     k = keel_l2_norm(ctx, k, 1e-6);
-    keel_tensor *beta = keel_sigmoid(ctx, linear(ctx, m, L->b, h)); /* [Hv, T, B] */
-    keel_tensor *g = keel_mul(ctx, keel_softplus(ctx, keel_add(ctx, linear(ctx, m, L->a, h), L->dt_bias)),
+    keel_tensor *beta = keel_sigmoid(ctx, linear(ctx, m, L->b, hin)); /* [Hv, T, B] */
+    keel_tensor *g = keel_mul(ctx, keel_softplus(ctx, keel_add(ctx, linear(ctx, m, L->a, hin), L->dt_bias)),
                               keel_neg(ctx, keel_exp(ctx, L->A_log)));
     keel_tensor *o;
     if (S_in) { /* decoding: start from S_in, keep the final state */
@@ -306,9 +324,9 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
     } else {
         o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos); /* [Dv, Hv, T, B] */
     }
-    keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, h), Dv, Hv, T, B);
+    keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, hin), Dv, Hv, T, B);
     o = keel_mul(ctx, keel_mul(ctx, keel_rms_norm(ctx, o, c->rms_eps), L->norm), keel_silu(ctx, z));
-    return linear(ctx, m, L->out, keel_reshape_3d(ctx, o, vd, T, B));
+    return linear(ctx, m, L->out, operand_of(ctx, m, keel_reshape_3d(ctx, o, vd, T, B)));
 }
 
 static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos, keel_tensor *targets,
@@ -332,8 +350,10 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
                                  cin ? cin->conv_pos : NULL, cout ? &cout->S[i] : NULL, cout ? &cout->conv[i] : NULL);
         x = keel_add(ctx, x, mix);
         keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps);
-        keel_tensor *mlp = linear(
-            ctx, m, L->down, keel_mul(ctx, keel_silu(ctx, linear(ctx, m, L->gate, h2)), linear(ctx, m, L->up, h2)));
+        operand h2in = operand_of(ctx, m, h2);
+        keel_tensor *gate = keel_silu(ctx, linear(ctx, m, L->gate, h2in));
+        keel_tensor *mlp =
+            linear(ctx, m, L->down, operand_of(ctx, m, keel_mul(ctx, gate, linear(ctx, m, L->up, h2in))));
         x = keel_add(ctx, x, mlp);
         keel_set_name(x, "hidden.%d", i + 1);
         out->hidden[i + 1] = x;
@@ -342,7 +362,11 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
     }
     keel_tensor *xn = norm1p(ctx, x, m->final_norm, c->rms_eps);
     out->normed = xn;
-    out->logits = keel_set_name(keel_mul_mat(ctx, as_type(ctx, m->lm_head, act), xn), "logits");
+    operand xin = operand_of(ctx, m, xn);
+    out->logits = keel_set_name(m->operand_type == KEEL_BF16
+                                    ? keel_mul_mat_to(ctx, as_type(ctx, m->lm_head, KEEL_BF16), xin.op, act)
+                                    : keel_mul_mat(ctx, as_type(ctx, m->lm_head, act), xn),
+                                "logits");
     if (targets) out->loss = keel_set_name(keel_cross_entropy_loss(ctx, out->logits, targets), "loss");
     if (!out->logits || (targets && !out->loss)) return -1;
     return 0;

@@ -33,7 +33,11 @@ typedef struct {
     keel_qwen35_layer layer[KEEL_QWEN35_MAX_LAYERS];
     keel_tensor **params; /* in checkpoint order */
     int n_params;
-    keel_type matrix_type;  /* of the matrices but the LM head's (keel_qwen35_new_ex) */
+    keel_type matrix_type; /* of the matrices but the LM head's (keel_qwen35_new_ex) */
+    /* the type of the projections' operands: the activations' (parity), or KEEL_BF16 (mixed precision:
+     * bf16 copies of the float32 weights and inputs, made where they are used, so recompute makes them
+     * again; float32 sums and results) */
+    keel_type operand_type;
     struct keel_lora *lora; /* LoRA adapters (model/lora.h), NULL: none */
 } keel_qwen35;
 

@@ -50,8 +50,12 @@
     X(SUM, OWN, 1, 0, 1, 0, "all elements -> [1]")                                                                             \
     X(SUM_ROWS, ROWS, 1, 0, 1, 0, "over dim 0 -> [1,ne1,ne2,ne3]")                                                              \
     X(MEAN, ROWS, 1, 0, 1, 0, "over dim 0 -> [1,ne1,ne2,ne3]")                                                                  \
-    X(MUL_MAT, MATMUL, 2, 0, 3, 0, "src0 [K,M,a2,a3], src1 [K,N,b2,b3] -> [M,N,b2,b3]; b2%a2 == 0, b3%a3 == 0")                   \
-    X(OUT_PROD, MATMUL, 2, 0, 3, 0, "src0 [I,K,n2,n3], src1 [J,K,n2,n3] -> [I,J,ip0,ip1], summing groups of n2/ip0")              \
+    X(MUL_MAT, MATMUL, 2, 0, 3, 0,                                                                                     \
+      "src0 [K,M,a2,a3], src1 [K,N,b2,b3] -> [M,N,b2,b3]; b2%a2 == 0, b3%a3 == 0; bf16 sources: ip0 the result's "     \
+      "type (f32 or bf16; sums in float32)")                                                                           \
+    X(OUT_PROD, MATMUL, 2, 0, 3, 0,                                                                                    \
+      "src0 [I,K,n2,n3], src1 [J,K,n2,n3] -> [I,J,ip0,ip1], summing groups of n2/ip0; bf16 sources: ip2 the "          \
+      "result's type")                                                                                                 \
     X(RMS_NORM, ROWS, 1, 0, 1, 0, "fp0 eps: x * rsqrt(mean(x^2) + eps) over dim 0")                                             \
     X(RMS_NORM_BACK, ROWS, 2, OPF_BACKWARD, 0, 0, "src0 x, src1 dy, fp0 eps")                                                   \
     X(L2_NORM, ROWS, 1, 0, 1, 0, "fp0 eps: x * rsqrt(sum(x^2) + eps) over dim 0")                                               \

@@ -283,18 +283,31 @@ static int shape_rule(keel_tensor *t) {
         set_shape(t, a->type, 1, a->ne[1], a->ne[2], a->ne[3]);
         return 0;
     case KEEL_OP_MUL_MAT:
-        REQ(a->type == b->type, "types differ");
-        REQ(a->ne[0] == b->ne[0], "inner dimensions differ (%lld vs %lld)", (long long)a->ne[0], (long long)b->ne[0]);
-        REQ(b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0, "src0 dims 2,3 do not broadcast over src1's");
-        set_shape(t, a->type, a->ne[1], b->ne[1], b->ne[2], b->ne[3]);
+    case KEEL_OP_OUT_PROD: {
+        REQ(a->type == b->type && keel_type_is_float(a->type), "the sources must have one real type");
+        /* bf16 operands, float32 sums: the result in float32 or rounded to bf16 (the type parameter) */
+        int64_t rt = t->ip[op == KEEL_OP_MUL_MAT ? 0 : 2];
+        keel_type out = a->type;
+        if (a->type == KEEL_BF16) {
+            REQ(rt == KEEL_F32 || rt == KEEL_BF16 || rt == KEEL_F64,
+                "result type %lld: f32 or bf16 (f64 on ref) for bf16 sources", (long long)rt);
+            out = (keel_type)rt;
+        } else {
+            REQ(rt == 0, "a result type is given only for bf16 sources");
+        }
+        if (op == KEEL_OP_MUL_MAT) {
+            REQ(a->ne[0] == b->ne[0], "inner dimensions differ (%lld vs %lld)", (long long)a->ne[0],
+                (long long)b->ne[0]);
+            REQ(b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0, "src0 dims 2,3 do not broadcast over src1's");
+            set_shape(t, out, a->ne[1], b->ne[1], b->ne[2], b->ne[3]);
+        } else {
+            REQ(a->ne[1] == b->ne[1] && a->ne[2] == b->ne[2] && a->ne[3] == b->ne[3], "dims 1..3 differ");
+            REQ(t->ip[0] > 0 && t->ip[1] > 0 && a->ne[2] % t->ip[0] == 0 && a->ne[3] % t->ip[1] == 0,
+                "result dims 2,3 (%lld,%lld) must divide the sources'", (long long)t->ip[0], (long long)t->ip[1]);
+            set_shape(t, out, a->ne[0], b->ne[0], t->ip[0], t->ip[1]);
+        }
         return 0;
-    case KEEL_OP_OUT_PROD:
-        REQ(a->type == b->type, "types differ");
-        REQ(a->ne[1] == b->ne[1] && a->ne[2] == b->ne[2] && a->ne[3] == b->ne[3], "dims 1..3 differ");
-        REQ(t->ip[0] > 0 && t->ip[1] > 0 && a->ne[2] % t->ip[0] == 0 && a->ne[3] % t->ip[1] == 0,
-            "result dims 2,3 (%lld,%lld) must divide the sources'", (long long)t->ip[0], (long long)t->ip[1]);
-        set_shape(t, a->type, a->ne[0], b->ne[0], t->ip[0], t->ip[1]);
-        return 0;
+    }
     case KEEL_OP_ROPE:
     case KEEL_OP_ROPE_BACK:
         REQ(is_positions(b, a->ne[2], 1) || is_positions(b, a->ne[2], a->ne[3]),
@@ -557,10 +570,18 @@ void keel_dropout_set_counter(keel_graph *g, int64_t counter) {
         if (g->nodes[i]->op == KEEL_OP_DROPOUT) g->nodes[i]->ip[2] = counter;
 }
 keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
+    if (a && a->type == KEEL_BF16) return keel_mul_mat_to(ctx, a, b, KEEL_BF16);
     return OP(KEEL_OP_MUL_MAT, (a, b), NULL, 0, NULL, 0);
 }
+keel_tensor *keel_mul_mat_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, keel_type out) {
+    return OP(KEEL_OP_MUL_MAT, (a, b), IPS((int64_t)out), 1, NULL, 0);
+}
 keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3) {
+    if (a && a->type == KEEL_BF16) return keel_out_prod_to(ctx, a, b, ne2, ne3, KEEL_BF16);
     return OP(KEEL_OP_OUT_PROD, (a, b), IPS(ne2, ne3), 2, NULL, 0);
+}
+keel_tensor *keel_out_prod_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3, keel_type out) {
+    return OP(KEEL_OP_OUT_PROD, (a, b), IPS(ne2, ne3, (int64_t)out), 3, NULL, 0);
 }
 keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps) {
     return OP(KEEL_OP_RMS_NORM, (a), NULL, 0, FPS(eps), 1);

@@ -95,6 +95,10 @@ void keel_dropout_set_counter(keel_graph *g, int64_t counter);
 void keel_dropout_set_p(keel_graph *g, double p);
 keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
 keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3);
+/* Products of bf16 operands summed in float32, the result in `out` (KEEL_F32, or KEEL_BF16 rounded
+ * to nearest even): weight gradients and residual updates stay float32 (mixed precision). */
+keel_tensor *keel_mul_mat_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, keel_type out);
+keel_tensor *keel_out_prod_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3, keel_type out);
 keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps);
 keel_tensor *keel_l2_norm(keel_ctx *ctx, keel_tensor *a, double eps);
 keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale);

@@ -77,6 +77,9 @@ struct cJSON;
     X(STR, base_dtype, "--base-dtype", "T", "f32", 0, 0, FIXED,                                                        \
       "f32 or bf16: the frozen base's matrices (bf16 halves them; with --recompute their float32 copies live one "    \
       "layer at a time)")                                                                                              \
+    X(STR, precision, "--precision", "P", "f32", 0, 0, FIXED,                                                          \
+      "f32 (keel's parity mode) or bf16: mixed precision, the projections' operands bf16 copies of the float32 "      \
+      "weights and inputs, float32 sums, master weights, gradients, moments and residual stream")                      \
     S("run")                                                                                                           \
     X(STR, out_dir, "--out", "DIR", NULL, 0, 0, MAY,                                                                   \
       "checkpoint, metrics.jsonl and the token cache go here (required)")                                              \

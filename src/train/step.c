@@ -42,6 +42,7 @@ keel_step *keel_step_build(const keel_step_opts *o) {
     }
     st->m = st->ctx ? keel_qwen35_new_ex(st->ctx, o->cfg, o->type, o->base_bf16 ? KEEL_BF16 : o->type) : NULL;
     if (!st->m) goto fail;
+    if (o->precision == KEEL_PRECISION_BF16) st->m->operand_type = KEEL_BF16;
     if (o->lora && keel_lora_attach(st->ctx, st->m, o->lora)) goto fail;
     if (o->adapter) {
         keel_lora_opts lo = {0};
@@ -171,6 +172,18 @@ int keel_step_write_batch(keel_step *st, const int32_t *ids, const int32_t *targ
     if (keel_tensor_write(st->be, st->ids, ids, KEEL_I32)) return -1;
     return st->tgt && targets ? keel_tensor_write(st->be, st->tgt, targets, KEEL_I32) : 0;
 }
+
+int keel_precision_parse(const char *s, keel_precision *out) {
+    if (s && !strcmp(s, "f32"))
+        *out = KEEL_PRECISION_F32;
+    else if (s && !strcmp(s, "bf16"))
+        *out = KEEL_PRECISION_BF16;
+    else
+        return keel_fail("--precision '%s': expected f32 or bf16", s ? s : "");
+    return 0;
+}
+
+const char *keel_precision_name(keel_precision p) { return p == KEEL_PRECISION_BF16 ? "bf16" : "f32"; }
 
 int keel_step_write_positions(keel_step *st, const int32_t *pos) {
     return st->pos ? keel_tensor_write(st->be, st->pos, pos, KEEL_I32) : 0;

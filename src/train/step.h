@@ -19,6 +19,13 @@
 #include "model/qwen35.h"
 #include "recompute/recompute.h"
 
+/* --precision: f32, keel's parity mode; bf16, mixed precision (float32 master weights, gradients,
+ * moments and residual stream; the projections' operands bf16 copies, their sums float32). */
+typedef enum { KEEL_PRECISION_F32, KEEL_PRECISION_BF16 } keel_precision;
+/* "f32" or "bf16"; -1 with a message naming --precision. */
+int keel_precision_parse(const char *s, keel_precision *out);
+const char *keel_precision_name(keel_precision p);
+
 typedef struct {
     const keel_qwen35_config *cfg;
     keel_type type; /* of parameters and activations: F32 (cpu, cuda), F64 (ref) */
@@ -33,6 +40,7 @@ typedef struct {
     const keel_lora_opts *lora;           /* LoRA adapters to train beside the selected weights (base frozen) */
     const keel_adapter *adapter;          /* or a saved PEFT adapter's modules (evaluation: no dropout) */
     bool base_bf16;                       /* the base's matrices stored in bf16 (a frozen base: with lora) */
+    keel_precision precision;             /* of the products (KEEL_PRECISION_F32: parity) */
 } keel_step_opts;
 
 typedef struct {

@@ -69,7 +69,10 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
                          .targets = o->lora_targets};
     if (!o->lora_rank && (o->lora_alpha > 0 || o->lora_dropout > 0 || o->lora_targets || bf16))
         return keel_fail("--lora-alpha, --lora-dropout, --lora-targets and --base-dtype bf16 need --lora-rank");
+    keel_precision prec;
+    if (keel_precision_parse(o->precision, &prec)) return -1;
     keel_step_opts so = {.cfg = cfg,
+                         .precision = prec,
                          .type = KEEL_F32,
                          .batch = o->batch,
                          .window = o->window,
@@ -379,9 +382,10 @@ static int setup(trainer *t) {
     for (int i = 0; i < t->st->m->n_params; i++) n_par += keel_nelements(t->st->m->params[i]);
     for (int i = 0; i < t->n_train; i++) n_tr += keel_nelements(t->train_p[i]);
     printf(
-        "model: %lld layers, %lld parameters (%lld trained), %s backend, %lld threads, recompute %s, plan %.1f MiB\n",
-        (long long)cfg.layers, (long long)n_par, (long long)n_tr, t->be->name, (long long)o->threads, o->recompute,
-        (double)t->st->s->plan->total_bytes / 1048576.0);
+        "model: %lld layers, %lld parameters (%lld trained), %s backend, %lld threads, precision %s, recompute %s, "
+        "plan %.1f MiB\n",
+        (long long)cfg.layers, (long long)n_par, (long long)n_tr, t->be->name, (long long)o->threads, o->precision,
+        o->recompute, (double)t->st->s->plan->total_bytes / 1048576.0);
     if (t->world > 1)
         printf("data parallel: %d ranks, batch %lld per rank, global batch %lld x %lld tokens per step; gradients in "
                "%d buckets, "

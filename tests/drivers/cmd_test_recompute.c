@@ -21,6 +21,7 @@
 #define STEPS 3
 
 static const char *backend_name = "cpu"; /* --backend */
+static keel_precision precision;         /* --precision */
 static bool packed;                      /* packed windows: examples of 1..9 tokens */
 
 typedef struct {
@@ -51,7 +52,13 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
     if (keel_recompute_parse(mode, &rm)) return -1;
     enum { T = 33, B = 2 };
     keel_backend *be = keel_backend_new(backend_name, threads);
-    keel_step_opts so = {.cfg = cfg, .type = KEEL_F32, .batch = B, .window = T, .backward = true, .recompute = &rm};
+    keel_step_opts so = {.cfg = cfg,
+                         .type = KEEL_F32,
+                         .batch = B,
+                         .window = T,
+                         .backward = true,
+                         .recompute = &rm,
+                         .precision = precision};
     keel_step *st = be ? keel_step_build(&so) : NULL;
     int rc = -1;
     if (!st || keel_step_adamw(st, NULL, NULL, 0, 1e-2, 0.01) || keel_step_place(st, be)) goto done;
@@ -133,18 +140,23 @@ static int check_model(const char *what, const keel_qwen35_config *cfg, const ke
 }
 
 int cmd_test_recompute(int argc, char **argv) {
-    const char *fixture = NULL;
+    const char *fixture = NULL, *prec_s = "f32";
     const cli_flag flags[] = {
         {"--fixture", CLI_STR, &fixture, .meta = "CHECKPOINT", .help = "also check this checkpoint's model"},
         {"--backend", CLI_STR, &backend_name, .meta = "B", .help = "ref, cpu or cuda (default cpu)"},
+        {"--precision", CLI_STR, &prec_s, .meta = "f32|bf16", .help = "bf16: mixed-precision products (default f32)"},
     };
     const cli_spec spec = {"keel test-recompute",
                            "recompute modes off, full, every:2, layers:1,3 give bitwise identical training", flags,
                            (int)(sizeof flags / sizeof *flags)};
     int pr = cli_parse(&spec, argc, argv);
     if (pr) return pr == 1 ? 0 : 2;
+    if (keel_precision_parse(prec_s, &precision)) {
+        fprintf(stderr, "keel test-recompute: %s\n", keel_last_error());
+        return 2;
+    }
     int pass = 0, fail = 0;
-    printf("backend %s\n", backend_name);
+    printf("backend %s, precision %s\n", backend_name, prec_s);
     if (fixture) {
         keel_checkpoint *ck = keel_checkpoint_open(fixture);
         if (!ck) {

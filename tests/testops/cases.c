@@ -182,6 +182,15 @@ static keel_tensor *build_qgate(keel_ctx *ctx, const op_case *c, keel_tensor **x
     return keel_mul(ctx, qn, keel_sigmoid(ctx, gate));
 }
 
+/* Mixed precision: both operands rounded to bf16 (CAST), the product summed in float32 and given
+ * in float32 (ip[0] of the case: the result type); its backward rounds dy to bf16 and gives float32
+ * gradients, which reach the float32 inputs through CAST's rule. */
+static keel_tensor *build_mm_bf16(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    keel_tensor *y =
+        keel_mul_mat_to(ctx, keel_cast(ctx, x[0], KEEL_BF16), keel_cast(ctx, x[1], KEEL_BF16), (keel_type)c->ip[0]);
+    return y && y->type == KEEL_BF16 ? keel_cast(ctx, y, KEEL_F32) : y;
+}
+
 int keel_cases_all(op_case **out) {
     case_list l = {0};
     op_case *c;
@@ -437,6 +446,40 @@ int keel_cases_all(op_case **out) {
                  * cuda backend's single wide product (cuda_matmul.cu, merges) */
                 {64, 48, 1, 1, 64, 40, 3, 2},
             };
+            /* bf16 operands (the oracle reads them exactly), float32 sums: a float32 result within
+             * float32 rounding of float64 (1e-9), a bf16 result one rounding away (2e-5) */
+            static const int sel[] = {1, 3, 6, 8, 10, 7};
+            for (int k = 0; k < 6; k++)
+                for (int rt = 0; rt < 2; rt++) {
+                    const int64_t *x = mm[sel[k]];
+                    keel_type out_t = rt ? KEEL_BF16 : KEEL_F32;
+                    c = C(&l, op);
+                    c->keep_types = true, c->tol = rt ? 2e-5 : 1e-9;
+                    if (op == KEEL_OP_MUL_MAT) {
+                        I(c, KEEL_BF16, x[0], x[1], x[2], x[3])->view = sel[k] == 7 ? VIEW_TRANSPOSED : VIEW_NONE;
+                        I(c, KEEL_BF16, x[4], x[5], x[6], x[7])->view = sel[k] == 8 ? VIEW_PERMUTED : VIEW_NONE;
+                        P(c, 1, (int64_t[]){out_t}, 0, NULL);
+                    } else {
+                        I(c, KEEL_BF16, x[1], x[0], x[6], x[7])->view = sel[k] == 7 ? VIEW_TRANSPOSED : VIEW_NONE;
+                        I(c, KEEL_BF16, x[5], x[4], x[6], x[7]);
+                        P(c, 3, (int64_t[]){x[2], x[3], out_t}, 0, NULL);
+                    }
+                }
+            if (op == KEEL_OP_MUL_MAT) /* the mixed-precision gradient rule, plain and broadcast */
+                for (int k = 0; k < 4; k++) {
+                    const int64_t *x = mm[(int[]){1, 6, 8, 10}[k]];
+                    c = C(&l, op);
+                    I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                    I(c, KEEL_F32, x[4], x[5], x[6], x[7])->view = k == 1 ? VIEW_TRANSPOSED : VIEW_NONE;
+                    P(c, 1, (int64_t[]){k == 3 ? KEEL_BF16 : KEEL_F32}, 0, NULL);
+                    c->build = build_mm_bf16, c->tol = 2e-5;
+                    c->no_fd = "bf16 rounding of the operands and of dy";
+                    static char names[4][96];
+                    snprintf(
+                        names[k], sizeof names[k], "MUL_MAT(bf16 operands -> %s, [%lld,%lld]x[%lld,%lld], grad rule)",
+                        k == 3 ? "bf16" : "f32", (long long)x[0], (long long)x[1], (long long)x[4], (long long)x[5]);
+                    c->name = names[k];
+                }
             for (int s = 0; s < 11; s++) {
                 c = C(&l, op);
                 const int64_t *x = mm[s];

@@ -51,6 +51,8 @@ struct op_case {
     int no_grad_mask;    /* inputs never differentiated in this case */
     uint32_t ip_elems;   /* bit i: ip[i] counts elements; the harness turns it into bytes of the built type */
     double tol;          /* NMSE threshold for non-f64 results (0: the default 1e-7) */
+    const char *no_fd;   /* gradient tiers: why finite differences cannot check this case (bf16 roundings are
+                          * steps); then only the backends' backward graphs against ref's */
     int64_t width;       /* widest row the copy path moves, when not the widest row of the graph (composite cases):
                              decides fault expectations */
     case_builder build;

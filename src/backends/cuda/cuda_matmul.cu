@@ -1,29 +1,32 @@
-/* keel: MUL_MAT and OUT_PROD through cuBLAS (cublasGemmEx / strided-batched, float32 in and out,
- * CUBLAS_COMPUTE_32F: no TF32). cuBLAS is column-major; keel's dim 0 is the fastest, so a keel
+/* keel: MUL_MAT and OUT_PROD through cuBLAS (cublasGemmEx / strided-batched, float32 or bf16
+ * operands, CUBLAS_COMPUTE_32F: float32 sums, no TF32; the result float32, or bf16 when asked). cuBLAS is column-major; keel's dim 0 is the fastest, so a keel
  * matrix X(r, c) at r*nb0 + c*nb1 is a column-major r x c matrix when nb0 is the element size and
  * the transpose of one when nb1 is. Operands with neither layout are first made contiguous by the
  * copy path. With one stream and a fixed call sequence cuBLAS gives bitwise repeatable results. */
 #include "backends/cuda/cuda_internal.h"
 
 typedef struct {
-    const float *p;
+    const char *p;
     int64_t ld;               /* leading dimension, elements */
     bool transposed;          /* stored as the transpose of (rows x cols) */
     int64_t stride2, stride3; /* elements between matrices along dims 2 and 3 */
+    int64_t es;               /* element size, bytes */
+    cudaDataType_t dt;        /* CUDA_R_32F or CUDA_R_16BF */
 } mat;
 
 /* Describe t's dims (0,1) as a rows x cols matrix; false when cuBLAS cannot take it as is. */
 static bool describe(const keel_tensor *t, mat *m) {
-    int64_t r = t->ne[0], c = t->ne[1];
-    m->p = (const float *)t->data;
-    if (t->nb[2] % 4 || t->nb[3] % 4 || t->nb[0] % 4 || t->nb[1] % 4) return false;
-    m->stride2 = t->nb[2] / 4, m->stride3 = t->nb[3] / 4;
-    if (t->nb[0] == 4 && (c == 1 || t->nb[1] / 4 >= r)) {
-        m->transposed = false, m->ld = c == 1 ? (r > 0 ? r : 1) : t->nb[1] / 4;
+    int64_t r = t->ne[0], c = t->ne[1], es = (int64_t)keel_type_size(t->type);
+    m->p = (const char *)t->data;
+    m->es = es, m->dt = t->type == KEEL_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    if (t->nb[2] % es || t->nb[3] % es || t->nb[0] % es || t->nb[1] % es) return false;
+    m->stride2 = t->nb[2] / es, m->stride3 = t->nb[3] / es;
+    if (t->nb[0] == es && (c == 1 || t->nb[1] / es >= r)) {
+        m->transposed = false, m->ld = c == 1 ? (r > 0 ? r : 1) : t->nb[1] / es;
         return true;
     }
-    if (t->nb[1] == 4 && (r == 1 || t->nb[0] / 4 >= c)) {
-        m->transposed = true, m->ld = r == 1 ? (c > 0 ? c : 1) : t->nb[0] / 4;
+    if (t->nb[1] == es && (r == 1 || t->nb[0] / es >= c)) {
+        m->transposed = true, m->ld = r == 1 ? (c > 0 ? c : 1) : t->nb[0] / es;
         return true;
     }
     return false;
@@ -34,7 +37,7 @@ static bool describe(const keel_tensor *t, mat *m) {
  * meets one wide product instead of ne2 ne3 narrow ones: cuBLAS runs a 4096-column product
  * faster than four of 1024. */
 static bool merges(const keel_tensor *t, const mat *m) {
-    return !m->transposed && (int64_t)t->nb[1] == m->ld * 4 && (t->ne[2] == 1 || t->nb[2] == t->ne[1] * t->nb[1]) &&
+    return !m->transposed && (int64_t)t->nb[1] == m->ld * m->es && (t->ne[2] == 1 || t->nb[2] == t->ne[1] * t->nb[1]) &&
            (t->ne[3] == 1 || t->nb[3] == t->ne[2] * t->nb[2]);
 }
 
@@ -47,32 +50,35 @@ static const keel_tensor *contiguous(keel_backend *be, const keel_tensor *t, kee
 }
 
 static size_t round_up(size_t n) { return (n + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN; }
+static size_t bytes_contig(const keel_tensor *t) { return (size_t)keel_nelements(t) * keel_type_size(t->type); }
 
-/* Operands (and the result when it is not plain) as cuBLAS can take them. */
+/* Operands (and the result when it is not plain, or when f32_sum asks for float32 sums of a bf16
+ * result: then a float32 scratch result, converted once at the end) as cuBLAS can take them. */
 static int prepare(keel_backend *be, const keel_tensor *t, const keel_tensor **a, const keel_tensor **b,
-                   keel_tensor *ta, keel_tensor *tb, keel_tensor *tc, bool *c_tmp, mat *ma, mat *mb, mat *mc) {
+                   keel_tensor *ta, keel_tensor *tb, keel_tensor *tc, bool *c_tmp, mat *ma, mat *mb, mat *mc,
+                   bool f32_sum) {
     bool oka = describe(*a, ma), okb = describe(*b, mb);
-    bool okc = describe(t, mc) && !mc->transposed;
+    bool okc = describe(t, mc) && !mc->transposed && !f32_sum;
     *c_tmp = !okc;
-    size_t need = (oka ? 0 : round_up((size_t)keel_nelements(*a) * 4)) +
-                  (okb ? 0 : round_up((size_t)keel_nelements(*b) * 4)) +
-                  (okc ? 0 : round_up((size_t)keel_nelements(t) * 4));
+    size_t need = (oka ? 0 : round_up(bytes_contig(*a))) + (okb ? 0 : round_up(bytes_contig(*b))) +
+                  (okc ? 0 : round_up((size_t)keel_nelements(t) * (f32_sum ? 4 : keel_type_size(t->type))));
     if (!need) return 0;
     char *base = (char *)cuda_scratch(be, need, t);
     if (!base) return -1;
     size_t at = 0;
     if (!oka) {
         if (!(*a = contiguous(be, *a, ta, base, at))) return -1;
-        at += round_up((size_t)keel_nelements(ta) * 4);
+        at += round_up(bytes_contig(ta));
         describe(*a, ma);
     }
     if (!okb) {
         if (!(*b = contiguous(be, *b, tb, base, at))) return -1;
-        at += round_up((size_t)keel_nelements(tb) * 4);
+        at += round_up(bytes_contig(tb));
         describe(*b, mb);
     }
     if (!okc) {
         *tc = *t;
+        if (f32_sum) tc->type = KEEL_F32;
         keel_set_contiguous_strides(tc);
         tc->data = base + at;
         describe(tc, mc);
@@ -80,22 +86,24 @@ static int prepare(keel_backend *be, const keel_tensor *t, const keel_tensor **a
     return 0;
 }
 
+/* Element offset e of matrix data p with elements of es bytes. */
+static const char *at_el(const char *p, int64_t e, int64_t es) { return p + e * es; }
+
 static int gemm(keel_backend *be, const keel_tensor *t, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
-                int64_t n, int64_t k, const mat *A, const float *pa, const mat *B, const float *pb, float *pc,
-                int64_t ldc, float beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
+                int64_t n, int64_t k, const mat *A, const char *pa, const mat *B, const char *pb, char *pc,
+                cudaDataType_t dc, int64_t ldc, float beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
     if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || A->ld > INT32_MAX || B->ld > INT32_MAX || ldc > INT32_MAX)
         return keel_fail("cuda: %s '%s': a matrix dimension exceeds cuBLAS's 32-bit limit", keel_op_get(t->op)->name,
                          t->name);
     const float one = 1.0f;
     cublasStatus_t s;
     if (batch == 1)
-        s = cublasGemmEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, CUDA_R_32F, (int)A->ld, pb,
-                         CUDA_R_32F, (int)B->ld, &beta, pc, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT);
+        s = cublasGemmEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, A->dt, (int)A->ld, pb, B->dt,
+                         (int)B->ld, &beta, pc, dc, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     else
-        s = cublasGemmStridedBatchedEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, CUDA_R_32F,
-                                       (int)A->ld, sa, pb, CUDA_R_32F, (int)B->ld, sb, &beta, pc, CUDA_R_32F, (int)ldc,
-                                       sc, (int)batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        s = cublasGemmStridedBatchedEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, A->dt, (int)A->ld,
+                                       sa, pb, B->dt, (int)B->ld, sb, &beta, pc, dc, (int)ldc, sc, (int)batch,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return cublas_check(s, "cublasGemmEx", t);
 }
 
@@ -105,35 +113,36 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
     keel_tensor ta, tb, tc;
     mat ma, mb, mc;
     bool c_tmp;
-    if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc)) return -1;
+    if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc, false)) return -1;
     int64_t M = t->ne[0], N = t->ne[1], K = a->ne[0], r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
     if (M == 0 || N == 0) return 0;
     if (K == 0) return keel_fail("cuda: MUL_MAT '%s' with K = 0", t->name);
     /* a(k, m) column-major K x M needs a transpose to be op(A) = M x K */
     cublasOperation_t opa = ma.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
     cublasOperation_t opb = mb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-    float *c0 = (float *)(c_tmp ? tc.data : t->data);
+    char *c0 = (char *)(c_tmp ? tc.data : t->data);
     if (a->ne[2] == 1 && a->ne[3] == 1 && merges(b, &mb) &&
         merges(c_tmp ? &tc : t, &mc)) /* one weight, every matrix of b */
-        return gemm(be, t, opa, opb, M, N * t->ne[2] * t->ne[3], K, &ma, ma.p, &mb, mb.p, c0, mc.ld, 0.0f, 1, 0, 0,
-                    0) ||
+        return gemm(be, t, opa, opb, M, N * t->ne[2] * t->ne[3], K, &ma, ma.p, &mb, mb.p, c0, mc.dt, mc.ld, 0.0f, 1, 0,
+                    0, 0) ||
                        (c_tmp && cuda_copy(be, t, &tc, false))
                    ? -1
                    : 0;
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
-        const float *pa3 = ma.p + (i3 / r3) * ma.stride3, *pb3 = mb.p + i3 * mb.stride3;
-        float *pc3 = c0 + i3 * mc.stride3;
+        const char *pa3 = at_el(ma.p, (i3 / r3) * ma.stride3, ma.es), *pb3 = at_el(mb.p, i3 * mb.stride3, mb.es);
+        char *pc3 = c0 + i3 * mc.stride3 * mc.es;
         if (r2 == 1) {
-            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3, &mb, pb3, pc3, mc.ld, 0.0f, t->ne[2], ma.stride2, mb.stride2,
-                     mc.stride2))
+            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3, &mb, pb3, pc3, mc.dt, mc.ld, 0.0f, t->ne[2], ma.stride2,
+                     mb.stride2, mc.stride2))
                 return -1;
             continue;
         }
         /* broadcast a (grouped-query attention): for each member g of a group, one batched call over
          * the groups, matrices i2 = h r2 + g of b and t against matrix h of a */
         for (int64_t g = 0; g < r2; g++)
-            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3, &mb, pb3 + g * mb.stride2, pc3 + g * mc.stride2, mc.ld, 0.0f,
-                     t->ne[2] / r2, ma.stride2, r2 * mb.stride2, r2 * mc.stride2))
+            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3, &mb, at_el(pb3, g * mb.stride2, mb.es),
+                     pc3 + g * mc.stride2 * mc.es, mc.dt, mc.ld, 0.0f, t->ne[2] / r2, ma.stride2, r2 * mb.stride2,
+                     r2 * mc.stride2))
                 return -1;
     }
     return c_tmp ? cuda_copy(be, t, &tc, false) : 0;
@@ -147,12 +156,14 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
     keel_tensor ta, tb, tc;
     mat ma, mb, mc;
     bool c_tmp;
-    if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc)) return -1;
+    /* a bf16 result summed over a group: float32 sums, rounded once */
+    bool f32_sum = t->type == KEEL_BF16 && (a->ne[2] != t->ne[2] || a->ne[3] != t->ne[3]);
+    if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc, f32_sum)) return -1;
     int64_t I = t->ne[0], J = t->ne[1], K = a->ne[1], r2 = a->ne[2] / t->ne[2], r3 = a->ne[3] / t->ne[3];
-    float *c0 = (float *)(c_tmp ? tc.data : t->data);
+    char *c0 = (char *)(c_tmp ? tc.data : t->data);
     if (I == 0 || J == 0) return 0;
     if (K == 0)
-        return cuda_check(cudaMemsetAsync(c0, 0, (size_t)keel_nelements(t) * 4, cuda_im(be)->stream), "memset", t) ||
+        return cuda_check(cudaMemsetAsync(c0, 0, bytes_contig(t), cuda_im(be)->stream), "memset", t) ||
                        (c_tmp && cuda_copy(be, t, &tc, false))
                    ? -1
                    : 0;
@@ -161,22 +172,22 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
     cublasOperation_t opb = mb.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
     if (t->ne[2] == 1 && t->ne[3] == 1 && merges(a, &ma) &&
         merges(b, &mb)) /* one result: all of a and b's matrices are one long k */
-        return gemm(be, t, opa, opb, I, J, K * a->ne[2] * a->ne[3], &ma, ma.p, &mb, mb.p, c0, mc.ld, 0.0f, 1, 0, 0,
-                    0) ||
+        return gemm(be, t, opa, opb, I, J, K * a->ne[2] * a->ne[3], &ma, ma.p, &mb, mb.p, c0, mc.dt, mc.ld, 0.0f, 1, 0,
+                    0, 0) ||
                        (c_tmp && cuda_copy(be, t, &tc, false))
                    ? -1
                    : 0;
     /* group members in a fixed order (g3 outer, g2 inner), each one call batched over the result
      * matrices along dim 2: the first assigns, the others add */
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++) {
-        float *pc = c0 + i3 * mc.stride3;
+        char *pc = c0 + i3 * mc.stride3 * mc.es;
         bool first = true;
         for (int64_t g3 = 0; g3 < r3; g3++)
             for (int64_t g2 = 0; g2 < r2; g2++) {
                 int64_t s3 = i3 * r3 + g3;
-                if (gemm(be, t, opa, opb, I, J, K, &ma, ma.p + g2 * ma.stride2 + s3 * ma.stride3, &mb,
-                         mb.p + g2 * mb.stride2 + s3 * mb.stride3, pc, mc.ld, first ? 0.0f : 1.0f, t->ne[2],
-                         r2 * ma.stride2, r2 * mb.stride2, mc.stride2))
+                if (gemm(be, t, opa, opb, I, J, K, &ma, at_el(ma.p, g2 * ma.stride2 + s3 * ma.stride3, ma.es), &mb,
+                         at_el(mb.p, g2 * mb.stride2 + s3 * mb.stride3, mb.es), pc, mc.dt, mc.ld, first ? 0.0f : 1.0f,
+                         t->ne[2], r2 * ma.stride2, r2 * mb.stride2, mc.stride2))
                     return -1;
                 first = false;
             }
