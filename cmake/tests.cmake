@@ -59,6 +59,13 @@ set_tests_properties(save_as_bf16 PROPERTIES LABELS "model")
 add_test(NAME cli_missing_checkpoint COMMAND keel check-reference ${CMAKE_BINARY_DIR}/no-such-dir)
 set_tests_properties(cli_missing_checkpoint PROPERTIES LABELS "unit" WILL_FAIL TRUE)
 
+# Mixed precision (--precision bf16: bf16 product operands, float32 sums): every tensor within 1.5x
+# of PyTorch autocast's own error on the fixture (peer-bf16.json, measured on the H200), on ref and
+# cpu; recompute bitwise in bf16 too.
+add_test(NAME model_check_reference_bf16 COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --precision bf16 --backend ref,cpu)
+add_test(NAME recompute_bitwise_bf16 COMMAND keel test-recompute --precision bf16 --fixture ${KEEL_FIXTURES}/qwen35-tiny/causal-f32-sharded)
+set_tests_properties(model_check_reference_bf16 recompute_bitwise_bf16 PROPERTIES LABELS "model")
+
 # Activation recompute: bitwise identical training in every mode (and thread count), and the
 # reference check with recompute on.
 add_test(NAME recompute_bitwise COMMAND keel test-recompute --fixture ${KEEL_FIXTURES}/qwen35-tiny/causal-f32-sharded)

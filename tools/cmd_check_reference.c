@@ -55,7 +55,7 @@ typedef struct {
 static double tol_of(const tolerances *tl, const char *name, bool is_grad) {
     if (!(tl->per_tensor > 0)) return is_grad ? tl->grad : tl->value;
     const cJSON *pe = tl->errors ? cJSON_GetObjectItemCaseSensitive(tl->errors, name) : NULL;
-    return cJSON_IsNumber(pe) && pe->valuedouble > 0 ? tl->per_tensor * pe->valuedouble : -1;
+    return cJSON_IsNumber(pe) && pe->valuedouble >= 0 ? tl->per_tensor * pe->valuedouble : -1;
 }
 
 static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *ref, const char *name,
@@ -129,8 +129,12 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
                      .grad = type == KEEL_F64 ? 1e-10 : 1e-4,
                      .why = type == KEEL_F64 ? "float64" : "fixed"};
     if (prec == KEEL_PRECISION_BF16 || (type == KEEL_F32 && peer)) {
-        /* the peer's run on the same kind of device: its GPU run for cuda (ref: its cpu run) */
-        const cJSON *dev = be->on_device ? cJSON_GetObjectItemCaseSensitive(peer, "cuda") : NULL;
+        /* float32: the peer's run on the same kind of device (its GPU run for cuda). bf16: its GPU
+         * run on every backend: keel's mixed precision is one policy everywhere (bf16 operands,
+         * float32 sums), while PyTorch's CPU autocast is another than its CUDA one, which is the
+         * mixed precision people train with */
+        const cJSON *dev =
+            be->on_device || prec == KEEL_PRECISION_BF16 ? cJSON_GetObjectItemCaseSensitive(peer, "cuda") : NULL;
         if (!dev) dev = cJSON_GetObjectItemCaseSensitive(peer, "cpu");
         const cJSON *wv = cJSON_GetObjectItemCaseSensitive(dev, "worst_value"),
                     *wg = cJSON_GetObjectItemCaseSensitive(dev, "worst_gradient");
