@@ -174,6 +174,18 @@ static int r_out_prod(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_
     if (WANT(1)) ADD(1, keel_mul_mat(ctx, dy, a));
     return 0;
 }
+static int r_linear_ce(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *x = t->src[0], *w = t->src[1];
+    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_LINEAR_CROSS_ENTROPY_BACK, (keel_tensor *const[]){x, w, t->src[2], dy},
+                                  4, t->ip, 1, t->fp, 1);
+    if (!pk) return -1;
+    int64_t es = (int64_t)keel_type_size(pk->type), nx = keel_nelements(x);
+    if (WANT(0))
+        ADD(0, keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es, x->ne[0] * x->ne[1] * es,
+                            nx * es, 0));
+    if (WANT(1)) ADD(1, keel_view_2d(ctx, pk, w->ne[0], w->ne[1], w->ne[0] * es, nx * es));
+    return 0;
+}
 static int r_norm(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     int back = t->op == KEEL_OP_RMS_NORM ? KEEL_OP_RMS_NORM_BACK : KEEL_OP_L2_NORM_BACK;
     ADD(0, keel_op_new(ctx, back, (keel_tensor *const[]){t->src[0], dy}, 2, NULL, 0, t->fp, 1));
@@ -262,6 +274,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_SUM_ROWS] = r_sum,
     [KEEL_OP_MEAN] = r_sum,
     [KEEL_OP_MUL_MAT] = r_mul_mat,
+    [KEEL_OP_LINEAR_CROSS_ENTROPY] = r_linear_ce,
     [KEEL_OP_OUT_PROD] = r_out_prod,
     [KEEL_OP_RMS_NORM] = r_norm,
     [KEEL_OP_L2_NORM] = r_norm,

@@ -43,7 +43,9 @@ int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_ten
 
 int keel_backend_ce_divisor(keel_backend *be, const keel_tensor *t, double *divisor) {
     int64_t valid;
-    if (read_checked(be, t, t->src[1], t->src[0]->ne[0], true, "target", NULL, &valid)) return -1;
+    bool linear = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY || t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
+    const keel_tensor *tg = linear ? t->src[2] : t->src[1];
+    if (read_checked(be, t, tg, linear ? t->src[1]->ne[1] : t->src[0]->ne[0], true, "target", NULL, &valid)) return -1;
     *divisor = t->fp[0] > 0 ? t->fp[0] : valid ? (double)valid : 1.0;
     return 0;
 }
@@ -71,6 +73,11 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
         return true;
     case KEEL_OP_GET_ROWS:
         return t->src[1]->type == KEEL_I32;
+    case KEEL_OP_LINEAR_CROSS_ENTROPY:
+    case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK: /* float32, or bf16 x and W with float32 results */
+        if (t->src[0]->type == KEEL_BF16 && t->src[1]->type == KEEL_BF16 && t->src[2]->type == KEEL_I32)
+            return t->type == KEEL_F32 && (t->op == KEEL_OP_LINEAR_CROSS_ENTROPY || t->src[3]->type == KEEL_F32);
+        break;
     case KEEL_OP_MUL_MAT:
     case KEEL_OP_OUT_PROD: /* mixed precision: bf16 operands, float32 sums, a float32 or bf16 result */
         if (t->src[0]->type == KEEL_BF16)

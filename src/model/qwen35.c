@@ -363,11 +363,17 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
     keel_tensor *xn = norm1p(ctx, x, m->final_norm, c->rms_eps);
     out->normed = xn;
     operand xin = operand_of(ctx, m, xn);
-    out->logits = keel_set_name(m->operand_type == KEEL_BF16
-                                    ? keel_mul_mat_to(ctx, as_type(ctx, m->lm_head, KEEL_BF16), xin.op, act)
-                                    : keel_mul_mat(ctx, as_type(ctx, m->lm_head, act), xn),
-                                "logits");
-    if (targets) out->loss = keel_set_name(keel_cross_entropy_loss(ctx, out->logits, targets), "loss");
+    bool mixed = m->operand_type == KEEL_BF16;
+    keel_tensor *head = as_type(ctx, m->lm_head, mixed ? KEEL_BF16 : act);
+    out->logits =
+        keel_set_name(mixed ? keel_mul_mat_to(ctx, head, xin.op, act) : keel_mul_mat(ctx, head, xn), "logits");
+    /* mixed precision: the head and the loss fused, a chunk of tokens at a time, so that the
+     * training graph holds no [vocab, tokens] logits (the logits above are computed only where a
+     * caller asks for them) */
+    if (targets)
+        out->loss = keel_set_name(mixed ? keel_linear_cross_entropy(ctx, xin.op, head, targets, KEEL_LM_HEAD_CHUNK)
+                                        : keel_cross_entropy_loss(ctx, out->logits, targets),
+                                  "loss");
     if (!out->logits || (targets && !out->loss)) return -1;
     return 0;
 }

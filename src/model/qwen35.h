@@ -27,6 +27,10 @@ typedef struct {
     keel_tensor *qkv, *z, *b, *a, *conv, *A_log, *dt_bias, *norm, *out;
 } keel_qwen35_layer;
 
+/* Tokens of one chunk of the fused LM head + loss (mixed precision): its float32 logits, 248,320 x
+ * 2048 x 4 bytes = 1.9 GiB for Qwen3.5's vocabulary, are the largest scratch of a step. */
+#define KEEL_LM_HEAD_CHUNK 2048
+
 typedef struct {
     keel_qwen35_config cfg;
     keel_tensor *embed, *final_norm, *lm_head; /* lm_head == embed when tied */

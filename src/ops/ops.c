@@ -371,6 +371,24 @@ static int shape_rule(keel_tensor *t) {
             set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         }
         return 0;
+    case KEEL_OP_LINEAR_CROSS_ENTROPY:
+    case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK: {
+        const keel_tensor *tg = t->src[2];
+        REQ(a->type == b->type && keel_type_is_float(a->type), "x and W must have one real type");
+        REQ(a->ne[0] == b->ne[0] && b->ne[2] == 1 && b->ne[3] == 1 && a->ne[3] == 1, "want x [D,N1,N2] and W [D,V]");
+        REQ(tg->type == KEEL_I32 && keel_nelements(tg) == a->ne[1] * a->ne[2], "targets must be i32, one per token");
+        REQ(t->ip[0] > 0, "the chunk (tokens at a time) must be positive");
+        REQ(t->fp[0] >= 0 && isfinite(t->fp[0]), "the divisor fp0 %g must be finite and >= 0", t->fp[0]);
+        keel_type out = a->type == KEEL_BF16 ? KEEL_F32 : a->type; /* sums and gradients in float32 */
+        if (op == KEEL_OP_LINEAR_CROSS_ENTROPY) {
+            set_shape(t, out, 1, 1, 1, 1);
+        } else {
+            REQ(keel_nelements(t->src[3]) == 1 && t->src[3]->type == out, "dloss must be one %s element",
+                keel_type_name(out));
+            set_shape(t, out, a->ne[0] * a->ne[1] * a->ne[2] + b->ne[0] * b->ne[1], 1, 1, 1);
+        }
+        return 0;
+    }
     case KEEL_OP_ADAMW:
         for (int i = 1; i < 4; i++)
             REQ(keel_same_shape(a, t->src[i]) && t->src[i]->type == a->type,
@@ -557,9 +575,16 @@ keel_tensor *keel_dropout(keel_ctx *ctx, keel_tensor *a, double p, uint64_t seed
     return OP(KEEL_OP_DROPOUT, (a), IPS((int64_t)seed, (int64_t)stream, 0, thr), 4, FPS(p), 1);
 }
 void keel_cross_entropy_set_divisor(keel_graph *g, double divisor) {
-    for (int64_t i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == KEEL_OP_CROSS_ENTROPY_LOSS || g->nodes[i]->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK)
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        int op = g->nodes[i]->op;
+        if (op == KEEL_OP_CROSS_ENTROPY_LOSS || op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ||
+            op == KEEL_OP_LINEAR_CROSS_ENTROPY || op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK)
             g->nodes[i]->fp[0] = divisor;
+    }
+}
+keel_tensor *keel_linear_cross_entropy(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *targets,
+                                       int64_t chunk) {
+    return OP(KEEL_OP_LINEAR_CROSS_ENTROPY, (x, w, targets), IPS(chunk), 1, NULL, 0);
 }
 void keel_dropout_set_p(keel_graph *g, double p) {
     for (int64_t i = 0; i < g->n_nodes; i++)

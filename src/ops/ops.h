@@ -125,7 +125,14 @@ keel_tensor *keel_gated_delta_net_state(keel_ctx *ctx, keel_tensor *q, keel_tens
  * keel_cross_entropy_set_divisor: a trainer sets the token count of the whole global batch, so that
  * micro-batches and ranks add up to one mean over it. */
 keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_tensor *targets);
-/* Sets the divisor of every CROSS_ENTROPY_LOSS node of g and its backward (0: each one's own count). */
+/* The language-model head and its loss in one op: CROSS_ENTROPY_LOSS(W^T x, targets) computed
+ * `chunk` tokens at a time, so that no [V, N] logits tensor exists (the logits of one chunk live in
+ * the kernel's scratch; its backward makes them again). bf16 x and W: bf16 product operands,
+ * float32 logits and sums, float32 gradients. */
+keel_tensor *keel_linear_cross_entropy(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *targets,
+                                       int64_t chunk);
+/* Sets the divisor of every CROSS_ENTROPY_LOSS (and LINEAR_CROSS_ENTROPY) node of g and its backward
+ * (0: each one's own count). */
 void keel_cross_entropy_set_divisor(keel_graph *g, double divisor);
 /* AdamW, in place on p, m and v. The gradient is used multiplied by fp[5] (1 here; set it per
  * step for clipping or gradient accumulation). */

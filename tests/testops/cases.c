@@ -191,6 +191,13 @@ static keel_tensor *build_mm_bf16(keel_ctx *ctx, const op_case *c, keel_tensor *
     return y && y->type == KEEL_BF16 ? keel_cast(ctx, y, KEEL_F32) : y;
 }
 
+/* The mixed-precision LM head: x and W rounded to bf16 (CAST), LINEAR_CROSS_ENTROPY on them; its
+ * float32 gradients reach the float32 inputs through CAST's rule. */
+static keel_tensor *build_lce_bf16(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    return keel_linear_cross_entropy(ctx, keel_cast(ctx, x[0], KEEL_BF16), keel_cast(ctx, x[1], KEEL_BF16), x[2],
+                                     c->ip[0]);
+}
+
 int keel_cases_all(op_case **out) {
     case_list l = {0};
     op_case *c;
@@ -566,6 +573,40 @@ int keel_cases_all(op_case **out) {
                 P(c, 0, NULL, 1, (double[]){k == 1 ? 23.0 : 0.0});
             }
             break;
+        case KEEL_OP_LINEAR_CROSS_ENTROPY:
+        case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK: {
+            /* D, N1, N2, V, chunk (tokens at a time: less than, dividing, not dividing, more than
+             * N), divisor (0: the count), views, and bf16 x, W (float32 results: within float32
+             * rounding of float64) */
+            static const int64_t sh[][6] = {{31, 7, 2, 33, 4, 0},  {16, 5, 1, 1025, 2, 0}, {8, 70, 1, 5, 64, 23},
+                                            {64, 3, 2, 300, 6, 0}, {5, 9, 1, 17, 100, 0},  {33, 4, 1, 4097, 3, 7},
+                                            {24, 6, 2, 40, 5, 0},  {1, 3, 1, 7, 1, 0}};
+            for (int s = 0; s < 8; s++) {
+                const int64_t *x = sh[s];
+                bool bf = s == 3 || s == 6;
+                c = C(&l, op);
+                keel_type ty = bf ? KEEL_BF16 : KEEL_F32;
+                I(c, ty, x[0], x[1], x[2], 1)->view = s == 4 ? VIEW_TRANSPOSED : VIEW_NONE;
+                I(c, ty, x[0], x[3], 1, 1)->view = s == 5 ? VIEW_TRANSPOSED : VIEW_NONE;
+                c->in[1].scale = 3.0 / sqrt((double)x[0]);
+                IDX(c, x[1], x[2], x[3])->dom = s % 2 ? DOM_INDEX_OR_IGNORED : DOM_INDEX;
+                if (op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK) I(c, KEEL_F32, 1, 1, 1, 1)->dom = DOM_POSITIVE;
+                P(c, 1, (int64_t[]){x[4]}, 1, (double[]){(double)x[5] + (s == 5 ? 0.5 : 0.0)});
+                if (bf) c->keep_types = true, c->tol = 1e-9;
+            }
+            if (op == KEEL_OP_LINEAR_CROSS_ENTROPY) /* the mixed-precision gradient: through CAST */
+                for (int s = 0; s < 2; s++) {
+                    c = C(&l, op);
+                    I(c, KEEL_F32, 24, 6, 2, 1);
+                    I(c, KEEL_F32, 24, 40, 1, 1)->scale = 0.6;
+                    IDX(c, 6, 2, 40)->dom = s ? DOM_INDEX_OR_IGNORED : DOM_INDEX;
+                    P(c, 1, (int64_t[]){s ? 5 : 12}, 0, NULL);
+                    c->build = build_lce_bf16, c->tol = 2e-5, c->no_fd = "bf16 rounding of x and W";
+                    c->name = s ? "LINEAR_CROSS_ENTROPY(bf16 x and W by CAST, chunk 5, ignored targets, grad rule)"
+                                : "LINEAR_CROSS_ENTROPY(bf16 x and W by CAST, chunk 12, grad rule)";
+                }
+            break;
+        }
         case KEEL_OP_ADAMW:
             for (int w = 0; w < N_WIDTHS; w += 2) {
                 c = C(&l, op);

@@ -572,6 +572,9 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return cpu_gdn_forward(be, t);
     case KEEL_OP_GATED_DELTA_NET_BACK:
         return cpu_gdn_backward(be, t);
+    case KEEL_OP_LINEAR_CROSS_ENTROPY:
+    case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK:
+        return cpu_linear_ce(be, t);
     case KEEL_OP_ADAMW:
         keel_pool_for(pool, keel_nelements(t), adamw_task, &c);
         return 0;

@@ -106,5 +106,6 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t);
 int cuda_out_prod(keel_backend *be, const keel_tensor *t);
 int cuda_gdn_forward(keel_backend *be, const keel_tensor *t);
 int cuda_gdn_backward(keel_backend *be, const keel_tensor *t);
+int cuda_linear_ce(keel_backend *be, const keel_tensor *t);
 
 #endif

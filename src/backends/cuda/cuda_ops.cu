@@ -617,6 +617,9 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return cuda_gdn_forward(be, t);
     case KEEL_OP_GATED_DELTA_NET_BACK:
         return cuda_gdn_backward(be, t);
+    case KEEL_OP_LINEAR_CROSS_ENTROPY:
+    case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK:
+        return cuda_linear_ce(be, t);
     case KEEL_OP_ADAMW: {
         float decay = (float)(1.0 - t->fp[0] * t->fp[4]);
         float bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])),

@@ -253,6 +253,51 @@ static int ref_gdn_back(const keel_tensor *t) {
     return 0;
 }
 
+/* LINEAR_CROSS_ENTROPY and its backward from the definition: every token's logits W^T x in
+ * float64, the loss as CROSS_ENTROPY_LOSS's; the backward's dx = W g and dW = sum over tokens of
+ * x g^T, with g = (softmax - onehot) dloss / D. The packed result: dx in x's layout, then dW [D, V]. */
+static int ref_linear_ce(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *x = t->src[0], *w = t->src[1], *tg = t->src[2];
+    int64_t D = x->ne[0], N1 = x->ne[1], N = x->ne[1] * x->ne[2], V = w->ne[1];
+    bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
+    double div, total = 0;
+    if (keel_backend_ce_divisor(be, t, &div)) return -1;
+    double k = back ? getf(t->src[3], 0) / div : 0.0;
+    double *z = malloc((size_t)V * sizeof *z), *dw = back ? calloc((size_t)(D * V), sizeof *dw) : NULL;
+    if (!z || (back && !dw)) {
+        free(z), free(dw);
+        return keel_fail("ref: out of memory in '%s'", t->name);
+    }
+    for (int64_t n = 0; n < N; n++) {
+        int64_t n1 = n % N1, n2 = n / N1, y = (int64_t)getf(tg, n);
+        if (y < 0) { /* no loss here */
+            for (int64_t d = 0; back && d < D; d++) putf(t, n * D + d, 0.0);
+            continue;
+        }
+        double mx = -INFINITY, Z = 0;
+        for (int64_t v = 0; v < V; v++) {
+            double s = 0;
+            for (int64_t d = 0; d < D; d++) s += get(w, d, v, 0, 0) * get(x, d, n1, n2, 0);
+            z[v] = s, mx = fmax(mx, s);
+        }
+        for (int64_t v = 0; v < V; v++) Z += exp(z[v] - mx);
+        if (!back) {
+            total += log(Z) + mx - z[y];
+            continue;
+        }
+        for (int64_t v = 0; v < V; v++) z[v] = (exp(z[v] - mx) / Z - (v == y ? 1.0 : 0.0)) * k;
+        for (int64_t d = 0; d < D; d++) {
+            double s = 0, xd = get(x, d, n1, n2, 0);
+            for (int64_t v = 0; v < V; v++) s += get(w, d, v, 0, 0) * z[v], dw[v * D + d] += xd * z[v];
+            putf(t, n * D + d, s);
+        }
+    }
+    if (!back) putf(t, 0, total / div);
+    for (int64_t i = 0; back && i < D * V; i++) putf(t, N * D + i, dw[i]);
+    free(z), free(dw);
+    return 0;
+}
+
 static int ref_node(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     switch (keel_op_get(t->op)->family) { /* families first */
@@ -498,6 +543,9 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         return ref_gdn(t);
     case KEEL_OP_GATED_DELTA_NET_BACK:
         return ref_gdn_back(t);
+    case KEEL_OP_LINEAR_CROSS_ENTROPY:
+    case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK:
+        return ref_linear_ce(be, t);
     case KEEL_OP_CROSS_ENTROPY_LOSS:
     case KEEL_OP_CROSS_ENTROPY_LOSS_BACK: {
         int64_t V = a->ne[0], N = keel_nrows(a);

@@ -1,0 +1,152 @@
+/* keel: LINEAR_CROSS_ENTROPY and its backward on the cpu backend: the language-model head and its
+ * loss a chunk of tokens at a time, so that only one chunk's logits [V, chunk] exist. Per chunk:
+ * logits = W^T x_c (the float32 matrix product), then per token the row's max and sum of exp, its
+ * loss in float64 (forward), or (backward) its row turned in place into g = (softmax - onehot)
+ * dloss / D, dx_c = W g and dW += x_c g^T (the chunks in order, the first assigning). bf16 x and W
+ * are read through exact float32 copies. Each token's row is one thread's, sums in a fixed order:
+ * the result does not depend on the thread count. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cpu/cpu_internal.h"
+#include "backends/cpu/gemm.h"
+#include "backends/kernel_common.h"
+#include "ops/ops.h"
+#include "util/error.h"
+
+typedef struct {
+    float *logits; /* [V, nc]: token c's row at c * V */
+    const int32_t *y;
+    int64_t V, c0;
+    double *loss; /* forward: per token of the whole batch */
+    float k;      /* backward: dloss / D */
+    bool back;
+} rows_ctx;
+
+static void rows_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    rows_ctx *c = arg;
+    for (int64_t i = b; i < e; i++) {
+        float *z = c->logits + i * c->V;
+        int32_t y = c->y[c->c0 + i];
+        if (y < 0) { /* no loss here, no gradient */
+            if (c->back) memset(z, 0, (size_t)c->V * sizeof *z);
+            if (!c->back) c->loss[c->c0 + i] = 0.0;
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int64_t v = 0; v < c->V; v++) mx = fmaxf(mx, z[v]);
+        double sum = 0;
+        for (int64_t v = 0; v < c->V; v++) sum += expf(z[v] - mx);
+        if (!c->back) {
+            c->loss[c->c0 + i] = log(sum) + mx - z[y];
+            continue;
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t v = 0; v < c->V; v++) z[v] = (expf(z[v] - mx) * inv - (v == y ? 1.0f : 0.0f)) * c->k;
+    }
+}
+
+/* t's source i as float32 with strides it can be read with: itself, or an exact copy (bf16). */
+static const keel_tensor *as_f32(keel_backend *be, const keel_tensor *s, keel_tensor *tmp, int *rc) {
+    if (s->type == KEEL_F32) return s;
+    *tmp = *s;
+    tmp->type = KEEL_F32;
+    tmp->view_src = NULL;
+    keel_set_contiguous_strides(tmp);
+    tmp->data = malloc(keel_nbytes(tmp) ? keel_nbytes(tmp) : 1);
+    if (!tmp->data || cpu_copy(be, tmp, s, false)) *rc = -1;
+    return tmp;
+}
+
+int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
+    bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
+    int64_t D = t->src[0]->ne[0], N1 = t->src[0]->ne[1], N = N1 * t->src[0]->ne[2], V = t->src[1]->ne[1];
+    int64_t C = t->ip[0] < N ? t->ip[0] : N;
+    double div;
+    int32_t *y = NULL;
+    if (keel_backend_ce_divisor(be, t, &div)) return -1; /* and the targets checked */
+    y = malloc((size_t)(N ? N : 1) * sizeof *y);
+    int rc = !y || keel_tensor_read(be, t->src[2], y, KEEL_I32) ? -1 : 0;
+    keel_tensor xt, wt;
+    memset(&xt, 0, sizeof xt), memset(&wt, 0, sizeof wt);
+    const keel_tensor *x = rc ? NULL : as_f32(be, t->src[0], &xt, &rc),
+                      *w = rc ? NULL : as_f32(be, t->src[1], &wt, &rc);
+    if (!rc && x->ne[2] > 1 && x->nb[2] != x->ne[1] * x->nb[1]) { /* tokens not evenly spaced: a copy */
+        keel_tensor *dst = x == &xt ? NULL : &xt;
+        if (dst) {
+            *dst = *x, dst->view_src = NULL;
+            keel_set_contiguous_strides(dst);
+            dst->data = malloc(keel_nbytes(dst));
+            rc = !dst->data || cpu_copy(be, dst, x, false);
+            x = dst;
+        }
+    }
+    float *L = rc ? NULL : malloc((size_t)(V * (C ? C : 1)) * sizeof *L);
+    double *loss = back || rc ? NULL : calloc((size_t)(N ? N : 1), sizeof *loss);
+    if (!rc && (!L || (!back && !loss))) rc = keel_fail("cpu: out of memory for the logits of '%s'", t->name);
+    float k = back && !rc ? (float)(cpu_ldf(t->src[3]->data) / div) : 0.0f;
+    float *out = t->data;
+    keel_pool *pool = cpu_pool(be);
+    for (int64_t c0 = 0; c0 < N && !rc; c0 += C) {
+        int64_t nc = N - c0 < C ? N - c0 : C;
+        const char *xc = (const char *)x->data + (c0 % N1) * x->nb[1] + (c0 / N1) * x->nb[2];
+        keel_gemm_args lg = {.M = V,
+                             .N = nc,
+                             .K = D,
+                             .A = w->data,
+                             .a_m = w->nb[1],
+                             .a_k = w->nb[0],
+                             .B = xc,
+                             .b_k = x->nb[0],
+                             .b_n = x->nb[1],
+                             .C = L,
+                             .c_m = 4,
+                             .c_n = V * 4};
+        if (keel_cpu_gemm(pool, &lg)) {
+            rc = -1;
+            break;
+        }
+        rows_ctx r = {L, y, V, c0, loss, k, back};
+        keel_pool_for(pool, nc, rows_task, &r);
+        if (!back) continue;
+        /* dx_c[d, c] = sum_v W[d, v] g[v, c]; dW[d, v] (+)= sum_c x_c[d, c] g[v, c] */
+        keel_gemm_args dx = {.M = D,
+                             .N = nc,
+                             .K = V,
+                             .A = w->data,
+                             .a_m = w->nb[0],
+                             .a_k = w->nb[1],
+                             .B = L,
+                             .b_k = 4,
+                             .b_n = V * 4,
+                             .C = out + c0 * D,
+                             .c_m = 4,
+                             .c_n = D * 4};
+        keel_gemm_args dw = {.M = D,
+                             .N = V,
+                             .K = nc,
+                             .A = xc,
+                             .a_m = x->nb[0],
+                             .a_k = x->nb[1],
+                             .B = L,
+                             .b_k = V * 4,
+                             .b_n = 4,
+                             .C = out + N * D,
+                             .c_m = 4,
+                             .c_n = D * 4,
+                             .accumulate = c0 > 0};
+        if (keel_cpu_gemm(pool, &dx) || keel_cpu_gemm(pool, &dw)) rc = -1;
+    }
+    if (!rc && back && N == 0) memset(out, 0, (size_t)(D * V) * sizeof *out);
+    if (!rc && !back) {
+        double s = 0;
+        for (int64_t n = 0; n < N; n++) s += loss[n];
+        out[0] = (float)(s / div);
+    }
+    if (x == &xt) free(xt.data);
+    if (w == &wt) free(wt.data);
+    free(L), free(loss), free(y);
+    return rc ? -1 : 0;
+}

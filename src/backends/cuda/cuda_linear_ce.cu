@@ -1,0 +1,167 @@
+/* keel: LINEAR_CROSS_ENTROPY and its backward on CUDA: the language-model head and its loss a chunk
+ * of tokens at a time, so that only one chunk's float32 logits [V, chunk] exist (in scratch, never
+ * in the graph). Per chunk: logits = W^T x_c by cuBLAS (float32 or bf16 operands, float32 sums),
+ * then a block per token: the row's max and sum of exp in a fixed tree, its loss as a float64
+ * partial (forward), or its row turned in place into g = (softmax - onehot) dloss / D (backward,
+ * also as a bf16 copy when the operands are bf16), then dx_c = W g and dW (+)= x_c g^T by cuBLAS,
+ * the chunks in order (beta 0 for the first, 1 after). The partials are summed by one block in
+ * token order. No atomics: the same bits every run. */
+#include <cuda_bf16.h>
+
+#include "backends/cuda/cuda_internal.h"
+
+#define LT 256 /* threads of a token's row block (a power of two: the reduction tree assumes it) */
+
+__device__ static double lce_block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = LT / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    double r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ static float lce_block_max(float v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = LT / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] = fmax(sh[threadIdx.x], sh[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float r = (float)sh[0];
+    __syncthreads();
+    return r;
+}
+
+/* Token c0 + blockIdx.x: its logits row L[row], its loss partial or its gradient row. */
+__global__ void k_lce_rows(float *L, __nv_bfloat16 *g16, kt tg, int64_t V, int64_t c0, double *partial, float k,
+                           int back) {
+    __shared__ double sh[LT];
+    int64_t row = blockIdx.x, n = c0 + row;
+    float *z = L + row * V;
+    int64_t ti[4];
+    kt_unflat(tg, n, ti);
+    int32_t y = *(const int32_t *)kt_at(tg, ti[0], ti[1], ti[2], ti[3]);
+    if (y < 0) { /* no loss here, no gradient */
+        if (!back && threadIdx.x == 0) partial[n] = 0.0;
+        for (int64_t v = threadIdx.x; back && v < V; v += LT) {
+            z[v] = 0.0f;
+            if (g16) g16[row * V + v] = __float2bfloat16_rn(0.0f);
+        }
+        return;
+    }
+    float mx = -INFINITY;
+    for (int64_t v = threadIdx.x; v < V; v += LT) mx = fmaxf(mx, z[v]);
+    mx = lce_block_max(mx, sh);
+    double s = 0;
+    for (int64_t v = threadIdx.x; v < V; v += LT) s += expf(z[v] - mx);
+    s = lce_block_sum(s, sh);
+    if (!back) {
+        if (threadIdx.x == 0) partial[n] = log(s) + mx - z[y];
+        return;
+    }
+    float inv = (float)(1.0 / s);
+    for (int64_t v = threadIdx.x; v < V; v += LT) {
+        float gv = __fmul_rn(__fsub_rn(__fmul_rn(expf(z[v] - mx), inv), v == y ? 1.0f : 0.0f), k);
+        z[v] = gv;
+        if (g16) g16[row * V + v] = __float2bfloat16_rn(gv);
+    }
+}
+
+/* The loss: the partials in token order by one block's fixed tree. */
+__global__ void k_lce_sum(float *out, const double *partial, int64_t N, double div) {
+    __shared__ double sh[LT];
+    double acc = 0;
+    for (int64_t i = threadIdx.x; i < N; i += LT) acc += partial[i];
+    acc = lce_block_sum(acc, sh);
+    if (threadIdx.x == 0) *out = (float)(acc / div);
+}
+
+static size_t round_up(size_t n) { return (n + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN; }
+
+/* s as a column-major matrix with unit stride along dim 0 and tokens evenly spaced along dims 1, 2:
+ * itself, or a contiguous copy in scratch at *at */
+static const keel_tensor *plain(keel_backend *be, const keel_tensor *s, keel_tensor *tmp, char *base, size_t *at,
+                                bool copy) {
+    if (!copy) return s;
+    *tmp = *s;
+    tmp->view_src = NULL;
+    keel_set_contiguous_strides(tmp);
+    tmp->data = base + *at;
+    *at += round_up(keel_nbytes(tmp));
+    return cuda_copy(be, tmp, s, false) ? NULL : tmp;
+}
+
+static bool needs_copy(const keel_tensor *s) {
+    size_t es = keel_type_size(s->type);
+    return s->nb[0] != (int64_t)es || s->nb[1] < s->ne[0] * (int64_t)es || s->nb[1] % (int64_t)es ||
+           (s->ne[2] > 1 && s->nb[2] != s->ne[1] * s->nb[1]);
+}
+
+int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
+    bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
+    const keel_tensor *x = t->src[0], *w = t->src[1], *tg = t->src[2];
+    int64_t D = x->ne[0], N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N;
+    bool bf = x->type == KEEL_BF16;
+    cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
+    double div;
+    if (keel_backend_ce_divisor(be, t, &div)) return -1; /* and the targets checked */
+    if (D > INT32_MAX || V > INT32_MAX || C > INT32_MAX)
+        return keel_fail("cuda: %s '%s': a dimension exceeds cuBLAS's 32-bit limit", keel_op_get(t->op)->name, t->name);
+    float dl = 0.0f;
+    if (back && keel_tensor_read(be, t->src[3], &dl, KEEL_F32)) return -1;
+    bool cx = needs_copy(x), cw = needs_copy(w);
+    size_t need = round_up((size_t)(V * (C ? C : 1)) * 4) + (bf && back ? round_up((size_t)(V * (C ? C : 1)) * 2) : 0) +
+                  (back ? 0 : round_up((size_t)(N ? N : 1) * 8)) + (cx ? round_up(keel_nbytes(x)) : 0) +
+                  (cw ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
+    char *base = (char *)cuda_scratch(be, need, t);
+    if (!base) return -1;
+    size_t at = 0;
+    float *L = (float *)base;
+    at += round_up((size_t)(V * (C ? C : 1)) * 4);
+    __nv_bfloat16 *g16 = NULL;
+    if (bf && back) g16 = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(V * (C ? C : 1)) * 2);
+    double *partial = NULL;
+    if (!back) partial = (double *)(base + at), at += round_up((size_t)(N ? N : 1) * 8);
+    keel_tensor xt, wt;
+    if (!(x = plain(be, x, &xt, base, &at, cx)) || !(w = plain(be, w, &wt, base, &at, cw))) return -1;
+    size_t es = keel_type_size(x->type);
+    int ldx = (int)(x->nb[1] / (int64_t)es), ldw = (int)(w->nb[1] / (int64_t)es);
+    cublasHandle_t h = cuda_im(be)->blas;
+    cudaStream_t s = cuda_im(be)->stream;
+    const float one = 1.0f, zero = 0.0f;
+    float *out = (float *)t->data;
+    float k = (float)((double)dl / div);
+    for (int64_t c0 = 0; c0 < N; c0 += C) {
+        int nc = (int)(N - c0 < C ? N - c0 : C);
+        const char *xc = (const char *)x->data + c0 * x->nb[1]; /* tokens evenly spaced */
+        /* L (V x nc) = W^T (V x D) x_c (D x nc) */
+        if (cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)V, nc, (int)D, &one, w->data, dt, ldw, xc, dt,
+                                      ldx, &zero, L, CUDA_R_32F, (int)V, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         "cublasGemmEx (logits)", t))
+            return -1;
+        k_lce_rows<<<nc, LT, 0, s>>>(L, g16, kt_of(tg), V, c0, partial, k, back ? 1 : 0);
+        if (cuda_check(cudaGetLastError(), "linear cross-entropy rows launch", t)) return -1;
+        if (!back) continue;
+        const void *G = bf ? (const void *)g16 : (const void *)L;
+        const float beta = c0 > 0 ? 1.0f : 0.0f;
+        /* dx_c (D x nc) = W (D x V) G (V x nc); dW (D x V) (+)= x_c (D x nc) G^T (nc x V) */
+        if (cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, nc, (int)V, &one, w->data, dt, ldw, G, dt,
+                                      (int)V, &zero, out + c0 * D, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT),
+                         "cublasGemmEx (dx)", t) ||
+            cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)D, (int)V, nc, &one, xc, dt, ldx, G, dt, (int)V,
+                                      &beta, out + N * D, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         "cublasGemmEx (dW)", t))
+            return -1;
+    }
+    if (back && N == 0) return cuda_check(cudaMemsetAsync(out, 0, (size_t)(D * V) * 4, s), "memset", t);
+    if (!back) {
+        k_lce_sum<<<1, LT, 0, s>>>(out, partial, N, div);
+        return cuda_check(cudaGetLastError(), "linear cross-entropy sum launch", t);
+    }
+    return 0;
+}
