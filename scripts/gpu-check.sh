@@ -130,8 +130,14 @@ if want bf16; then # mixed precision: PyTorch autocast's own errors on the fixtu
     run "check-reference --precision bf16 (ref,cpu,cuda)" bf16-ref.log $keel check-reference $fx --precision bf16 --backend ref,cpu,cuda
     grep -i "worst\|passed\|above" "$out/bf16-ref.log" | tail -4
     run "test-recompute --precision bf16 --backend cuda" bf16-recompute.log $keel test-recompute --backend cuda --precision bf16 --fixture $fx/causal-f32-sharded
+    run "test-ops --grad: products, fused LM head (cuda)" bf16-grad.log $keel test-ops --grad --backend cuda --op MUL_MAT,OUT_PROD,LINEAR_CROSS_ENTROPY
+    grep "^cuda:" "$out/bf16-grad.log"
     run "bench train --precision bf16 --batch 8 (vs autocast)" bf16-bench.log $keel bench train --backend cuda --precision bf16 --batch 8 --torch bench/torch_qwen35.py
     tail -5 "$out/bf16-bench.log"
+    run "bench train bf16 --batch 8 --recompute full" bf16-bench-full.log $keel bench train --backend cuda --precision bf16 --batch 8 --recompute full --no-torch
+    tail -3 "$out/bf16-bench-full.log"
+    run "GPU time per op, bf16 batch 8 (KEEL_CUDA_PROFILE)" bf16-profile.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3
+    grep -A40 "cuda profile" "$out/bf16-profile.log" | head -45
 fi
 if want hf; then
     run "transformers loads keel's checkpoints" hf.log python3 scripts/hf_load_check.py .gpu-data
