@@ -3,7 +3,8 @@
  * logits = W^T x_c (the float32 matrix product), then per token the row's max and sum of exp, its
  * loss in float64 (forward), or (backward) its row turned in place into g = (softmax - onehot)
  * dloss / D, dx_c = W g and dW += x_c g^T (the chunks in order, the first assigning). bf16 x and W
- * are read through exact float32 copies. Each token's row is one thread's, sums in a fixed order:
+ * are read through exact float32 copies and g stays float32 (the cuda backend gives it to bf16
+ * tensor cores as two bf16 parts, which hold 16 of its 24 bits). Each token's row is one thread's, sums in a fixed order:
  * the result does not depend on the thread count. */
 #include <math.h>
 #include <stdlib.h>
