@@ -1,8 +1,9 @@
 /* keel: MUL_MAT and OUT_PROD through cuBLAS (cublasGemmEx / strided-batched, float32 or bf16
- * operands, CUBLAS_COMPUTE_32F: float32 sums, no TF32; the result float32, or bf16 when asked). cuBLAS is column-major; keel's dim 0 is the fastest, so a keel
- * matrix X(r, c) at r*nb0 + c*nb1 is a column-major r x c matrix when nb0 is the element size and
- * the transpose of one when nb1 is. Operands with neither layout are first made contiguous by the
- * copy path. With one stream and a fixed call sequence cuBLAS gives bitwise repeatable results. */
+ * operands, CUBLAS_COMPUTE_32F: float32 sums, no TF32; the result float32, or bf16 when asked).
+ * cuBLAS is column-major; keel's dim 0 is the fastest, so a keel matrix X(r, c) at r*nb0 + c*nb1
+ * is a column-major r x c matrix when nb0 is the element size and the transpose of one when nb1
+ * is. Operands with neither layout are first made contiguous by the copy path. With one stream and
+ * a fixed call sequence cuBLAS gives bitwise repeatable results. */
 #include "backends/cuda/cuda_internal.h"
 
 typedef struct {
