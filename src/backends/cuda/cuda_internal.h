@@ -59,6 +59,34 @@ __device__ static inline int64_t pos_at(const kt &p, int64_t t, int64_t b) {
 }
 __device__ static inline void stf(char *p, float v) { *(float *)p = v; }
 
+/* Threads of a row block (a power of two: the reduction tree assumes it), and the block's sum and
+ * max over a fixed tree in shared memory sh[KEEL_CUDA_RT]: every thread ends with the same bits. */
+#define KEEL_CUDA_RT 256
+
+__device__ static inline double block_sum(double v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = KEEL_CUDA_RT / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    double r = sh[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ static inline float block_max(float v, double *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = KEEL_CUDA_RT / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] = fmax(sh[threadIdx.x], sh[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float r = (float)sh[0];
+    __syncthreads();
+    return r;
+}
+
 #define GRID_STRIDE(e, n)                                                                                              \
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < (n); e += (int64_t)gridDim.x * blockDim.x)
 

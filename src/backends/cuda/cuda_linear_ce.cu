@@ -12,31 +12,7 @@
 
 #include "backends/cuda/cuda_internal.h"
 
-#define LT 256 /* threads of a token's row block (a power of two: the reduction tree assumes it) */
-
-__device__ static double lce_block_sum(double v, double *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = LT / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    double r = sh[0];
-    __syncthreads();
-    return r;
-}
-
-__device__ static float lce_block_max(float v, double *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = LT / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) sh[threadIdx.x] = fmax(sh[threadIdx.x], sh[threadIdx.x + s]);
-        __syncthreads();
-    }
-    float r = (float)sh[0];
-    __syncthreads();
-    return r;
-}
+#define LT KEEL_CUDA_RT /* threads of a token's row block */
 
 /* Token c0 + blockIdx.x: its logits row L[row], its loss partial or its gradient row. */
 __global__ void k_lce_rows(float *L, __nv_bfloat16 *g16, __nv_bfloat16 *lo16, kt tg, int64_t V, int64_t c0,
@@ -57,10 +33,10 @@ __global__ void k_lce_rows(float *L, __nv_bfloat16 *g16, __nv_bfloat16 *lo16, kt
     }
     float mx = -INFINITY;
     for (int64_t v = threadIdx.x; v < V; v += LT) mx = fmaxf(mx, z[v]);
-    mx = lce_block_max(mx, sh);
+    mx = block_max(mx, sh);
     double s = 0;
     for (int64_t v = threadIdx.x; v < V; v += LT) s += expf(z[v] - mx);
-    s = lce_block_sum(s, sh);
+    s = block_sum(s, sh);
     if (!back) {
         if (threadIdx.x == 0) partial[n] = log(s) + mx - z[y];
         return;
@@ -82,7 +58,7 @@ __global__ void k_lce_sum(float *out, const double *partial, int64_t N, double d
     __shared__ double sh[LT];
     double acc = 0;
     for (int64_t i = threadIdx.x; i < N; i += LT) acc += partial[i];
-    acc = lce_block_sum(acc, sh);
+    acc = block_sum(acc, sh);
     if (threadIdx.x == 0) *out = (float)(acc / div);
 }
 

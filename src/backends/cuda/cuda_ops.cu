@@ -10,21 +10,9 @@
 #include "ops/dropout_mask.h"
 #include "ops/scalar_f32.h"
 
-#define RT 256 /* threads of a row block (a power of two: the reduction tree assumes it) */
+#define RT KEEL_CUDA_RT
 
 static cudaStream_t st(keel_backend *be) { return cuda_im(be)->stream; }
-
-__device__ static double block_sum(double v, double *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = RT / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
-        __syncthreads();
-    }
-    double r = sh[0];
-    __syncthreads();
-    return r;
-}
 
 /* Rows of at most WARP_ROW_MAX elements take one warp each (8 rows to a block): a block per
  * 128-element row leaves most of it idle and waits on barriers. A warp sums over a butterfly:
@@ -35,18 +23,6 @@ __device__ static double team_sum(double v, double *sh, bool warp) {
     if (!warp) return block_sum(v, sh);
     for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
     return v;
-}
-
-__device__ static float block_max(float v, double *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = RT / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) sh[threadIdx.x] = fmax(sh[threadIdx.x], sh[threadIdx.x + s]);
-        __syncthreads();
-    }
-    float r = (float)sh[0];
-    __syncthreads();
-    return r;
 }
 
 __device__ static float team_max(float v, double *sh, bool warp) {
