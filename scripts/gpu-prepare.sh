@@ -10,7 +10,7 @@ mkdir -p .gpu-debs
 (cd .gpu-debs && apt-get download libcjson-dev libcjson1 libxxhash-dev libxxhash0 libpcre2-dev libpcre2-8-0 libpcre2-16-0 \
     libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2 libcmocka-dev libcmocka0 2>/dev/null)
 rm -rf .gpu-data && mkdir -p .gpu-data/fixture .gpu-data/saved .gpu-data/init
-cp -r "$fx/causal-f32-sharded" "$fx/multimodal-bf16" "$fx/reference.safetensors" "$fx/meta.json" "$fx/peer-f32.json" .gpu-data/fixture/
+cp -r "$fx/causal-f32-sharded" "$fx/multimodal-bf16" "$fx/reference.safetensors" "$fx/meta.json" "$fx/peer-f32.json" "$fx/peer-bf16.json" .gpu-data/fixture/
 ./build/keel save "$fx/causal-f32-sharded" .gpu-data/saved/text-f32
 ./build/keel save "$fx/multimodal-bf16" .gpu-data/saved/multimodal-bf16
 ./build/keel save "$fx/causal-f32-sharded" .gpu-data/saved/text-bf16 --dtype bf16
