@@ -183,6 +183,7 @@ static bool read_cache(keel_dataset *d, const char *path, uint64_t key, int32_t 
     if (!why) {
         d->cached = true;
         d->n_trained = count_trained(d->train_mask, d->n_train);
+        d->n_targets = d->n_train > 0 ? d->n_train - 1 : 0;
         return true;
     }
     fprintf(stderr, "keel: %s is damaged (%s); tokenizing the data again\n", path, why);
@@ -426,6 +427,7 @@ int keel_dataset_load(keel_dataset *d, const char *const *paths, int n_paths, ke
         free(tr.m), free(ev.m);
     }
     d->n_trained = count_trained(d->train_mask, d->n_train);
+    d->n_targets = d->n_train > 0 ? d->n_train - 1 : 0;
     if (cache_path) { /* written whole, then renamed */
         char tmp[4200];
         snprintf(tmp, sizeof tmp, "%s.tmp.%ld", cache_path, (long)getpid()); /* ranks may write at once */
@@ -570,6 +572,12 @@ int keel_dataset_pack(keel_dataset *d, int64_t T, uint64_t seed, bool pack, keel
     d->train_pack = pack_stream(d->train, d->n_train, d->eot, T, true, seed, pack, overlong);
     d->eval_pack = d->train_pack ? pack_stream(d->eval, d->n_eval, d->eot, T, false, 0, pack, overlong) : NULL;
     if (!d->train_pack || !d->eval_pack) return -1;
+    /* what the loss sees now: the targets inside the windows (no target crosses from one example
+     * into the next, and cut or dropped tokens are gone) */
+    const keel_packing *k = d->train_pack;
+    d->n_trained = 0, d->n_targets = k->n_slots;
+    for (int64_t i = 0; i < k->n_pieces; i++)
+        for (int64_t j = 1; j <= k->len[i]; j++) d->n_trained += d->train_mask ? d->train_mask[k->start[i] + j] : 1;
     if (d->train_pack->n_windows == 0)
         return keel_fail("no training example fits a window of %lld tokens (%lld examples, %lld longer than the "
                          "window and dropped by --overlong drop)",

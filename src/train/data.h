@@ -42,7 +42,8 @@ typedef struct {
     int64_t n_pc;        /* of the documents, prompt/completion examples */
     int64_t n_chat;      /* and conversations */
     int64_t n_bad_lines; /* JSON Lines skipped (--skip-bad-lines) */
-    int64_t n_trained;   /* targets of the training stream the loss counts */
+    int64_t n_trained;   /* targets of the training stream the loss counts (packed: of its windows) */
+    int64_t n_targets;   /* and all its targets (the stream's tokens but the first; packed: the windows') */
     int32_t eot;
     bool cached;                          /* loaded from the cache */
     bool jsonl;                           /* some file is JSON Lines (document boundaries are then on by default) */

@@ -359,7 +359,7 @@ static int setup(trainer *t) {
         printf("data: %lld prompt/completion examples, %lld conversations, %lld bad lines skipped; the loss counts "
                "%lld of the %lld training targets (%s)\n",
                (long long)t->data.n_pc, (long long)t->data.n_chat, (long long)t->data.n_bad_lines,
-               (long long)t->data.n_trained, (long long)(t->data.n_train - 1),
+               (long long)t->data.n_trained, (long long)t->data.n_targets,
                t->data.train_mask ? "the completions and the assistant's turns" : "all");
     t->be = keel_backend_new(o->backend, (int)o->threads);
     if (!t->be || build(t, &cfg) || init_weights(t)) return -1;
@@ -381,11 +381,10 @@ static int setup(trainer *t) {
     int64_t n_par = 0, n_tr = 0;
     for (int i = 0; i < t->st->m->n_params; i++) n_par += keel_nelements(t->st->m->params[i]);
     for (int i = 0; i < t->n_train; i++) n_tr += keel_nelements(t->train_p[i]);
-    printf(
-        "model: %lld layers, %lld parameters (%lld trained), %s backend, %lld threads, precision %s, recompute %s, "
-        "plan %.1f MiB\n",
-        (long long)cfg.layers, (long long)n_par, (long long)n_tr, t->be->name, (long long)o->threads, o->precision,
-        o->recompute, (double)t->st->s->plan->total_bytes / 1048576.0);
+    printf("model: %lld layers, %lld parameters (%lld trained), %s backend, %lld threads, precision %s, recompute %s, "
+           "plan %.1f MiB\n",
+           (long long)cfg.layers, (long long)n_par, (long long)n_tr, t->be->name, (long long)o->threads, o->precision,
+           o->recompute, (double)t->st->s->plan->total_bytes / 1048576.0);
     if (t->world > 1)
         printf("data parallel: %d ranks, batch %lld per rank, global batch %lld x %lld tokens per step; gradients in "
                "%d buckets, "

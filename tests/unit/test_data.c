@@ -92,6 +92,8 @@ static void test_pack_first_fit(void **state) {
     int64_t total = 0;
     for (int e = 0; e < N_LENS; e++) total += LENS[e];
     assert_int_equal(k->n_slots, total);
+    assert_int_equal(d.n_targets, total); /* what the loss sees: the windows' targets */
+    assert_int_equal(d.n_trained, total); /* no mask: every one counted */
     assert_true(k->n_windows < N_LENS - 1); /* packing saved windows */
     keel_dataset_free(&d);
 }
