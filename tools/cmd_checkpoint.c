@@ -163,7 +163,7 @@ static long peak_rss_kib(void) {
 }
 
 int cmd_info(int argc, char **argv) {
-    const char *dir = NULL, *dump = NULL, *rmode = "off", *adapter_dir = NULL;
+    const char *dir = NULL, *dump = NULL, *rmode = "off", *adapter_dir = NULL, *prec_s = "f32";
     long long B = 1, T = 1024, threads = 2;
     bool run = false;
     const cli_flag flags[] = {
@@ -172,6 +172,7 @@ int cmd_info(int argc, char **argv) {
         {"--window", CLI_INT, &T, 1, 1 << 24, .meta = "T",
          .help = "window of the planned training step (default 1024)"},
         {"--recompute", CLI_STR, &rmode, .meta = "MODE", .help = "the mode --run uses (default off)"},
+        {"--precision", CLI_STR, &prec_s, .meta = "f32|bf16", .help = "of the planned training step (default f32)"},
         {"--run", CLI_BOOL, &run, .help = "time one forward + backward on the cpu and report the peak RSS"},
         {"--dump-logits", CLI_STR, &dump, .meta = "FILE", .help = "with --run: input ids and logits (safetensors)"},
         {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
@@ -211,7 +212,8 @@ int cmd_info(int argc, char **argv) {
            (long long)c->vocab, c->tied ? "tied" : "untied");
     printf("parameters: %lld (%.3f B)\n", (long long)n_par, (double)n_par / 1e9);
     keel_recompute_mode run_mode;
-    if (keel_recompute_parse(rmode, &run_mode)) {
+    keel_precision prec;
+    if (keel_recompute_parse(rmode, &run_mode) || keel_precision_parse(prec_s, &prec)) {
         fprintf(stderr, "keel info: %s\n", keel_last_error());
         keel_qwen35_free(m);
         keel_ctx_free(ctx);
@@ -237,9 +239,9 @@ int cmd_info(int argc, char **argv) {
     keel_ctx_free(ctx);
     ctx = NULL, m = NULL;
     double gib = 1024.0 * 1024 * 1024, moments = (double)n_trained * 4 * 2 / gib;
-    printf("\ntraining step, float32, batch %lld x window %lld, planned by keel's memory plan (AdamW moments: %.2f GiB "
+    printf("\ntraining step, %s, batch %lld x window %lld, planned by keel's memory plan (AdamW moments: %.2f GiB "
            "more):\n",
-           B, T, moments);
+           prec == KEEL_PRECISION_BF16 ? "bf16 mixed precision" : "float32", B, T, moments);
     printf("%-12s %14s %22s %14s %16s\n", "recompute", "planned peak", "params+grads+moments", "activations", "total");
     const char *modes[] = {"off", "full", "every:2", "every:4", rmode};
     int n_modes =
@@ -257,7 +259,8 @@ int cmd_info(int argc, char **argv) {
                              .backward = true,
                              .recompute = &rm,
                              .keep_logits = keep && dump,
-                             .adapter = ad};
+                             .adapter = ad,
+                             .precision = prec};
         keel_step *st = keel_step_build(&so);
         if (!st) {
             fprintf(stderr, "keel info: %s\n", keel_last_error());
