@@ -106,6 +106,8 @@ keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale);
  * of its own example only, o + t - pos[t] .. o + t (from 0 at the earliest): causal, and
  * block-diagonal where positions restart at 0 (packed examples). Positions below 0 count as 0. */
 keel_tensor *keel_soft_max_causal(keel_ctx *ctx, keel_tensor *a, keel_tensor *pos, double scale);
+/* Rotary embedding at positions pos [T] or [T,B] (i32; like every op that reads positions, one below 0
+ * counts as 0). */
 keel_tensor *keel_rope(keel_ctx *ctx, keel_tensor *a, keel_tensor *pos, int64_t n_rot, double theta);
 /* ROPE's frequency for pair f of n_rot rotary dims, as transformers computes it: in float32,
  * 1 / theta^((2f)/n_rot). Part of the op's definition, shared by every backend. */

@@ -499,7 +499,8 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
                 continue;
             }
             int64_t f = i0 % h;
-            double ang = (double)(int32_t)get(b, i2, b->ne[1] == 1 ? 0 : i3, 0, 0) * keel_rope_freq(t->fp[0], nr, f);
+            /* positions below 0 count as 0, as in every op that reads them (ops/ops.h) */
+            double ang = fmax(get(b, i2, b->ne[1] == 1 ? 0 : i3, 0, 0), 0.0) * keel_rope_freq(t->fp[0], nr, f);
             double c = cos(ang), s = dir * sin(ang);
             double y = i0 < h ? x * c - get(a, i0 + h, i1, i2, i3) * s : x * c + get(a, i0 - h, i1, i2, i3) * s;
             put(t, i0, i1, i2, i3, y);
