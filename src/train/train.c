@@ -143,6 +143,10 @@ static double eval_loss(trainer *t, const keel_dataset *d) {
     int64_t T = t->o->window, B = t->o->batch, W = keel_dataset_eval_windows(d, T);
     if (W < B) return NAN;
     int32_t *ids = malloc((size_t)(T * B) * 4), *tgt = malloc((size_t)(T * B) * 4), *pos = malloc((size_t)(T * B) * 4);
+    if (!ids || !tgt || !pos) {
+        free(ids), free(tgt), free(pos);
+        return NAN;
+    }
     double sum = 0;
     int64_t nb = 0, counted = 0;
     keel_dropout_set_p(t->st->g, 0.0);           /* evaluation: the adapters see their whole input */
