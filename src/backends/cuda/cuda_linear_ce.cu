@@ -53,15 +53,6 @@ __global__ void k_lce_rows(float *L, __nv_bfloat16 *g16, __nv_bfloat16 *lo16, kt
     }
 }
 
-/* The loss: the partials in token order by one block's fixed tree. */
-__global__ void k_lce_sum(float *out, const double *partial, int64_t N, double div) {
-    __shared__ double sh[LT];
-    double acc = 0;
-    for (int64_t i = threadIdx.x; i < N; i += LT) acc += partial[i];
-    acc = block_sum(acc, sh);
-    if (threadIdx.x == 0) *out = (float)(acc / div);
-}
-
 static size_t round_up(size_t n) { return (n + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN; }
 
 /* s as a column-major matrix with unit stride along dim 0 and tokens evenly spaced along dims 1, 2:
@@ -150,7 +141,7 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     }
     if (back && N == 0) return cuda_check(cudaMemsetAsync(out, 0, (size_t)(D * V) * 4, s), "memset", t);
     if (!back) {
-        k_lce_sum<<<1, LT, 0, s>>>(out, partial, N, div);
+        k_finish_sum<<<1, KEEL_CUDA_RT, 0, s>>>(out, partial, N, div); /* the partials in token order */
         return cuda_check(cudaGetLastError(), "linear cross-entropy sum launch", t);
     }
     return 0;
