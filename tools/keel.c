@@ -31,9 +31,11 @@ static const command COMMANDS[] = {
      "sample from a checkpoint, incrementally (KV cache, DeltaNet states)"},
     {"eval", cmd_eval, true,
      "eval --model DIR --data PATH... [--tokenizer FILE] [--adapter DIR] [--data-format F] [--chat-template FILE]\n"
+     "                 [--doc-boundaries on|off] [--no-pack] [--overlong truncate|split|drop] [--precision f32|bf16]\n"
      "                 [--window T] [--batch B] [--backend cpu|cuda|ref] [--threads N]",
      "loss and perplexity of a checkpoint on text (on prompt/completion and chat data: the responses' loss)"},
-    {"plot", cmd_plot, true, "plot METRICS.jsonl -o loss.svg", "train and eval loss against tokens seen"},
+    {"plot", cmd_plot, true, "plot METRICS.jsonl [--compare METRICS.jsonl...] -o loss.svg",
+     "train and eval loss against tokens seen, of one run or several"},
     {"export", cmd_export, true,
      "export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE | --byte-vocab]",
      "a GGUF file for llama.cpp, Ollama and LM Studio (keel export --help)"},
@@ -44,8 +46,8 @@ static const command COMMANDS[] = {
     {"init", cmd_init, true, "init (--preset tiny|small|0.8b | --config CONFIG.json) OUT [--seed N] [--dtype f32|bf16]",
      "a Qwen3.5-family checkpoint with random weights"},
     {"info", cmd_info, true,
-     "info CHECKPOINT [--adapter DIR] [--batch B] [--window T] [--recompute MODE] [--run] [--dump-logits FILE] "
-     "[--threads N]",
+     "info CHECKPOINT [--adapter DIR] [--batch B] [--window T] [--recompute MODE] [--precision f32|bf16] [--run]\n"
+     "                 [--dump-logits FILE] [--threads N]",
      "layers, parameters, training memory per recompute mode; --run times one forward + backward"},
     {"tokenize", cmd_tokenize, true,
      "tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]\n"
@@ -55,16 +57,20 @@ static const command COMMANDS[] = {
      "diff TRACE_A TRACE_B [--tolerance NMSE]\n"
      "  diff --model DIR [--data FILE] [--tokenizer FILE] [--window T] --a CONFIG --b CONFIG [--tolerance NMSE]\n"
      "  diff --case acc --a CONFIG --b CONFIG",
-     "the first node whose inputs agree but whose output does not (CONFIG: recompute=, threads=, backend=, fault=)"},
+     "the first node whose inputs agree but whose output does not (CONFIG: recompute=, threads=, backend=, fault=, "
+     "precision=)"},
     {"test-ops", cmd_test_ops, true, "test-ops [--backend ref,cpu,cuda] [--op NAME,...] [--grad] [--expect-fault N]",
      "check every op (and with --grad, every gradient) against the float64 reference"},
     {"test-model", cmd_test_model, true, "test-model [--backend cpu|cuda]",
-     "whole-model gradient check: a Qwen3.5 layer pair, and with LoRA adapters, against finite differences"},
-    {"test-recompute", cmd_test_recompute, true, "test-recompute [--fixture CHECKPOINT] [--backend cpu|cuda]",
+     "whole-model gradient check: a Qwen3.5 layer pair (plain, LoRA, mixed precision) against finite differences "
+     "or ref; packed windows against examples alone"},
+    {"test-recompute", cmd_test_recompute, true,
+     "test-recompute [--fixture CHECKPOINT] [--backend cpu|cuda] [--precision f32|bf16]",
      "recompute modes off, full, every:2, layers:1,3 give bitwise identical training"},
     {"check-reference", cmd_check_reference, true,
      "check-reference DIR [--backend ref,cpu,cuda] [--checkpoint SUBDIR] [--adapter DIR] [--recompute MODE] "
      "[--threads N]\n"
+     "                 [--precision f32|bf16]\n"
      "                 [--trace FILE [--trace-data] [--trace-max-bytes N]]",
      "run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers"},
     {"bench", cmd_bench, false, "bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N]",
@@ -77,7 +83,7 @@ static const command COMMANDS[] = {
      "bench train [--backend cuda|cpu] [--preset 0.8b] [--batch 4] [--window 1024] [--steps 5] [--warmup 2]\n"
      "                 [--recompute MODE] [--threads N] [--torch bench/torch_qwen35.py] [--python python3] "
      "[--no-torch]\n"
-     "                 [--lora-rank R [--base-dtype f32|bf16]]",
+     "                 [--lora-rank R [--base-dtype f32|bf16]] [--precision f32|bf16]",
      "training steps of a Qwen3.5-0.8B-shaped model next to PyTorch + transformers (and LoRA next to full "
      "fine-tuning), tokens/s and peak memory"},
     {"ops", cmd_ops, false, "ops", "list the op table"},
