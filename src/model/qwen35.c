@@ -262,8 +262,6 @@ static keel_tensor *linear(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, 
     return m->lora ? keel_lora_linear(ctx, m, w, in.x, y) : y;
 }
 
-static keel_type act_of(const keel_tensor *x) { return x ? x->type : KEEL_F32; }
-
 static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L, keel_tensor *h,
                                     keel_tensor *pos, keel_tensor *kin, keel_tensor *vin, keel_tensor **kout,
                                     keel_tensor **vout) {
@@ -287,15 +285,15 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
      * float32 sums (the softmax's statistics stay float32) */
     bool mixed = m->operand_type == KEEL_BF16;
     keel_tensor *scores =
-        mixed ? keel_mul_mat_to(ctx, keel_cast(ctx, kp, KEEL_BF16), keel_cast(ctx, qp, KEEL_BF16), act_of(h))
+        mixed ? keel_mul_mat_to(ctx, keel_cast(ctx, kp, KEEL_BF16), keel_cast(ctx, qp, KEEL_BF16), h->type)
               : keel_mul_mat(ctx, kp, qp);
     /* causal within each example: positions restart where a packed example starts */
     keel_tensor *p = keel_soft_max_causal(ctx, scores, pos, 1.0 / sqrt((double)hd));
     keel_tensor *vperm = keel_permute(ctx, v, 1, 2, 0, 3); /* [T, hd, KV, B] */
-    keel_tensor *o =
-        mixed ? keel_mul_mat_to(ctx, keel_cast(ctx, vperm, KEEL_BF16), keel_cast(ctx, p, KEEL_BF16), act_of(h))
-              : keel_mul_mat(ctx, keel_cont(ctx, vperm), p); /* [hd, Tq, H, B] */
-    o = keel_cont(ctx, keel_permute(ctx, o, 0, 2, 1, 3));    /* [hd, H, T, B] */
+    keel_tensor *o = mixed
+                         ? keel_mul_mat_to(ctx, keel_cast(ctx, vperm, KEEL_BF16), keel_cast(ctx, p, KEEL_BF16), h->type)
+                         : keel_mul_mat(ctx, keel_cont(ctx, vperm), p); /* [hd, Tq, H, B] */
+    o = keel_cont(ctx, keel_permute(ctx, o, 0, 2, 1, 3));               /* [hd, H, T, B] */
     o = keel_mul(ctx, o, keel_sigmoid(ctx, gate));
     return linear(ctx, m, L->o, operand_of(ctx, m, keel_reshape_3d(ctx, o, hd * H, T, B)));
 }

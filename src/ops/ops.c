@@ -595,14 +595,12 @@ void keel_dropout_set_counter(keel_graph *g, int64_t counter) {
         if (g->nodes[i]->op == KEEL_OP_DROPOUT) g->nodes[i]->ip[2] = counter;
 }
 keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
-    if (a && a->type == KEEL_BF16) return keel_mul_mat_to(ctx, a, b, KEEL_BF16);
     return OP(KEEL_OP_MUL_MAT, (a, b), NULL, 0, NULL, 0);
 }
 keel_tensor *keel_mul_mat_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, keel_type out) {
     return OP(KEEL_OP_MUL_MAT, (a, b), IPS((int64_t)out), 1, NULL, 0);
 }
 keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3) {
-    if (a && a->type == KEEL_BF16) return keel_out_prod_to(ctx, a, b, ne2, ne3, KEEL_BF16);
     return OP(KEEL_OP_OUT_PROD, (a, b), IPS(ne2, ne3), 2, NULL, 0);
 }
 keel_tensor *keel_out_prod_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3, keel_type out) {

@@ -96,7 +96,8 @@ void keel_dropout_set_p(keel_graph *g, double p);
 keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
 keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3);
 /* Products of bf16 operands summed in float32, the result in `out` (KEEL_F32, or KEEL_BF16 rounded
- * to nearest even): weight gradients and residual updates stay float32 (mixed precision). */
+ * to nearest even; keel_mul_mat and keel_out_prod of bf16 operands give float32): weight gradients
+ * and residual updates stay float32 (mixed precision). */
 keel_tensor *keel_mul_mat_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, keel_type out);
 keel_tensor *keel_out_prod_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3, keel_type out);
 keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps);

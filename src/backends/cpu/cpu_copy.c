@@ -87,3 +87,13 @@ int cpu_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, b
         keel_pool_for(cpu_pool(be), keel_nrows(dst), copy_task, &c);
     return 0;
 }
+
+int cpu_f32_temp(keel_backend *be, const keel_tensor *src, keel_tensor *tmp, bool fill) {
+    *tmp = *src;
+    tmp->type = KEEL_F32;
+    tmp->view_src = NULL;
+    keel_set_contiguous_strides(tmp);
+    tmp->data = malloc(keel_nbytes(tmp) ? keel_nbytes(tmp) : 1);
+    if (!tmp->data) return keel_fail("cpu: out of memory for a float32 copy of '%s'", src->name);
+    return fill ? cpu_copy(be, tmp, src, false) : 0;
+}

@@ -41,6 +41,10 @@ static inline int64_t cpu_pos(const keel_tensor *p, int64_t t, int64_t b) {
 int cpu_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate);
 /* Elements of a row of width ne0 that the copy path writes: its launch geometry, in one place. */
 int64_t cpu_copy_row_len(const keel_backend *be, int64_t ne0);
+/* A float32 tensor shaped like src, contiguous, in fresh memory (tmp->data: the caller frees it),
+ * holding src's values through the copy path when fill (exact for bf16 and f16 sources). -1 with a
+ * message when out of memory. */
+int cpu_f32_temp(keel_backend *be, const keel_tensor *src, keel_tensor *tmp, bool fill);
 /* Copy (or add) one row of n elements between any types and element strides. */
 void cpu_copy_row(const keel_tensor *dst, char *d, const keel_tensor *src, const char *s, int64_t n, bool accumulate);
 

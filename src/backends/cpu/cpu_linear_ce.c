@@ -49,18 +49,6 @@ static void rows_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
-/* t's source i as float32 with strides it can be read with: itself, or an exact copy (bf16). */
-static const keel_tensor *as_f32(keel_backend *be, const keel_tensor *s, keel_tensor *tmp, int *rc) {
-    if (s->type == KEEL_F32) return s;
-    *tmp = *s;
-    tmp->type = KEEL_F32;
-    tmp->view_src = NULL;
-    keel_set_contiguous_strides(tmp);
-    tmp->data = malloc(keel_nbytes(tmp) ? keel_nbytes(tmp) : 1);
-    if (!tmp->data || cpu_copy(be, tmp, s, false)) *rc = -1;
-    return tmp;
-}
-
 int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
     bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
     int64_t D = t->src[0]->ne[0], N1 = t->src[0]->ne[1], N = N1 * t->src[0]->ne[2], V = t->src[1]->ne[1];
@@ -70,20 +58,13 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
     if (keel_backend_ce_divisor(be, t, &div)) return -1; /* and the targets checked */
     y = malloc((size_t)(N ? N : 1) * sizeof *y);
     int rc = !y || keel_tensor_read(be, t->src[2], y, KEEL_I32) ? -1 : 0;
-    keel_tensor xt, wt;
-    memset(&xt, 0, sizeof xt), memset(&wt, 0, sizeof wt);
-    const keel_tensor *x = rc ? NULL : as_f32(be, t->src[0], &xt, &rc),
-                      *w = rc ? NULL : as_f32(be, t->src[1], &wt, &rc);
-    if (!rc && x->ne[2] > 1 && x->nb[2] != x->ne[1] * x->nb[1]) { /* tokens not evenly spaced: a copy */
-        keel_tensor *dst = x == &xt ? NULL : &xt;
-        if (dst) {
-            *dst = *x, dst->view_src = NULL;
-            keel_set_contiguous_strides(dst);
-            dst->data = malloc(keel_nbytes(dst));
-            rc = !dst->data || cpu_copy(be, dst, x, false);
-            x = dst;
-        }
-    }
+    /* x and W as float32 the product can read: themselves, or exact copies (bf16; or x whose tokens
+     * are not evenly spaced) */
+    keel_tensor xt = {0}, wt = {0};
+    const keel_tensor *x = t->src[0], *w = t->src[1];
+    bool cx = x->type != KEEL_F32 || (x->ne[2] > 1 && x->nb[2] != x->ne[1] * x->nb[1]), cw = w->type != KEEL_F32;
+    if (!rc && cx) rc = cpu_f32_temp(be, x, &xt, true), x = &xt;
+    if (!rc && cw) rc = cpu_f32_temp(be, w, &wt, true), w = &wt;
     float *L = rc ? NULL : malloc((size_t)(V * (C ? C : 1)) * sizeof *L);
     double *loss = back || rc ? NULL : calloc((size_t)(N ? N : 1), sizeof *loss);
     if (!rc && (!L || (!back && !loss))) rc = keel_fail("cpu: out of memory for the logits of '%s'", t->name);
@@ -146,8 +127,7 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
         for (int64_t n = 0; n < N; n++) s += loss[n];
         out[0] = (float)(s / div);
     }
-    if (x == &xt) free(xt.data);
-    if (w == &wt) free(wt.data);
+    free(xt.data), free(wt.data);
     free(L), free(loss), free(y);
     return rc ? -1 : 0;
 }

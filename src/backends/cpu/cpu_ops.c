@@ -449,24 +449,14 @@ static int out_prod(keel_backend *be, const keel_tensor *t) {
     return 0;
 }
 
-/* A float32 tensor shaped like t, contiguous, in fresh memory (NULL data when out of memory). */
-static keel_tensor f32_like(const keel_tensor *t) {
-    keel_tensor x = *t;
-    x.type = KEEL_F32;
-    x.view_src = NULL;
-    keel_set_contiguous_strides(&x);
-    x.data = malloc(keel_nbytes(&x) ? keel_nbytes(&x) : 1);
-    return x;
-}
-
-/* Products of bf16 operands: their exact float32 copies through the copy path, the float32
- * product, then the result in its type (bf16: rounded to nearest even by the copy path). */
+/* Products of bf16 operands: their exact float32 copies, the float32 product, then the result in
+ * its type (bf16: rounded to nearest even by the copy path). */
 static int product_bf16(keel_backend *be, const keel_tensor *t, int (*product)(keel_backend *, const keel_tensor *)) {
-    keel_tensor a = f32_like(t->src[0]), b = f32_like(t->src[1]), r = *t, out = f32_like(t);
-    int rc = !a.data || !b.data || !out.data ? keel_fail("cpu: out of memory in '%s'", t->name) : 0;
-    if (!rc) rc = cpu_copy(be, &a, t->src[0], false) || cpu_copy(be, &b, t->src[1], false);
+    keel_tensor a = {0}, b = {0}, out = {0}, r = *t;
+    int rc = cpu_f32_temp(be, t->src[0], &a, true) || cpu_f32_temp(be, t->src[1], &b, true) ||
+             (t->type == KEEL_BF16 && cpu_f32_temp(be, t, &out, false));
+    if (t->type == KEEL_BF16) r = out; /* a float32 result, shaped like t, rounded once at the end */
     r.src[0] = &a, r.src[1] = &b;
-    if (t->type == KEEL_BF16) r.type = KEEL_F32, r.data = out.data, memcpy(r.nb, out.nb, sizeof r.nb);
     if (!rc) rc = product(be, &r) || (t->type == KEEL_BF16 && cpu_copy(be, t, &r, false));
     free(a.data), free(b.data), free(out.data);
     return rc ? -1 : 0;
