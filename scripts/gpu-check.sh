@@ -5,7 +5,8 @@
 # `scripts/gpu-prepare.sh`) and .gpu-data (the fixture and checkpoints, same script).
 #   scripts/gpu-check.sh            every stage
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
-# Stages: ops grad fault reference recompute model bf16 hf lora chat cross bench, and multi (needs 2 GPUs) and profile
+# Stages: ops grad fault reference recompute model bf16 hf lora chat cross bench, gdn (the delta rule's
+# cases, gradients and GPU time alone: a quick first look), and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step), which are not in the default list
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,6 +104,15 @@ finish_cross() {
 if want ops; then
     run "test-ops --backend cuda (forward)" ops.log $keel test-ops --backend ref,cuda
     grep "^cuda:" "$out/ops.log"
+fi
+if want gdn; then # the chunked gated delta rule alone: its cases, its gradients, its time in the bf16 step
+    run "test-ops GATED_DELTA_NET* (cuda)" gdn-ops.log $keel test-ops --backend ref,cuda --op GATED_DELTA_NET,GATED_DELTA_NET_BACK,GATED_DELTA_NET_STATE
+    grep "^cuda:\|FAIL" "$out/gdn-ops.log" | head -20
+    run "test-ops --grad GATED_DELTA_NET (cuda)" gdn-grad.log $keel test-ops --grad --backend cuda --op GATED_DELTA_NET
+    grep "^cuda:\|FAIL\|worst" "$out/gdn-grad.log" | head -20
+    run "GPU time of the delta rule, bf16 batch 8" gdn-profile.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3
+    grep -B2 -A30 "cuda profile" "$out/gdn-profile.log" | head -40
+    grep "tokens/s\|step" "$out/gdn-profile.log" | tail -4
 fi
 if want grad; then
     run "test-ops --backend cuda --grad" grad.log $keel test-ops --grad --backend cuda

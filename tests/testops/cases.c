@@ -544,6 +544,33 @@ int keel_cases_all(op_case **out) {
                 if (op == KEEL_OP_GATED_DELTA_NET_BACK) I(c, KEEL_F32, x[4], x[5], x[2], x[3]);
                 if (op == KEEL_OP_GATED_DELTA_NET_STATE) I(c, KEEL_F32, x[4], x[0], x[5], x[3])->scale = 0.3;
             }
+            /* The chunked kernels (chunks of 64 steps): lengths around and across chunk edges, the
+             * 0.8B model's heads (128) and the fixture's (16 / 24, 2 key heads for 4 value heads),
+             * gates down to -30 (scale 20), beta exactly 0 and 1 at random, packed and unpacked.
+             * Columns: Dk, Hk, T, B, Dv, Hv, longest example, gate scale, view of q. The long ones
+             * skip finite differences (each sample is four float64 runs of the whole recurrence):
+             * the small cases above prove ref's backward; here every backend is held to it. */
+            static const int64_t ch[][9] = {
+                {128, 1, 1, 1, 128, 1, 1, 1, 0},       {128, 1, 63, 1, 128, 1, 1000, 20, 0},
+                {128, 1, 64, 1, 128, 2, 1000, 1, 0},   {16, 2, 65, 2, 24, 4, 30, 20, 1},
+                {16, 2, 65, 1, 24, 4, 1000, 1, 0},     {16, 2, 129, 3, 24, 4, 70, 1, 0},
+                {128, 1, 1024, 1, 128, 1, 300, 20, 0}, {128, 1, 1031, 1, 128, 1, 2000, 1, 1}};
+            for (int s = 0; s < 8; s++) {
+                const int64_t *x = ch[s];
+                c = C(&l, op);
+                case_input *q = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                case_input *k = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                q->scale = k->scale = 1.0 / sqrt((double)x[0]);
+                q->view = x[8] ? VIEW_PERMUTED : VIEW_NONE;
+                I(c, KEEL_F32, x[4], x[5], x[2], x[3]);
+                case_input *g = I(c, KEEL_F32, x[5], x[2], x[3], 1);
+                g->dom = DOM_GATE, g->scale = (double)x[7];
+                I(c, KEEL_F32, x[5], x[2], x[3], 1)->dom = DOM_UNIT_EDGES;
+                SEG(c, x[2], x[3], x[6]);
+                if (op == KEEL_OP_GATED_DELTA_NET_BACK) I(c, KEEL_F32, x[4], x[5], x[2], x[3]);
+                if (op == KEEL_OP_GATED_DELTA_NET_STATE) I(c, KEEL_F32, x[4], x[0], x[5], x[3])->scale = 0.3;
+                if (x[2] >= 1024) c->no_fd = "long: each backend against ref's backward, proven on the short cases";
+            }
             break;
         }
         case KEEL_OP_CROSS_ENTROPY_LOSS:

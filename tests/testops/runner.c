@@ -88,6 +88,11 @@ static double *gen_values(const case_input *in, uint64_t seed, int64_t n) {
         case DOM_UNIT:
             x = 0.05 + 0.9 * keel_uniform01(&s);
             break;
+        case DOM_UNIT_EDGES: {
+            uint64_t u = keel_splitmix64(&s);
+            x = u % 3 == 0 ? 0.0 : u % 3 == 1 ? 1.0 : 0.05 + 0.9 * keel_uniform01(&s);
+            break;
+        }
         case DOM_SMALL:
             x = 1e-4 * keel_uniform01(&s);
             break;

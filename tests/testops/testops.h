@@ -17,6 +17,7 @@ typedef enum {
     DOM_INDEX_OR_IGNORED, /* DOM_INDEX, with about a third -100 (cross-entropy targets with no loss) */
     DOM_GATE,
     DOM_UNIT,
+    DOM_UNIT_EDGES, /* DOM_UNIT, with about a third exactly 0 and a third exactly 1 */
     DOM_SMALL,
     DOM_SEGMENTS, /* i32 positions [T,B]: each column starts inside an example, and examples of up to
                    * index_max tokens restart at 0 at random (packed windows) */

@@ -1,327 +1,483 @@
-/* keel: the gated delta rule on CUDA, forward and backward. Per (batch, value head) lane, with the
- * state S (Dk x Dv), for each step t:  S = exp(g) S;  d = beta (v - S^T k);  S = S + k d^T;
- * o = S^T q. Column j of S only ever meets column j of the update, so the work is parallel over
- * batch, heads and value columns: one warp owns one column, its Dk entries spread over the 32
- * lanes in registers (Dk <= 256), and sums over Dk are warp butterflies (every lane ends with the
- * same bits). The backward pass keeps S at every GDN_SUB-th step and recomputes the states of a
- * sub-chunk from there, as the cpu backend does (there every 64th): the states of a sub-chunk of
- * the whole GPU (~37 MB for a 0.8B layer) stay in L2, so reading them back in reverse, one step
- * ahead, does not wait on HBM. Checkpoints do not change results: a recomputed state has the same
- * bits as the first. Sums over columns (dq, dk, dg, dbeta) are formed in
- * shared memory per block of columns, written per block, and summed over blocks in a fixed
- * order by a second kernel: no atomics anywhere, so results repeat bitwise. */
+/* keel: the gated delta rule on CUDA in the chunked (WY) form, forward and backward, float32.
+ *
+ * Per (batch, value head) lane the recurrence is, with the state S (Dk x Dv), for each step t:
+ * S = e^g_t S (0 where an example starts);  u_t = beta_t (v_t - S^T k_t);  S = S + k_t u_t^T;
+ * o_t = S^T q_t. Over a chunk of CH steps starting from the state S, with G_t the sum of g since
+ * the chunk's start (or since an example start inside it), Gam_t = e^G_t (0 once an example has
+ * started in the chunk) and D_ts = e^(G_t - G_s) for s <= t in the same example (else 0):
+ *   (I + M) U = diag(beta) V - diag(beta Gam) K S,   M_ts = beta_t D_ts k_t.k_s (s < t)
+ *   O = diag(Gam) Q S + (D o Q K^T) U,   S_next = Gam_C S + (diag(D_C) K)^T U,
+ * with D_C the decays to the chunk's last step. So with A = (I + M)^-1, W = A diag(beta Gam) K and
+ * U0 = A diag(beta) V (no dependence on S), U = U0 - W S, and only the chunk-to-chunk state pass
+ * is sequential. Every part is a small matrix product over a chunk's rows.
+ *
+ * Kernels: prep (per chunk: decays, A by forward substitution in float64, W, U0, and the scaled
+ * rows the other passes read), the sequential state pass (per lane and block of value columns:
+ * column j of S only ever meets column j of U, V, O), and for the backward its reverse (dS
+ * carried back, dU, dR = A^T dU), then two per-chunk passes that finish dq, dk, dg, dbeta from
+ * the contractions over value columns. The backward keeps the state at every chunk start.
+ * Every element of every product is summed by one thread in a fixed order and every reduction
+ * has a fixed tree: no atomics, and the work is split by shapes only, so results repeat bitwise
+ * and do not depend on the GPU. Decays are exponents of non-positive differences of float64
+ * sums (a float sum of large gates would lose a small difference). */
 #include "backends/cuda/cuda_internal.h"
 
-#define GDN_CHUNK 64 /* backward: inputs staged this many steps at a time */
-#define GDN_SUB   16 /* backward: states kept every GDN_SUB steps (divides GDN_CHUNK) */
-#define FWD_CHUNK 32 /* forward: steps staged at a time (a smaller stage lets 4 blocks share an SM) */
-#define FWD_WARPS 8  /* columns per forward block */
-#define BWD_WARPS 16 /* columns per backward block */
+#define CH  64  /* steps in a chunk */
+#define JB  32  /* value columns per block of the sequential passes */
+#define NT  256 /* threads per block (= KEEL_CUDA_RT: block_sum) */
+#define LDC (CH + 1)
+#define LDJ (JB + 1) /* shared-memory rows are one float longer: column walks hit distinct banks */
 
 typedef struct {
     kt q, k, v, g, beta, pos, dO, s0;
     int64_t Dk, Hk, T, B, Dv, Hv;
 } gdn_args;
 
+/* Scratch, per lane l and chunk c at lc = l * nc + c, rows of a chunk at stride CH. */
+typedef struct {
+    float *W, *Qg, *Kc, *Kb; /* [lc][CH][Dk]: A diag(beta Gam) K, diag(Gam) Q, diag(D_C) K, diag(beta Gam) K */
+    float *U0;               /* [lc][CH][Dv]: A diag(beta) V */
+    float *Pm, *Am;          /* [lc][CH][CH]: D o Q K^T (lower), A */
+    float *GamC;             /* [lc] the decay across the whole chunk */
+    /* backward */
+    float *Sc, *dSc;        /* [lc][Dk][Dv]: the state entering the chunk, the gradient of the one leaving it */
+    float *Uc, *dR;         /* [lc][CH][Dv]: U, and dR = A^T dU */
+    float *dQa, *dKa, *dKb; /* [lc][CH][Dk]: dO S^T, U dS_next^T, dR S^T */
+    float *dPm, *dMm;       /* [lc][CH][CH]: dO U^T, -dR U^T */
+    float *r3, *dGamC;      /* [lc][CH]: rows of dR o V; [lc]: sum of S o dS_next */
+    int64_t nc;
+} gdn_scr;
+
 __device__ static inline float warp_sum(float x) {
     for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
     return x;
 }
-__device__ static inline double warp_sum_d(double x) {
-    for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-    return x;
+
+/* C (m x n, row stride ldc) = alpha op(A) op(B) [+ beta C when acc], op(A)(r, p) = ta ? A[p lda + r]
+ * : A[r lda + p], likewise B; k the depth. Each element of C is one thread's, summed over p in
+ * order, so the bits depend on the shapes only. A thread owns 4 rows and 4 columns n4 = ceil(n/4)
+ * apart: a warp's loads of B are consecutive words (or, transposed, odd strides), of A the same word. */
+__device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, bool ta, const float *B, int ldb, bool tb,
+                           int m, int n, int k, float alpha, float beta, bool acc) {
+    int m4 = (m + 3) >> 2, n4 = (n + 3) >> 2;
+    for (int x = threadIdx.x; x < m4 * n4; x += blockDim.x) {
+        int r0 = (x / n4) * 4, c0 = x % n4;
+        float s[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
+        for (int p = 0; p < k; p++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int r = r0 + i;
+                a[i] = r < m ? (ta ? A[p * lda + r] : A[r * lda + p]) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int c = c0 + j * n4;
+                b[j] = c < n ? (tb ? B[c * ldb + p] : B[p * ldb + c]) : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) s[i][j] = fmaf(a[i], b[j], s[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int r = r0 + i, c = c0 + j * n4;
+                if (r < m && c < n) {
+                    float *p = C + r * ldc + c;
+                    *p = acc ? beta * *p + alpha * s[i][j] : alpha * s[i][j];
+                }
+            }
+    }
 }
 
-/* The inputs of a chunk of steps of one (batch, head) lane, staged in shared memory by the whole
- * block with coalesced loads, so the sequential recurrence reads them at shared-memory latency:
- * k and q [steps][Dk], v and dO [steps][cols] for the block's columns, exp(g) and beta [steps]. */
+/* dst[t][c] = x(c0 + c, h, t0 + t, b): rows of an input tensor into shared memory. */
+__device__ static void load_rows(float *dst, int ld, const kt &x, int64_t h, int64_t t0, int64_t b, int n, int64_t c0,
+                                 int cols) {
+    for (int e = threadIdx.x; e < n * cols; e += blockDim.x) {
+        int t = e / cols, c = e - t * cols;
+        dst[t * ld + c] = ldf(kt_at(x, c0 + c, h, t0 + t, b));
+    }
+}
+__device__ static void copy_mat(float *dst, int64_t ldd, const float *src, int64_t lds, int rows, int cols) {
+    for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
+        int r = e / cols, c = e - r * cols;
+        dst[r * ldd + c] = src[r * lds + c];
+    }
+}
+
+/* The decays of chunk [t0, t0 + n) of lane (b, hv), in shared memory: seg[t] the step of the
+ * chunk where the example holding t starts (-1: before the chunk), G[t] the sum of g since then,
+ * Gam[t] the decay of the incoming state (0 once an example started), DC[t] the decay from t to
+ * the chunk's last step (0 across a start), bt[t] beta. */
 typedef struct {
-    float *k, *q, *v, *dO, *eg, *beta;
-} stage;
+    double *G;
+    int *seg;
+    float *Gam, *DC, *bt;
+} chunk_decay;
 
-__host__ __device__ static size_t stage_floats(int chunk, int64_t Dk, int cols, bool with_do) {
-    return (size_t)chunk * (size_t)(2 * Dk + cols * (with_do ? 2 : 1) + 2);
+__device__ static void decay_load(const gdn_args &A, chunk_decay d, int64_t b, int64_t hv, int64_t t0, int n) {
+    for (int t = threadIdx.x; t < n; t += blockDim.x) { /* parallel loads, then one thread's scan */
+        d.G[t] = (double)ldf(kt_at(A.g, hv, t0 + t, b, 0));
+        d.seg[t] = pos_at(A.pos, t0 + t, b) == 0 ? t : -1;
+        d.bt[t] = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double acc = 0.0;
+        int sg = -1;
+        for (int t = 0; t < n; t++) {
+            if (d.seg[t] == t)
+                sg = t, acc = 0.0;
+            else
+                acc += d.G[t];
+            d.G[t] = acc, d.seg[t] = sg;
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        d.Gam[t] = d.seg[t] < 0 ? expf((float)d.G[t]) : 0.0f;
+        d.DC[t] = d.seg[t] == d.seg[n - 1] ? expf((float)(d.G[n - 1] - d.G[t])) : 0.0f;
+    }
+    __syncthreads();
 }
 
-__device__ static stage stage_at(float *base, int chunk, int64_t Dk, int cols, bool with_do) {
-    stage st;
-    st.k = base, st.q = st.k + chunk * Dk, st.v = st.q + chunk * Dk;
-    st.dO = with_do ? st.v + chunk * cols : NULL;
-    st.eg = st.v + chunk * cols * (with_do ? 2 : 1), st.beta = st.eg + chunk;
-    return st;
+__device__ static inline float dmask(const chunk_decay &d, int t, int s) {
+    return s <= t && d.seg[t] == d.seg[s] ? expf((float)(d.G[t] - d.G[s])) : 0.0f;
 }
 
-/* Fill the stage with steps [t0, t0 + n) of lane (b, hv); columns j0 .. j0 + cols - 1 (0 past Dv). */
-__device__ static void stage_load(const stage &st, const gdn_args &A, int64_t b, int64_t hv, int64_t hk, int64_t t0,
-                                  int n, int64_t j0, int cols, bool with_q) {
-    int Dk = (int)A.Dk;
-    for (int x = threadIdx.x; x < n * Dk; x += blockDim.x) {
-        int s = x / Dk, i = x - s * Dk;
-        st.k[x] = ldf(kt_at(A.k, i, hk, t0 + s, b));
-        if (with_q) st.q[x] = ldf(kt_at(A.q, i, hk, t0 + s, b));
-    }
-    for (int x = threadIdx.x; x < n * cols; x += blockDim.x) {
-        int s = x / cols, c = x - s * cols;
-        bool in = j0 + c < A.Dv;
-        st.v[x] = in ? ldf(kt_at(A.v, j0 + c, hv, t0 + s, b)) : 0.0f;
-        if (st.dO) st.dO[x] = in ? ldf(kt_at(A.dO, j0 + c, hv, t0 + s, b)) : 0.0f;
-    }
-    for (int x = threadIdx.x; x < n; x += blockDim.x) {
-        /* an example starts here (position 0): a decay of exactly 0 resets the state (forward)
-         * and stops dS flowing into the previous example (backward) */
-        st.eg[x] = pos_at(A.pos, t0 + x, b) == 0 ? 0.0f : expf(ldf(kt_at(A.g, hv, t0 + x, b, 0)));
-        st.beta[x] = ldf(kt_at(A.beta, hv, t0 + x, b, 0));
-    }
-}
-
-/* This lane's entries i = lane + 32 r of a staged Dk vector (0 beyond Dk). */
-template <int R> __device__ static inline void lane_vec(const float *x, int64_t Dk, float *out) {
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        int64_t i = lane + 32 * r;
-        out[r] = i < Dk ? x[i] : 0.0f;
-    }
-}
-
-/* One step on this warp's column: S <- eg S; u = S^T k; d = beta (v - u); S <- S + k d. */
-template <int R>
-__device__ static inline float step(float *S, const float *k, float eg, float bt, float vj, float *u_out) {
-    float u = 0.0f;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        S[r] *= eg;
-        u += S[r] * k[r];
-    }
-    u = warp_sum(u);
-    float d = bt * (vj - u);
-#pragma unroll
-    for (int r = 0; r < R; r++) S[r] += k[r] * d;
-    if (u_out) *u_out = u;
+/* shared layout of a chunk_decay: CH doubles, CH ints, 3 CH floats */
+#define DECAY_BYTES (CH * (sizeof(double) + sizeof(int) + 3 * sizeof(float)))
+__device__ static chunk_decay decay_at(void *base) {
+    chunk_decay d;
+    d.G = (double *)base, d.seg = (int *)(d.G + CH), d.Gam = (float *)(d.seg + CH), d.DC = d.Gam + CH, d.bt = d.DC + CH;
     return d;
 }
 
-/* Forward (and the decoding variant with an initial state s0 and a packed [o | final state]). */
-/* Four 8-warp blocks share an SM (registers <= 64, a 33 KiB stage): the lanes of a 0.8B layer
- * take 2 waves of blocks. */
-template <int R>
-__global__ void __launch_bounds__(FWD_WARPS * 32, R <= 4 ? 4 : 2)
-    k_gdn_fwd(gdn_args A, kt o, float *packed, int has_s0) {
-    extern __shared__ float smem[];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int64_t L = blockIdx.x, b = L / A.Hv, hv = L % A.Hv, hk = hv / (A.Hv / A.Hk);
-    int64_t j0 = (int64_t)blockIdx.y * FWD_WARPS, j = j0 + w;
-    bool act = j < A.Dv; /* inactive warps still load and meet the barriers */
-    stage st = stage_at(smem, FWD_CHUNK, A.Dk, FWD_WARPS, false);
-    float S[R], k[R], q[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        int64_t i = lane + 32 * r;
-        S[r] = act && has_s0 && i < A.Dk ? ldf(kt_at(A.s0, j, i, hv, b)) : 0.0f;
+__device__ static inline int chunk_len(int64_t T, int64_t c) { return (int)(T - c * CH < CH ? T - c * CH : CH); }
+
+/* Per chunk (grid: chunks x lanes): decays, A, W, U0, the scaled rows; the backward's A and Kb. */
+__global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd) {
+    extern __shared__ double smd[];
+    int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
+    int64_t t0 = c * CH, lc = l * P.nc + c;
+    int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1;
+    double *Ad = smd;
+    chunk_decay d = decay_at(Ad + CH * CH);
+    float *Q = (float *)((char *)(Ad + CH * CH) + DECAY_BYTES), *K = Q + CH * ldk, *M = K + CH * ldk,
+          *Pm = M + CH * LDC, *Vt = Pm + CH * LDC;
+    load_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
+    load_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
+    decay_load(A, d, b, hv, t0, n); /* its barriers also cover the loads above */
+    bmm(M, LDC, K, ldk, false, K, ldk, true, n, n, Dk, 1.0f, 0.0f, false);
+    bmm(Pm, LDC, Q, ldk, false, K, ldk, true, n, n, Dk, 1.0f, 0.0f, false);
+    __syncthreads();
+    for (int e = threadIdx.x; e < n * n; e += blockDim.x) {
+        int t = e / n, s = e - t * n;
+        float D = dmask(d, t, s);
+        M[t * LDC + s] = s < t ? d.bt[t] * D * M[t * LDC + s] : 0.0f;
+        Pm[t * LDC + s] = D * Pm[t * LDC + s];
     }
-    for (int64_t t0 = 0; t0 < A.T; t0 += FWD_CHUNK) {
-        int n = (int)(A.T - t0 < FWD_CHUNK ? A.T - t0 : FWD_CHUNK);
-        __syncthreads(); /* the previous chunk is consumed */
-        stage_load(st, A, b, hv, hk, t0, n, j0, FWD_WARPS, true);
+    __syncthreads();
+    /* A = (I + M)^-1, unit lower triangular: thread j owns column j, A_tj = [t = j] - sum_{j<=p<t} M_tp A_pj */
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+        for (int t = 0; t < n; t++) {
+            double s = t == j ? 1.0 : 0.0;
+            for (int p = j; p < t; p++) s -= (double)M[t * LDC + p] * Ad[p * CH + j];
+            Ad[t * CH + j] = t < j ? 0.0 : s;
+        }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n * n; e += blockDim.x) {
+        int t = e / n, s = e - t * n;
+        M[t * LDC + s] = (float)Ad[t * CH + s]; /* M holds A from here */
+        P.Pm[lc * CH * CH + t * CH + s] = Pm[t * LDC + s];
+        if (bwd) P.Am[lc * CH * CH + t * CH + s] = (float)Ad[t * CH + s];
+    }
+    int64_t rk = lc * CH * (int64_t)Dk;
+    for (int e = threadIdx.x; e < n * Dk; e += blockDim.x) {
+        int t = e / Dk, i = e - t * Dk;
+        P.Qg[rk + e] = d.Gam[t] * Q[t * ldk + i];
+        P.Kc[rk + e] = d.DC[t] * K[t * ldk + i];
+        float kb = d.bt[t] * d.Gam[t] * K[t * ldk + i];
+        K[t * ldk + i] = kb;
+        if (bwd) P.Kb[rk + e] = kb;
+    }
+    if (threadIdx.x == 0) P.GamC[lc] = d.Gam[n - 1];
+    __syncthreads();
+    bmm(P.W + rk, Dk, M, LDC, false, K, ldk, false, n, Dk, n, 1.0f, 0.0f, false);
+    for (int j0 = 0; j0 < Dv; j0 += JB) {
+        int jw = Dv - j0 < JB ? Dv - j0 : JB;
+        __syncthreads(); /* the previous tile is consumed */
+        for (int e = threadIdx.x; e < n * jw; e += blockDim.x) {
+            int t = e / jw, x = e - t * jw;
+            Vt[t * LDJ + x] = d.bt[t] * ldf(kt_at(A.v, j0 + x, hv, t0 + t, b));
+        }
         __syncthreads();
-        if (!act) continue;
-        for (int s = 0; s < n; s++) {
-            lane_vec<R>(st.k + s * A.Dk, A.Dk, k);
-            lane_vec<R>(st.q + s * A.Dk, A.Dk, q);
-            step<R>(S, k, st.eg[s], st.beta[s], st.v[s * FWD_WARPS + w], NULL);
-            float y = 0.0f;
-#pragma unroll
-            for (int r = 0; r < R; r++) y += S[r] * q[r];
-            y = warp_sum(y);
-            if (lane == 0) {
-                int64_t t = t0 + s;
+        bmm(P.U0 + lc * CH * (int64_t)Dv + j0, Dv, M, LDC, false, Vt, LDJ, false, n, jw, n, 1.0f, 0.0f, false);
+    }
+}
+
+static size_t prep_smem(int64_t Dk) {
+    return CH * CH * sizeof(double) + DECAY_BYTES +
+           (size_t)(2 * CH * (Dk + 1) + 2 * CH * LDC + CH * LDJ) * sizeof(float);
+}
+
+/* The state pass (grid: lanes x blocks of JB value columns), chunk after chunk:
+ * U = U0 - W S; O = Qg S + Pm U; S = Gam_C S + Kc^T U. The forward writes O (to o, or for the
+ * decoding variant to packed along with the final state); the backward's keeps S and U. */
+__global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, kt o, float *packed, int has_o, int keep) {
+    extern __shared__ float sm[];
+    int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
+    int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
+    float *S = sm, *X = S + Dk * LDJ, *Pm = X + CH * ldk, *U = Pm + CH * LDC, *O = U + CH * LDJ;
+    for (int e = threadIdx.x; e < Dk * jw; e += blockDim.x) {
+        int i = e / jw, x = e - i * jw;
+        S[i * LDJ + x] = A.s0.p ? ldf(kt_at(A.s0, j0 + x, i, hv, b)) : 0.0f;
+    }
+    for (int64_t c = 0; c < P.nc; c++) {
+        int64_t lc = l * P.nc + c, t0 = c * CH, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
+        int n = chunk_len(A.T, c);
+        __syncthreads(); /* the previous chunk is done with X, U, S */
+        copy_mat(X, ldk, P.W + rk, Dk, n, Dk);
+        copy_mat(U, LDJ, P.U0 + rv, Dv, n, jw);
+        if (keep) copy_mat(P.Sc + lc * Dk * (int64_t)Dv + j0, Dv, S, LDJ, Dk, jw);
+        __syncthreads();
+        bmm(U, LDJ, X, ldk, false, S, LDJ, false, n, jw, Dk, -1.0f, 1.0f, true);
+        __syncthreads();
+        if (keep) copy_mat(P.Uc + rv, Dv, U, LDJ, n, jw);
+        if (has_o) {
+            copy_mat(X, ldk, P.Qg + rk, Dk, n, Dk);
+            copy_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
+            __syncthreads();
+            bmm(O, LDJ, X, ldk, false, S, LDJ, false, n, jw, Dk, 1.0f, 0.0f, false);
+            bmm(O, LDJ, Pm, LDC, false, U, LDJ, false, n, jw, n, 1.0f, 1.0f, true); /* same owners: no barrier */
+            __syncthreads();
+            for (int e = threadIdx.x; e < n * jw; e += blockDim.x) {
+                int t = e / jw, x = e - t * jw;
+                int64_t tt = t0 + t, j = j0 + x;
                 if (packed)
-                    packed[((b * A.T + t) * A.Hv + hv) * A.Dv + j] = y;
+                    packed[((b * A.T + tt) * A.Hv + hv) * Dv + j] = O[t * LDJ + x];
                 else
-                    stf(kt_at(o, j, hv, t, b), y);
+                    stf(kt_at(o, j, hv, tt, b), O[t * LDJ + x]);
             }
         }
+        copy_mat(X, ldk, P.Kc + rk, Dk, n, Dk);
+        __syncthreads();
+        bmm(S, LDJ, X, ldk, true, U, LDJ, false, Dk, jw, n, 1.0f, P.GamC[lc], true);
     }
-    if (packed && act) {
+    if (packed) {
+        __syncthreads();
         float *fin = packed + A.Dv * A.Hv * A.T * A.B + (b * A.Hv + hv) * A.Dk * A.Dv;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int64_t i = lane + 32 * r;
-            if (i < A.Dk) fin[i * A.Dv + j] = S[r];
+        for (int e = threadIdx.x; e < Dk * jw; e += blockDim.x) {
+            int i = e / jw, x = e - i * jw;
+            fin[i * A.Dv + j0 + x] = S[i * LDJ + x];
         }
     }
 }
 
-typedef struct {
-    float *ck;       /* [lane][Dv padded][n_subs][Dk] states at sub-chunk starts */
-    float *cs;       /* [lane][Dv padded][GDN_SUB + 1][Dk] the states of the sub-chunk being worked on */
-    float *pq, *pk;  /* [group][row][Dk] per-block-of-columns parts of dq, dk */
-    double *pg, *pb; /* [group][row] parts of dg, dbeta */
-    float *out;      /* the packed result */
-    int64_t n_chunks, n_subs, rows;
-} gdn_bwd_buf;
+static size_t state_smem(int64_t Dk) {
+    return (size_t)(Dk * LDJ + CH * (Dk + 1) + CH * LDC + 2 * CH * LDJ) * sizeof(float);
+}
 
-/* Two blocks per SM when a column fits 4 registers a lane (Dk <= 128): with the register count
- * capped at 64 the 16-warp blocks run two to an SM, so the lanes of a 0.8B layer take 2 waves of
- * blocks instead of 4. */
-template <int R>
-__global__ void __launch_bounds__(BWD_WARPS * 32, R <= 4 ? 2 : 1) k_gdn_bwd(gdn_args A, gdn_bwd_buf W) {
-    /* shared: the stage, then [2][BWD_WARPS][Dk] dq parts, [2][BWD_WARPS][Dk] dk parts, then
-     * [2][BWD_WARPS][2] doubles (dg, dbeta parts) */
-    extern __shared__ float smem[];
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    int64_t Dk = A.Dk, Dv = A.Dv, T = A.T, Hv = A.Hv;
-    int64_t L = blockIdx.x, b = L / Hv, hv = L % Hv, hk = hv / (Hv / A.Hk), grp = blockIdx.y;
-    int64_t j0 = grp * BWD_WARPS, j = j0 + w;
-    bool act = j < Dv;
-    stage st = stage_at(smem, GDN_CHUNK, Dk, BWD_WARPS, true);
-    float *sq = smem + stage_floats(GDN_CHUNK, Dk, BWD_WARPS, true), *sk = sq + 2 * BWD_WARPS * Dk;
-    double *sd = (double *)(sk + 2 * BWD_WARPS * Dk);
-    /* scratch columns are padded to whole blocks, so an inactive warp scribbles only on its own */
-    int64_t Dvp = gridDim.y * BWD_WARPS;
-    float *ck = W.ck + (L * Dvp + j) * W.n_subs * Dk, *cs = W.cs + (L * Dvp + j) * (GDN_SUB + 1) * Dk;
-    int64_t off_dk = Dk * Hv * T * A.B, off_dv = 2 * off_dk;
-    float S[R], k[R], q[R], dS[R];
-    /* forward, keeping the state at each sub-chunk start */
-#pragma unroll
-    for (int r = 0; r < R; r++) S[r] = 0.0f;
-    for (int64_t ch = 0; ch < W.n_chunks; ch++) {
-        int64_t t0 = ch * GDN_CHUNK;
-        int n = (int)(T - t0 < GDN_CHUNK ? T - t0 : GDN_CHUNK);
+/* The reverse state pass (grid: lanes x blocks of value columns), last chunk first, with dS the
+ * gradient of the state leaving the chunk: dU = Pm^T dO + Kc dS; dR = A^T dU; dv = beta dR;
+ * dS <- Gam_C dS + Qg^T dO - Kb^T dR. Keeps dS and dR for the per-chunk passes. */
+__global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
+    extern __shared__ float sm[];
+    int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
+    int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
+    float *dS = sm, *X = dS + Dk * LDJ, *PA = X + CH * ldk, *dOt = PA + CH * LDC, *dU = dOt + CH * LDJ,
+          *dRt = dU + CH * LDJ;
+    int64_t off_dv = 2 * A.Dk * A.Hv * A.T * A.B;
+    for (int e = threadIdx.x; e < Dk * LDJ; e += blockDim.x) dS[e] = 0.0f;
+    for (int64_t c = P.nc - 1; c >= 0; c--) {
+        int64_t lc = l * P.nc + c, t0 = c * CH, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
+        int n = chunk_len(A.T, c);
         __syncthreads();
-        stage_load(st, A, b, hv, hk, t0, n, j0, BWD_WARPS, false);
+        copy_mat(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, dS, LDJ, Dk, jw);
+        copy_mat(PA, LDC, P.Pm + lc * CH * CH, CH, n, n);
+        copy_mat(X, ldk, P.Kc + rk, Dk, n, Dk);
+        load_rows(dOt, LDJ, A.dO, hv, t0, b, n, j0, jw);
         __syncthreads();
-        for (int s = 0; s < n; s++) {
-            if (s % GDN_SUB == 0) {
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    if (lane + 32 * r < Dk) ck[((t0 + s) / GDN_SUB) * Dk + lane + 32 * r] = S[r];
-            }
-            lane_vec<R>(st.k + s * Dk, Dk, k);
-            step<R>(S, k, st.eg[s], st.beta[s], st.v[s * BWD_WARPS + w], NULL);
+        bmm(dU, LDJ, PA, LDC, true, dOt, LDJ, false, n, jw, n, 1.0f, 0.0f, false);
+        bmm(dU, LDJ, X, ldk, false, dS, LDJ, false, n, jw, Dk, 1.0f, 1.0f, true);
+        __syncthreads();
+        copy_mat(PA, LDC, P.Am + lc * CH * CH, CH, n, n);
+        copy_mat(X, ldk, P.Qg + rk, Dk, n, Dk);
+        __syncthreads();
+        bmm(dRt, LDJ, PA, LDC, true, dU, LDJ, false, n, jw, n, 1.0f, 0.0f, false);
+        bmm(dS, LDJ, X, ldk, true, dOt, LDJ, false, Dk, jw, n, 1.0f, P.GamC[lc], true);
+        __syncthreads();
+        copy_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
+        for (int e = threadIdx.x; e < n * jw; e += blockDim.x) {
+            int t = e / jw, x = e - t * jw;
+            float bt = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
+            out[off_dv + ((b * A.T + t0 + t) * A.Hv + hv) * Dv + j0 + x] = bt * dRt[t * LDJ + x];
         }
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) dS[r] = 0.0f;
-    for (int64_t ch = W.n_chunks - 1; ch >= 0; ch--) {
-        int64_t t0 = ch * GDN_CHUNK;
-        int n = (int)(T - t0 < GDN_CHUNK ? T - t0 : GDN_CHUNK);
-        __syncthreads(); /* everyone is done with the previous chunk's stage */
-        stage_load(st, A, b, hv, hk, t0, n, j0, BWD_WARPS, true);
+        copy_mat(X, ldk, P.Kb + rk, Dk, n, Dk);
         __syncthreads();
-        for (int s0 = (n - 1) / GDN_SUB * GDN_SUB; s0 >= 0; s0 -= GDN_SUB) {
-            int m = n - s0 < GDN_SUB ? n - s0 : GDN_SUB; /* steps s0 .. s0 + m - 1 of the stage */
-            /* recompute the sub-chunk's states; each lane reads back only what it wrote itself */
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int64_t i = lane + 32 * r;
-                S[r] = i < Dk ? ck[((t0 + s0) / GDN_SUB) * Dk + i] : 0.0f;
-                if (i < Dk) cs[i] = S[r];
-            }
-            for (int s = 0; s < m; s++) {
-                lane_vec<R>(st.k + (s0 + s) * Dk, Dk, k);
-                step<R>(S, k, st.eg[s0 + s], st.beta[s0 + s], st.v[(s0 + s) * BWD_WARPS + w], NULL);
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    if (lane + 32 * r < Dk) cs[(s + 1) * Dk + lane + 32 * r] = S[r];
-            }
-            /* St of the last step is the state just computed; Sp of step s is loaded one step ahead */
-            float St[R], Sp[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                St[r] = S[r];
-                Sp[r] = lane + 32 * r < Dk ? cs[(m - 1) * Dk + lane + 32 * r] : 0.0f;
-            }
-            for (int s = m - 1; s >= 0; s--) {
-                int x = s0 + s; /* the step within the stage */
-                int64_t t = t0 + x;
-                int buf = (int)(t & 1);
-                float Sn[R]; /* the previous step's Sp, in flight while this step computes */
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    Sn[r] = s > 0 && lane + 32 * r < Dk ? cs[(s - 1) * Dk + lane + 32 * r] : 0.0f;
-                lane_vec<R>(st.k + x * Dk, Dk, k);
-                lane_vec<R>(st.q + x * Dk, Dk, q);
-                float eg = st.eg[x], bt = st.beta[x], vj = st.v[x * BWD_WARPS + w], dOj = st.dO[x * BWD_WARPS + w];
-                int64_t row = (b * T + t) * Hv + hv;
-                float Sa[R], u = 0.0f;
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    Sa[r] = eg * Sp[r];
-                    u += Sa[r] * k[r];
-                }
-                u = warp_sum(u);
-                float d = bt * (vj - u);
-                /* o = St^T q: dq gets St dO; dS += q dO^T */
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    int64_t i = lane + 32 * r;
-                    if (i < Dk) sq[(buf * BWD_WARPS + w) * Dk + i] = act ? St[r] * dOj : 0.0f;
-                    dS[r] += q[r] * dOj;
-                }
-                /* St = Sa + k d^T: dd = dS^T k, dv = beta dd, dbeta = dd (v - u), du = -beta dd */
-                float dd = 0.0f;
-#pragma unroll
-                for (int r = 0; r < R; r++) dd += dS[r] * k[r];
-                dd = warp_sum(dd);
-                float du = -bt * dd;
-                if (act && lane == 0) W.out[off_dv + row * Dv + j] = bt * dd;
-                /* dk = dS d + Sa du; dSa = dS + k du^T; dg = sum(Sa dSa); dS_prev = eg dSa */
-                double dg = 0.0;
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    int64_t i = lane + 32 * r;
-                    if (i < Dk) sk[(buf * BWD_WARPS + w) * Dk + i] = act ? dS[r] * d + Sa[r] * du : 0.0f;
-                    float v2 = dS[r] + k[r] * du;
-                    dg += (double)Sa[r] * v2;
-                    dS[r] = eg * v2;
-                }
-                dg = warp_sum_d(dg);
-                if (lane == 0) {
-                    sd[(buf * BWD_WARPS + w) * 2] = act ? dg : 0.0;
-                    sd[(buf * BWD_WARPS + w) * 2 + 1] = act ? (double)dd * (vj - u) : 0.0;
-                }
-                __syncthreads();
-                /* this block's sums over its columns, in warp order; the buffers alternate with t, so
-                 * one barrier per step keeps the next step's writes off what is being read here */
-                int tid = threadIdx.x;
-                if (tid < Dk) {
-                    float a1 = 0.0f, a2 = 0.0f;
-                    for (int y = 0; y < BWD_WARPS; y++)
-                        a1 += sq[(buf * BWD_WARPS + y) * Dk + tid], a2 += sk[(buf * BWD_WARPS + y) * Dk + tid];
-                    W.pq[(grp * W.rows + row) * Dk + tid] = a1;
-                    W.pk[(grp * W.rows + row) * Dk + tid] = a2;
-                } else if (tid == (int)blockDim.x - 1) {
-                    double g1 = 0.0, b1 = 0.0;
-                    for (int y = 0; y < BWD_WARPS; y++)
-                        g1 += sd[(buf * BWD_WARPS + y) * 2], b1 += sd[(buf * BWD_WARPS + y) * 2 + 1];
-                    W.pg[grp * W.rows + row] = g1;
-                    W.pb[grp * W.rows + row] = b1;
-                }
-#pragma unroll
-                for (int r = 0; r < R; r++) St[r] = Sp[r], Sp[r] = Sn[r];
-            }
-        }
+        bmm(dS, LDJ, X, ldk, true, dRt, LDJ, false, Dk, jw, n, -1.0f, 1.0f, true);
     }
 }
 
-/* Sum the blocks' parts in block order into the packed [dq | dk | dv | dg | dbeta]. */
-__global__ void k_gdn_reduce(gdn_bwd_buf W, int64_t G, int64_t Dk, int64_t off_dk, int64_t off_dg, int64_t off_db) {
-    int64_t nv = W.rows * Dk;
-    GRID_STRIDE(e, nv + W.rows) {
-        if (e < nv) {
-            float a1 = 0.0f, a2 = 0.0f;
-            for (int64_t g = 0; g < G; g++) a1 += W.pq[g * nv + e], a2 += W.pk[g * nv + e];
-            W.out[e] = a1;
-            W.out[off_dk + e] = a2;
+static size_t state_back_smem(int64_t Dk) {
+    return (size_t)(Dk * LDJ + CH * (Dk + 1) + CH * LDC + 3 * CH * LDJ) * sizeof(float);
+}
+
+/* The contractions over value columns, per chunk (grid: chunks x lanes x 3 parts), summed over
+ * blocks of JB columns in order: part 0 dQa = dO S^T and dPm = dO U^T; part 1 dKa = U dS^T and
+ * dGamC = sum S o dS; part 2 dKb = dR S^T, dMm = -dR U^T and r3 = rows of dR o V. */
+__global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
+    extern __shared__ double smd[];
+    int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, t0 = c * CH, lc = l * P.nc + c;
+    int part = blockIdx.z, n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1;
+    double *sh = smd;
+    float *r3 = (float *)(sh + NT), *acc1 = r3 + CH, *acc2 = acc1 + CH * ldk, *Ta = acc2 + CH * LDC,
+          *Tb = Ta + CH * LDJ, *Tc = Tb + CH * LDJ, *St = Tc + CH * LDJ, *St2 = St + Dk * LDJ;
+    const float *Sc = P.Sc + lc * Dk * (int64_t)Dv, *dSc = P.dSc + lc * Dk * (int64_t)Dv;
+    int64_t rv = lc * CH * (int64_t)Dv;
+    double part_sum = 0.0; /* this thread's share of dGamC, in a fixed order */
+    for (int t = threadIdx.x; t < n; t += blockDim.x) r3[t] = 0.0f;
+    for (int j0 = 0; j0 < Dv; j0 += JB) {
+        int jw = Dv - j0 < JB ? Dv - j0 : JB;
+        bool more = j0 > 0;
+        __syncthreads();
+        if (part == 0) {
+            load_rows(Ta, LDJ, A.dO, hv, t0, b, n, j0, jw);
+            copy_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
+            copy_mat(Tb, LDJ, P.Uc + rv + j0, Dv, n, jw);
+        } else if (part == 1) {
+            copy_mat(Ta, LDJ, P.Uc + rv + j0, Dv, n, jw);
+            copy_mat(St, LDJ, dSc + j0, Dv, Dk, jw);
+            copy_mat(St2, LDJ, Sc + j0, Dv, Dk, jw);
         } else {
-            int64_t r = e - nv;
-            double g1 = 0.0, b1 = 0.0;
-            for (int64_t g = 0; g < G; g++) g1 += W.pg[g * W.rows + r], b1 += W.pb[g * W.rows + r];
-            W.out[off_dg + r] = (float)g1;
-            W.out[off_db + r] = (float)b1;
+            copy_mat(Ta, LDJ, P.dR + rv + j0, Dv, n, jw);
+            copy_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
+            copy_mat(Tb, LDJ, P.Uc + rv + j0, Dv, n, jw);
+            load_rows(Tc, LDJ, A.v, hv, t0, b, n, j0, jw);
+        }
+        __syncthreads();
+        bmm(acc1, ldk, Ta, LDJ, false, St, LDJ, true, n, Dk, jw, 1.0f, 1.0f, more);
+        if (part == 0) bmm(acc2, LDC, Ta, LDJ, false, Tb, LDJ, true, n, n, jw, 1.0f, 1.0f, more);
+        if (part == 2) bmm(acc2, LDC, Ta, LDJ, false, Tb, LDJ, true, n, n, jw, -1.0f, 1.0f, more);
+        if (part == 1)
+            for (int e = threadIdx.x; e < Dk * jw; e += blockDim.x) {
+                int i = e / jw, x = e - i * jw;
+                part_sum += (double)St2[i * LDJ + x] * St[i * LDJ + x];
+            }
+        if (part == 2)
+            for (int t = threadIdx.x; t < n; t += blockDim.x) {
+                float s = 0.0f;
+                for (int x = 0; x < jw; x++) s += Ta[t * LDJ + x] * Tc[t * LDJ + x];
+                r3[t] += s;
+            }
+    }
+    __syncthreads();
+    float *out1 = part == 0 ? P.dQa : part == 1 ? P.dKa : P.dKb;
+    copy_mat(out1 + lc * CH * (int64_t)Dk, Dk, acc1, ldk, n, Dk);
+    if (part != 1) copy_mat((part == 0 ? P.dPm : P.dMm) + lc * CH * CH, CH, acc2, LDC, n, n);
+    if (part == 2)
+        for (int t = threadIdx.x; t < n; t += blockDim.x) P.r3[lc * CH + t] = r3[t];
+    if (part == 1) {
+        double s = block_sum(part_sum, sh);
+        if (threadIdx.x == 0) P.dGamC[lc] = (float)s;
+    }
+}
+
+static size_t contract_smem(int64_t Dk) {
+    return NT * sizeof(double) + (size_t)(CH + CH * (Dk + 1) + CH * LDC + 3 * CH * LDJ + 2 * Dk * LDJ) * sizeof(float);
+}
+
+/* Per chunk (grid: chunks x lanes): dq, dk, dg, dbeta from the contractions.
+ *   dq = Gam dQa + (dPm o D) K
+ *   dk = D_C dKa - beta Gam dKb + E K + E^T K + (dPm o D)^T Q,  E = dMm o beta D (below the diagonal)
+ *   dbeta_t = r3_t - Gam_t k_t.dKb_t + sum_s<t dMm_ts D_ts k_t.k_s
+ * and dG_t, the gradient of the summed gate G_t, from everything a decay multiplies; dg is the
+ * sum of dG over the later steps of the same example in the chunk (0 where an example starts). */
+__global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *out) {
+    extern __shared__ double smd[];
+    int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
+    int64_t t0 = c * CH, lc = l * P.nc + c;
+    int n = chunk_len(A.T, c), Dk = (int)A.Dk, ldk = Dk + 1, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    chunk_decay d = decay_at(smd);
+    float *dGam = (float *)((char *)smd + DECAY_BYTES), *dDC = dGam + CH, *dG = dDC + CH, *Q = dG + CH,
+          *K = Q + CH * ldk, *X = K + CH * ldk, *Y = X + CH * LDC, *Pd = Y + CH * LDC, *E = Pd + CH * LDC;
+    load_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
+    load_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
+    copy_mat(Pd, LDC, P.dPm + lc * CH * CH, CH, n, n);
+    copy_mat(E, LDC, P.dMm + lc * CH * CH, CH, n, n);
+    decay_load(A, d, b, hv, t0, n);
+    bmm(X, LDC, Q, ldk, false, K, ldk, true, n, n, Dk, 1.0f, 0.0f, false);
+    bmm(Y, LDC, K, ldk, false, K, ldk, true, n, n, Dk, 1.0f, 0.0f, false);
+    __syncthreads();
+    for (int e = threadIdx.x; e < n * n; e += blockDim.x) {
+        int t = e / n, s = e - t * n;
+        float D = dmask(d, t, s), dpm = Pd[t * LDC + s], dmm = E[t * LDC + s], y = Y[t * LDC + s];
+        bool low = s < t;
+        /* X: D_ts times the gradient of D_ts (the diagonal's D is 1 and cancels in dG: left out) */
+        X[t * LDC + s] = low ? D * (dpm * X[t * LDC + s] + dmm * d.bt[t] * y) : 0.0f;
+        Y[t * LDC + s] = low ? dmm * D * y : 0.0f;
+        Pd[t * LDC + s] = D * dpm;
+        E[t * LDC + s] = low ? dmm * d.bt[t] * D : 0.0f;
+    }
+    __syncthreads();
+    int64_t rows = A.Hv * A.T * A.B, off_dk = A.Dk * rows, off_dg = 2 * off_dk + A.Dv * rows, off_db = off_dg + rows;
+    int64_t rk = lc * CH * (int64_t)Dk;
+    for (int t = w; t < n; t += NT / 32) { /* a warp a row: dot products over Dk */
+        float x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+        for (int i = lane; i < Dk; i += 32) {
+            x1 += Q[t * ldk + i] * P.dQa[rk + t * Dk + i];
+            x2 += K[t * ldk + i] * P.dKb[rk + t * Dk + i];
+            x3 += K[t * ldk + i] * P.dKa[rk + t * Dk + i];
+        }
+        x1 = warp_sum(x1), x2 = warp_sum(x2), x3 = warp_sum(x3);
+        if (lane == 0) {
+            float y = 0.0f;
+            for (int s = 0; s < t; s++) y += Y[t * LDC + s];
+            out[off_db + (b * A.T + t0 + t) * A.Hv + hv] = P.r3[lc * CH + t] - d.Gam[t] * x2 + y;
+            dGam[t] = x1 - d.bt[t] * x2;
+            dDC[t] = x3;
         }
     }
+    __syncthreads();
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        float s = d.Gam[t] * dGam[t] - d.DC[t] * dDC[t];
+        for (int x = 0; x < n; x++) s += X[t * LDC + x] - X[x * LDC + t];
+        if (t == n - 1) {
+            s += d.Gam[n - 1] * P.dGamC[lc];
+            for (int x = 0; x < n; x++) s += d.DC[x] * dDC[x];
+        }
+        dG[t] = s;
+    }
+    __syncthreads();
+    for (int u = threadIdx.x; u < n; u += blockDim.x) {
+        float s = 0.0f;
+        if (d.seg[u] != u)
+            for (int t = u; t < n; t++) s += d.seg[t] == d.seg[u] ? dG[t] : 0.0f;
+        out[off_dg + (b * A.T + t0 + u) * A.Hv + hv] = s;
+    }
+    float *oq = out + ((b * A.T + t0) * A.Hv + hv) * A.Dk, *ok = oq + off_dk;
+    int64_t ld = A.Hv * A.Dk;
+    for (int e = threadIdx.x; e < n * Dk; e += blockDim.x) {
+        int t = e / Dk, i = e - t * Dk;
+        oq[t * ld + i] = d.Gam[t] * P.dQa[rk + e];
+        ok[t * ld + i] = d.DC[t] * P.dKa[rk + e] - d.bt[t] * d.Gam[t] * P.dKb[rk + e];
+    }
+    __syncthreads(); /* the rows above are read back by other threads below */
+    bmm(oq, ld, Pd, LDC, false, K, ldk, false, n, Dk, n, 1.0f, 1.0f, true);
+    bmm(ok, ld, E, LDC, false, K, ldk, false, n, Dk, n, 1.0f, 1.0f, true);
+    bmm(ok, ld, E, LDC, true, K, ldk, false, n, Dk, n, 1.0f, 1.0f, true);
+    bmm(ok, ld, Pd, LDC, true, Q, ldk, false, n, Dk, n, 1.0f, 1.0f, true);
+}
+
+static size_t grads_smem(int64_t Dk) {
+    return DECAY_BYTES + (size_t)(3 * CH + 2 * CH * (Dk + 1) + 4 * CH * LDC) * sizeof(float);
 }
 
 static gdn_args args_of(const keel_tensor *t) {
@@ -337,66 +493,85 @@ static gdn_args args_of(const keel_tensor *t) {
     return A;
 }
 
+/* Carve the scratch: the forward's arrays, and with bwd the backward's too. */
+static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A, bool bwd, gdn_scr *P) {
+    memset(P, 0, sizeof *P);
+    P->nc = (A.T + CH - 1) / CH;
+    size_t nlc = (size_t)(A.B * A.Hv * P->nc), rk = nlc * CH * (size_t)A.Dk, rv = nlc * CH * (size_t)A.Dv,
+           rc = nlc * CH * CH, st = nlc * (size_t)(A.Dk * A.Dv);
+    size_t n = 3 * rk + rv + rc + nlc;
+    if (bwd) n += rk + rc + 2 * st + 2 * rv + 3 * rk + 2 * rc + nlc * CH + nlc;
+    float *p = (float *)cuda_scratch(be, n * sizeof(float), t);
+    if (!p) return -1;
+    P->W = p, P->Qg = p + rk, P->Kc = p + 2 * rk, P->U0 = p + 3 * rk, P->Pm = P->U0 + rv, P->GamC = P->Pm + rc;
+    if (bwd) {
+        P->Kb = P->GamC + nlc, P->Am = P->Kb + rk, P->Sc = P->Am + rc, P->dSc = P->Sc + st, P->Uc = P->dSc + st,
+        P->dR = P->Uc + rv, P->dQa = P->dR + rv, P->dKa = P->dQa + rk, P->dKb = P->dKa + rk, P->dPm = P->dKb + rk,
+        P->dMm = P->dPm + rc, P->r3 = P->dMm + rc, P->dGamC = P->r3 + nlc * CH;
+    }
+    return 0;
+}
+
+static int smem_limit(const void *fn, size_t bytes, const keel_tensor *t) {
+    return cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+                      "shared memory for a chunk of the gated delta rule", t);
+}
+
+static int launch_prep(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd) {
+    size_t shm = prep_smem(A.Dk);
+    if (smem_limit((const void *)k_gdn_prep, shm, t)) return -1;
+    k_gdn_prep<<<dim3((unsigned)P.nc, (unsigned)(A.B * A.Hv)), NT, shm, cuda_im(be)->stream>>>(A, P, bwd);
+    return cuda_check(cudaGetLastError(), "gated delta rule chunk preparation launch", t);
+}
+
+static int launch_state(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, kt o,
+                        float *packed, int has_o, int keep) {
+    size_t shm = state_smem(A.Dk);
+    if (smem_limit((const void *)k_gdn_state, shm, t)) return -1;
+    dim3 grid((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
+    k_gdn_state<<<grid, NT, shm, cuda_im(be)->stream>>>(A, P, o, packed, has_o, keep);
+    return cuda_check(cudaGetLastError(), "gated delta rule state pass launch", t);
+}
+
+static bool grid_fits(const gdn_args &A) { return A.B * A.Hv <= 65535 && (A.Dv + JB - 1) / JB <= 65535; }
+
 int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     gdn_args A = args_of(t);
     if (A.B * A.Hv == 0 || A.Dv == 0 || A.T == 0) return 0;
+    if (!grid_fits(A))
+        return keel_fail("cuda: '%s': %lld lanes of the gated delta rule, the most is 65535", t->name,
+                         (long long)(A.B * A.Hv));
+    gdn_scr P;
+    if (scratch_of(be, t, A, false, &P)) return -1;
     bool st = t->op == KEEL_OP_GATED_DELTA_NET_STATE;
-    dim3 grid((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + FWD_WARPS - 1) / FWD_WARPS));
-    kt o = kt_of(t);
-    float *packed = st ? (float *)t->data : NULL;
-    cudaStream_t s = cuda_im(be)->stream;
-    size_t shm = stage_floats(FWD_CHUNK, A.Dk, FWD_WARPS, false) * sizeof(float);
-    if (A.Dk <= 128) {
-        if (cuda_check(cudaFuncSetAttribute(k_gdn_fwd<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
-                       "shared memory limit", t))
-            return -1;
-        k_gdn_fwd<4><<<grid, FWD_WARPS * 32, shm, s>>>(A, o, packed, st ? 1 : 0);
-    } else {
-        if (cuda_check(cudaFuncSetAttribute(k_gdn_fwd<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
-                       "shared memory limit", t))
-            return -1;
-        k_gdn_fwd<8><<<grid, FWD_WARPS * 32, shm, s>>>(A, o, packed, st ? 1 : 0);
-    }
-    return cuda_check(cudaGetLastError(), "gated delta rule forward launch", t);
+    if (launch_prep(be, t, A, P, 0)) return -1;
+    return launch_state(be, t, A, P, kt_of(t), st ? (float *)t->data : NULL, 1, 0);
 }
 
 int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     gdn_args A = args_of(t);
-    int64_t L = A.B * A.Hv, G = (A.Dv + BWD_WARPS - 1) / BWD_WARPS;
-    gdn_bwd_buf W;
-    W.n_chunks = (A.T + GDN_CHUNK - 1) / GDN_CHUNK;
-    W.n_subs = (A.T + GDN_SUB - 1) / GDN_SUB;
-    W.rows = A.B * A.T * A.Hv;
-    W.out = (float *)t->data;
+    int64_t L = A.B * A.Hv;
     if (L == 0 || A.T == 0) return 0;
-    if (A.Dv == 0) return cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), cuda_im(be)->stream), "memset", t);
-    int64_t Dvp = G * BWD_WARPS;
-    size_t n_ck = (size_t)(L * Dvp * W.n_subs * A.Dk), n_cs = (size_t)(L * Dvp * (GDN_SUB + 1) * A.Dk);
-    size_t n_p = (size_t)(G * W.rows * A.Dk), n_d = (size_t)(G * W.rows);
-    size_t bytes = (n_ck + n_cs + 2 * n_p) * sizeof(float) + 2 * n_d * sizeof(double) + 256;
-    char *base = (char *)cuda_scratch(be, bytes, t);
-    if (!base) return -1;
-    W.pg = (double *)base, W.pb = W.pg + n_d; /* doubles first: aligned */
-    W.ck = (float *)(W.pb + n_d), W.cs = W.ck + n_ck, W.pq = W.cs + n_cs, W.pk = W.pq + n_p;
-    size_t shm = (stage_floats(GDN_CHUNK, A.Dk, BWD_WARPS, true) + 4 * BWD_WARPS * (size_t)A.Dk) * sizeof(float) +
-                 4 * BWD_WARPS * sizeof(double);
-    dim3 grid((unsigned)L, (unsigned)G);
     cudaStream_t s = cuda_im(be)->stream;
-    if (A.Dk <= 128) {
-        if (cuda_check(cudaFuncSetAttribute(k_gdn_bwd<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
-                       "shared memory limit", t))
-            return -1;
-        k_gdn_bwd<4><<<grid, BWD_WARPS * 32, shm, s>>>(A, W);
-    } else {
-        if (cuda_check(cudaFuncSetAttribute(k_gdn_bwd<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
-                       "shared memory limit", t))
-            return -1;
-        k_gdn_bwd<8><<<grid, BWD_WARPS * 32, shm, s>>>(A, W);
-    }
-    if (cuda_check(cudaGetLastError(), "gated delta rule backward launch", t)) return -1;
-    int64_t off_dk = A.Dk * A.Hv * A.T * A.B, off_dg = 2 * off_dk + A.Dv * A.Hv * A.T * A.B,
-            off_db = off_dg + A.Hv * A.T * A.B;
-    int64_t n = W.rows * A.Dk + W.rows;
-    k_gdn_reduce<<<cuda_blocks(n, 256), 256, 0, s>>>(W, G, A.Dk, off_dk, off_dg, off_db);
-    return cuda_check(cudaGetLastError(), "gated delta rule reduction launch", t);
+    if (A.Dv == 0) return cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), s), "memset", t);
+    if (!grid_fits(A))
+        return keel_fail("cuda: '%s': %lld lanes of the gated delta rule, the most is 65535", t->name, (long long)L);
+    gdn_scr P;
+    if (scratch_of(be, t, A, true, &P)) return -1;
+    float *out = (float *)t->data;
+    if (launch_prep(be, t, A, P, 1)) return -1;
+    if (launch_state(be, t, A, P, kt_of(t), NULL, 0, 1)) return -1;
+    dim3 lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB)), chunks((unsigned)P.nc, (unsigned)L);
+    size_t shm = state_back_smem(A.Dk);
+    if (smem_limit((const void *)k_gdn_state_back, shm, t)) return -1;
+    k_gdn_state_back<<<lanes, NT, shm, s>>>(A, P, out);
+    if (cuda_check(cudaGetLastError(), "gated delta rule reverse state pass launch", t)) return -1;
+    shm = contract_smem(A.Dk);
+    if (smem_limit((const void *)k_gdn_contract, shm, t)) return -1;
+    k_gdn_contract<<<dim3((unsigned)P.nc, (unsigned)L, 3), NT, shm, s>>>(A, P);
+    if (cuda_check(cudaGetLastError(), "gated delta rule contraction launch", t)) return -1;
+    shm = grads_smem(A.Dk);
+    if (smem_limit((const void *)k_gdn_grads, shm, t)) return -1;
+    k_gdn_grads<<<chunks, NT, shm, s>>>(A, P, out);
+    return cuda_check(cudaGetLastError(), "gated delta rule gradient launch", t);
 }
