@@ -53,32 +53,33 @@ __device__ static inline float warp_sum(float x) {
     return x;
 }
 
-/* C (m x n, row stride ldc) = alpha op(A) op(B) [+ beta C when acc], op(A)(r, p) = ta ? A[p lda + r]
+/* C (m x n, row stride ldc) = alpha op(A) op(B) [+ beta C when acc], op(A)(r, p) = TA ? A[p lda + r]
  * : A[r lda + p], likewise B; k the depth. Each element of C is one thread's, summed over p in
  * order, so the bits depend on the shapes only. A thread owns 4 rows and 4 columns n4 = ceil(n/4)
- * apart: a warp's loads of B are consecutive words (or, transposed, odd strides), of A the same word. */
-__device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, bool ta, const float *B, int ldb, bool tb,
-                           int m, int n, int k, float alpha, float beta, bool acc) {
-    int m4 = (m + 3) >> 2, n4 = (n + 3) >> 2;
+ * apart: a warp's loads of B are consecutive words (or, transposed, odd strides), of A the same
+ * word. Rows and columns past the edge read the last one (no branch in the loop) and are not stored.
+ * The transpositions are template parameters: each of the four forms compiles to its own loop. */
+template <bool TA, bool TB>
+__device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k,
+                           float alpha, float beta, bool acc) {
+    int m4 = (m + 3) >> 2, n4 = (n + 3) >> 2, sa = TA ? lda : 1, sb = TB ? 1 : ldb;
     for (int x = threadIdx.x; x < m4 * n4; x += blockDim.x) {
         int r0 = (x / n4) * 4, c0 = x % n4;
+        const float *pa[4], *pb[4];
         float s[4][4];
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 4; i++) {
+            int r = min(r0 + i, m - 1), c = min(c0 + i * n4, n - 1);
+            pa[i] = TA ? A + r : A + r * lda;
+            pb[i] = TB ? B + c * ldb : B + c;
 #pragma unroll
             for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
+        }
+#pragma unroll 4
         for (int p = 0; p < k; p++) {
             float a[4], b[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int r = r0 + i;
-                a[i] = r < m ? (ta ? A[p * lda + r] : A[r * lda + p]) : 0.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int c = c0 + j * n4;
-                b[j] = c < n ? (tb ? B[c * ldb + p] : B[p * ldb + c]) : 0.0f;
-            }
+            for (int i = 0; i < 4; i++) a[i] = pa[i][p * sa], b[i] = pb[i][p * sb];
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -97,18 +98,41 @@ __device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, bool 
     }
 }
 
+/* Copies into and out of shared memory. A thread issues CP loads before its first store: a copy
+ * loop that stores each element before loading the next waits out the memory latency per element. */
+#define CP 8
 /* dst[t][c] = x(c0 + c, h, t0 + t, b): rows of an input tensor into shared memory. */
 __device__ static void load_rows(float *dst, int ld, const kt &x, int64_t h, int64_t t0, int64_t b, int n, int64_t c0,
                                  int cols) {
-    for (int e = threadIdx.x; e < n * cols; e += blockDim.x) {
-        int t = e / cols, c = e - t * cols;
-        dst[t * ld + c] = ldf(kt_at(x, c0 + c, h, t0 + t, b));
+    int total = n * cols;
+    for (int base = 0; base < total; base += NT * CP) {
+        float v[CP];
+#pragma unroll
+        for (int u = 0; u < CP; u++) {
+            int e = base + u * NT + threadIdx.x, t = e / cols;
+            if (e < total) v[u] = ldf(kt_at(x, c0 + e - t * cols, h, t0 + t, b));
+        }
+#pragma unroll
+        for (int u = 0; u < CP; u++) {
+            int e = base + u * NT + threadIdx.x, t = e / cols;
+            if (e < total) dst[t * ld + e - t * cols] = v[u];
+        }
     }
 }
 __device__ static void copy_mat(float *dst, int64_t ldd, const float *src, int64_t lds, int rows, int cols) {
-    for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) {
-        int r = e / cols, c = e - r * cols;
-        dst[r * ldd + c] = src[r * lds + c];
+    int total = rows * cols;
+    for (int base = 0; base < total; base += NT * CP) {
+        float v[CP];
+#pragma unroll
+        for (int u = 0; u < CP; u++) {
+            int e = base + u * NT + threadIdx.x, r = e / cols;
+            if (e < total) v[u] = src[r * lds + e - r * cols];
+        }
+#pragma unroll
+        for (int u = 0; u < CP; u++) {
+            int e = base + u * NT + threadIdx.x, r = e / cols;
+            if (e < total) dst[r * ldd + e - r * cols] = v[u];
+        }
     }
 }
 
@@ -162,47 +186,87 @@ __device__ static chunk_decay decay_at(void *base) {
 
 __device__ static inline int chunk_len(int64_t T, int64_t c) { return (int)(T - c * CH < CH ? T - c * CH : CH); }
 
+/* A = (I + M)^-1 in float64 for a strictly lower M (CH x CH, zero past the chunk's rows): the
+ * 16 x 16 diagonal blocks by forward substitution (a thread a column), then the blocks below them
+ * one block diagonal at a time, A_IJ = -A_II sum_{J<=K<I} M_IK A_KJ. T: 3 x 16 x 16 doubles. */
+#define SB 16
+__device__ static void invert_unit_lower(const float *M, double *Ad, double *T) {
+    for (int e = threadIdx.x; e < CH * CH; e += blockDim.x) Ad[e] = 0.0;
+    __syncthreads();
+    if (threadIdx.x < CH) {
+        int j = threadIdx.x, I0 = j / SB * SB;
+        for (int t = j; t < I0 + SB; t++) {
+            double s = t == j ? 1.0 : 0.0;
+            for (int p = j; p < t; p++) s -= (double)M[t * LDC + p] * Ad[p * CH + j];
+            Ad[t * CH + j] = s;
+        }
+    }
+    __syncthreads();
+    for (int dd = 1; dd < CH / SB; dd++) {
+        int nblk = CH / SB - dd;
+        for (int e = threadIdx.x; e < nblk * SB * SB; e += blockDim.x) {
+            int J = e / (SB * SB), r = e / SB % SB, c = e % SB, I = J + dd;
+            double s = 0.0;
+            for (int q = J * SB; q < I * SB; q++) s += (double)M[(I * SB + r) * LDC + q] * Ad[q * CH + J * SB + c];
+            T[e] = s;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < nblk * SB * SB; e += blockDim.x) {
+            int J = e / (SB * SB), r = e / SB % SB, c = e % SB, I = J + dd;
+            double s = 0.0;
+            for (int q = 0; q < SB; q++) s -= Ad[(I * SB + r) * CH + I * SB + q] * T[J * SB * SB + q * SB + c];
+            Ad[(I * SB + r) * CH + J * SB + c] = s;
+        }
+        __syncthreads();
+    }
+}
+
+/* shared floats of prep's Q, which later holds A in float64 */
+__host__ __device__ static inline int prep_q_floats(int Dk) {
+    return CH * (Dk + 1) > 2 * CH * CH ? CH * (Dk + 1) : 2 * CH * CH;
+}
+
 /* Per chunk (grid: chunks x lanes): decays, A, W, U0, the scaled rows; the backward's A and Kb. */
 __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
     int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1;
-    double *Ad = smd;
-    chunk_decay d = decay_at(Ad + CH * CH);
-    float *Q = (float *)((char *)(Ad + CH * CH) + DECAY_BYTES), *K = Q + CH * ldk, *M = K + CH * ldk,
-          *Pm = M + CH * LDC, *Vt = Pm + CH * LDC;
+    chunk_decay d = decay_at(smd);
+    float *Q = (float *)((char *)smd + DECAY_BYTES), *Vt = Q + prep_q_floats(Dk), *K = Vt + CH * LDJ, *M = K + CH * ldk,
+          *Pm = M + CH * LDC;
+    double *Ad = (double *)Q, *T = (double *)Vt; /* Q's and Vt's space, when each is free */
     load_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
     load_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
     decay_load(A, d, b, hv, t0, n); /* its barriers also cover the loads above */
-    bmm(M, LDC, K, ldk, false, K, ldk, true, n, n, Dk, 1.0f, 0.0f, false);
-    bmm(Pm, LDC, Q, ldk, false, K, ldk, true, n, n, Dk, 1.0f, 0.0f, false);
-    __syncthreads();
-    for (int e = threadIdx.x; e < n * n; e += blockDim.x) {
-        int t = e / n, s = e - t * n;
-        float D = dmask(d, t, s);
-        M[t * LDC + s] = s < t ? d.bt[t] * D * M[t * LDC + s] : 0.0f;
-        Pm[t * LDC + s] = D * Pm[t * LDC + s];
-    }
-    __syncthreads();
-    /* A = (I + M)^-1, unit lower triangular: thread j owns column j, A_tj = [t = j] - sum_{j<=p<t} M_tp A_pj */
-    for (int j = threadIdx.x; j < n; j += blockDim.x)
-        for (int t = 0; t < n; t++) {
-            double s = t == j ? 1.0 : 0.0;
-            for (int p = j; p < t; p++) s -= (double)M[t * LDC + p] * Ad[p * CH + j];
-            Ad[t * CH + j] = t < j ? 0.0 : s;
-        }
-    __syncthreads();
-    for (int e = threadIdx.x; e < n * n; e += blockDim.x) {
-        int t = e / n, s = e - t * n;
-        M[t * LDC + s] = (float)Ad[t * CH + s]; /* M holds A from here */
-        P.Pm[lc * CH * CH + t * CH + s] = Pm[t * LDC + s];
-        if (bwd) P.Am[lc * CH * CH + t * CH + s] = (float)Ad[t * CH + s];
-    }
+    bmm<false, true>(M, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
+    bmm<false, true>(Pm, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     int64_t rk = lc * CH * (int64_t)Dk;
     for (int e = threadIdx.x; e < n * Dk; e += blockDim.x) {
+        int t = e / Dk;
+        P.Qg[rk + e] = d.Gam[t] * Q[t * ldk + e - t * Dk];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < CH * CH; e += blockDim.x) {
+        int t = e / CH, s = e - t * CH;
+        bool in = t < n && s < n;
+        float D = in ? dmask(d, t, s) : 0.0f;
+        M[t * LDC + s] = in && s < t ? d.bt[t] * D * M[t * LDC + s] : 0.0f;
+        if (in) Pm[t * LDC + s] = D * Pm[t * LDC + s];
+    }
+    __syncthreads();
+    invert_unit_lower(M, Ad, T);
+    /* M <- A, Pm (once written out) <- A diag(beta), for U0 = A diag(beta) V */
+    for (int e = threadIdx.x; e < n * n; e += blockDim.x) {
+        int t = e / n, s = e - t * n;
+        float a = (float)Ad[t * CH + s];
+        P.Pm[lc * CH * CH + t * CH + s] = Pm[t * LDC + s];
+        if (bwd) P.Am[lc * CH * CH + t * CH + s] = a;
+        M[t * LDC + s] = a;
+        Pm[t * LDC + s] = (float)(Ad[t * CH + s] * (double)d.bt[s]);
+    }
+    for (int e = threadIdx.x; e < n * Dk; e += blockDim.x) {
         int t = e / Dk, i = e - t * Dk;
-        P.Qg[rk + e] = d.Gam[t] * Q[t * ldk + i];
         P.Kc[rk + e] = d.DC[t] * K[t * ldk + i];
         float kb = d.bt[t] * d.Gam[t] * K[t * ldk + i];
         K[t * ldk + i] = kb;
@@ -210,22 +274,18 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
     }
     if (threadIdx.x == 0) P.GamC[lc] = d.Gam[n - 1];
     __syncthreads();
-    bmm(P.W + rk, Dk, M, LDC, false, K, ldk, false, n, Dk, n, 1.0f, 0.0f, false);
+    bmm<false, false>(P.W + rk, Dk, M, LDC, K, ldk, n, Dk, n, 1.0f, 0.0f, false);
     for (int j0 = 0; j0 < Dv; j0 += JB) {
         int jw = Dv - j0 < JB ? Dv - j0 : JB;
         __syncthreads(); /* the previous tile is consumed */
-        for (int e = threadIdx.x; e < n * jw; e += blockDim.x) {
-            int t = e / jw, x = e - t * jw;
-            Vt[t * LDJ + x] = d.bt[t] * ldf(kt_at(A.v, j0 + x, hv, t0 + t, b));
-        }
+        load_rows(Vt, LDJ, A.v, hv, t0, b, n, j0, jw);
         __syncthreads();
-        bmm(P.U0 + lc * CH * (int64_t)Dv + j0, Dv, M, LDC, false, Vt, LDJ, false, n, jw, n, 1.0f, 0.0f, false);
+        bmm<false, false>(P.U0 + lc * CH * (int64_t)Dv + j0, Dv, Pm, LDC, Vt, LDJ, n, jw, n, 1.0f, 0.0f, false);
     }
 }
 
 static size_t prep_smem(int64_t Dk) {
-    return CH * CH * sizeof(double) + DECAY_BYTES +
-           (size_t)(2 * CH * (Dk + 1) + 2 * CH * LDC + CH * LDJ) * sizeof(float);
+    return DECAY_BYTES + (size_t)(prep_q_floats((int)Dk) + CH * LDJ + CH * (Dk + 1) + 2 * CH * LDC) * sizeof(float);
 }
 
 /* The state pass (grid: lanes x blocks of JB value columns), chunk after chunk:
@@ -248,15 +308,15 @@ __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, kt o, f
         copy_mat(U, LDJ, P.U0 + rv, Dv, n, jw);
         if (keep) copy_mat(P.Sc + lc * Dk * (int64_t)Dv + j0, Dv, S, LDJ, Dk, jw);
         __syncthreads();
-        bmm(U, LDJ, X, ldk, false, S, LDJ, false, n, jw, Dk, -1.0f, 1.0f, true);
+        bmm<false, false>(U, LDJ, X, ldk, S, LDJ, n, jw, Dk, -1.0f, 1.0f, true);
         __syncthreads();
         if (keep) copy_mat(P.Uc + rv, Dv, U, LDJ, n, jw);
         if (has_o) {
             copy_mat(X, ldk, P.Qg + rk, Dk, n, Dk);
             copy_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
             __syncthreads();
-            bmm(O, LDJ, X, ldk, false, S, LDJ, false, n, jw, Dk, 1.0f, 0.0f, false);
-            bmm(O, LDJ, Pm, LDC, false, U, LDJ, false, n, jw, n, 1.0f, 1.0f, true); /* same owners: no barrier */
+            bmm<false, false>(O, LDJ, X, ldk, S, LDJ, n, jw, Dk, 1.0f, 0.0f, false);
+            bmm<false, false>(O, LDJ, Pm, LDC, U, LDJ, n, jw, n, 1.0f, 1.0f, true); /* same owners: no barrier */
             __syncthreads();
             for (int e = threadIdx.x; e < n * jw; e += blockDim.x) {
                 int t = e / jw, x = e - t * jw;
@@ -269,7 +329,7 @@ __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, kt o, f
         }
         copy_mat(X, ldk, P.Kc + rk, Dk, n, Dk);
         __syncthreads();
-        bmm(S, LDJ, X, ldk, true, U, LDJ, false, Dk, jw, n, 1.0f, P.GamC[lc], true);
+        bmm<true, false>(S, LDJ, X, ldk, U, LDJ, Dk, jw, n, 1.0f, P.GamC[lc], true);
     }
     if (packed) {
         __syncthreads();
@@ -293,7 +353,7 @@ __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, fl
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
     float *dS = sm, *X = dS + Dk * LDJ, *PA = X + CH * ldk, *dOt = PA + CH * LDC, *dU = dOt + CH * LDJ,
-          *dRt = dU + CH * LDJ;
+          *dRt = dU + CH * LDJ, *bt = dRt + CH * LDJ;
     int64_t off_dv = 2 * A.Dk * A.Hv * A.T * A.B;
     for (int e = threadIdx.x; e < Dk * LDJ; e += blockDim.x) dS[e] = 0.0f;
     for (int64_t c = P.nc - 1; c >= 0; c--) {
@@ -304,30 +364,30 @@ __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, fl
         copy_mat(PA, LDC, P.Pm + lc * CH * CH, CH, n, n);
         copy_mat(X, ldk, P.Kc + rk, Dk, n, Dk);
         load_rows(dOt, LDJ, A.dO, hv, t0, b, n, j0, jw);
+        for (int t = threadIdx.x; t < n; t += blockDim.x) bt[t] = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
         __syncthreads();
-        bmm(dU, LDJ, PA, LDC, true, dOt, LDJ, false, n, jw, n, 1.0f, 0.0f, false);
-        bmm(dU, LDJ, X, ldk, false, dS, LDJ, false, n, jw, Dk, 1.0f, 1.0f, true);
+        bmm<true, false>(dU, LDJ, PA, LDC, dOt, LDJ, n, jw, n, 1.0f, 0.0f, false);
+        bmm<false, false>(dU, LDJ, X, ldk, dS, LDJ, n, jw, Dk, 1.0f, 1.0f, true);
         __syncthreads();
         copy_mat(PA, LDC, P.Am + lc * CH * CH, CH, n, n);
         copy_mat(X, ldk, P.Qg + rk, Dk, n, Dk);
         __syncthreads();
-        bmm(dRt, LDJ, PA, LDC, true, dU, LDJ, false, n, jw, n, 1.0f, 0.0f, false);
-        bmm(dS, LDJ, X, ldk, true, dOt, LDJ, false, Dk, jw, n, 1.0f, P.GamC[lc], true);
+        bmm<true, false>(dRt, LDJ, PA, LDC, dU, LDJ, n, jw, n, 1.0f, 0.0f, false);
+        bmm<true, false>(dS, LDJ, X, ldk, dOt, LDJ, Dk, jw, n, 1.0f, P.GamC[lc], true);
         __syncthreads();
         copy_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
         for (int e = threadIdx.x; e < n * jw; e += blockDim.x) {
             int t = e / jw, x = e - t * jw;
-            float bt = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
-            out[off_dv + ((b * A.T + t0 + t) * A.Hv + hv) * Dv + j0 + x] = bt * dRt[t * LDJ + x];
+            out[off_dv + ((b * A.T + t0 + t) * A.Hv + hv) * Dv + j0 + x] = bt[t] * dRt[t * LDJ + x];
         }
         copy_mat(X, ldk, P.Kb + rk, Dk, n, Dk);
         __syncthreads();
-        bmm(dS, LDJ, X, ldk, true, dRt, LDJ, false, Dk, jw, n, -1.0f, 1.0f, true);
+        bmm<true, false>(dS, LDJ, X, ldk, dRt, LDJ, Dk, jw, n, -1.0f, 1.0f, true);
     }
 }
 
 static size_t state_back_smem(int64_t Dk) {
-    return (size_t)(Dk * LDJ + CH * (Dk + 1) + CH * LDC + 3 * CH * LDJ) * sizeof(float);
+    return (size_t)(Dk * LDJ + CH * (Dk + 1) + CH * LDC + 3 * CH * LDJ + CH) * sizeof(float);
 }
 
 /* The contractions over value columns, per chunk (grid: chunks x lanes x 3 parts), summed over
@@ -363,9 +423,9 @@ __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
             load_rows(Tc, LDJ, A.v, hv, t0, b, n, j0, jw);
         }
         __syncthreads();
-        bmm(acc1, ldk, Ta, LDJ, false, St, LDJ, true, n, Dk, jw, 1.0f, 1.0f, more);
-        if (part == 0) bmm(acc2, LDC, Ta, LDJ, false, Tb, LDJ, true, n, n, jw, 1.0f, 1.0f, more);
-        if (part == 2) bmm(acc2, LDC, Ta, LDJ, false, Tb, LDJ, true, n, n, jw, -1.0f, 1.0f, more);
+        bmm<false, true>(acc1, ldk, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
+        if (part == 0) bmm<false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, 1.0f, 1.0f, more);
+        if (part == 2) bmm<false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, -1.0f, 1.0f, more);
         if (part == 1)
             for (int e = threadIdx.x; e < Dk * jw; e += blockDim.x) {
                 int i = e / jw, x = e - i * jw;
@@ -413,8 +473,8 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
     copy_mat(Pd, LDC, P.dPm + lc * CH * CH, CH, n, n);
     copy_mat(E, LDC, P.dMm + lc * CH * CH, CH, n, n);
     decay_load(A, d, b, hv, t0, n);
-    bmm(X, LDC, Q, ldk, false, K, ldk, true, n, n, Dk, 1.0f, 0.0f, false);
-    bmm(Y, LDC, K, ldk, false, K, ldk, true, n, n, Dk, 1.0f, 0.0f, false);
+    bmm<false, true>(X, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
+    bmm<false, true>(Y, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     __syncthreads();
     for (int e = threadIdx.x; e < n * n; e += blockDim.x) {
         int t = e / n, s = e - t * n;
@@ -464,16 +524,27 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
     }
     float *oq = out + ((b * A.T + t0) * A.Hv + hv) * A.Dk, *ok = oq + off_dk;
     int64_t ld = A.Hv * A.Dk;
-    for (int e = threadIdx.x; e < n * Dk; e += blockDim.x) {
-        int t = e / Dk, i = e - t * Dk;
-        oq[t * ld + i] = d.Gam[t] * P.dQa[rk + e];
-        ok[t * ld + i] = d.DC[t] * P.dKa[rk + e] - d.bt[t] * d.Gam[t] * P.dKb[rk + e];
+    for (int base = 0; base < n * Dk; base += NT * 4) { /* all loads of 4 elements, then their stores */
+        float a[4], ka[4], kb[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int e = base + u * NT + threadIdx.x;
+            if (e < n * Dk) a[u] = P.dQa[rk + e], ka[u] = P.dKa[rk + e], kb[u] = P.dKb[rk + e];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int e = base + u * NT + threadIdx.x, t = e / Dk, i = e - t * Dk;
+            if (e < n * Dk) {
+                oq[t * ld + i] = d.Gam[t] * a[u];
+                ok[t * ld + i] = d.DC[t] * ka[u] - d.bt[t] * d.Gam[t] * kb[u];
+            }
+        }
     }
     __syncthreads(); /* the rows above are read back by other threads below */
-    bmm(oq, ld, Pd, LDC, false, K, ldk, false, n, Dk, n, 1.0f, 1.0f, true);
-    bmm(ok, ld, E, LDC, false, K, ldk, false, n, Dk, n, 1.0f, 1.0f, true);
-    bmm(ok, ld, E, LDC, true, K, ldk, false, n, Dk, n, 1.0f, 1.0f, true);
-    bmm(ok, ld, Pd, LDC, true, Q, ldk, false, n, Dk, n, 1.0f, 1.0f, true);
+    bmm<false, false>(oq, ld, Pd, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm<false, false>(ok, ld, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm<true, false>(ok, ld, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm<true, false>(ok, ld, Pd, LDC, Q, ldk, n, Dk, n, 1.0f, 1.0f, true);
 }
 
 static size_t grads_smem(int64_t Dk) {
