@@ -11,19 +11,27 @@
  * U0 = A diag(beta) V (no dependence on S), U = U0 - W S, and only the chunk-to-chunk state pass
  * is sequential. Every part is a small matrix product over a chunk's rows.
  *
- * Kernels: prep (per chunk: decays, A by forward substitution in float64, W, U0, and the scaled
- * rows the other passes read), the sequential state pass (per lane and block of value columns:
- * column j of S only ever meets column j of U, V, O), and for the backward its reverse (dS
- * carried back, dU, dR = A^T dU), then two per-chunk passes that finish dq, dk, dg, dbeta from
- * the contractions over value columns. The backward keeps the state at every chunk start.
+ * Kernels: prep (per chunk: decays, A by blocks in float64, W, U0, and the scaled rows the other
+ * passes read); the state pass, the only sequential one (per lane and block of JB value columns:
+ * column j of S only ever meets column j of U, V, O; two products a chunk, U = U0 - W S and
+ * S = Gam_C S + Kc^T U, keeping S and U of every chunk); then the output per chunk, O = Qg S + Pm U.
+ * The backward runs prep and the state pass again, then per chunk dR0 = A^T Pm^T dO and
+ * G0 = Qg^T dO; its reverse state pass carries dS back (dR = dR0 + (A^T Kc) dS, dS <- Gam_C dS +
+ * G0 - Kb^T dR), and two per-chunk passes finish dq, dk, dg, dbeta from the contractions over value
+ * columns. Inputs reach shared memory by asynchronous copies (cp.async): every element of a tile
+ * in flight at once, and the sequential passes fetch the next chunk's rows during this one's products.
  * Every element of every product is summed by one thread in a fixed order and every reduction
  * has a fixed tree: no atomics, and the work is split by shapes only, so results repeat bitwise
  * and do not depend on the GPU. Decays are exponents of non-positive differences of float64
  * sums (a float sum of large gates would lose a small difference). */
+#include <cuda_pipeline_primitives.h>
+
 #include "backends/cuda/cuda_internal.h"
 
-#define CH  64  /* steps in a chunk */
-#define JB  32  /* value columns per block of the sequential passes */
+#define CH  64 /* steps in a chunk */
+#define JB  32 /* value columns per block of the sequential passes */
+#define JO  64 /* value columns per block of the per-chunk output passes */
+#define LDO (JO + 1)
 #define NT  256 /* threads per block (= KEEL_CUDA_RT: block_sum) */
 #define LDC (CH + 1)
 #define LDJ (JB + 1) /* shared-memory rows are one float longer: column walks hit distinct banks */
@@ -35,13 +43,15 @@ typedef struct {
 
 /* Scratch, per lane l and chunk c at lc = l * nc + c, rows of a chunk at stride CH. */
 typedef struct {
-    float *W, *Qg, *Kc, *Kb; /* [lc][CH][Dk]: A diag(beta Gam) K, diag(Gam) Q, diag(D_C) K, diag(beta Gam) K */
-    float *U0;               /* [lc][CH][Dv]: A diag(beta) V */
-    float *Pm, *Am;          /* [lc][CH][CH]: D o Q K^T (lower), A */
-    float *GamC;             /* [lc] the decay across the whole chunk */
+    float *W, *Qg, *Kc, *Kb,
+        *Ac;        /* [lc][CH][Dk]: A diag(beta Gam) K, diag(Gam) Q, diag(D_C) K, diag(beta Gam) K, A^T Kc */
+    float *U0;      /* [lc][CH][Dv]: A diag(beta) V */
+    float *Pm, *Am; /* [lc][CH][CH]: D o Q K^T (lower), A */
+    float *GamC;    /* [lc] the decay across the whole chunk */
+    float *Sc, *Uc; /* [lc][Dk][Dv] the state entering the chunk, [lc][CH][Dv] U */
     /* backward */
-    float *Sc, *dSc;        /* [lc][Dk][Dv]: the state entering the chunk, the gradient of the one leaving it */
-    float *Uc, *dR;         /* [lc][CH][Dv]: U, and dR = A^T dU */
+    float *dSc;             /* [lc][Dk][Dv]: G0 = Qg^T dO, then the gradient of the state leaving the chunk */
+    float *dR;              /* [lc][CH][Dv]: dR0 = A^T Pm^T dO, then dR = A^T dU */
     float *dQa, *dKa, *dKb; /* [lc][CH][Dk]: dO S^T, U dS_next^T, dR S^T */
     float *dPm, *dMm;       /* [lc][CH][CH]: dO U^T, -dR U^T */
     float *r3, *dGamC;      /* [lc][CH]: rows of dR o V; [lc]: sum of S o dS_next */
@@ -98,41 +108,32 @@ __device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const
     }
 }
 
-/* Copies into and out of shared memory. A thread issues CP loads before its first store: a copy
- * loop that stores each element before loading the next waits out the memory latency per element. */
-#define CP 8
-/* dst[t][c] = x(c0 + c, h, t0 + t, b): rows of an input tensor into shared memory. */
-__device__ static void load_rows(float *dst, int ld, const kt &x, int64_t h, int64_t t0, int64_t b, int n, int64_t c0,
-                                 int cols) {
-    int total = n * cols;
-    for (int base = 0; base < total; base += NT * CP) {
-        float v[CP];
-#pragma unroll
-        for (int u = 0; u < CP; u++) {
-            int e = base + u * NT + threadIdx.x, t = e / cols;
-            if (e < total) v[u] = ldf(kt_at(x, c0 + e - t * cols, h, t0 + t, b));
-        }
-#pragma unroll
-        for (int u = 0; u < CP; u++) {
-            int e = base + u * NT + threadIdx.x, t = e / cols;
-            if (e < total) dst[t * ld + e - t * cols] = v[u];
-        }
+/* Global memory into shared memory by asynchronous copies (cp.async): a thread issues all its
+ * elements before waiting on any, so a tile costs one memory latency, not one per element. A
+ * batch of fetches ends with fetch_commit(); fetch_wait(n) waits for all but the n latest batches
+ * (the caller's barrier then makes them visible to the block). */
+/* dst[t][c] = x(c0 + c, h, t0 + t, b): rows of an input tensor. */
+__device__ static void fetch_rows(float *dst, int ld, const kt &x, int64_t h, int64_t t0, int64_t b, int n, int64_t c0,
+                                  int cols) {
+    for (int e = threadIdx.x; e < n * cols; e += NT) {
+        int t = e / cols, c = e - t * cols;
+        __pipeline_memcpy_async(dst + t * ld + c, kt_at(x, c0 + c, h, t0 + t, b), sizeof(float));
     }
 }
-__device__ static void copy_mat(float *dst, int64_t ldd, const float *src, int64_t lds, int rows, int cols) {
-    int total = rows * cols;
-    for (int base = 0; base < total; base += NT * CP) {
-        float v[CP];
-#pragma unroll
-        for (int u = 0; u < CP; u++) {
-            int e = base + u * NT + threadIdx.x, r = e / cols;
-            if (e < total) v[u] = src[r * lds + e - r * cols];
-        }
-#pragma unroll
-        for (int u = 0; u < CP; u++) {
-            int e = base + u * NT + threadIdx.x, r = e / cols;
-            if (e < total) dst[r * ldd + e - r * cols] = v[u];
-        }
+__device__ static void fetch_mat(float *dst, int ldd, const float *src, int64_t lds, int rows, int cols) {
+    for (int e = threadIdx.x; e < rows * cols; e += NT) {
+        int r = e / cols, c = e - r * cols;
+        __pipeline_memcpy_async(dst + r * ldd + c, src + r * lds + c, sizeof(float));
+    }
+}
+__device__ static inline void fetch_commit() { __pipeline_commit(); }
+__device__ static inline void fetch_wait(int pending) { __pipeline_wait_prior(pending); }
+
+/* Shared memory out to global: stores do not wait on memory, a plain loop is enough. */
+__device__ static void store_mat(float *dst, int64_t ldd, const float *src, int lds, int rows, int cols) {
+    for (int e = threadIdx.x; e < rows * cols; e += NT) {
+        int r = e / cols, c = e - r * cols;
+        dst[r * ldd + c] = src[r * lds + c];
     }
 }
 
@@ -221,12 +222,12 @@ __device__ static void invert_unit_lower(const float *M, double *Ad, double *T) 
     }
 }
 
-/* shared floats of prep's Q, which later holds A in float64 */
+/* shared floats of prep's Q, which later holds A in float64, then Kc */
 __host__ __device__ static inline int prep_q_floats(int Dk) {
     return CH * (Dk + 1) > 2 * CH * CH ? CH * (Dk + 1) : 2 * CH * CH;
 }
 
-/* Per chunk (grid: chunks x lanes): decays, A, W, U0, the scaled rows; the backward's A and Kb. */
+/* Per chunk (grid: chunks x lanes): decays, A, W, U0, the scaled rows; the backward's A, Kb, A^T Kc. */
 __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
@@ -236,18 +237,20 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
     float *Q = (float *)((char *)smd + DECAY_BYTES), *Vt = Q + prep_q_floats(Dk), *K = Vt + CH * LDJ, *M = K + CH * ldk,
           *Pm = M + CH * LDC;
     double *Ad = (double *)Q, *T = (double *)Vt; /* Q's and Vt's space, when each is free */
-    load_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
-    load_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
-    decay_load(A, d, b, hv, t0, n); /* its barriers also cover the loads above */
+    fetch_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
+    fetch_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
+    fetch_commit();
+    fetch_wait(0);
+    decay_load(A, d, b, hv, t0, n); /* its barriers also publish the fetches */
     bmm<false, true>(M, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     bmm<false, true>(Pm, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     int64_t rk = lc * CH * (int64_t)Dk;
-    for (int e = threadIdx.x; e < n * Dk; e += blockDim.x) {
+    for (int e = threadIdx.x; e < n * Dk; e += NT) {
         int t = e / Dk;
         P.Qg[rk + e] = d.Gam[t] * Q[t * ldk + e - t * Dk];
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < CH * CH; e += blockDim.x) {
+    for (int e = threadIdx.x; e < CH * CH; e += NT) {
         int t = e / CH, s = e - t * CH;
         bool in = t < n && s < n;
         float D = in ? dmask(d, t, s) : 0.0f;
@@ -257,7 +260,7 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
     __syncthreads();
     invert_unit_lower(M, Ad, T);
     /* M <- A, Pm (once written out) <- A diag(beta), for U0 = A diag(beta) V */
-    for (int e = threadIdx.x; e < n * n; e += blockDim.x) {
+    for (int e = threadIdx.x; e < n * n; e += NT) {
         int t = e / n, s = e - t * n;
         float a = (float)Ad[t * CH + s];
         P.Pm[lc * CH * CH + t * CH + s] = Pm[t * LDC + s];
@@ -265,20 +268,24 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
         M[t * LDC + s] = a;
         Pm[t * LDC + s] = (float)(Ad[t * CH + s] * (double)d.bt[s]);
     }
-    for (int e = threadIdx.x; e < n * Dk; e += blockDim.x) {
+    __syncthreads(); /* Ad is read: Q's space takes Kc */
+    for (int e = threadIdx.x; e < n * Dk; e += NT) {
         int t = e / Dk, i = e - t * Dk;
-        P.Kc[rk + e] = d.DC[t] * K[t * ldk + i];
-        float kb = d.bt[t] * d.Gam[t] * K[t * ldk + i];
+        float kc = d.DC[t] * K[t * ldk + i], kb = d.bt[t] * d.Gam[t] * K[t * ldk + i];
+        P.Kc[rk + e] = kc, Q[t * ldk + i] = kc;
         K[t * ldk + i] = kb;
         if (bwd) P.Kb[rk + e] = kb;
     }
     if (threadIdx.x == 0) P.GamC[lc] = d.Gam[n - 1];
     __syncthreads();
     bmm<false, false>(P.W + rk, Dk, M, LDC, K, ldk, n, Dk, n, 1.0f, 0.0f, false);
+    if (bwd) bmm<true, false>(P.Ac + rk, Dk, M, LDC, Q, ldk, n, Dk, n, 1.0f, 0.0f, false);
     for (int j0 = 0; j0 < Dv; j0 += JB) {
         int jw = Dv - j0 < JB ? Dv - j0 : JB;
         __syncthreads(); /* the previous tile is consumed */
-        load_rows(Vt, LDJ, A.v, hv, t0, b, n, j0, jw);
+        fetch_rows(Vt, LDJ, A.v, hv, t0, b, n, j0, jw);
+        fetch_commit();
+        fetch_wait(0);
         __syncthreads();
         bmm<false, false>(P.U0 + lc * CH * (int64_t)Dv + j0, Dv, Pm, LDC, Vt, LDJ, n, jw, n, 1.0f, 0.0f, false);
     }
@@ -288,106 +295,163 @@ static size_t prep_smem(int64_t Dk) {
     return DECAY_BYTES + (size_t)(prep_q_floats((int)Dk) + CH * LDJ + CH * (Dk + 1) + 2 * CH * LDC) * sizeof(float);
 }
 
-/* The state pass (grid: lanes x blocks of JB value columns), chunk after chunk:
- * U = U0 - W S; O = Qg S + Pm U; S = Gam_C S + Kc^T U. The forward writes O (to o, or for the
- * decoding variant to packed along with the final state); the backward's keeps S and U. */
-__global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, kt o, float *packed, int has_o, int keep) {
+/* The state pass (grid: lanes x blocks of JB value columns), chunk after chunk: keeps S, then
+ * U = U0 - W S (kept), S = Gam_C S + Kc^T U. The next chunk's W is fetched during the S update and
+ * its Kc during the next U: two batches of copies in flight, W and U0 ahead of Kc. The decoding
+ * variant starts from s0 and writes the final state after the outputs in packed. */
+__global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, float *packed) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
-    float *S = sm, *X = S + Dk * LDJ, *Pm = X + CH * ldk, *U = Pm + CH * LDC, *O = U + CH * LDJ;
-    for (int e = threadIdx.x; e < Dk * jw; e += blockDim.x) {
+    float *S = sm, *Xw = S + Dk * LDJ, *Xk = Xw + CH * ldk, *U = Xk + CH * ldk;
+    for (int e = threadIdx.x; e < Dk * jw; e += NT) {
         int i = e / jw, x = e - i * jw;
         S[i * LDJ + x] = A.s0.p ? ldf(kt_at(A.s0, j0 + x, i, hv, b)) : 0.0f;
     }
+    int64_t rk = l * P.nc * CH * (int64_t)Dk, rv = l * P.nc * CH * (int64_t)Dv + j0;
+    fetch_mat(Xw, ldk, P.W + rk, Dk, chunk_len(A.T, 0), Dk);
+    fetch_mat(U, LDJ, P.U0 + rv, Dv, chunk_len(A.T, 0), jw);
+    fetch_commit();
+    fetch_mat(Xk, ldk, P.Kc + rk, Dk, chunk_len(A.T, 0), Dk);
+    fetch_commit();
     for (int64_t c = 0; c < P.nc; c++) {
-        int64_t lc = l * P.nc + c, t0 = c * CH, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
-        int n = chunk_len(A.T, c);
-        __syncthreads(); /* the previous chunk is done with X, U, S */
-        copy_mat(X, ldk, P.W + rk, Dk, n, Dk);
-        copy_mat(U, LDJ, P.U0 + rv, Dv, n, jw);
-        if (keep) copy_mat(P.Sc + lc * Dk * (int64_t)Dv + j0, Dv, S, LDJ, Dk, jw);
+        int64_t lc = l * P.nc + c;
+        int n = chunk_len(A.T, c), n1 = c + 1 < P.nc ? chunk_len(A.T, c + 1) : 0;
+        rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
+        fetch_wait(1); /* W and U0 of this chunk */
         __syncthreads();
-        bmm<false, false>(U, LDJ, X, ldk, S, LDJ, n, jw, Dk, -1.0f, 1.0f, true);
+        store_mat(P.Sc + lc * Dk * (int64_t)Dv + j0, Dv, S, LDJ, Dk, jw);
+        bmm<false, false>(U, LDJ, Xw, ldk, S, LDJ, n, jw, Dk, -1.0f, 1.0f, true);
         __syncthreads();
-        if (keep) copy_mat(P.Uc + rv, Dv, U, LDJ, n, jw);
-        if (has_o) {
-            copy_mat(X, ldk, P.Qg + rk, Dk, n, Dk);
-            copy_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
-            __syncthreads();
-            bmm<false, false>(O, LDJ, X, ldk, S, LDJ, n, jw, Dk, 1.0f, 0.0f, false);
-            bmm<false, false>(O, LDJ, Pm, LDC, U, LDJ, n, jw, n, 1.0f, 1.0f, true); /* same owners: no barrier */
-            __syncthreads();
-            for (int e = threadIdx.x; e < n * jw; e += blockDim.x) {
-                int t = e / jw, x = e - t * jw;
-                int64_t tt = t0 + t, j = j0 + x;
-                if (packed)
-                    packed[((b * A.T + tt) * A.Hv + hv) * Dv + j] = O[t * LDJ + x];
-                else
-                    stf(kt_at(o, j, hv, tt, b), O[t * LDJ + x]);
-            }
-        }
-        copy_mat(X, ldk, P.Kc + rk, Dk, n, Dk);
+        fetch_mat(Xw, ldk, P.W + rk + CH * Dk, Dk, n1, Dk);
+        fetch_commit();
+        fetch_wait(1); /* Kc of this chunk */
         __syncthreads();
-        bmm<true, false>(S, LDJ, X, ldk, U, LDJ, Dk, jw, n, 1.0f, P.GamC[lc], true);
+        store_mat(P.Uc + rv, Dv, U, LDJ, n, jw);
+        bmm<true, false>(S, LDJ, Xk, ldk, U, LDJ, Dk, jw, n, 1.0f, P.GamC[lc], true);
+        __syncthreads();
+        fetch_mat(U, LDJ, P.U0 + rv + CH * Dv, Dv, n1, jw);
+        fetch_commit();
+        fetch_mat(Xk, ldk, P.Kc + rk + CH * Dk, Dk, n1, Dk);
+        fetch_commit();
     }
+    fetch_wait(0);
     if (packed) {
-        __syncthreads();
         float *fin = packed + A.Dv * A.Hv * A.T * A.B + (b * A.Hv + hv) * A.Dk * A.Dv;
-        for (int e = threadIdx.x; e < Dk * jw; e += blockDim.x) {
+        for (int e = threadIdx.x; e < Dk * jw; e += NT) {
             int i = e / jw, x = e - i * jw;
             fin[i * A.Dv + j0 + x] = S[i * LDJ + x];
         }
     }
 }
 
-static size_t state_smem(int64_t Dk) {
-    return (size_t)(Dk * LDJ + CH * (Dk + 1) + CH * LDC + 2 * CH * LDJ) * sizeof(float);
+static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * (Dk + 1) + CH * LDJ) * sizeof(float); }
+
+/* The output per chunk (grid: chunks x lanes x blocks of JO value columns): O = Qg S + Pm U,
+ * written to o (or to packed: the same layout). */
+__global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o) {
+    extern __shared__ float sm[];
+    int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
+            j0 = (int64_t)blockIdx.z * JO;
+    int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
+    float *X = sm, *Pm = X + CH * ldk, *St = Pm + CH * LDC, *Ut = St + Dk * LDO;
+    fetch_mat(X, ldk, P.Qg + lc * CH * (int64_t)Dk, Dk, n, Dk);
+    fetch_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
+    fetch_mat(St, LDO, P.Sc + lc * Dk * (int64_t)Dv + j0, Dv, Dk, jw);
+    fetch_mat(Ut, LDO, P.Uc + lc * CH * (int64_t)Dv + j0, Dv, n, jw);
+    fetch_commit();
+    fetch_wait(0);
+    __syncthreads();
+    float *out = o + ((b * A.T + c * CH) * A.Hv + hv) * A.Dv + j0;
+    int64_t ld = A.Hv * A.Dv;
+    bmm<false, false>(out, ld, X, ldk, St, LDO, n, jw, Dk, 1.0f, 0.0f, false);
+    bmm<false, false>(out, ld, Pm, LDC, Ut, LDO, n, jw, n, 1.0f, 1.0f, true); /* same owners: no barrier */
 }
 
-/* The reverse state pass (grid: lanes x blocks of value columns), last chunk first, with dS the
- * gradient of the state leaving the chunk: dU = Pm^T dO + Kc dS; dR = A^T dU; dv = beta dR;
- * dS <- Gam_C dS + Qg^T dO - Kb^T dR. Keeps dS and dR for the per-chunk passes. */
+static size_t out_smem(int64_t Dk) { return (size_t)(CH * (Dk + 1) + CH * LDC + Dk * LDO + CH * LDO) * sizeof(float); }
+
+/* Per chunk (grid: chunks x lanes x blocks of JO value columns), what the reverse pass needs that
+ * does not depend on dS: G0 = Qg^T dO into dSc, dR0 = A^T (Pm^T dO) into dR. */
+__global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
+    extern __shared__ float sm[];
+    int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
+            j0 = (int64_t)blockIdx.z * JO;
+    int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
+    float *X = sm, *Pm = X + CH * ldk, *Am = Pm + CH * LDC, *dOt = Am + CH * LDC, *dU = dOt + CH * LDO;
+    fetch_mat(X, ldk, P.Qg + lc * CH * (int64_t)Dk, Dk, n, Dk);
+    fetch_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
+    fetch_mat(Am, LDC, P.Am + lc * CH * CH, CH, n, n);
+    fetch_rows(dOt, LDO, A.dO, hv, c * CH, b, n, j0, jw);
+    fetch_commit();
+    fetch_wait(0);
+    __syncthreads();
+    bmm<true, false>(dU, LDO, Pm, LDC, dOt, LDO, n, jw, n, 1.0f, 0.0f, false);
+    bmm<true, false>(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n, 1.0f, 0.0f, false);
+    __syncthreads();
+    bmm<true, false>(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n, 1.0f, 0.0f, false);
+}
+
+static size_t pre_back_smem(int64_t Dk) {
+    return (size_t)(CH * (Dk + 1) + 2 * CH * LDC + 2 * CH * LDO) * sizeof(float);
+}
+
+/* The reverse state pass (grid: lanes x blocks of JB value columns), last chunk first, with dS the
+ * gradient of the state leaving the chunk: keeps dS (over G0, read first), dR = dR0 + Ac dS
+ * (kept; dv = beta dR), dS <- Gam_C dS + G0 - Kb^T dR. The previous chunk's Ac is fetched during
+ * the dS update, its dR0, G0 and Kb during the next dR. */
 __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
-    float *dS = sm, *X = dS + Dk * LDJ, *PA = X + CH * ldk, *dOt = PA + CH * LDC, *dU = dOt + CH * LDJ,
-          *dRt = dU + CH * LDJ, *bt = dRt + CH * LDJ;
-    int64_t off_dv = 2 * A.Dk * A.Hv * A.T * A.B;
-    for (int e = threadIdx.x; e < Dk * LDJ; e += blockDim.x) dS[e] = 0.0f;
-    for (int64_t c = P.nc - 1; c >= 0; c--) {
-        int64_t lc = l * P.nc + c, t0 = c * CH, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
-        int n = chunk_len(A.T, c);
+    float *dS = sm, *G0 = dS + Dk * LDJ, *Xa = G0 + Dk * LDJ, *Xb = Xa + CH * ldk, *dRt = Xb + CH * ldk,
+          *bt = dRt + CH * LDJ;
+    int64_t off_dv = 2 * A.Dk * A.Hv * A.T * A.B, last = P.nc - 1;
+    for (int e = threadIdx.x; e < Dk * LDJ; e += NT) dS[e] = 0.0f;
+    int64_t lc = l * P.nc + last, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
+    int n = chunk_len(A.T, last);
+    fetch_mat(Xa, ldk, P.Ac + rk, Dk, n, Dk);
+    fetch_mat(dRt, LDJ, P.dR + rv, Dv, n, jw);
+    fetch_mat(G0, LDJ, P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, Dk, jw);
+    fetch_commit();
+    fetch_mat(Xb, ldk, P.Kb + rk, Dk, n, Dk);
+    fetch_commit();
+    for (int64_t c = last; c >= 0; c--) {
+        lc = l * P.nc + c, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0, n = chunk_len(A.T, c);
+        int n1 = c > 0 ? CH : 0; /* every chunk before the last is whole */
+        int64_t t0 = c * CH;
+        for (int t = threadIdx.x; t < n; t += NT) bt[t] = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
+        fetch_wait(1); /* Ac, dR0, G0 of this chunk */
         __syncthreads();
-        copy_mat(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, dS, LDJ, Dk, jw);
-        copy_mat(PA, LDC, P.Pm + lc * CH * CH, CH, n, n);
-        copy_mat(X, ldk, P.Kc + rk, Dk, n, Dk);
-        load_rows(dOt, LDJ, A.dO, hv, t0, b, n, j0, jw);
-        for (int t = threadIdx.x; t < n; t += blockDim.x) bt[t] = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
+        store_mat(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, dS, LDJ, Dk, jw);
+        bmm<false, false>(dRt, LDJ, Xa, ldk, dS, LDJ, n, jw, Dk, 1.0f, 1.0f, true);
         __syncthreads();
-        bmm<true, false>(dU, LDJ, PA, LDC, dOt, LDJ, n, jw, n, 1.0f, 0.0f, false);
-        bmm<false, false>(dU, LDJ, X, ldk, dS, LDJ, n, jw, Dk, 1.0f, 1.0f, true);
-        __syncthreads();
-        copy_mat(PA, LDC, P.Am + lc * CH * CH, CH, n, n);
-        copy_mat(X, ldk, P.Qg + rk, Dk, n, Dk);
-        __syncthreads();
-        bmm<true, false>(dRt, LDJ, PA, LDC, dU, LDJ, n, jw, n, 1.0f, 0.0f, false);
-        bmm<true, false>(dS, LDJ, X, ldk, dOt, LDJ, Dk, jw, n, 1.0f, P.GamC[lc], true);
-        __syncthreads();
-        copy_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
-        for (int e = threadIdx.x; e < n * jw; e += blockDim.x) {
+        fetch_mat(Xa, ldk, P.Ac + rk - CH * Dk, Dk, n1, Dk);
+        fetch_commit();
+        store_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
+        for (int e = threadIdx.x; e < n * jw; e += NT) {
             int t = e / jw, x = e - t * jw;
             out[off_dv + ((b * A.T + t0 + t) * A.Hv + hv) * Dv + j0 + x] = bt[t] * dRt[t * LDJ + x];
         }
-        copy_mat(X, ldk, P.Kb + rk, Dk, n, Dk);
+        float gc = P.GamC[lc];
+        for (int e = threadIdx.x; e < Dk * jw; e += NT) {
+            int i = e / jw, x = e - i * jw;
+            dS[i * LDJ + x] = gc * dS[i * LDJ + x] + G0[i * LDJ + x];
+        }
+        fetch_wait(1); /* Kb of this chunk */
         __syncthreads();
-        bmm<true, false>(dS, LDJ, X, ldk, dRt, LDJ, Dk, jw, n, -1.0f, 1.0f, true);
+        bmm<true, false>(dS, LDJ, Xb, ldk, dRt, LDJ, Dk, jw, n, -1.0f, 1.0f, true);
+        __syncthreads();
+        fetch_mat(dRt, LDJ, P.dR + rv - CH * Dv, Dv, n1, jw);
+        fetch_mat(G0, LDJ, P.dSc + (lc - 1) * Dk * (int64_t)Dv + j0, Dv, c > 0 ? Dk : 0, jw);
+        fetch_commit();
+        fetch_mat(Xb, ldk, P.Kb + rk - CH * Dk, Dk, n1, Dk);
+        fetch_commit();
     }
+    fetch_wait(0);
 }
 
 static size_t state_back_smem(int64_t Dk) {
-    return (size_t)(Dk * LDJ + CH * (Dk + 1) + CH * LDC + 3 * CH * LDJ + CH) * sizeof(float);
+    return (size_t)(2 * Dk * LDJ + 2 * CH * (Dk + 1) + CH * LDJ + CH) * sizeof(float);
 }
 
 /* The contractions over value columns, per chunk (grid: chunks x lanes x 3 parts), summed over
@@ -403,36 +467,38 @@ __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
     const float *Sc = P.Sc + lc * Dk * (int64_t)Dv, *dSc = P.dSc + lc * Dk * (int64_t)Dv;
     int64_t rv = lc * CH * (int64_t)Dv;
     double part_sum = 0.0; /* this thread's share of dGamC, in a fixed order */
-    for (int t = threadIdx.x; t < n; t += blockDim.x) r3[t] = 0.0f;
+    for (int t = threadIdx.x; t < n; t += NT) r3[t] = 0.0f;
     for (int j0 = 0; j0 < Dv; j0 += JB) {
         int jw = Dv - j0 < JB ? Dv - j0 : JB;
         bool more = j0 > 0;
         __syncthreads();
         if (part == 0) {
-            load_rows(Ta, LDJ, A.dO, hv, t0, b, n, j0, jw);
-            copy_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
-            copy_mat(Tb, LDJ, P.Uc + rv + j0, Dv, n, jw);
+            fetch_rows(Ta, LDJ, A.dO, hv, t0, b, n, j0, jw);
+            fetch_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
+            fetch_mat(Tb, LDJ, P.Uc + rv + j0, Dv, n, jw);
         } else if (part == 1) {
-            copy_mat(Ta, LDJ, P.Uc + rv + j0, Dv, n, jw);
-            copy_mat(St, LDJ, dSc + j0, Dv, Dk, jw);
-            copy_mat(St2, LDJ, Sc + j0, Dv, Dk, jw);
+            fetch_mat(Ta, LDJ, P.Uc + rv + j0, Dv, n, jw);
+            fetch_mat(St, LDJ, dSc + j0, Dv, Dk, jw);
+            fetch_mat(St2, LDJ, Sc + j0, Dv, Dk, jw);
         } else {
-            copy_mat(Ta, LDJ, P.dR + rv + j0, Dv, n, jw);
-            copy_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
-            copy_mat(Tb, LDJ, P.Uc + rv + j0, Dv, n, jw);
-            load_rows(Tc, LDJ, A.v, hv, t0, b, n, j0, jw);
+            fetch_mat(Ta, LDJ, P.dR + rv + j0, Dv, n, jw);
+            fetch_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
+            fetch_mat(Tb, LDJ, P.Uc + rv + j0, Dv, n, jw);
+            fetch_rows(Tc, LDJ, A.v, hv, t0, b, n, j0, jw);
         }
+        fetch_commit();
+        fetch_wait(0);
         __syncthreads();
         bmm<false, true>(acc1, ldk, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
         if (part == 0) bmm<false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, 1.0f, 1.0f, more);
         if (part == 2) bmm<false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, -1.0f, 1.0f, more);
         if (part == 1)
-            for (int e = threadIdx.x; e < Dk * jw; e += blockDim.x) {
+            for (int e = threadIdx.x; e < Dk * jw; e += NT) {
                 int i = e / jw, x = e - i * jw;
                 part_sum += (double)St2[i * LDJ + x] * St[i * LDJ + x];
             }
         if (part == 2)
-            for (int t = threadIdx.x; t < n; t += blockDim.x) {
+            for (int t = threadIdx.x; t < n; t += NT) {
                 float s = 0.0f;
                 for (int x = 0; x < jw; x++) s += Ta[t * LDJ + x] * Tc[t * LDJ + x];
                 r3[t] += s;
@@ -440,10 +506,10 @@ __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
     }
     __syncthreads();
     float *out1 = part == 0 ? P.dQa : part == 1 ? P.dKa : P.dKb;
-    copy_mat(out1 + lc * CH * (int64_t)Dk, Dk, acc1, ldk, n, Dk);
-    if (part != 1) copy_mat((part == 0 ? P.dPm : P.dMm) + lc * CH * CH, CH, acc2, LDC, n, n);
+    store_mat(out1 + lc * CH * (int64_t)Dk, Dk, acc1, ldk, n, Dk);
+    if (part != 1) store_mat((part == 0 ? P.dPm : P.dMm) + lc * CH * CH, CH, acc2, LDC, n, n);
     if (part == 2)
-        for (int t = threadIdx.x; t < n; t += blockDim.x) P.r3[lc * CH + t] = r3[t];
+        for (int t = threadIdx.x; t < n; t += NT) P.r3[lc * CH + t] = r3[t];
     if (part == 1) {
         double s = block_sum(part_sum, sh);
         if (threadIdx.x == 0) P.dGamC[lc] = (float)s;
@@ -468,15 +534,17 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
     chunk_decay d = decay_at(smd);
     float *dGam = (float *)((char *)smd + DECAY_BYTES), *dDC = dGam + CH, *dG = dDC + CH, *Q = dG + CH,
           *K = Q + CH * ldk, *X = K + CH * ldk, *Y = X + CH * LDC, *Pd = Y + CH * LDC, *E = Pd + CH * LDC;
-    load_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
-    load_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
-    copy_mat(Pd, LDC, P.dPm + lc * CH * CH, CH, n, n);
-    copy_mat(E, LDC, P.dMm + lc * CH * CH, CH, n, n);
-    decay_load(A, d, b, hv, t0, n);
+    fetch_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
+    fetch_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
+    fetch_mat(Pd, LDC, P.dPm + lc * CH * CH, CH, n, n);
+    fetch_mat(E, LDC, P.dMm + lc * CH * CH, CH, n, n);
+    fetch_commit();
+    fetch_wait(0);
+    decay_load(A, d, b, hv, t0, n); /* its barriers also publish the fetches */
     bmm<false, true>(X, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     bmm<false, true>(Y, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     __syncthreads();
-    for (int e = threadIdx.x; e < n * n; e += blockDim.x) {
+    for (int e = threadIdx.x; e < n * n; e += NT) {
         int t = e / n, s = e - t * n;
         float D = dmask(d, t, s), dpm = Pd[t * LDC + s], dmm = E[t * LDC + s], y = Y[t * LDC + s];
         bool low = s < t;
@@ -506,7 +574,7 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
         }
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+    for (int t = threadIdx.x; t < n; t += NT) {
         float s = d.Gam[t] * dGam[t] - d.DC[t] * dDC[t];
         for (int x = 0; x < n; x++) s += X[t * LDC + x] - X[x * LDC + t];
         if (t == n - 1) {
@@ -516,7 +584,7 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
         dG[t] = s;
     }
     __syncthreads();
-    for (int u = threadIdx.x; u < n; u += blockDim.x) {
+    for (int u = threadIdx.x; u < n; u += NT) {
         float s = 0.0f;
         if (d.seg[u] != u)
             for (int t = u; t < n; t++) s += d.seg[t] == d.seg[u] ? dG[t] : 0.0f;
@@ -570,38 +638,38 @@ static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A,
     P->nc = (A.T + CH - 1) / CH;
     size_t nlc = (size_t)(A.B * A.Hv * P->nc), rk = nlc * CH * (size_t)A.Dk, rv = nlc * CH * (size_t)A.Dv,
            rc = nlc * CH * CH, st = nlc * (size_t)(A.Dk * A.Dv);
-    size_t n = 3 * rk + rv + rc + nlc;
-    if (bwd) n += rk + rc + 2 * st + 2 * rv + 3 * rk + 2 * rc + nlc * CH + nlc;
+    size_t n = 3 * rk + 2 * rv + rc + nlc + st;                             /* W Qg Kc, U0 Uc, Pm, GamC, Sc */
+    if (bwd) n += 2 * rk + rc + st + rv + 3 * rk + 2 * rc + nlc * CH + nlc; /* Kb Ac, Am, dSc, dR, dQa dKa dKb, ... */
     float *p = (float *)cuda_scratch(be, n * sizeof(float), t);
     if (!p) return -1;
-    P->W = p, P->Qg = p + rk, P->Kc = p + 2 * rk, P->U0 = p + 3 * rk, P->Pm = P->U0 + rv, P->GamC = P->Pm + rc;
+    P->W = p, P->Qg = p + rk, P->Kc = p + 2 * rk, P->U0 = p + 3 * rk, P->Uc = P->U0 + rv, P->Pm = P->Uc + rv,
+    P->GamC = P->Pm + rc, P->Sc = P->GamC + nlc;
     if (bwd) {
-        P->Kb = P->GamC + nlc, P->Am = P->Kb + rk, P->Sc = P->Am + rc, P->dSc = P->Sc + st, P->Uc = P->dSc + st,
-        P->dR = P->Uc + rv, P->dQa = P->dR + rv, P->dKa = P->dQa + rk, P->dKb = P->dKa + rk, P->dPm = P->dKb + rk,
-        P->dMm = P->dPm + rc, P->r3 = P->dMm + rc, P->dGamC = P->r3 + nlc * CH;
+        P->Kb = P->Sc + st, P->Ac = P->Kb + rk, P->Am = P->Ac + rk, P->dSc = P->Am + rc, P->dR = P->dSc + st,
+        P->dQa = P->dR + rv, P->dKa = P->dQa + rk, P->dKb = P->dKa + rk, P->dPm = P->dKb + rk, P->dMm = P->dPm + rc,
+        P->r3 = P->dMm + rc, P->dGamC = P->r3 + nlc * CH;
     }
     return 0;
 }
 
-static int smem_limit(const void *fn, size_t bytes, const keel_tensor *t) {
-    return cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
-                      "shared memory for a chunk of the gated delta rule", t);
-}
+/* Launch fn with its shared memory (opting in above 48 KiB); an error names the op's node. */
+#define LAUNCH(fn, grid, shm, what, ...)                                                                               \
+    do {                                                                                                               \
+        if (cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(shm)),              \
+                       "shared memory for a chunk of the gated delta rule", t))                                        \
+            return -1;                                                                                                 \
+        fn<<<grid, NT, shm, cuda_im(be)->stream>>>(__VA_ARGS__);                                                       \
+        if (cuda_check(cudaGetLastError(), what, t)) return -1;                                                        \
+    } while (0)
 
-static int launch_prep(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd) {
-    size_t shm = prep_smem(A.Dk);
-    if (smem_limit((const void *)k_gdn_prep, shm, t)) return -1;
-    k_gdn_prep<<<dim3((unsigned)P.nc, (unsigned)(A.B * A.Hv)), NT, shm, cuda_im(be)->stream>>>(A, P, bwd);
-    return cuda_check(cudaGetLastError(), "gated delta rule chunk preparation launch", t);
-}
-
-static int launch_state(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, kt o,
-                        float *packed, int has_o, int keep) {
-    size_t shm = state_smem(A.Dk);
-    if (smem_limit((const void *)k_gdn_state, shm, t)) return -1;
-    dim3 grid((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
-    k_gdn_state<<<grid, NT, shm, cuda_im(be)->stream>>>(A, P, o, packed, has_o, keep);
-    return cuda_check(cudaGetLastError(), "gated delta rule state pass launch", t);
+/* The forward, and the backward's first half: prep, the state pass (S and U of every chunk). */
+static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd,
+                          float *packed) {
+    dim3 chunks((unsigned)P.nc, (unsigned)(A.B * A.Hv)),
+        lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
+    LAUNCH(k_gdn_prep, chunks, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
+    LAUNCH(k_gdn_state, lanes, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
+    return 0;
 }
 
 static bool grid_fits(const gdn_args &A) { return A.B * A.Hv <= 65535 && (A.Dv + JB - 1) / JB <= 65535; }
@@ -612,37 +680,33 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     if (!grid_fits(A))
         return keel_fail("cuda: '%s': %lld lanes of the gated delta rule, the most is 65535", t->name,
                          (long long)(A.B * A.Hv));
+    if (!keel_is_contiguous(t))
+        return keel_fail("cuda: '%s': the gated delta rule writes a contiguous result", t->name);
     gdn_scr P;
     if (scratch_of(be, t, A, false, &P)) return -1;
     bool st = t->op == KEEL_OP_GATED_DELTA_NET_STATE;
-    if (launch_prep(be, t, A, P, 0)) return -1;
-    return launch_state(be, t, A, P, kt_of(t), st ? (float *)t->data : NULL, 1, 0);
+    if (forward_states(be, t, A, P, 0, st ? (float *)t->data : NULL)) return -1;
+    dim3 outs((unsigned)P.nc, (unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JO - 1) / JO));
+    LAUNCH(k_gdn_out, outs, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
+    return 0;
 }
 
 int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     gdn_args A = args_of(t);
     int64_t L = A.B * A.Hv;
     if (L == 0 || A.T == 0) return 0;
-    cudaStream_t s = cuda_im(be)->stream;
-    if (A.Dv == 0) return cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), s), "memset", t);
+    if (A.Dv == 0) return cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), cuda_im(be)->stream), "memset", t);
     if (!grid_fits(A))
         return keel_fail("cuda: '%s': %lld lanes of the gated delta rule, the most is 65535", t->name, (long long)L);
     gdn_scr P;
     if (scratch_of(be, t, A, true, &P)) return -1;
     float *out = (float *)t->data;
-    if (launch_prep(be, t, A, P, 1)) return -1;
-    if (launch_state(be, t, A, P, kt_of(t), NULL, 0, 1)) return -1;
-    dim3 lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB)), chunks((unsigned)P.nc, (unsigned)L);
-    size_t shm = state_back_smem(A.Dk);
-    if (smem_limit((const void *)k_gdn_state_back, shm, t)) return -1;
-    k_gdn_state_back<<<lanes, NT, shm, s>>>(A, P, out);
-    if (cuda_check(cudaGetLastError(), "gated delta rule reverse state pass launch", t)) return -1;
-    shm = contract_smem(A.Dk);
-    if (smem_limit((const void *)k_gdn_contract, shm, t)) return -1;
-    k_gdn_contract<<<dim3((unsigned)P.nc, (unsigned)L, 3), NT, shm, s>>>(A, P);
-    if (cuda_check(cudaGetLastError(), "gated delta rule contraction launch", t)) return -1;
-    shm = grads_smem(A.Dk);
-    if (smem_limit((const void *)k_gdn_grads, shm, t)) return -1;
-    k_gdn_grads<<<chunks, NT, shm, s>>>(A, P, out);
-    return cuda_check(cudaGetLastError(), "gated delta rule gradient launch", t);
+    if (forward_states(be, t, A, P, 1, NULL)) return -1;
+    dim3 outs((unsigned)P.nc, (unsigned)L, (unsigned)((A.Dv + JO - 1) / JO)), chunks((unsigned)P.nc, (unsigned)L),
+        parts((unsigned)P.nc, (unsigned)L, 3), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
+    LAUNCH(k_gdn_pre_back, outs, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
+    LAUNCH(k_gdn_state_back, lanes, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
+    LAUNCH(k_gdn_contract, parts, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
+    LAUNCH(k_gdn_grads, chunks, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
+    return 0;
 }
