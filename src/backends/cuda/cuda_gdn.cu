@@ -28,13 +28,16 @@
 
 #include "backends/cuda/cuda_internal.h"
 
-#define CH  64 /* steps in a chunk */
-#define JB  32 /* value columns per block of the sequential passes */
-#define JO  64 /* value columns per block of the per-chunk output passes */
-#define LDO (JO + 1)
-#define NT  256 /* threads per block (= KEEL_CUDA_RT: block_sum) */
-#define LDC (CH + 1)
-#define LDJ (JB + 1) /* shared-memory rows are one float longer: column walks hit distinct banks */
+#define CH 64 /* steps in a chunk */
+#define JB 32 /* value columns per block of the sequential passes */
+#define JO 64 /* value columns per block of the per-chunk output passes */
+/* Shared-memory row lengths: a multiple of 4 floats (16-byte loads along a row) and an odd number
+ * of 16-byte units (rows walked in step by a warp fall in distinct banks). */
+#define PAD_LD(x) ((((x) + 7) & ~7) + 4)
+#define LDO       PAD_LD(JO)
+#define NT        256 /* threads per block (= KEEL_CUDA_RT: block_sum) */
+#define LDC       PAD_LD(CH)
+#define LDJ       PAD_LD(JB)
 
 typedef struct {
     kt q, k, v, g, beta, pos, dO, s0;
@@ -64,32 +67,56 @@ __device__ static inline float warp_sum(float x) {
 }
 
 /* C (m x n, row stride ldc) = alpha op(A) op(B) [+ beta C when acc], op(A)(r, p) = TA ? A[p lda + r]
- * : A[r lda + p], likewise B; k the depth. Each element of C is one thread's, summed over p in
- * order, so the bits depend on the shapes only. A thread owns 4 rows and 4 columns n4 = ceil(n/4)
- * apart: a warp's loads of B are consecutive words (or, transposed, odd strides), of A the same
- * word. Rows and columns past the edge read the last one (no branch in the loop) and are not stored.
- * The transpositions are template parameters: each of the four forms compiles to its own loop. */
+ * : A[r lda + p], likewise B; k the depth; A and B in shared memory with lda, ldb multiples of 4
+ * and 16-byte aligned. Each element of C is one thread's, summed over p in order, so the bits
+ * depend on the shapes only. A thread owns 4 consecutive rows and 4 columns: consecutive when B
+ * is not transposed (one 16-byte load a depth step), else n4 = ceil(n/4) apart (a warp's loads of
+ * B then walk rows an odd number of 16-byte units apart). Depth goes 4 at a time with 16-byte loads
+ * of both operands (16 loads for 64 multiply-adds), the last k % 4 one at a time. Rows and columns
+ * past the edge read padding or the last row and are not stored. The transpositions are template
+ * parameters: each of the four forms compiles to its own loop. */
 template <bool TA, bool TB>
 __device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k,
                            float alpha, float beta, bool acc) {
-    int m4 = (m + 3) >> 2, n4 = (n + 3) >> 2, sa = TA ? lda : 1, sb = TB ? 1 : ldb;
-    for (int x = threadIdx.x; x < m4 * n4; x += blockDim.x) {
-        int r0 = (x / n4) * 4, c0 = x % n4;
+    int m4 = (m + 3) >> 2, n4 = (n + 3) >> 2, k4 = k & ~3;
+    for (int x = threadIdx.x; x < m4 * n4; x += NT) {
+        int r0 = (x / n4) * 4, cx = x % n4, cb = TB ? cx : 4 * cx, cs = TB ? n4 : 1;
         const float *pa[4], *pb[4];
         float s[4][4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            int r = min(r0 + i, m - 1), c = min(c0 + i * n4, n - 1);
+            int r = min(r0 + i, m - 1), c = min(cb + i * cs, n - 1);
             pa[i] = TA ? A + r : A + r * lda;
             pb[i] = TB ? B + c * ldb : B + c;
 #pragma unroll
             for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
         }
-#pragma unroll 4
-        for (int p = 0; p < k; p++) {
+        for (int p = 0; p < k4; p += 4) {
+            float a[4][4], b[4][4]; /* a[row][depth], b[depth][column] */
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float4 v = TA ? *(const float4 *)(A + (p + q) * lda + r0) : *(const float4 *)(pa[q] + p);
+                float4 w = TB ? *(const float4 *)(pb[q] + p) : *(const float4 *)(B + (p + q) * ldb + cb);
+                if (TA)
+                    a[0][q] = v.x, a[1][q] = v.y, a[2][q] = v.z, a[3][q] = v.w;
+                else
+                    a[q][0] = v.x, a[q][1] = v.y, a[q][2] = v.z, a[q][3] = v.w;
+                if (TB)
+                    b[0][q] = w.x, b[1][q] = w.y, b[2][q] = w.z, b[3][q] = w.w;
+                else
+                    b[q][0] = w.x, b[q][1] = w.y, b[q][2] = w.z, b[q][3] = w.w;
+            }
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) s[i][j] = fmaf(a[i][q], b[q][j], s[i][j]);
+        }
+        for (int p = k4; p < k; p++) {
             float a[4], b[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) a[i] = pa[i][p * sa], b[i] = pb[i][p * sb];
+            for (int i = 0; i < 4; i++) a[i] = TA ? pa[i][p * lda] : pa[i][p], b[i] = TB ? pb[i][p] : pb[i][p * ldb];
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -99,7 +126,7 @@ __device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                int r = r0 + i, c = c0 + j * n4;
+                int r = r0 + i, c = cb + j * cs;
                 if (r < m && c < n) {
                     float *p = C + r * ldc + c;
                     *p = acc ? beta * *p + alpha * s[i][j] : alpha * s[i][j];
@@ -222,9 +249,10 @@ __device__ static void invert_unit_lower(const float *M, double *Ad, double *T) 
     }
 }
 
-/* shared floats of prep's Q, which later holds A in float64, then Kc */
+/* shared floats of prep's Q, which later holds A in float64, then Kc; doubles of the solve's T */
+#define PREP_T (3 * SB * SB)
 __host__ __device__ static inline int prep_q_floats(int Dk) {
-    return CH * (Dk + 1) > 2 * CH * CH ? CH * (Dk + 1) : 2 * CH * CH;
+    return CH * PAD_LD(Dk) > 2 * CH * CH ? CH * PAD_LD(Dk) : 2 * CH * CH;
 }
 
 /* Per chunk (grid: chunks x lanes): decays, A, W, U0, the scaled rows; the backward's A, Kb, A^T Kc. */
@@ -232,11 +260,11 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
-    int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1;
+    int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk);
     chunk_decay d = decay_at(smd);
-    float *Q = (float *)((char *)smd + DECAY_BYTES), *Vt = Q + prep_q_floats(Dk), *K = Vt + CH * LDJ, *M = K + CH * ldk,
-          *Pm = M + CH * LDC;
-    double *Ad = (double *)Q, *T = (double *)Vt; /* Q's and Vt's space, when each is free */
+    float *Q = (float *)((char *)smd + DECAY_BYTES), *K = Q + prep_q_floats(Dk) + 2 * PREP_T, *M = K + CH * ldk,
+          *Pm = M + CH * LDC, *Vt = M; /* V's tiles take M's space once W and A^T Kc are made */
+    double *Ad = (double *)Q, *T = (double *)(Q + prep_q_floats(Dk)); /* A in float64 takes Q's space */
     fetch_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
     fetch_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
     fetch_commit();
@@ -292,7 +320,7 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
 }
 
 static size_t prep_smem(int64_t Dk) {
-    return DECAY_BYTES + (size_t)(prep_q_floats((int)Dk) + CH * LDJ + CH * (Dk + 1) + 2 * CH * LDC) * sizeof(float);
+    return DECAY_BYTES + (size_t)(prep_q_floats((int)Dk) + 2 * PREP_T + CH * PAD_LD(Dk) + 2 * CH * LDC) * sizeof(float);
 }
 
 /* The state pass (grid: lanes x blocks of JB value columns), chunk after chunk: keeps S, then
@@ -302,7 +330,7 @@ static size_t prep_smem(int64_t Dk) {
 __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, float *packed) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
-    int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
+    int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
     float *S = sm, *Xw = S + Dk * LDJ, *Xk = Xw + CH * ldk, *U = Xk + CH * ldk;
     for (int e = threadIdx.x; e < Dk * jw; e += NT) {
         int i = e / jw, x = e - i * jw;
@@ -345,7 +373,7 @@ __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, float *
     }
 }
 
-static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * (Dk + 1) + CH * LDJ) * sizeof(float); }
+static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_LD(Dk) + CH * LDJ) * sizeof(float); }
 
 /* The output per chunk (grid: chunks x lanes x blocks of JO value columns): O = Qg S + Pm U,
  * written to o (or to packed: the same layout). */
@@ -353,7 +381,8 @@ __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o)
     extern __shared__ float sm[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
             j0 = (int64_t)blockIdx.z * JO;
-    int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
+    int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk),
+        jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
     float *X = sm, *Pm = X + CH * ldk, *St = Pm + CH * LDC, *Ut = St + Dk * LDO;
     fetch_mat(X, ldk, P.Qg + lc * CH * (int64_t)Dk, Dk, n, Dk);
     fetch_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
@@ -368,7 +397,9 @@ __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o)
     bmm<false, false>(out, ld, Pm, LDC, Ut, LDO, n, jw, n, 1.0f, 1.0f, true); /* same owners: no barrier */
 }
 
-static size_t out_smem(int64_t Dk) { return (size_t)(CH * (Dk + 1) + CH * LDC + Dk * LDO + CH * LDO) * sizeof(float); }
+static size_t out_smem(int64_t Dk) {
+    return (size_t)(CH * PAD_LD(Dk) + CH * LDC + Dk * LDO + CH * LDO) * sizeof(float);
+}
 
 /* Per chunk (grid: chunks x lanes x blocks of JO value columns), what the reverse pass needs that
  * does not depend on dS: G0 = Qg^T dO into dSc, dR0 = A^T (Pm^T dO) into dR. */
@@ -376,7 +407,8 @@ __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
     extern __shared__ float sm[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
             j0 = (int64_t)blockIdx.z * JO;
-    int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
+    int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk),
+        jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
     float *X = sm, *Pm = X + CH * ldk, *Am = Pm + CH * LDC, *dOt = Am + CH * LDC, *dU = dOt + CH * LDO;
     fetch_mat(X, ldk, P.Qg + lc * CH * (int64_t)Dk, Dk, n, Dk);
     fetch_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
@@ -392,7 +424,7 @@ __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
 }
 
 static size_t pre_back_smem(int64_t Dk) {
-    return (size_t)(CH * (Dk + 1) + 2 * CH * LDC + 2 * CH * LDO) * sizeof(float);
+    return (size_t)(CH * PAD_LD(Dk) + 2 * CH * LDC + 2 * CH * LDO) * sizeof(float);
 }
 
 /* The reverse state pass (grid: lanes x blocks of JB value columns), last chunk first, with dS the
@@ -402,7 +434,7 @@ static size_t pre_back_smem(int64_t Dk) {
 __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
-    int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1, jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
+    int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
     float *dS = sm, *G0 = dS + Dk * LDJ, *Xa = G0 + Dk * LDJ, *Xb = Xa + CH * ldk, *dRt = Xb + CH * ldk,
           *bt = dRt + CH * LDJ;
     int64_t off_dv = 2 * A.Dk * A.Hv * A.T * A.B, last = P.nc - 1;
@@ -451,7 +483,7 @@ __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, fl
 }
 
 static size_t state_back_smem(int64_t Dk) {
-    return (size_t)(2 * Dk * LDJ + 2 * CH * (Dk + 1) + CH * LDJ + CH) * sizeof(float);
+    return (size_t)(2 * Dk * LDJ + 2 * CH * PAD_LD(Dk) + CH * LDJ + CH) * sizeof(float);
 }
 
 /* The contractions over value columns, per chunk (grid: chunks x lanes x 3 parts), summed over
@@ -460,10 +492,11 @@ static size_t state_back_smem(int64_t Dk) {
 __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, t0 = c * CH, lc = l * P.nc + c;
-    int part = blockIdx.z, n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = Dk + 1;
+    int part = blockIdx.z, n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk);
     double *sh = smd;
     float *r3 = (float *)(sh + NT), *acc1 = r3 + CH, *acc2 = acc1 + CH * ldk, *Ta = acc2 + CH * LDC,
-          *Tb = Ta + CH * LDJ, *Tc = Tb + CH * LDJ, *St = Tc + CH * LDJ, *St2 = St + Dk * LDJ;
+          *Tb = Ta + CH * LDJ, *St = Tb + CH * LDJ, *St2 = St + Dk * LDJ,
+          *Tc = St2; /* St2 (part 1) and Tc (part 2) share */
     const float *Sc = P.Sc + lc * Dk * (int64_t)Dv, *dSc = P.dSc + lc * Dk * (int64_t)Dv;
     int64_t rv = lc * CH * (int64_t)Dv;
     double part_sum = 0.0; /* this thread's share of dGamC, in a fixed order */
@@ -517,7 +550,8 @@ __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
 }
 
 static size_t contract_smem(int64_t Dk) {
-    return NT * sizeof(double) + (size_t)(CH + CH * (Dk + 1) + CH * LDC + 3 * CH * LDJ + 2 * Dk * LDJ) * sizeof(float);
+    return NT * sizeof(double) +
+           (size_t)(CH + CH * PAD_LD(Dk) + CH * LDC + 2 * CH * LDJ + (Dk + (Dk > CH ? Dk : CH)) * LDJ) * sizeof(float);
 }
 
 /* Per chunk (grid: chunks x lanes): dq, dk, dg, dbeta from the contractions.
@@ -530,7 +564,7 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
-    int n = chunk_len(A.T, c), Dk = (int)A.Dk, ldk = Dk + 1, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int n = chunk_len(A.T, c), Dk = (int)A.Dk, ldk = PAD_LD(Dk), lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     chunk_decay d = decay_at(smd);
     float *dGam = (float *)((char *)smd + DECAY_BYTES), *dDC = dGam + CH, *dG = dDC + CH, *Q = dG + CH,
           *K = Q + CH * ldk, *X = K + CH * ldk, *Y = X + CH * LDC, *Pd = Y + CH * LDC, *E = Pd + CH * LDC;
@@ -616,7 +650,7 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
 }
 
 static size_t grads_smem(int64_t Dk) {
-    return DECAY_BYTES + (size_t)(3 * CH + 2 * CH * (Dk + 1) + 4 * CH * LDC) * sizeof(float);
+    return DECAY_BYTES + (size_t)(3 * CH + 2 * CH * PAD_LD(Dk) + 4 * CH * LDC) * sizeof(float);
 }
 
 static gdn_args args_of(const keel_tensor *t) {
