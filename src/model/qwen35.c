@@ -325,12 +325,12 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
                               keel_neg(ctx, keel_exp(ctx, L->A_log)));
     keel_tensor *o;
     if (S_in) { /* decoding: start from S_in, keep the final state */
-        keel_tensor *pk = keel_gated_delta_net_state(ctx, q, k, v, g, beta, pos, S_in, m->gdn_bf16);
+        keel_tensor *pk = keel_gated_delta_net_state(ctx, q, k, v, g, beta, pos, S_in);
         o = keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, Dv * Hv * es, Dv * Hv * T * es, 0);
         *S_out = keel_cont(
             ctx, keel_view_4d(ctx, pk, Dv, Dk, Hv, B, Dv * es, Dv * Dk * es, Dv * Dk * Hv * es, Dv * Hv * T * B * es));
     } else {
-        o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos, m->gdn_bf16); /* [Dv, Hv, T, B] */
+        o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos); /* [Dv, Hv, T, B] */
     }
     keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, hin), Dv, Hv, T, B);
     o = keel_mul(ctx, keel_mul(ctx, keel_rms_norm(ctx, o, c->rms_eps), L->norm), keel_silu(ctx, z));

@@ -42,8 +42,6 @@ typedef struct {
      * bf16 copies of the float32 weights and inputs, made where they are used, so recompute makes them
      * again; float32 sums and results) */
     keel_type operand_type;
-    bool gdn_bf16;          /* the delta rule's inner products with bf16 operands (GATED_DELTA_NET's ip0; the GPU's
-                    * tensor cores): on in mixed precision unless the step asks otherwise */
     struct keel_lora *lora; /* LoRA adapters (model/lora.h), NULL: none */
 } keel_qwen35;
 

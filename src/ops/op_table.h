@@ -82,11 +82,11 @@
     X(CONV1D_BACK_WEIGHT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 x [C,T,B], src1 dy, src2 positions, ip0 K -> dw [K,C]")           \
     X(GATED_DELTA_NET, OWN, 6, 0, 31, 32,                                                                              \
       "q,k [Dk,Hk,T,B], v [Dv,Hv,T,B], g,beta [Hv,T,B], i32 positions [T,B] -> o [Dv,Hv,T,B]; the state is 0 "         \
-      "before a step at position 0; ip0 1: inner products may take bf16 operands (float32 sums)")                                                                                   \
+      "before a step at position 0")                                                                                   \
     X(GATED_DELTA_NET_BACK, OWN, 7, OPF_BACKWARD, 0, 32,                                                               \
-      "q,k,v,g,beta,positions,do -> packed [dq|dk (per value head)|dv|dg|dbeta]; ip0 as the forward's")                                      \
+      "q,k,v,g,beta,positions,do -> packed [dq|dk (per value head)|dv|dg|dbeta]")                                      \
     X(GATED_DELTA_NET_STATE, OWN, 7, 0, 0, 32,                                                                         \
-      "q,k,v,g,beta,positions, ip0 as GATED_DELTA_NET, S0 [Dv,Dk,Hv,B] -> packed [o | final state] (decoding)")             \
+      "q,k,v,g,beta,positions as GATED_DELTA_NET, S0 [Dv,Dk,Hv,B] -> packed [o | final state] (decoding)")             \
     X(CROSS_ENTROPY_LOSS, OWN, 2, 0, 1, 2,                                                                                     \
       "src0 logits [V,N..], src1 i32 targets [N..] (< 0: no loss) -> sum of -log p(target) / D [1]; fp0 D (0: the "   \
       "count of targets >= 0)")                                                                                        \

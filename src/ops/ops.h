@@ -117,14 +117,12 @@ double keel_rope_freq(double theta, int64_t n_rot, int64_t f);
  * never reaches back past the start of its example (positions [T,B] restart at 0 per example). */
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos);
 /* The gated delta rule; the state is reset to 0 before every step whose position is 0 (<= 0): a
- * packed example starts from a fresh state, as it would alone. bf16_products: a backend may run the
- * rule's inner products with bf16 operands and float32 sums (the GPU's tensor cores; the bf16
- * precision mode); otherwise float32 throughout. The backward inherits it. */
+ * packed example starts from a fresh state, as it would alone. */
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
-                                  keel_tensor *beta, keel_tensor *pos, bool bf16_products);
+                                  keel_tensor *beta, keel_tensor *pos);
 /* Decoding: as keel_gated_delta_net from the state s0 [Dv,Dk,Hv,B] -> packed [o | final state]. */
 keel_tensor *keel_gated_delta_net_state(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
-                                        keel_tensor *beta, keel_tensor *pos, keel_tensor *s0, bool bf16_products);
+                                        keel_tensor *beta, keel_tensor *pos, keel_tensor *s0);
 /* The sum over positions whose target is >= 0 of -log softmax(logits)[target], divided by the number
  * of such positions (a negative target: no loss there, no gradient), or by the divisor set with
  * keel_cross_entropy_set_divisor: a trainer sets the token count of the whole global batch, so that

@@ -41,8 +41,6 @@ typedef struct {
     const keel_adapter *adapter;          /* or a saved PEFT adapter's modules (evaluation: no dropout) */
     bool base_bf16;                       /* the base's matrices stored in bf16 (a frozen base: with lora) */
     keel_precision precision;             /* of the products (KEEL_PRECISION_F32: parity) */
-    bool gdn_f32; /* bf16 precision with the delta rule's inner products in float32 (test-model: every rounding
-                   * then a cast in the graph) */
 } keel_step_opts;
 
 typedef struct {

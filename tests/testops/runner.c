@@ -347,9 +347,6 @@ static void make_label(op_case *c) {
     if ((c->op == KEEL_OP_ACC || c->op == KEEL_OP_SET) && c->ip[4])
         k = snprintf(p, left, ",inplace"), p += k, left -= (size_t)k;
     if (c->op == KEEL_OP_CONCAT) k = snprintf(p, left, ",dim=%lld", (long long)c->ip[0]), p += k, left -= (size_t)k;
-    bool gdn = c->op == KEEL_OP_GATED_DELTA_NET || c->op == KEEL_OP_GATED_DELTA_NET_BACK ||
-               c->op == KEEL_OP_GATED_DELTA_NET_STATE;
-    if (gdn && c->ip[0]) k = snprintf(p, left, ",bf16-products"), p += k, left -= (size_t)k;
     snprintf(p, left, ")");
 }
 

@@ -24,7 +24,6 @@
  * has a fixed tree: no atomics, and the work is split by shapes only, so results repeat bitwise
  * and do not depend on the GPU. Decays are exponents of non-positive differences of float64
  * sums (a float sum of large gates would lose a small difference). */
-#include <cuda_bf16.h>
 #include <cuda_pipeline_primitives.h>
 
 #include "backends/cuda/cuda_internal.h"
@@ -134,65 +133,6 @@ __device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const
                 }
             }
     }
-}
-
-/* The same product on the tensor cores (the op's bf16_products): operands rounded to bf16 (nearest
- * even) as they are read, float32 sums. A warp owns 16 x 8 tiles of C and runs one
- * mma.m16n8k16 a step of 16 along the depth, in order; the fragments are read from the float32
- * operands in the layout the instruction wants (PTX ISA, "Matrix fragments for mma.m16n8k16"):
- * lane = 4 g + tg holds A's rows g and g + 8 at depths 2 tg, 2 tg + 1 (+ 8), B's column g at the
- * same depths, and C's rows g, g + 8 at columns 2 tg, 2 tg + 1. Past the depth the operands are 0.
- * Each element of C is summed in one fixed sequence of instructions: the bits repeat. */
-__device__ static inline uint32_t bf16x2(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
-template <bool TA, bool TB>
-__device__ static void bmm_tc(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n,
-                              int k, float alpha, float beta, bool acc) {
-    int lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3, mt = (m + 15) >> 4, nt = (n + 7) >> 3;
-    for (int tile = threadIdx.x >> 5; tile < mt * nt; tile += NT / 32) {
-        int r0 = (tile / nt) * 16, c0 = (tile % nt) * 8, ra = min(r0 + g, m - 1), rb = min(r0 + g + 8, m - 1),
-            cc = min(c0 + g, n - 1);
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int p = 0; p < k; p += 16) {
-            float x[8], y[4];
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int q = p + 8 * h + 2 * tg + e;
-                    bool in = q < k;
-                    x[4 * h + e] = in ? (TA ? A[q * lda + ra] : A[ra * lda + q]) : 0.0f;
-                    x[4 * h + 2 + e] = in ? (TA ? A[q * lda + rb] : A[rb * lda + q]) : 0.0f;
-                    y[2 * h + e] = in ? (TB ? B[cc * ldb + q] : B[q * ldb + cc]) : 0.0f;
-                }
-            uint32_t a0 = bf16x2(x[0], x[1]), a1 = bf16x2(x[2], x[3]), a2 = bf16x2(x[4], x[5]), a3 = bf16x2(x[6], x[7]);
-            uint32_t b0 = bf16x2(y[0], y[1]), b1 = bf16x2(y[2], y[3]);
-            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                         "{%0,%1,%2,%3};"
-                         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-        }
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int r = r0 + g + (e >> 1) * 8, c = c0 + 2 * tg + (e & 1);
-            if (r < m && c < n) {
-                float *pc = C + r * ldc + c;
-                *pc = acc ? beta * *pc + alpha * d[e] : alpha * d[e];
-            }
-        }
-    }
-}
-
-/* The kernels' products: on the tensor cores with TC, else in float32 on the CUDA cores. */
-template <bool TC, bool TA, bool TB>
-__device__ static inline void prod(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m,
-                                   int n, int k, float alpha, float beta, bool acc) {
-    if (TC)
-        bmm_tc<TA, TB>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
-    else
-        bmm<TA, TB>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
 }
 
 /* Global memory into shared memory by asynchronous copies (cp.async): a thread issues all its
@@ -316,7 +256,7 @@ __host__ __device__ static inline int prep_q_floats(int Dk) {
 }
 
 /* Per chunk (grid: chunks x lanes): decays, A, W, U0, the scaled rows; the backward's A, Kb, A^T Kc. */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd) {
+__global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
@@ -330,8 +270,8 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, 
     fetch_commit();
     fetch_wait(0);
     decay_load(A, d, b, hv, t0, n); /* its barriers also publish the fetches */
-    prod<TC, false, true>(M, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
-    prod<TC, false, true>(Pm, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
+    bmm<false, true>(M, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
+    bmm<false, true>(Pm, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     int64_t rk = lc * CH * (int64_t)Dk;
     for (int e = threadIdx.x; e < n * Dk; e += NT) {
         int t = e / Dk;
@@ -366,8 +306,8 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, 
     }
     if (threadIdx.x == 0) P.GamC[lc] = d.Gam[n - 1];
     __syncthreads();
-    prod<TC, false, false>(P.W + rk, Dk, M, LDC, K, ldk, n, Dk, n, 1.0f, 0.0f, false);
-    if (bwd) prod<TC, true, false>(P.Ac + rk, Dk, M, LDC, Q, ldk, n, Dk, n, 1.0f, 0.0f, false);
+    bmm<false, false>(P.W + rk, Dk, M, LDC, K, ldk, n, Dk, n, 1.0f, 0.0f, false);
+    if (bwd) bmm<true, false>(P.Ac + rk, Dk, M, LDC, Q, ldk, n, Dk, n, 1.0f, 0.0f, false);
     for (int j0 = 0; j0 < Dv; j0 += JB) {
         int jw = Dv - j0 < JB ? Dv - j0 : JB;
         __syncthreads(); /* the previous tile is consumed */
@@ -375,7 +315,7 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, 
         fetch_commit();
         fetch_wait(0);
         __syncthreads();
-        prod<TC, false, false>(P.U0 + lc * CH * (int64_t)Dv + j0, Dv, Pm, LDC, Vt, LDJ, n, jw, n, 1.0f, 0.0f, false);
+        bmm<false, false>(P.U0 + lc * CH * (int64_t)Dv + j0, Dv, Pm, LDC, Vt, LDJ, n, jw, n, 1.0f, 0.0f, false);
     }
 }
 
@@ -387,7 +327,7 @@ static size_t prep_smem(int64_t Dk) {
  * U = U0 - W S (kept), S = Gam_C S + Kc^T U. The next chunk's W is fetched during the S update and
  * its Kc during the next U: two batches of copies in flight, W and U0 ahead of Kc. The decoding
  * variant starts from s0 and writes the final state after the outputs in packed. */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, float *packed) {
+__global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, float *packed) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
@@ -409,14 +349,14 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A,
         fetch_wait(1); /* W and U0 of this chunk */
         __syncthreads();
         store_mat(P.Sc + lc * Dk * (int64_t)Dv + j0, Dv, S, LDJ, Dk, jw);
-        prod<TC, false, false>(U, LDJ, Xw, ldk, S, LDJ, n, jw, Dk, -1.0f, 1.0f, true);
+        bmm<false, false>(U, LDJ, Xw, ldk, S, LDJ, n, jw, Dk, -1.0f, 1.0f, true);
         __syncthreads();
         fetch_mat(Xw, ldk, P.W + rk + CH * Dk, Dk, n1, Dk);
         fetch_commit();
         fetch_wait(1); /* Kc of this chunk */
         __syncthreads();
         store_mat(P.Uc + rv, Dv, U, LDJ, n, jw);
-        prod<TC, true, false>(S, LDJ, Xk, ldk, U, LDJ, Dk, jw, n, 1.0f, P.GamC[lc], true);
+        bmm<true, false>(S, LDJ, Xk, ldk, U, LDJ, Dk, jw, n, 1.0f, P.GamC[lc], true);
         __syncthreads();
         fetch_mat(U, LDJ, P.U0 + rv + CH * Dv, Dv, n1, jw);
         fetch_commit();
@@ -437,7 +377,7 @@ static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_L
 
 /* The output per chunk (grid: chunks x lanes x blocks of JO value columns): O = Qg S + Pm U,
  * written to o (or to packed: the same layout). */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o) {
+__global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o) {
     extern __shared__ float sm[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
             j0 = (int64_t)blockIdx.z * JO;
@@ -453,8 +393,8 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, g
     __syncthreads();
     float *out = o + ((b * A.T + c * CH) * A.Hv + hv) * A.Dv + j0;
     int64_t ld = A.Hv * A.Dv;
-    prod<TC, false, false>(out, ld, X, ldk, St, LDO, n, jw, Dk, 1.0f, 0.0f, false);
-    prod<TC, false, false>(out, ld, Pm, LDC, Ut, LDO, n, jw, n, 1.0f, 1.0f, true); /* same owners: no barrier */
+    bmm<false, false>(out, ld, X, ldk, St, LDO, n, jw, Dk, 1.0f, 0.0f, false);
+    bmm<false, false>(out, ld, Pm, LDC, Ut, LDO, n, jw, n, 1.0f, 1.0f, true); /* same owners: no barrier */
 }
 
 static size_t out_smem(int64_t Dk) {
@@ -463,7 +403,7 @@ static size_t out_smem(int64_t Dk) {
 
 /* Per chunk (grid: chunks x lanes x blocks of JO value columns), what the reverse pass needs that
  * does not depend on dS: G0 = Qg^T dO into dSc, dR0 = A^T (Pm^T dO) into dR. */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
+__global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
     extern __shared__ float sm[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
             j0 = (int64_t)blockIdx.z * JO;
@@ -477,10 +417,10 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args
     fetch_commit();
     fetch_wait(0);
     __syncthreads();
-    prod<TC, true, false>(dU, LDO, Pm, LDC, dOt, LDO, n, jw, n, 1.0f, 0.0f, false);
-    prod<TC, true, false>(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n, 1.0f, 0.0f, false);
+    bmm<true, false>(dU, LDO, Pm, LDC, dOt, LDO, n, jw, n, 1.0f, 0.0f, false);
+    bmm<true, false>(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n, 1.0f, 0.0f, false);
     __syncthreads();
-    prod<TC, true, false>(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n, 1.0f, 0.0f, false);
+    bmm<true, false>(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n, 1.0f, 0.0f, false);
 }
 
 static size_t pre_back_smem(int64_t Dk) {
@@ -491,7 +431,7 @@ static size_t pre_back_smem(int64_t Dk) {
  * gradient of the state leaving the chunk: keeps dS (over G0, read first), dR = dR0 + Ac dS
  * (kept; dv = beta dR), dS <- Gam_C dS + G0 - Kb^T dR. The previous chunk's Ac is fetched during
  * the dS update, its dR0, G0 and Kb during the next dR. */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
+__global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
@@ -515,7 +455,7 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_ar
         fetch_wait(1); /* Ac, dR0, G0 of this chunk */
         __syncthreads();
         store_mat(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, dS, LDJ, Dk, jw);
-        prod<TC, false, false>(dRt, LDJ, Xa, ldk, dS, LDJ, n, jw, Dk, 1.0f, 1.0f, true);
+        bmm<false, false>(dRt, LDJ, Xa, ldk, dS, LDJ, n, jw, Dk, 1.0f, 1.0f, true);
         __syncthreads();
         fetch_mat(Xa, ldk, P.Ac + rk - CH * Dk, Dk, n1, Dk);
         fetch_commit();
@@ -531,7 +471,7 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_ar
         }
         fetch_wait(1); /* Kb of this chunk */
         __syncthreads();
-        prod<TC, true, false>(dS, LDJ, Xb, ldk, dRt, LDJ, Dk, jw, n, -1.0f, 1.0f, true);
+        bmm<true, false>(dS, LDJ, Xb, ldk, dRt, LDJ, Dk, jw, n, -1.0f, 1.0f, true);
         __syncthreads();
         fetch_mat(dRt, LDJ, P.dR + rv - CH * Dv, Dv, n1, jw);
         fetch_mat(G0, LDJ, P.dSc + (lc - 1) * Dk * (int64_t)Dv + j0, Dv, c > 0 ? Dk : 0, jw);
@@ -549,7 +489,7 @@ static size_t state_back_smem(int64_t Dk) {
 /* The contractions over value columns, per chunk (grid: chunks x lanes x 3 parts), summed over
  * blocks of JB columns in order: part 0 dQa = dO S^T and dPm = dO U^T; part 1 dKa = U dS^T and
  * dGamC = sum S o dS; part 2 dKb = dR S^T, dMm = -dR U^T and r3 = rows of dR o V. */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
+__global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, t0 = c * CH, lc = l * P.nc + c;
     int part = blockIdx.z, n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk);
@@ -582,9 +522,9 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args
         fetch_commit();
         fetch_wait(0);
         __syncthreads();
-        prod<TC, false, true>(acc1, ldk, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
-        if (part == 0) prod<TC, false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, 1.0f, 1.0f, more);
-        if (part == 2) prod<TC, false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, -1.0f, 1.0f, more);
+        bmm<false, true>(acc1, ldk, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
+        if (part == 0) bmm<false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, 1.0f, 1.0f, more);
+        if (part == 2) bmm<false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, -1.0f, 1.0f, more);
         if (part == 1)
             for (int e = threadIdx.x; e < Dk * jw; e += NT) {
                 int i = e / jw, x = e - i * jw;
@@ -620,7 +560,7 @@ static size_t contract_smem(int64_t Dk) {
  *   dbeta_t = r3_t - Gam_t k_t.dKb_t + sum_s<t dMm_ts D_ts k_t.k_s
  * and dG_t, the gradient of the summed gate G_t, from everything a decay multiplies; dg is the
  * sum of dG over the later steps of the same example in the chunk (0 where an example starts). */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *out) {
+__global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
@@ -635,8 +575,8 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A,
     fetch_commit();
     fetch_wait(0);
     decay_load(A, d, b, hv, t0, n); /* its barriers also publish the fetches */
-    prod<TC, false, true>(X, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
-    prod<TC, false, true>(Y, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
+    bmm<false, true>(X, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
+    bmm<false, true>(Y, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     __syncthreads();
     for (int e = threadIdx.x; e < n * n; e += NT) {
         int t = e / n, s = e - t * n;
@@ -703,10 +643,10 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A,
         }
     }
     __syncthreads(); /* the rows above are read back by other threads below */
-    prod<TC, false, false>(oq, ld, Pd, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
-    prod<TC, false, false>(ok, ld, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
-    prod<TC, true, false>(ok, ld, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
-    prod<TC, true, false>(ok, ld, Pd, LDC, Q, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm<false, false>(oq, ld, Pd, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm<false, false>(ok, ld, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm<true, false>(ok, ld, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm<true, false>(ok, ld, Pd, LDC, Q, ldk, n, Dk, n, 1.0f, 1.0f, true);
 }
 
 static size_t grads_smem(int64_t Dk) {
@@ -757,19 +697,18 @@ static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A,
     } while (0)
 
 /* The forward, and the backward's first half: prep, the state pass (S and U of every chunk). */
-template <bool TC>
 static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd,
                           float *packed) {
     dim3 chunks((unsigned)P.nc, (unsigned)(A.B * A.Hv)),
         lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
-    LAUNCH(k_gdn_prep<TC>, chunks, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
-    LAUNCH(k_gdn_state<TC>, lanes, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
+    LAUNCH(k_gdn_prep, chunks, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
+    LAUNCH(k_gdn_state, lanes, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
     return 0;
 }
 
 static bool grid_fits(const gdn_args &A) { return A.B * A.Hv <= 65535 && (A.Dv + JB - 1) / JB <= 65535; }
 
-template <bool TC> static int gdn_forward(keel_backend *be, const keel_tensor *t) {
+int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     gdn_args A = args_of(t);
     if (A.B * A.Hv == 0 || A.Dv == 0 || A.T == 0) return 0;
     if (!grid_fits(A))
@@ -780,13 +719,13 @@ template <bool TC> static int gdn_forward(keel_backend *be, const keel_tensor *t
     gdn_scr P;
     if (scratch_of(be, t, A, false, &P)) return -1;
     bool st = t->op == KEEL_OP_GATED_DELTA_NET_STATE;
-    if (forward_states<TC>(be, t, A, P, 0, st ? (float *)t->data : NULL)) return -1;
+    if (forward_states(be, t, A, P, 0, st ? (float *)t->data : NULL)) return -1;
     dim3 outs((unsigned)P.nc, (unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JO - 1) / JO));
-    LAUNCH(k_gdn_out<TC>, outs, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
+    LAUNCH(k_gdn_out, outs, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
     return 0;
 }
 
-template <bool TC> static int gdn_backward(keel_backend *be, const keel_tensor *t) {
+int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     gdn_args A = args_of(t);
     int64_t L = A.B * A.Hv;
     if (L == 0 || A.T == 0) return 0;
@@ -796,20 +735,12 @@ template <bool TC> static int gdn_backward(keel_backend *be, const keel_tensor *
     gdn_scr P;
     if (scratch_of(be, t, A, true, &P)) return -1;
     float *out = (float *)t->data;
-    if (forward_states<TC>(be, t, A, P, 1, NULL)) return -1;
+    if (forward_states(be, t, A, P, 1, NULL)) return -1;
     dim3 outs((unsigned)P.nc, (unsigned)L, (unsigned)((A.Dv + JO - 1) / JO)), chunks((unsigned)P.nc, (unsigned)L),
         parts((unsigned)P.nc, (unsigned)L, 3), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
-    LAUNCH(k_gdn_pre_back<TC>, outs, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
-    LAUNCH(k_gdn_state_back<TC>, lanes, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
-    LAUNCH(k_gdn_contract<TC>, parts, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
-    LAUNCH(k_gdn_grads<TC>, chunks, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
+    LAUNCH(k_gdn_pre_back, outs, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
+    LAUNCH(k_gdn_state_back, lanes, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
+    LAUNCH(k_gdn_contract, parts, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
+    LAUNCH(k_gdn_grads, chunks, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
     return 0;
-}
-
-/* ip0 1: the products on the tensor cores (bf16 operands, float32 sums) */
-int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
-    return t->ip[0] ? gdn_forward<true>(be, t) : gdn_forward<false>(be, t);
-}
-int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
-    return t->ip[0] ? gdn_backward<true>(be, t) : gdn_backward<false>(be, t);
 }
