@@ -8,6 +8,7 @@
 #include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -280,10 +281,13 @@ static node *primary(parser *ps) {
         node *e = mk(ps, E_LIT);
         value *v = lit_value(ps, flt ? V_FLOAT : V_INT);
         if (!e || !v) return NULL;
-        if (flt)
+        if (flt) {
             v->f = strtod(ps->p, &endp);
-        else
+        } else {
+            errno = 0;
             v->i = strtoll(ps->p, &endp, 10);
+            if (errno == ERANGE) return perr(ps, "integer literal outside 64 bits"), NULL;
+        }
         ps->p = endp, e->lit = v;
         return e;
     }
@@ -1414,7 +1418,12 @@ static value *filter(renderer *r, const node *e, value *x, value **a, const char
                    : x->k == V_BOOL  ? x->b
                                      : 0;
         if (f[0] == 'a') d = fabs(d);
-        if (f[0] == 'i' || (f[0] == 'a' && x->k == V_INT)) return vint(r, (int64_t)d);
+        bool to_int = f[0] == 'i' || (f[0] == 'a' && x->k == V_INT);
+        if (to_int && x->k == V_INT && f[0] == 'a' && x->i == INT64_MIN)
+            return rerr(r, e, "integer overflow: abs(%lld) is outside 64 bits", (long long)x->i), NULL;
+        if (to_int && x->k == V_INT) return vint(r, f[0] == 'a' && x->i < 0 ? -x->i : x->i); /* exact, not via double */
+        if (to_int && !(d > -9.2e18 && d < 9.2e18)) return rerr(r, e, "%s of %g: outside 64-bit integers", f, d), NULL;
+        if (to_int) return vint(r, (int64_t)d);
         value *v = val(r, V_FLOAT);
         if (v) v->f = d;
         return v;
@@ -1468,11 +1477,12 @@ static value *slice(renderer *r, const node *e, value *o, value *const *p) {
     char *buf = o->k == V_STR ? amalloc(r->ar, o->n + 1) : NULL;
     size_t bn = 0;
     if (!l || (o->k == V_STR && !buf)) return NULL;
-    for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) {
+    for (int64_t i = lo; step > 0 ? i < hi : i > hi;) {
         if (o->k == V_STR)
             buf[bn++] = o->s[i];
         else if (list_push(r, l, o->items[i]))
             return NULL;
+        if (__builtin_add_overflow(i, step, &i)) break; /* past either end of 64 bits: past the slice */
     }
     return o->k == V_STR ? vstr(r, buf, bn) : l;
 }
@@ -1533,15 +1543,26 @@ static value *binop(renderer *r, const node *e, value *a, value *b) {
     if ((!strcmp(op, "//") || !strcmp(op, "%")) && (ints ? b->i == 0 : y == 0))
         return rerr(r, e, "division by zero"), NULL;
     if (ints && strcmp(op, "/")) {
-        int64_t v = !strcmp(op, "+")   ? a->i + b->i
-                    : !strcmp(op, "-") ? a->i - b->i
-                    : !strcmp(op, "*") ? a->i * b->i
-                                       : 0;
-        if (!strcmp(op, "//") || !strcmp(op, "%")) { /* Python: floor division */
+        /* Python's integers have no limit; keel's are 64 bits: a result outside them is an error */
+        int64_t v = 0;
+        bool over = false;
+        if (!strcmp(op, "+"))
+            over = __builtin_add_overflow(a->i, b->i, &v);
+        else if (!strcmp(op, "-"))
+            over = __builtin_sub_overflow(a->i, b->i, &v);
+        else if (!strcmp(op, "*"))
+            over = __builtin_mul_overflow(a->i, b->i, &v);
+        else if (b->i == -1) /* x // -1 = -x (outside 64 bits for the smallest x); x % -1 = 0 */
+            over = op[0] == '/' && a->i == INT64_MIN, v = op[0] == '/' && !over ? -a->i : 0;
+        else { /* Python: floor division */
             int64_t q = a->i / b->i;
             if ((a->i % b->i != 0) && ((a->i < 0) != (b->i < 0))) q--;
             v = op[0] == '/' ? q : a->i - q * b->i;
         }
+        if (over)
+            return rerr(r, e, "integer overflow: %lld %s %lld is outside 64 bits", (long long)a->i, op,
+                        (long long)b->i),
+                   NULL;
         return vint(r, v);
     }
     value *v = val(r, V_FLOAT);
@@ -1597,10 +1618,14 @@ static value *call(renderer *r, const node *e, frame *f) {
             lo = a[0]->i, hi = a[1]->i, st = e->n_args > 2 ? a[2]->i : 1;
         else
             return rerr(r, e, "range() needs an argument"), NULL;
-        if (st == 0 || (hi - lo) / st > 1000000) return rerr(r, e, "range() too long or of step 0"), NULL;
+        int64_t span;
+        if (st == 0 || __builtin_sub_overflow(hi, lo, &span) || span / st > 1000000)
+            return rerr(r, e, "range() too long or of step 0"), NULL;
         value *l = val(r, V_LIST);
-        for (int64_t i = lo; l && (st > 0 ? i < hi : i > hi); i += st)
+        for (int64_t i = lo; l && (st > 0 ? i < hi : i > hi);) {
             if (list_push(r, l, vint(r, i))) return NULL;
+            if (__builtin_add_overflow(i, st, &i)) break;
+        }
         return l;
     }
     return rerr(r, e, "the function %s() is not supported", c->s), NULL;
@@ -1660,6 +1685,8 @@ static value *eval(renderer *r, const node *e, frame *f) {
     case E_NEG: {
         value *a = eval(r, e->a, f);
         if (!a) return NULL;
+        if (a->k == V_INT && a->i == INT64_MIN)
+            return rerr(r, e, "integer overflow: -(%lld) is outside 64 bits", (long long)a->i), NULL;
         if (a->k == V_INT) return vint(r, -a->i);
         if (a->k != V_FLOAT) return rerr(r, e, "'-' of a %s", kind_name(a->k)), NULL;
         value *v = val(r, V_FLOAT);
