@@ -90,6 +90,18 @@ __device__ static inline float block_max(float v, double *sh) {
 #define GRID_STRIDE(e, n)                                                                                              \
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < (n); e += (int64_t)gridDim.x * blockDim.x)
 
+/* Elementwise work on whole contiguous tensors whose data start on 16-byte boundaries goes 4
+ * elements a thread through 16-byte loads and stores (launched with vec_blocks threads): one
+ * scalar access a thread reached about 40% of the H200's memory bandwidth. VEC_LOOP walks the
+ * groups of 4; VEC_TAIL gives the last n % 4 elements to the first threads. */
+#define VEC_LOOP(q, n) GRID_STRIDE(q, (n) / 4)
+__device__ static inline int64_t vec_tail_start(int64_t n) {
+    return n / 4 * 4 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+__device__ static inline int64_t grid_threads() { return (int64_t)gridDim.x * blockDim.x; }
+#define VEC_TAIL(e, n) for (int64_t e = vec_tail_start(n); e < (n); e += grid_threads())
+static inline bool vec_ok(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 typedef struct {
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -115,6 +127,9 @@ static inline unsigned cuda_blocks(int64_t n, int threads) {
     if (b > 65535LL * 8) b = 65535LL * 8; /* grid-stride loops do the rest */
     return (unsigned)b;
 }
+
+/* Blocks of 256 threads for VEC_LOOP over n elements. */
+static inline unsigned vec_blocks(int64_t n) { return cuda_blocks(n / 4 > 0 ? n / 4 : 1, 256); }
 
 /* A failed CUDA call or launch: an error naming what and where; -1. */
 int cuda_check(cudaError_t e, const char *what, const keel_tensor *t);

@@ -33,11 +33,26 @@ __device__ static float team_max(float v, double *sh, bool warp) {
 
 /* ---------------------------------------------------------------- elementwise */
 
-__global__ void k_unary(kt t, kt a, int op, float s, float b) {
+/* Contiguous float32 operands on 16-byte boundaries go 4 elements a thread (VEC_LOOP, VEC_TAIL in
+ * cuda_internal.h); the per-element formulas are the scalar paths', so the bits are the same. */
+
+__global__ void k_unary(kt t, kt a, int op, float s, float b, int vec) {
+    int64_t n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+    if (vec) {
+        const float *x = (const float *)a.p;
+        float *y = (float *)t.p;
+        VEC_LOOP(q, n) {
+            float4 v = ((const float4 *)x)[q];
+            ((float4 *)y)[q] = make_float4(keel_unary_f32(op, v.x, s, b), keel_unary_f32(op, v.y, s, b),
+                                           keel_unary_f32(op, v.z, s, b), keel_unary_f32(op, v.w, s, b));
+        }
+        VEC_TAIL(e, n) y[e] = keel_unary_f32(op, x[e], s, b);
+        return;
+    }
     if (t.contig && a.contig) {
         const float *x = (const float *)a.p;
         float *y = (float *)t.p;
-        GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) y[e] = keel_unary_f32(op, x[e], s, b);
+        GRID_STRIDE(e, n) y[e] = keel_unary_f32(op, x[e], s, b);
         return;
     }
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
@@ -49,9 +64,20 @@ __global__ void k_unary(kt t, kt a, int op, float s, float b) {
 
 /* ymode 1: t, x, y contiguous and of one shape; 2: t, x contiguous and y one contiguous row
  * broadcast over the others; 0: anything else. */
-__global__ void k_binary(kt t, kt x, kt y, int op, int ymode) {
-    int64_t n0 = t.ne[0];
-    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
+__global__ void k_binary(kt t, kt x, kt y, int op, int ymode, int vec) {
+    int64_t n0 = t.ne[0], n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+    if (vec) { /* ymode 1, or 2 with rows of a multiple of 4 */
+        const float *xp = (const float *)x.p, *yp = (const float *)y.p;
+        float *tp = (float *)t.p;
+        VEC_LOOP(q, n) {
+            float4 u = ((const float4 *)xp)[q], v = ((const float4 *)yp)[ymode == 1 ? q : q % (n0 / 4)];
+            ((float4 *)tp)[q] = make_float4(keel_binary_f32(op, u.x, v.x), keel_binary_f32(op, u.y, v.y),
+                                            keel_binary_f32(op, u.z, v.z), keel_binary_f32(op, u.w, v.w));
+        }
+        VEC_TAIL(e, n) tp[e] = keel_binary_f32(op, xp[e], yp[ymode == 1 ? e : e % n0]);
+        return;
+    }
+    GRID_STRIDE(e, n) {
         float u, v;
         char *dst;
         if (ymode) {
@@ -194,21 +220,34 @@ __global__ void k_finish_parts_blocks(kt t, const double *part, int64_t n_out, i
     }
 }
 
-__global__ void k_silu_back(kt t, kt x, kt dy) {
+__device__ static inline float silu_back1(float xv, float d) {
+    float sg = 1.0f / (1.0f + expf(-xv));
+    return d * sg * (1.0f + xv * (1.0f - sg));
+}
+__global__ void k_silu_back(kt t, kt x, kt dy, int vec) {
+    if (vec) {
+        const float *xp = (const float *)x.p, *dp = (const float *)dy.p;
+        float *y = (float *)t.p;
+        int64_t n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
+        VEC_LOOP(q, n) {
+            float4 u = ((const float4 *)xp)[q], v = ((const float4 *)dp)[q];
+            ((float4 *)y)[q] =
+                make_float4(silu_back1(u.x, v.x), silu_back1(u.y, v.y), silu_back1(u.z, v.z), silu_back1(u.w, v.w));
+        }
+        VEC_TAIL(e, n) y[e] = silu_back1(xp[e], dp[e]);
+        return;
+    }
     if (t.contig && x.contig && dy.contig) {
         const float *xp = (const float *)x.p, *dp = (const float *)dy.p;
         float *y = (float *)t.p;
-        GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
-            float xv = xp[e], sg = 1.0f / (1.0f + expf(-xv));
-            y[e] = dp[e] * sg * (1.0f + xv * (1.0f - sg));
-        }
+        GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) y[e] = silu_back1(xp[e], dp[e]);
         return;
     }
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
         int64_t i[4];
         kt_unflat(t, e, i);
-        float xv = ldf(kt_at(x, i[0], i[1], i[2], i[3])), sg = 1.0f / (1.0f + expf(-xv));
-        stf(kt_at(t, i[0], i[1], i[2], i[3]), ldf(kt_at(dy, i[0], i[1], i[2], i[3])) * sg * (1.0f + xv * (1.0f - sg)));
+        stf(kt_at(t, i[0], i[1], i[2], i[3]),
+            silu_back1(ldf(kt_at(x, i[0], i[1], i[2], i[3])), ldf(kt_at(dy, i[0], i[1], i[2], i[3]))));
     }
 }
 
@@ -517,9 +556,15 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     int64_t n = keel_nelements(t);
     switch (keel_op_get(t->op)->family) { /* families first */
-    case FAM_UNARY:
-        EW(k_unary, n, kt_of(t), kt_of(a), t->op, (float)t->fp[0], (float)t->fp[1]);
+    case FAM_UNARY: {
+        kt kx = kt_of(t), ka = kt_of(a);
+        int vec = kx.contig && ka.contig && vec_ok(t->data) && vec_ok(a->data);
+        if (vec && n > 0)
+            k_unary<<<vec_blocks(n), 256, 0, st(be)>>>(kx, ka, t->op, (float)t->fp[0], (float)t->fp[1], 1);
+        else
+            EW(k_unary, n, kx, ka, t->op, (float)t->fp[0], (float)t->fp[1], 0);
         return 0;
+    }
     case FAM_BINARY: {
         kt kx = kt_of(t), ka = kt_of(a), kb = kt_of(b);
         int ymode = 0;
@@ -527,7 +572,11 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
             ymode = 1;
         else if (kx.contig && ka.contig && kb.contig && b->ne[0] == t->ne[0] && keel_nrows(b) == 1)
             ymode = 2;
-        EW(k_binary, n, kx, ka, kb, t->op, ymode);
+        int vec = ymode && vec_ok(t->data) && vec_ok(a->data) && vec_ok(b->data) && (ymode == 1 || t->ne[0] % 4 == 0);
+        if (vec && n > 0)
+            k_binary<<<vec_blocks(n), 256, 0, st(be)>>>(kx, ka, kb, t->op, ymode, 1);
+        else
+            EW(k_binary, n, kx, ka, kb, t->op, ymode, 0);
         return 0;
     }
     case FAM_COPY:
@@ -554,9 +603,15 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
            keel_dropout_key((uint64_t)t->ip[0], (uint64_t)t->ip[1], (uint64_t)t->ip[2]), (uint64_t)t->ip[3],
            (float)(1.0 / (1.0 - t->fp[0])));
         return 0;
-    case KEEL_OP_SILU_BACK:
-        EW(k_silu_back, n, kt_of(t), kt_of(a), kt_of(b));
+    case KEEL_OP_SILU_BACK: {
+        kt kx = kt_of(t), ka = kt_of(a), kb = kt_of(b);
+        bool vec = kx.contig && ka.contig && kb.contig && vec_ok(t->data) && vec_ok(a->data) && vec_ok(b->data);
+        if (vec && n > 0)
+            k_silu_back<<<vec_blocks(n), 256, 0, st(be)>>>(kx, ka, kb, 1);
+        else
+            EW(k_silu_back, n, kx, ka, kb, 0);
         return 0;
+    }
     case KEEL_OP_SUM:
     case KEEL_OP_CROSS_ENTROPY_LOSS:
         return reduce_all(be, t);
