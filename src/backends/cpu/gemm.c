@@ -160,6 +160,9 @@ typedef struct {
     int64_t pc, kc, jc, ncb; /* the k block; the column block [jc, jc + ncb) B is packed for */
     float *Bp;               /* packed panel: for each NR column group of the block, kc x NR */
     float **Ap;              /* per thread: MC x kc, MR-row groups of kc x MR */
+    const float *Apre;       /* or every (k block, row block) of A packed once, a_blk floats each (NULL: no) */
+    int64_t a_blk, b_blk;    /* fused: B packed for every k block, b_blk floats apart */
+    bool fused;
     int64_t n_mblk, n_nblk;
     const gemm_kernel *kern;
     int mr, nr;
@@ -307,47 +310,72 @@ static void pack_a(const gemm_ctx *c, float *dst, int64_t m0, int64_t mb) {
     }
 }
 
+/* Pack every (k block, row block) of A once, task x = k block * n_mblk + row block. */
+static void prepack_a(void *arg, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const gemm_ctx *c = arg;
+    for (int64_t x = begin; x < end; x++) {
+        gemm_ctx b = *c;
+        int64_t ib = x % c->n_mblk, m0 = ib * MC;
+        b.pc = x / c->n_mblk * KC, b.kc = c->g->K - b.pc < KC ? c->g->K - b.pc : KC;
+        pack_a(&b, (float *)c->Apre + x * c->a_blk, m0, c->g->M - m0 < MC ? c->g->M - m0 : MC);
+    }
+}
+
+/* One mr x nr tile of C over one k block: C = sum (first) or C += sum. */
+static void tile_to_c(const gemm_ctx *c, int64_t kc, const float *Ap, const float *Bp, int64_t col0, int64_t row0,
+                      int64_t ni, int64_t nj, bool first, float *acc) {
+    const keel_gemm_args *g = c->g;
+    const int MR = c->mr, NR = c->nr;
+    if (c->kern->tile_c && ni == MR && nj == NR && g->c_m == 4 && g->c_n % 4 == 0) { /* a whole tile, straight to C */
+        c->kern->tile_c(kc, Ap, Bp, (float *)((char *)g->C + col0 * g->c_n + row0 * 4), g->c_n / 4, first);
+        return;
+    }
+    c->kern->tile(kc, Ap, Bp, acc);
+    for (int64_t j = 0; j < nj; j++) {
+        char *col = (char *)g->C + (col0 + j) * g->c_n + row0 * g->c_m;
+        const float *a = acc + j * MR;
+        if (g->c_m == 4) {
+            float *cc = (float *)col;
+            if (first)
+                memcpy(cc, a, (size_t)ni * 4);
+            else
+                for (int64_t i = 0; i < ni; i++) cc[i] += a[i];
+        } else {
+            for (int64_t i = 0; i < ni; i++) {
+                float *cc = (float *)(col + i * g->c_m);
+                *cc = first ? a[i] : *cc + a[i];
+            }
+        }
+    }
+}
+
+/* The tasks of a column block: row block x column part. Each tile of C runs the k blocks
+ * [kb0, kb1) in order, one after the other while the tile is hot (the fused path, A and B packed for
+ * every k block), or the one k block c->pc (A packed here or before, B for that block). Either way
+ * each element is C = sum of the first k block, then C += the next one's: the same bits. */
 static void compute_blocks(void *arg, int64_t begin, int64_t end, int thread) {
     gemm_ctx *c = arg;
     const keel_gemm_args *g = c->g;
-    float *Ap = c->Ap[thread];
     const int MR = c->mr, NR = c->nr;
     _Alignas(64) float acc[NR_MAX * MR_MAX];
-    bool first = c->pc == 0 && !g->accumulate;
+    int64_t kb0 = c->fused ? 0 : c->pc / KC, kb1 = c->fused ? (g->K + KC - 1) / KC : kb0 + 1;
     for (int64_t task = begin; task < end; task++) {
         int64_t ib = task / c->n_nblk, jb = task % c->n_nblk;
         int64_t m0 = ib * MC, mb = g->M - m0 < MC ? g->M - m0 : MC;
         int64_t ncol = c->n_nblk == 1 ? c->ncb : NC;
         int64_t n0 = jb * ncol, nbk = c->ncb - n0 < ncol ? c->ncb - n0 : ncol; /* within the column block */
-        pack_a(c, Ap, m0, mb);
+        if (!c->Apre) pack_a(c, c->Ap[thread], m0, mb);
         for (int64_t jr = 0; jr < nbk; jr += NR) {
-            const float *Bp = c->Bp + ((n0 + jr) / NR) * c->kc * NR;
             int64_t nj = nbk - jr < NR ? nbk - jr : NR;
             for (int64_t ir = 0; ir < mb; ir += MR) {
                 int64_t ni = mb - ir < MR ? mb - ir : MR;
-                if (c->kern->tile_c && ni == MR && nj == NR && g->c_m == 4 &&
-                    g->c_n % 4 == 0) { /* a whole tile, straight to C */
-                    c->kern->tile_c(c->kc, Ap + (ir / MR) * c->kc * MR, Bp,
-                                    (float *)((char *)g->C + (c->jc + n0 + jr) * g->c_n + (m0 + ir) * 4), g->c_n / 4,
-                                    first);
-                    continue;
-                }
-                c->kern->tile(c->kc, Ap + (ir / MR) * c->kc * MR, Bp, acc);
-                for (int64_t j = 0; j < nj; j++) {
-                    char *col = (char *)g->C + (c->jc + n0 + jr + j) * g->c_n + (m0 + ir) * g->c_m;
-                    const float *a = acc + j * MR;
-                    if (g->c_m == 4) {
-                        float *cc = (float *)col;
-                        if (first)
-                            memcpy(cc, a, (size_t)ni * 4);
-                        else
-                            for (int64_t i = 0; i < ni; i++) cc[i] += a[i];
-                    } else {
-                        for (int64_t i = 0; i < ni; i++) {
-                            float *cc = (float *)(col + i * g->c_m);
-                            *cc = first ? a[i] : *cc + a[i];
-                        }
-                    }
+                for (int64_t kb = kb0; kb < kb1; kb++) {
+                    int64_t kc = g->K - kb * KC < KC ? g->K - kb * KC : KC;
+                    const float *Ap = c->Apre ? c->Apre + (kb * c->n_mblk + ib) * c->a_blk : c->Ap[thread];
+                    const float *Bp = c->Bp + (c->fused ? kb * c->b_blk : 0) + ((n0 + jr) / NR) * kc * NR;
+                    tile_to_c(c, kc, Ap + (ir / MR) * kc * MR, Bp, c->jc + n0 + jr, m0 + ir, ni, nj,
+                              kb == 0 && !g->accumulate, acc);
                 }
             }
         }
@@ -359,10 +387,22 @@ static void compute_blocks(void *arg, int64_t begin, int64_t end, int thread) {
  * n = 512. Contents never carry over (each product packs before it reads). */
 enum { KEEL_GEMM_MAX_THREADS = 1024 }; /* the --threads range */
 static _Thread_local struct {
-    float *Bp, *Ap[KEEL_GEMM_MAX_THREADS];
-    size_t Bp_bytes, Ap_bytes;
+    float *Bp, *Ap[KEEL_GEMM_MAX_THREADS], *Apre;
+    size_t Bp_bytes, Ap_bytes, Apre_bytes;
     int n_ap;
 } scratch;
+
+/* A packed whole, when it is small and B is wide: packing it per column block of B cost the LM
+ * head's weight gradient (1024 x 248320 x 1024: 323 column blocks) a re-pack of A per block. */
+enum { APRE_MAX_BYTES = 16 << 20 };
+static float *scratch_apre(size_t bytes) {
+    if (bytes > scratch.Apre_bytes) {
+        free(scratch.Apre);
+        scratch.Apre = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        scratch.Apre_bytes = scratch.Apre ? bytes : 0;
+    }
+    return scratch.Apre;
+}
 
 static int scratch_get(float **Bp, size_t b_bytes, float ***Ap, int nt, size_t a_bytes) {
     if (nt > KEEL_GEMM_MAX_THREADS) return -1;
@@ -409,9 +449,30 @@ int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g) {
     int64_t n_groups = ((g->N < NC_BLOCK ? g->N : NC_BLOCK) + NR - 1) / NR;
     c.n_mblk = (g->M + MC - 1) / MC;
     int64_t kc_max = g->K < KC ? g->K : KC;
-    int rc = scratch_get(&c.Bp, (size_t)(n_groups * NR * kc_max * 4), &c.Ap, nt,
+    /* A small and B wide: A packed once (prepack_a); and with few k blocks, every tile runs all of
+     * them while it is hot, B packed for each (C then goes to memory once, not once per k block:
+     * the LM head's weight gradient writes 1 GiB). Neither changes any element's order of sums. */
+    c.a_blk = ((MC + MR - 1) / MR) * MR * kc_max, c.b_blk = n_groups * NR * kc_max;
+    int64_t n_kblk = (g->K + KC - 1) / KC, n_cblk = (g->N + NC_BLOCK - 1) / NC_BLOCK;
+    size_t apre = (size_t)(n_kblk * c.n_mblk * c.a_blk) * 4;
+    bool pre = n_cblk >= 4 && apre <= APRE_MAX_BYTES;
+    c.fused = pre && n_kblk > 1 && n_kblk <= 4;
+    int rc = scratch_get(&c.Bp, (size_t)(c.b_blk * (c.fused ? n_kblk : 1)) * 4, &c.Ap, nt,
                          (size_t)(((MC + MR - 1) / MR) * MR * kc_max * 4));
-    for (int64_t pc = 0; pc < g->K && !rc; pc += KC) {
+    if (!rc && pre && (c.Apre = scratch_apre(apre)) != NULL) keel_pool_for(pool, n_kblk * c.n_mblk, prepack_a, &c);
+    c.fused = c.fused && c.Apre;
+    for (int64_t jc = 0; c.fused && jc < g->N && !rc; jc += NC_BLOCK) {
+        c.jc = jc, c.ncb = g->N - jc < NC_BLOCK ? g->N - jc : NC_BLOCK;
+        c.n_nblk = c.n_mblk >= 2 * nt ? 1 : (c.ncb + NC - 1) / NC;
+        float *Bp0 = c.Bp;
+        for (int64_t kb = 0; kb < n_kblk; kb++) {
+            c.pc = kb * KC, c.kc = g->K - c.pc < KC ? g->K - c.pc : KC, c.Bp = Bp0 + kb * c.b_blk;
+            keel_pool_for(pool, (c.ncb + NR - 1) / NR, pack_b, &c);
+        }
+        c.Bp = Bp0;
+        keel_pool_for(pool, c.n_mblk * c.n_nblk, compute_blocks, &c);
+    }
+    for (int64_t pc = 0; !c.fused && pc < g->K && !rc; pc += KC) {
         c.pc = pc;
         c.kc = g->K - pc < KC ? g->K - pc : KC;
         for (int64_t jc = 0; jc < g->N; jc += NC_BLOCK) {
