@@ -110,9 +110,10 @@ if want gdn; then # the chunked gated delta rule alone: its cases, its gradients
     grep "^cuda:\|FAIL" "$out/gdn-ops.log" | head -20
     run "test-ops --grad GATED_DELTA_NET (cuda)" gdn-grad.log $keel test-ops --grad --backend cuda --op GATED_DELTA_NET
     grep "^cuda:\|FAIL\|worst" "$out/gdn-grad.log" | head -20
-    run "GPU time of the delta rule, bf16 batch 8" gdn-profile.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3
-    grep -B2 -A30 "cuda profile" "$out/gdn-profile.log" | head -40
-    grep "tokens/s\|step" "$out/gdn-profile.log" | tail -4
+    for p in bf16 f32; do # the shape: batch 8, window 1024, 16 heads of 128; per layer: / 18 layers / 3 steps
+        run "GPU time of the delta rule, $p batch 8" gdn-profile-$p.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision $p --batch 8 --no-torch --steps 3
+        grep "GATED_DELTA" "$out/gdn-profile-$p.log" | head -4
+    done
 fi
 if want grad; then
     run "test-ops --backend cuda --grad" grad.log $keel test-ops --grad --backend cuda
