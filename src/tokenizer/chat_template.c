@@ -1554,10 +1554,10 @@ static value *binop(renderer *r, const node *e, value *a, value *b) {
             over = __builtin_mul_overflow(a->i, b->i, &v);
         else if (b->i == -1) /* x // -1 = -x (outside 64 bits for the smallest x); x % -1 = 0 */
             over = op[0] == '/' && a->i == INT64_MIN, v = op[0] == '/' && !over ? -a->i : 0;
-        else { /* Python: floor division */
-            int64_t q = a->i / b->i;
-            if ((a->i % b->i != 0) && ((a->i < 0) != (b->i < 0))) q--;
-            v = op[0] == '/' ? q : a->i - q * b->i;
+        else { /* Python: floor division, and the remainder with the divisor's sign (never q * b: it can overflow) */
+            int64_t q = a->i / b->i, rem = a->i % b->i;
+            if (rem != 0 && ((rem < 0) != (b->i < 0))) q--, rem += b->i;
+            v = op[0] == '/' ? q : rem;
         }
         if (over)
             return rerr(r, e, "integer overflow: %lld %s %lld is outside 64 bits", (long long)a->i, op,
@@ -1619,7 +1619,8 @@ static value *call(renderer *r, const node *e, frame *f) {
         else
             return rerr(r, e, "range() needs an argument"), NULL;
         int64_t span;
-        if (st == 0 || __builtin_sub_overflow(hi, lo, &span) || span / st > 1000000)
+        bool empty = st > 0 ? lo >= hi : lo <= hi;
+        if (st == 0 || (!empty && (__builtin_sub_overflow(hi, lo, &span) || (double)span / (double)st > 1e6)))
             return rerr(r, e, "range() too long or of step 0"), NULL;
         value *l = val(r, V_LIST);
         for (int64_t i = lo; l && (st > 0 ? i < hi : i > hi);) {
