@@ -133,8 +133,11 @@ int keel_qwen35_config_check(const keel_qwen35_config *c) {
     if (c->lv_heads % c->lk_heads)
         return keel_fail("config: linear_num_value_heads %lld is not a multiple of linear_num_key_heads %lld",
                          (long long)c->lv_heads, (long long)c->lk_heads);
+    /* the factor is checked before it is turned into an integer count (a huge one does not fit) */
+    if (!(c->partial_rotary > 0 && c->partial_rotary <= 1))
+        return keel_fail("config: partial_rotary_factor %g must be in (0, 1]", c->partial_rotary);
     int64_t rot = (int64_t)(c->partial_rotary * (double)c->head_dim);
-    if (c->partial_rotary <= 0 || c->partial_rotary > 1 || rot % 2 || rot <= 0)
+    if (rot % 2 || rot <= 0)
         return keel_fail(
             "config: partial_rotary_factor %g gives %lld rotary dims of head_dim %lld (need an even count > 0)",
             c->partial_rotary, (long long)rot, (long long)c->head_dim);
