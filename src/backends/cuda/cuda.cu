@@ -115,7 +115,8 @@ static bool cuda_supports(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_GATED_DELTA_NET:
     case KEEL_OP_GATED_DELTA_NET_BACK:
     case KEEL_OP_GATED_DELTA_NET_STATE:
-        if (t->src[0]->ne[0] > 256) return false; /* a state column lives in one warp's registers: Dk <= 256 */
+        /* a chunk's rows of q and k and the state's column blocks live in shared memory: Dk <= 256 */
+        if (t->src[0]->ne[0] > 256) return false;
         break;
     default:
         break;
