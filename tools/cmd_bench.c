@@ -125,6 +125,15 @@ static const char *choose_coretype(void) {
 #endif
 }
 
+/* OpenBLAS's threads poll for about 2^28 cycles (0.1 s here) after a call before they sleep, and
+ * keel's for about a millisecond: measured right after the other, a product shared its cores with
+ * the other's polling threads (keel's 768 and 1024 ran at a quarter to a half of their speed in some
+ * runs). Each side waits for the other's threads to sleep before it is timed. */
+static void let_threads_sleep(void) {
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
+
 /* GFLOP/s of the median of reps timings (sorted in place). */
 static double median_gflops(double *t, int reps, double flops) {
     qsort(t, (size_t)reps, sizeof(double), bench_cmp_d);
@@ -184,6 +193,7 @@ static int bench_model_shapes(sgemm_fn sgemm, int threads, int reps, int64_t T) 
                 g = (keel_gemm_args){M, N, K, X, 4, H * 4, dY, O * 4, 4, C, 4, H * 4, false};
             }
             double tk[16], to[16], flops = 2.0 * (double)M * (double)N * (double)K, ob = 0, diff = NAN;
+            let_threads_sleep();
             keel_cpu_gemm(pool, &g);
             for (int r = 0; r < reps; r++) {
                 double t0 = keel_now_s();
@@ -191,6 +201,7 @@ static int bench_model_shapes(sgemm_fn sgemm, int threads, int reps, int64_t T) 
                 tk[r] = keel_now_s() - t0;
             }
             if (sgemm) {
+                let_threads_sleep();
                 for (int r = 0; r <= reps; r++) { /* the first call warms up, untimed */
                     double t0 = keel_now_s();
                     if (kind == 0) /* column-major: W is H x O (ld H), X is H x T (ld H) */
@@ -272,6 +283,7 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         keel_tensor_write(be, a, ha, KEEL_F32);
         keel_tensor_write(be, b, hb, KEEL_F32);
         double tk[16], to[16], flops = 2.0 * (double)n * (double)n * (double)n;
+        let_threads_sleep();
         keel_session_run(stp->s, NULL, NULL); /* warm-up */
         for (int r = 0; r < reps; r++) {
             double t0 = keel_now_s();
@@ -281,6 +293,7 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         keel_tensor_read(be, c, hc, KEEL_F32);
         double ob = 0, diff = NAN;
         if (sgemm) {
+            let_threads_sleep();
             sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f,
                   oc, (int)n);
             for (int r = 0; r < reps; r++) {

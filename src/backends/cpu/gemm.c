@@ -189,7 +189,10 @@ static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
     if (g->b_n == 4) { /* rows of B contiguous in n: along each row k, so consecutive reads share pages */
         for (int64_t k = 0; k < c->kc; k++) {
             const char *row = (const char *)g->B + (c->pc + k) * g->b_k;
+            /* rows far apart (the LM head's 1 MiB): the prefetchers do not ramp up within one row's few KiB */
+            const char *ahead = k + 4 < c->kc ? row + 4 * g->b_k : NULL;
             for (int64_t jg = begin; jg < end; jg++) {
+                if (ahead) __builtin_prefetch(ahead + (c->jc + jg * NR) * 4);
                 float *dst = c->Bp + jg * c->kc * NR + k * NR;
                 int64_t j0 = c->jc + jg * NR, nj = end_col - j0 < NR ? end_col - j0 : NR;
                 const float *src = (const float *)(const void *)(row + j0 * 4);
@@ -350,10 +353,10 @@ static void tile_to_c(const gemm_ctx *c, int64_t kc, const float *Ap, const floa
     }
 }
 
-/* The tasks of a column block: row block x column part. Each tile of C runs the k blocks
- * [kb0, kb1) in order, one after the other while the tile is hot (the fused path, A and B packed for
- * every k block), or the one k block c->pc (A packed here or before, B for that block). Either way
- * each element is C = sum of the first k block, then C += the next one's: the same bits. */
+/* The tasks of a column block: row block x column part. Each NR-column strip of C runs the k
+ * blocks [kb0, kb1) in order, one after the other while the strip is hot (the fused path, A and B
+ * packed for every k block), or the one k block c->pc (A packed here or before, B for that block).
+ * Either way each element is C = sum of the first k block, then C += the next one's: the same bits. */
 static void compute_blocks(void *arg, int64_t begin, int64_t end, int thread) {
     gemm_ctx *c = arg;
     const keel_gemm_args *g = c->g;
@@ -368,12 +371,13 @@ static void compute_blocks(void *arg, int64_t begin, int64_t end, int thread) {
         if (!c->Apre) pack_a(c, c->Ap[thread], m0, mb);
         for (int64_t jr = 0; jr < nbk; jr += NR) {
             int64_t nj = nbk - jr < NR ? nbk - jr : NR;
-            for (int64_t ir = 0; ir < mb; ir += MR) {
-                int64_t ni = mb - ir < MR ? mb - ir : MR;
-                for (int64_t kb = kb0; kb < kb1; kb++) {
-                    int64_t kc = g->K - kb * KC < KC ? g->K - kb * KC : KC;
-                    const float *Ap = c->Apre ? c->Apre + (kb * c->n_mblk + ib) * c->a_blk : c->Ap[thread];
-                    const float *Bp = c->Bp + (c->fused ? kb * c->b_blk : 0) + ((n0 + jr) / NR) * kc * NR;
+            /* k blocks outside the row tiles: one micro-panel of B stays in L1 while the tiles sweep it */
+            for (int64_t kb = kb0; kb < kb1; kb++) {
+                int64_t kc = g->K - kb * KC < KC ? g->K - kb * KC : KC;
+                const float *Ap = c->Apre ? c->Apre + (kb * c->n_mblk + ib) * c->a_blk : c->Ap[thread];
+                const float *Bp = c->Bp + (c->fused ? kb * c->b_blk : 0) + ((n0 + jr) / NR) * kc * NR;
+                for (int64_t ir = 0; ir < mb; ir += MR) {
+                    int64_t ni = mb - ir < MR ? mb - ir : MR;
                     tile_to_c(c, kc, Ap + (ir / MR) * kc * MR, Bp, c->jc + n0 + jr, m0 + ir, ni, nj,
                               kb == 0 && !g->accumulate, acc);
                 }
