@@ -147,11 +147,47 @@ static double rel_diff(const float *a, const float *ref, int64_t n) {
     return sqrt(num / den);
 }
 
+/* The BLAS libraries keel is timed against: OpenBLAS always when installed, BLIS when installed
+ * (Debian's libblis4-pthread; it exports the same cblas_sgemm). */
+typedef struct {
+    const char *name, *abbrev;
+    sgemm_fn sgemm;
+} blas_peer;
+enum { MAX_PEERS = 2 };
+
+/* One column-major product as CBLAS takes it: C(M x N) = op(A) op(B). */
+typedef struct {
+    int ta, tb, M, N, K, lda, ldb, ldc;
+    const float *A, *B;
+    float *C;
+} blas_call;
+
+/* The median GFLOP/s of reps timed calls, after one untimed (the peer's threads start, its
+ * buffers are allocated) and after keel's threads went to sleep. */
+static double time_peer(const blas_peer *p, const blas_call *c, int reps, double flops) {
+    double t[16];
+    let_threads_sleep();
+    for (int r = 0; r <= reps; r++) {
+        double t0 = keel_now_s();
+        p->sgemm(CblasColMajor, c->ta, c->tb, c->M, c->N, c->K, 1.0f, c->A, c->lda, c->B, c->ldb, 0.0f, c->C, c->ldc);
+        if (r) t[r - 1] = keel_now_s() - t0;
+    }
+    return median_gflops(t, reps, flops);
+}
+
+static void print_peer_heads(const blas_peer *peers, int n_peers) {
+    for (int i = 0; i < n_peers; i++) {
+        char ratio[24];
+        snprintf(ratio, sizeof ratio, "keel/%s", peers[i].abbrev);
+        printf(" %10s %8s", peers[i].name, ratio);
+    }
+}
+
 /* The products of a Qwen3.5-0.8B training step at batch 1, window T: hidden 1024 against the
  * MLP's 3584, the attention projections' 6144 and the LM head's 248320 columns; for each, the
  * forward (Y = W X), the backward to the input (dX = W^T dY, W read transposed) and to the
  * weight (dW = dY X^T, both read across their rows), with the strides keel's graph gives them.
- * keel's cpu GEMM is called directly (no graph), OpenBLAS with the same layouts. */
+ * keel's cpu GEMM is called directly (no graph), the peers with the same layouts. */
 static void fill(float *x, int64_t n, uint64_t st) {
     for (int64_t i = 0; i < n; i++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
@@ -159,13 +195,15 @@ static void fill(float *x, int64_t n, uint64_t st) {
     }
 }
 
-static int bench_model_shapes(sgemm_fn sgemm, int threads, int reps, int64_t T) {
+static int bench_model_shapes(const blas_peer *peers, int n_peers, int threads, int reps, int64_t T) {
     const int64_t H = 1024, outs[] = {3584, 6144, 248320};
     keel_pool *pool = keel_pool_new(threads);
     if (!pool) return 1;
     printf("\nmodel shapes (Qwen3.5-0.8B, batch 1 x window %lld, hidden %lld), GFLOP/s, median of %d:\n", (long long)T,
            (long long)H, reps);
-    printf("%-38s %10s %10s %8s %12s\n", "product  [M x N x K]", "keel GF/s", "OpenBLAS", "keel/OB", "max rel diff");
+    printf("%-38s %10s", "product  [M x N x K]", "keel GF/s");
+    print_peer_heads(peers, n_peers);
+    printf(" %12s\n", "max rel diff");
     for (int o = 0; o < 3; o++) {
         int64_t O = outs[o], big = (O > H ? O : H) * (T > H ? T : H);
         float *W = malloc((size_t)(O * H) * 4), *X = malloc((size_t)(T * H) * 4), *dY = malloc((size_t)(T * O) * 4),
@@ -178,21 +216,26 @@ static int bench_model_shapes(sgemm_fn sgemm, int threads, int reps, int64_t T) 
         }
         fill(W, O * H, 1), fill(X, T * H, 2), fill(dY, T * O, 3);
         for (int kind = 0; kind < 3; kind++) {
-            /* W is [O rows of H], X [T rows of H], dY [T rows of O], all row-major as keel stores them */
+            /* W is [O rows of H], X [T rows of H], dY [T rows of O], all row-major as keel stores them;
+             * column-major for the peers: W is H x O (ld H), X is H x T (ld H), dY is O x T (ld O) */
             keel_gemm_args g;
+            blas_call bc;
             const char *what;
             int64_t M, N, K;
             if (kind == 0) { /* Y(t,o) = sum_h W(o,h) X(t,h): C(m=o, n=t) */
                 what = "forward  Y = W X", M = O, N = T, K = H;
                 g = (keel_gemm_args){M, N, K, W, H * 4, 4, X, 4, H * 4, C, 4, O * 4, false};
+                bc = (blas_call){CblasTrans, CblasNoTrans, (int)M, (int)N, (int)K, (int)H, (int)H, (int)M, W, X, R};
             } else if (kind == 1) { /* dX(t,h) = sum_o W(o,h) dY(t,o): C(m=h, n=t) */
                 what = "backward dX = W^T dY", M = H, N = T, K = O;
                 g = (keel_gemm_args){M, N, K, W, 4, H * 4, dY, 4, O * 4, C, 4, H * 4, false};
-            } else { /* dW(o,h) = sum_t X(t,h) dY(t,o): C(m=h, n=o) */
+                bc = (blas_call){CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, (int)H, (int)O, (int)M, W, dY, R};
+            } else { /* dW(o,h) = sum_t X(t,h) dY(t,o): C(m=h, n=o); dY read transposed */
                 what = "backward dW = dY X^T", M = H, N = O, K = T;
                 g = (keel_gemm_args){M, N, K, X, 4, H * 4, dY, O * 4, 4, C, 4, H * 4, false};
+                bc = (blas_call){CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, (int)H, (int)O, (int)M, X, dY, R};
             }
-            double tk[16], to[16], flops = 2.0 * (double)M * (double)N * (double)K, ob = 0, diff = NAN;
+            double tk[16], flops = 2.0 * (double)M * (double)N * (double)K, diff = NAN, pg[MAX_PEERS];
             let_threads_sleep();
             keel_cpu_gemm(pool, &g);
             for (int r = 0; r < reps; r++) {
@@ -200,28 +243,16 @@ static int bench_model_shapes(sgemm_fn sgemm, int threads, int reps, int64_t T) 
                 keel_cpu_gemm(pool, &g);
                 tk[r] = keel_now_s() - t0;
             }
-            if (sgemm) {
-                let_threads_sleep();
-                for (int r = 0; r <= reps; r++) { /* the first call warms up, untimed */
-                    double t0 = keel_now_s();
-                    if (kind == 0) /* column-major: W is H x O (ld H), X is H x T (ld H) */
-                        sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, W, (int)H, X,
-                              (int)H, 0.0f, R, (int)M);
-                    else if (kind == 1) /* W is H x O (ld H), dY is O x T (ld O) */
-                        sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, W, (int)H, dY,
-                              (int)O, 0.0f, R, (int)M);
-                    else /* X is H x T (ld H); dY is O x T (ld O), read transposed */
-                        sgemm(CblasColMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, X, (int)H, dY,
-                              (int)O, 0.0f, R, (int)M);
-                    if (r) to[r - 1] = keel_now_s() - t0;
-                }
-                ob = median_gflops(to, reps, flops);
-                diff = rel_diff(C, R, M * N);
+            for (int i = 0; i < n_peers; i++) {
+                pg[i] = time_peer(&peers[i], &bc, reps, flops);
+                if (i == 0) diff = rel_diff(C, R, M * N);
             }
             double kg = median_gflops(tk, reps, flops);
             char label[96];
             snprintf(label, sizeof label, "%s [%lldx%lldx%lld]", what, (long long)M, (long long)N, (long long)K);
-            printf("%-38s %10.1f %10.1f %8.2f %12.1e\n", label, kg, ob, ob > 0 ? kg / ob : NAN, diff);
+            printf("%-38s %10.1f", label, kg);
+            for (int i = 0; i < n_peers; i++) printf(" %10.1f %8.2f", pg[i], kg / pg[i]);
+            printf(" %12.1e\n", diff);
             fflush(stdout);
         }
         free(W), free(X), free(dY), free(C), free(R);
@@ -230,14 +261,53 @@ static int bench_model_shapes(sgemm_fn sgemm, int threads, int reps, int64_t T) 
     return 0;
 }
 
+/* BLIS, from the places Debian's packages put it; NULL when none is installed. Like OpenBLAS it
+ * is given the kernels for this CPU's vector width unless the user chose (BLIS 0.9.0 runs its
+ * generic C kernels on CPUs newer than it, e.g. AMD Zen 5). */
+static void *open_blis(void) {
+    const char *set = getenv("BLIS_ARCH_TYPE");
+#if defined(__x86_64__)
+    if (!set || !*set) {
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx512f"))
+            setenv("BLIS_ARCH_TYPE", "skx", 1);
+        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_is("amd"))
+            setenv("BLIS_ARCH_TYPE", "zen", 1);
+        else if (__builtin_cpu_supports("avx2"))
+            setenv("BLIS_ARCH_TYPE", "haswell", 1);
+    }
+#else
+    (void)set;
+#endif
+    static const char *const names[] = {"libblis.so.4", "/usr/lib/x86_64-linux-gnu/blis-pthread/libblis.so.4",
+                                        "/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4",
+                                        "/usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib) return lib;
+    }
+    return NULL;
+}
+
 static int bench_matmul(const long long *sizes, int n_sizes, int threads, int reps, bool shapes) {
     const char *core = choose_coretype();
-    void *lib = dlopen("libopenblas.so.0", RTLD_NOW);
-    if (!lib) lib = dlopen("libopenblas.so", RTLD_NOW);
+    blas_peer peers[MAX_PEERS];
+    int n_peers = 0;
+    void *lib = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libopenblas.so", RTLD_NOW | RTLD_LOCAL);
     sgemm_fn sgemm = lib ? (sgemm_fn)dlsym(lib, "cblas_sgemm") : NULL;
     void (*set_threads)(int) = lib ? (void (*)(int))dlsym(lib, "openblas_set_num_threads") : NULL;
     char *(*corename)(void) = lib ? (char *(*)(void))dlsym(lib, "openblas_get_corename") : NULL;
     if (set_threads) set_threads(threads);
+    if (sgemm) peers[n_peers++] = (blas_peer){"OpenBLAS", "OB", sgemm};
+    void *blis = open_blis();
+    sgemm_fn blis_sgemm = blis ? (sgemm_fn)dlsym(blis, "cblas_sgemm") : NULL;
+    void (*blis_threads)(long) = blis ? (void (*)(long))dlsym(blis, "bli_thread_set_num_threads") : NULL;
+    char *(*blis_version)(void) = blis ? (char *(*)(void))dlsym(blis, "bli_info_get_version_str") : NULL;
+    int (*blis_arch)(void) = blis ? (int (*)(void))dlsym(blis, "bli_arch_query_id") : NULL;
+    const char *(*blis_arch_name)(int) = blis ? (const char *(*)(int))dlsym(blis, "bli_arch_string") : NULL;
+    if (blis_threads) blis_threads(threads);
+    if (blis_sgemm) peers[n_peers++] = (blas_peer){"BLIS", "BLIS", blis_sgemm};
     int vf = keel_cpu_gemm_vector_floats();
     double mhz = cpu_mhz(), peak = measured_peak(threads, vf);
     printf("keel bench matmul: float32 C[M,N] = A[K,M]^T B[K,N], M=N=K, %d thread(s), median of %d runs\n", threads,
@@ -247,14 +317,21 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         printf("peer: OpenBLAS cblas_sgemm, OPENBLAS_CORETYPE=%s, kernel in use: %s\n", core,
                corename ? corename() : "?");
     else
-        printf("peer: OpenBLAS not found (install libopenblas0): %s\n", dlerror());
+        printf("peer: OpenBLAS not found (install libopenblas0)\n");
+    if (blis_sgemm)
+        printf("peer: BLIS %s cblas_sgemm, %d thread(s), kernels for: %s\n", blis_version ? blis_version() : "?",
+               threads, blis_arch && blis_arch_name ? blis_arch_name(blis_arch()) : "?");
+    else
+        printf("peer: BLIS not installed (libblis4-pthread), left out\n");
     if (peak > 0)
         printf("peak: %.1f GFLOP/s, measured: %d thread(s) of independent %d-float FMAs (%.1f flop/cycle per thread "
                "at the %.2f GHz /proc/cpuinfo reports)\n\n",
                peak, threads, vf, mhz > 0 ? peak / threads / (mhz * 1e-3) : NAN, mhz * 1e-3);
     else
         printf("peak: not measured for the portable kernel\n\n");
-    printf("%6s %12s %12s %10s %10s %12s\n", "size", "keel GF/s", "OpenBLAS", "keel/OB", "keel/peak", "max rel diff");
+    printf("%6s %12s", "size", "keel GF/s");
+    print_peer_heads(peers, n_peers);
+    printf(" %10s %12s\n", "keel/peak", "max rel diff");
     keel_backend *be = keel_backend_new("cpu", threads);
     if (!be) {
         fprintf(stderr, "keel: %s\n", keel_last_error());
@@ -282,7 +359,7 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         }
         keel_tensor_write(be, a, ha, KEEL_F32);
         keel_tensor_write(be, b, hb, KEEL_F32);
-        double tk[16], to[16], flops = 2.0 * (double)n * (double)n * (double)n;
+        double tk[16], flops = 2.0 * (double)n * (double)n * (double)n;
         let_threads_sleep();
         keel_session_run(stp->s, NULL, NULL); /* warm-up */
         for (int r = 0; r < reps; r++) {
@@ -291,29 +368,22 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
             tk[r] = keel_now_s() - t0;
         }
         keel_tensor_read(be, c, hc, KEEL_F32);
-        double ob = 0, diff = NAN;
-        if (sgemm) {
-            let_threads_sleep();
-            sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n, 0.0f,
-                  oc, (int)n);
-            for (int r = 0; r < reps; r++) {
-                double t0 = keel_now_s();
-                sgemm(CblasColMajor, CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, ha, (int)n, hb, (int)n,
-                      0.0f, oc, (int)n);
-                to[r] = keel_now_s() - t0;
-            }
-            ob = median_gflops(to, reps, flops);
-            diff = rel_diff(hc, oc, n * n);
+        double diff = NAN, pg[MAX_PEERS];
+        blas_call bc = {CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, (int)n, (int)n, (int)n, ha, hb, oc};
+        for (int i = 0; i < n_peers; i++) {
+            pg[i] = time_peer(&peers[i], &bc, reps, flops);
+            if (i == 0) diff = rel_diff(hc, oc, n * n);
         }
         double kg = median_gflops(tk, reps, flops);
-        printf("%6lld %12.1f %12.1f %10.2f %10.2f %12.1e\n", (long long)n, kg, ob, ob > 0 ? kg / ob : NAN, kg / peak,
-               diff);
+        printf("%6lld %12.1f", (long long)n, kg);
+        for (int i = 0; i < n_peers; i++) printf(" %10.1f %8.2f", pg[i], kg / pg[i]);
+        printf(" %10.2f %12.1e\n", kg / peak, diff);
         fflush(stdout);
         free(ha), free(hb), free(hc), free(oc);
         keel_step_free(stp);
     }
     keel_backend_free(be);
-    return shapes ? bench_model_shapes(sgemm, threads, reps, 1024) : 0;
+    return shapes ? bench_model_shapes(peers, n_peers, threads, reps, 1024) : 0;
 }
 
 /* One training step of a 12-layer Qwen3.5-family model per recompute mode, each mode in a child
