@@ -616,9 +616,10 @@ int cmd_bench(int argc, char **argv) {
         {"--model-shapes", CLI_BOOL, &shapes,
          .help = "also the 0.8B model's forward and backward products (hidden 1024 x 3584, 6144, 248320 columns)"},
     };
-    const cli_spec spec = {"keel bench matmul",
-                           "cpu float32 matrix product: GFLOP/s next to OpenBLAS and the CPU's peak", flags,
-                           N_OF(flags)};
+    const cli_spec spec = {
+        "keel bench matmul",
+        "cpu float32 matrix product: GFLOP/s next to OpenBLAS, BLIS (when installed) and the CPU's peak", flags,
+        N_OF(flags)};
     int r = parse_sub(&spec, argc, argv);
     if (r >= 0) return r;
     if (size_list) {
