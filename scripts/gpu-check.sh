@@ -7,7 +7,8 @@
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
 # Stages: ops grad fault reference recompute model bf16 hf lora chat cross bench, gdn (the delta rule's
 # cases, gradients and GPU time alone: a quick first look), and multi (needs 2 GPUs) and profile
-# (GPU time per op and operand shapes of the bench step), which are not in the default list
+# (GPU time per op and operand shapes of the bench step) and profile16 (the bf16 batch-8 step: wall
+# time, then GPU time per op), which are not in the default list
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Logs go to a folder of their own and, at exit, into one archive in $OUT (default
@@ -192,6 +193,12 @@ fi
 if want profile; then
     run "GPU time per op and shape (KEEL_CUDA_PROFILE)" profile.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --no-torch --steps 3
     grep -A60 "cuda profile" "$out/profile.log"
+fi
+if want profile16; then # the bf16 step at batch 8: its wall time, then the GPU time per op (their gap: the host)
+    run "bf16 step, batch 8 (wall time)" p16-wall.log $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 5
+    grep -i "step\|tokens" "$out/p16-wall.log" | tail -4
+    run "GPU time per op, bf16 batch 8 (KEEL_CUDA_PROFILE)" p16.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3
+    grep -A45 "cuda profile" "$out/p16.log"
 fi
 
 echo

@@ -117,6 +117,13 @@ static void window_family(case_list *l, int op) {
     I(c, KEEL_F32, 31, 4, 2, 1)->view = VIEW_TRANSPOSED;
     P(c, 5, (int64_t[]){64 * 2, 64 * 10, 64 * 20, 3 + 64, 0}, 0, NULL);
     c->ip_elems = 0xf;
+    /* every other row from the 5th element: rows of 32 on 16-byte boundaries (the cuda backend's
+     * 4-elements-a-thread path for strided rows) */
+    c = C(l, op);
+    I(c, KEEL_F32, 64, 10, 2, 1);
+    I(c, KEEL_F32, 32, 4, 2, 1);
+    P(c, 5, (int64_t[]){64 * 2, 64 * 10, 64 * 20, 4 + 64, 0}, 0, NULL);
+    c->ip_elems = 0xf;
     c = C(l, op); /* wide strided window */
     I(c, KEEL_F32, 4100, 6, 1, 1);
     I(c, KEEL_F32, 4097, 3, 1, 1)->view = VIEW_STRIDED;
@@ -506,11 +513,16 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_CONV1D:
         case KEEL_OP_CONV1D_BACK_INPUT:
         case KEEL_OP_CONV1D_BACK_WEIGHT: {
-            /* C, T, B, longest example (a window's worth: one example a column; short: packed) */
-            static const int64_t sh[][4] = {{1, 5, 1, 5},  {31, 9, 2, 3}, {4097, 3, 1, 3},
-                                            {8, 70, 2, 6}, {3, 1, 1, 1},  {16, 40, 3, 100}};
-            for (int s = 0; s < 6; s++) {
+            /* C, T, B, longest example (a window's worth: one example a column; short: packed); the
+             * last four dense with C % 4 == 0, the cuda backend's 4-channels-a-thread kernels; the
+             * last one large enough that the weight gradient's chunks of terms (3 each) hold several
+             * positions and an example column's end (301) falls inside one */
+            static const int64_t sh[][4] = {{1, 5, 1, 5},   {31, 9, 2, 3},      {4097, 3, 1, 3},
+                                            {8, 70, 2, 6},  {3, 1, 1, 1},       {16, 40, 3, 100},
+                                            {64, 37, 2, 9}, {12, 300, 2, 1000}, {1024, 301, 2, 40}};
+            for (int s = 0; s < 9; s++) {
                 c = C(&l, op);
+                if (s == 8) c->no_fd = "large: each backend against ref's backward, proven on the small cases";
                 I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], 1)->view = s == 3 ? VIEW_STRIDED : VIEW_NONE;
                 if (op == KEEL_OP_CONV1D_BACK_WEIGHT) {
                     I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], 1);

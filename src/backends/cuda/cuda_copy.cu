@@ -19,20 +19,23 @@ static int64_t copy_row_len(const keel_backend *be, int64_t ne0) {
  * float32 stays scalar: through float64 there a signalling NaN comes out quiet). */
 enum { VEC_NONE, VEC_MOVE4, VEC_F32_BF16, VEC_ACC_F32 };
 
-__device__ static void copy_vec(char *dp, const char *sp, int64_t n, int vec) {
-    VEC_LOOP(q, n) {
-        if (vec == VEC_MOVE4) {
-            ((uint4 *)dp)[q] = ((const uint4 *)sp)[q];
-        } else if (vec == VEC_F32_BF16) {
-            float4 v = ((const float4 *)sp)[q];
-            ushort4 h = make_ushort4(keel_cvt_f32_to_bf16(v.x), keel_cvt_f32_to_bf16(v.y), keel_cvt_f32_to_bf16(v.z),
-                                     keel_cvt_f32_to_bf16(v.w));
-            ((ushort4 *)dp)[q] = h;
-        } else {
-            float4 a = ((const float4 *)dp)[q], b = ((const float4 *)sp)[q];
-            ((float4 *)dp)[q] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        }
+/* One group of 4 elements: dp[0..3] (op)= sp[0..3]. */
+__device__ static inline void copy_group(char *dp, const char *sp, int vec) {
+    if (vec == VEC_MOVE4) {
+        *(uint4 *)dp = *(const uint4 *)sp;
+    } else if (vec == VEC_F32_BF16) {
+        float4 v = *(const float4 *)sp;
+        *(ushort4 *)dp = make_ushort4(keel_cvt_f32_to_bf16(v.x), keel_cvt_f32_to_bf16(v.y), keel_cvt_f32_to_bf16(v.z),
+                                      keel_cvt_f32_to_bf16(v.w));
+    } else {
+        float4 a = *(const float4 *)dp, b = *(const float4 *)sp;
+        *(float4 *)dp = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
     }
+}
+
+__device__ static void copy_vec(char *dp, const char *sp, int64_t n, int vec) {
+    int ds = vec == VEC_F32_BF16 ? 8 : 16; /* bytes of a destination group */
+    VEC_LOOP(q, n) copy_group(dp + q * ds, sp + q * 16, vec);
     VEC_TAIL(e, n) {
         if (vec == VEC_MOVE4)
             ((uint32_t *)dp)[e] = ((const uint32_t *)sp)[e];
@@ -43,8 +46,26 @@ __device__ static void copy_vec(char *dp, const char *sp, int64_t n, int vec) {
     }
 }
 
-/* ids (optional): int32 table [ne1, ne2] of source rows; then src is read at (i0, ids[i1,i2], 0, 0). */
+/* Strided rows whose elements are contiguous, 4 of them a thread: every row (and the data) on a
+ * 16-byte boundary and rows a multiple of 4 long (a gradient window of ACC: the q, k and v parts of
+ * the DeltaNet's [6144, T, B] convolution output, rows of 2048 floats 6144 apart). */
+__device__ static void copy_vec_rows(kt d, kt s, int64_t len, int vec) {
+    int64_t groups = len / 4, rows = d.ne[1] * d.ne[2] * d.ne[3];
+    GRID_STRIDE(q, groups * rows) {
+        int64_t i0 = q % groups * 4, r = q / groups, i1 = r % d.ne[1], r2 = r / d.ne[1], i2 = r2 % d.ne[2],
+                i3 = r2 / d.ne[2];
+        copy_group(kt_at(d, i0, i1, i2, i3), kt_at(s, i0, i1, i2, i3), vec);
+    }
+}
+
+/* ids (optional): int32 table [ne1, ne2] of source rows; then src is read at (i0, ids[i1,i2], 0, 0).
+ * vec: a VEC_ mode on whole contiguous tensors, or VEC_ROWS + the mode on 4-aligned strided rows. */
+enum { VEC_ROWS = 8 };
 __global__ void k_copy(kt d, kt s, int64_t len, int acc, kt ids, int has_ids, int vec) {
+    if (vec & VEC_ROWS) {
+        copy_vec_rows(d, s, len, vec & ~VEC_ROWS);
+        return;
+    }
     if (vec) {
         copy_vec(d.p, s.p, len * d.ne[1] * d.ne[2] * d.ne[3], vec);
         return;
@@ -107,13 +128,17 @@ static int launch(keel_backend *be, const keel_tensor *dst, const keel_tensor *s
     int vec = VEC_NONE;
     bool whole = !ids && len == dst->ne[0] && keel_is_contiguous(dst) && keel_is_contiguous(src) && vec_ok(dst->data) &&
                  vec_ok(src->data);
-    size_t de = keel_type_size(dst->type);
-    if (whole && !accumulate && dst->type == src->type && de == 4)
+    size_t de = keel_type_size(dst->type), se = keel_type_size(src->type);
+    bool rows4 = !whole && !ids && len == dst->ne[0] && len % 4 == 0 && (size_t)dst->nb[0] == de &&
+                 (size_t)src->nb[0] == se && vec_ok(dst->data) && vec_ok(src->data);
+    for (int d = 1; d < 4 && rows4; d++) rows4 = dst->nb[d] % 16 == 0 && src->nb[d] % 16 == 0;
+    if ((whole || rows4) && !accumulate && dst->type == src->type && de == 4)
         vec = VEC_MOVE4;
-    else if (whole && !accumulate && dst->type == KEEL_BF16 && src->type == KEEL_F32)
+    else if ((whole || rows4) && !accumulate && dst->type == KEEL_BF16 && src->type == KEEL_F32)
         vec = VEC_F32_BF16;
-    else if (whole && accumulate && dst->type == KEEL_F32 && src->type == KEEL_F32)
+    else if ((whole || rows4) && accumulate && dst->type == KEEL_F32 && src->type == KEEL_F32)
         vec = VEC_ACC_F32;
+    if (vec && rows4) vec |= VEC_ROWS;
     unsigned blocks = vec ? vec_blocks(n) : cuda_blocks(n, 256);
     k_copy<<<blocks, 256, 0, cuda_im(be)->stream>>>(kt_of(dst), kt_of(src), len, accumulate ? 1 : 0,
                                                     ids ? kt_of(ids) : none, ids ? 1 : 0, vec);
