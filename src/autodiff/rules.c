@@ -132,6 +132,19 @@ static int r_silu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     ADD(0, keel_op_new(ctx, KEEL_OP_SILU_BACK, (keel_tensor *const[]){t->src[0], dy}, 2, NULL, 0, NULL, 0));
     return 0;
 }
+/* d gate = silu'(gate) (dy * up), d up = dy * silu(gate): one op for both, viewed apart */
+static int r_swiglu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *g = t->src[0];
+    keel_tensor *pk =
+        keel_op_new(ctx, KEEL_OP_SWIGLU_BACK, (keel_tensor *const[]){g, t->src[1], dy}, 3, NULL, 0, NULL, 0);
+    if (!pk) return -1;
+    int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(g);
+    for (int which = 0; which < 2; which++)
+        if (WANT(which))
+            ADD(which, keel_view_4d(ctx, pk, g->ne[0], g->ne[1], g->ne[2], g->ne[3], g->ne[0] * es,
+                                    g->ne[0] * g->ne[1] * es, g->ne[0] * g->ne[1] * g->ne[2] * es, which * n * es));
+    return 0;
+}
 static int r_sigmoid(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     ADD(0, keel_mul(ctx, dy, keel_mul(ctx, t, keel_scale(ctx, t, -1.0, 1.0))));
     return 0;
@@ -282,6 +295,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_SOFT_MAX_CAUSAL] = r_soft_max, /* masked entries are 0 in y: SOFT_MAX_BACK needs no mask */
     [KEEL_OP_ROPE] = r_rope,
     [KEEL_OP_SILU] = r_silu,
+    [KEEL_OP_SWIGLU] = r_swiglu,
     [KEEL_OP_SIGMOID] = r_sigmoid,
     [KEEL_OP_SOFTPLUS] = r_softplus,
     [KEEL_OP_DROPOUT] = r_dropout,

@@ -362,9 +362,9 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
         x = keel_add(ctx, x, mix);
         keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps);
         operand h2in = operand_of(ctx, m, h2);
-        keel_tensor *gate = keel_silu(ctx, linear(ctx, m, L->gate, h2in));
-        keel_tensor *mlp =
-            linear(ctx, m, L->down, operand_of(ctx, m, keel_mul(ctx, gate, linear(ctx, m, L->up, h2in))));
+        keel_tensor *gate = linear(ctx, m, L->gate, h2in); /* before up: the graph's node order */
+        keel_tensor *up = linear(ctx, m, L->up, h2in);
+        keel_tensor *mlp = linear(ctx, m, L->down, operand_of(ctx, m, keel_swiglu(ctx, gate, up)));
         x = keel_add(ctx, x, mlp);
         keel_set_name(x, "hidden.%d", i + 1);
         out->hidden[i + 1] = x;

@@ -268,6 +268,13 @@ static int shape_rule(keel_tensor *t) {
             "p %g must be in [0, 1) with threshold round(2^32 p)", t->fp[0]);
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         return 0;
+    case KEEL_OP_SWIGLU_BACK:
+        REQ(a->type == b->type && a->type == t->src[2]->type && keel_type_is_float(a->type),
+            "gate, up and dy must have one real type");
+        REQ(keel_same_shape(a, b) && keel_same_shape(a, t->src[2]), "gate, up and dy must have one shape");
+        set_shape(t, a->type, 2 * keel_nelements(a), 1, 1, 1);
+        return 0;
+    case KEEL_OP_SWIGLU:
     case KEEL_OP_SILU_BACK:
     case KEEL_OP_RMS_NORM_BACK:
     case KEEL_OP_L2_NORM_BACK:
@@ -561,6 +568,9 @@ keel_tensor *keel_exp(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KE
 keel_tensor *keel_log(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_LOG, a); }
 keel_tensor *keel_neg(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_NEG, a); }
 keel_tensor *keel_silu(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SILU, a); }
+keel_tensor *keel_swiglu(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up) {
+    return keel_op_new(ctx, KEEL_OP_SWIGLU, (keel_tensor *const[]){gate, up}, 2, NULL, 0, NULL, 0);
+}
 keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SIGMOID, a); }
 keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SOFTPLUS, a); }
 keel_tensor *keel_sum(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SUM, a); }

@@ -78,6 +78,9 @@ keel_tensor *keel_exp(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_log(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_neg(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_silu(keel_ctx *ctx, keel_tensor *a);
+/* silu(gate) * up in one op (the MLP's SwiGLU): bitwise the SILU then MUL it replaces, with no
+ * silu(gate) tensor kept for the backward */
+keel_tensor *keel_swiglu(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up);
 keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_sum(keel_ctx *ctx, keel_tensor *a);

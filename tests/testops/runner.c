@@ -309,6 +309,9 @@ static int packed_parts(const keel_tensor *t, int64_t *size) {
     case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK:
         size[0] = keel_nelements(q), size[1] = keel_nelements(t->src[1]);
         return 2;
+    case KEEL_OP_SWIGLU_BACK:
+        size[0] = size[1] = keel_nelements(q);
+        return 2;
     default:
         size[0] = keel_nelements(t);
         return 1;

@@ -376,6 +376,35 @@ static void dropout_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
+/* SWIGLU and SWIGLU_BACK over rows of the gate: SILU's formula (the vector exp) and MUL's product,
+ * so the fused op gives the bits of the SILU, MUL and SILU_BACK it replaces. */
+static void swiglu_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *g = t->src[0], *u = t->src[1], *dy = t->src[2];
+    bool back = t->op == KEEL_OP_SWIGLU_BACK;
+    int64_t n = g->ne[0], all = keel_nelements(g);
+    for (int64_t r = b; r < e; r++) {
+        int64_t i1 = r % g->ne[1], i2 = r / g->ne[1] % g->ne[2], i3 = r / g->ne[1] / g->ne[2];
+        const char *gs = cpu_row(g, i1, i2, i3), *us = cpu_row(u, i1, i2, i3);
+        if (!back) {
+            float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++) {
+                float x = F(gs + i * g->nb[0]);
+                d[i] = x / (1.0f + keel_expf_fast(-x)) * F(us + i * u->nb[0]);
+            }
+            continue;
+        }
+        const char *ds = cpu_row(dy, i1, i2, i3);
+        float *dg = (float *)t->data + r * n, *du = (float *)t->data + all + r * n;
+        for (int64_t i = 0; i < n; i++) {
+            float x = F(gs + i * g->nb[0]), d = F(ds + i * dy->nb[0]), sg = 1.0f / (1.0f + keel_expf_fast(-x));
+            dg[i] = d * F(us + i * u->nb[0]) * sg * (1.0f + x * (1.0f - sg));
+            du[i] = d * (x / (1.0f + keel_expf_fast(-x)));
+        }
+    }
+}
+
 static void adamw_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
@@ -535,6 +564,10 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_ROPE:
     case KEEL_OP_ROPE_BACK:
         keel_pool_for(pool, keel_nrows(a), row_task, &c);
+        return 0;
+    case KEEL_OP_SWIGLU:
+    case KEEL_OP_SWIGLU_BACK:
+        keel_pool_for(pool, keel_nrows(a), swiglu_task, &c);
         return 0;
     case KEEL_OP_DROPOUT:
         keel_pool_for(pool, keel_nrows(t), dropout_task, &c);

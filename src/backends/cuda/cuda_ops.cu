@@ -198,30 +198,39 @@ __global__ void k_conv_back_w_part_dense(const float *x, const float *dy, kt pos
     int64_t n_out = (int64_t)K * C, n_terms = T * B;
     GRID_STRIDE(e, C * n_chunks) {
         int64_t ch = e % C, c = e / C;
+        /* fixed-size arrays indexed by constants only (unrolled loops; taps past K unused): registers */
         double acc[CONV_TAPS_MAX];
-        float win[CONV_TAPS_MAX]; /* win[j] = x(ch, tt - (K - 1) + j, bb), 0 before the window's start */
+        float win[CONV_TAPS_MAX]; /* win[j] = x(ch, tt - (K - 1) + j, bb) */
+#pragma unroll
         for (int j = 0; j < CONV_TAPS_MAX; j++) acc[j] = 0, win[j] = 0;
         int64_t q = c * per, q1 = q + per < n_terms ? q + per : n_terms;
         int64_t tt = q % T, bb = q / T;
         bool fresh = true;
-        for (; q < q1; q++) {
-            if (fresh) { /* the chunk's or an example column's first position: the window from memory */
-                for (int j = 0; j < K; j++) {
-                    int64_t ts = tt - (K - 1) + j;
-                    win[j] = ts >= 0 ? x[(bb * T + ts) * C + ch] : 0.0f;
-                }
+        for (; q < q1; q++) { /* row q = bb * T + tt */
+            if (fresh) {      /* the chunk's or an example column's first position: the window from memory */
+#pragma unroll
+                for (int j = 0; j < CONV_TAPS_MAX; j++)
+                    if (j < K - 1) win[j] = tt - (K - 1) + j >= 0 ? x[(q - (K - 1) + j) * C + ch] : 0.0f;
                 fresh = false;
             } else {
-                for (int j = 0; j < K - 1; j++) win[j] = win[j + 1];
-                win[K - 1] = x[(bb * T + tt) * C + ch];
+#pragma unroll
+                for (int j = 0; j < CONV_TAPS_MAX - 1; j++)
+                    if (j < K - 1) win[j] = win[j + 1];
             }
-            double d = (double)dy[(bb * T + tt) * C + ch];
+            float xn = x[q * C + ch];
+#pragma unroll
+            for (int j = 0; j < CONV_TAPS_MAX; j++)
+                if (j == K - 1) win[j] = xn;
+            double d = (double)dy[q * C + ch];
             int64_t p = pos_at(pos, tt, bb);
-            for (int j = 0; j < K; j++)
-                if (tt - (K - 1) + j >= 0 && K - 1 - j <= p) acc[j] += d * win[j];
+#pragma unroll
+            for (int j = 0; j < CONV_TAPS_MAX; j++)
+                if (j < K && tt - (K - 1) + j >= 0 && K - 1 - j <= p) acc[j] += d * win[j];
             if (++tt == T) tt = 0, bb++, fresh = true;
         }
-        for (int j = 0; j < K; j++) part[c * n_out + (int64_t)j * C + ch] = acc[j];
+#pragma unroll
+        for (int j = 0; j < CONV_TAPS_MAX; j++)
+            if (j < K) part[c * n_out + (int64_t)j * C + ch] = acc[j];
     }
 }
 
@@ -288,6 +297,53 @@ __global__ void k_silu_back(kt t, kt x, kt dy, int vec) {
     }
 }
 
+/* SWIGLU and SWIGLU_BACK: the unary SILU's formula, MUL's product and silu_back1, so the bits of
+ * the SILU, MUL and SILU_BACK they replace; 4 elements a thread on dense aligned tensors. */
+__device__ static inline float swiglu1(float g, float u) {
+    return __fmul_rn(keel_unary_f32(KEEL_OP_SILU, g, 0.0f, 0.0f), u);
+}
+__device__ static inline void swiglu_back1(float g, float u, float d, float *dg, float *du) {
+    *dg = silu_back1(g, __fmul_rn(d, u));
+    *du = __fmul_rn(d, keel_unary_f32(KEEL_OP_SILU, g, 0.0f, 0.0f));
+}
+__global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec) {
+    int64_t n = g.ne[0] * g.ne[1] * g.ne[2] * g.ne[3];
+    const float *gp = (const float *)g.p, *up = (const float *)u.p, *dp = (const float *)dy.p;
+    float *y = (float *)t.p, *y2 = y + n; /* SWIGLU_BACK: [d gate | d up] */
+    if (vec) {
+        VEC_LOOP(q, n) {
+            float4 a = ((const float4 *)gp)[q], b = ((const float4 *)up)[q], r, r2;
+            if (!back) {
+                r = make_float4(swiglu1(a.x, b.x), swiglu1(a.y, b.y), swiglu1(a.z, b.z), swiglu1(a.w, b.w));
+            } else {
+                float4 d = ((const float4 *)dp)[q];
+                swiglu_back1(a.x, b.x, d.x, &r.x, &r2.x);
+                swiglu_back1(a.y, b.y, d.y, &r.y, &r2.y);
+                swiglu_back1(a.z, b.z, d.z, &r.z, &r2.z);
+                swiglu_back1(a.w, b.w, d.w, &r.w, &r2.w);
+                ((float4 *)y2)[q] = r2;
+            }
+            ((float4 *)y)[q] = r;
+        }
+        VEC_TAIL(e, n) {
+            if (!back)
+                y[e] = swiglu1(gp[e], up[e]);
+            else
+                swiglu_back1(gp[e], up[e], dp[e], y + e, y2 + e);
+        }
+        return;
+    }
+    GRID_STRIDE(e, n) {
+        int64_t i[4];
+        kt_unflat(g, e, i);
+        float a = ldf(kt_at(g, i[0], i[1], i[2], i[3])), b = ldf(kt_at(u, i[0], i[1], i[2], i[3]));
+        if (!back)
+            stf(kt_at(t, i[0], i[1], i[2], i[3]), swiglu1(a, b));
+        else
+            swiglu_back1(a, b, ldf(kt_at(dy, i[0], i[1], i[2], i[3])), y + e, y2 + e);
+    }
+}
+
 /* ROPE / ROPE_BACK: a [D,H,T,B], positions [T]; freq: the n_rot/2 float32 frequencies (host-made,
  * keel_rope_freq); angles in float64 as on the cpu. One thread per element of the first half of
  * the rotated part (it writes the pair) or of the unrotated tail. */
@@ -336,10 +392,13 @@ __global__ void k_conv(kt t, kt x, kt w, kt pos, int fwd) {
  * bandwidth). */
 __global__ void k_conv4(float *y, const float *x, const float *w, kt pos, int64_t C, int64_t T, int64_t B, int K,
                         int fwd) {
-    int64_t C4 = C / 4;
-    GRID_STRIDE(e, C4 * T * B) {
-        int64_t c4 = e % C4, r = e / C4, tt = r % T, bb = r / T;
-        const float *wc = w + 4 * c4 * K; /* w(j, ch) at ch * K + j */
+    /* a row (position, example) per block row of the grid, channels across threads: no 64-bit
+     * division per element */
+    int64_t C4 = C / 4, c4 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c4 >= C4) return;
+    const float *wc = w + 4 * c4 * K; /* w(j, ch) at ch * K + j */
+    for (int64_t r = blockIdx.y; r < T * B; r += gridDim.y) {
+        int64_t tt = r % T, bb = r / T;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int j = 0; j < K; j++) {
             int64_t ts = fwd ? tt - (K - 1) + j : tt + (K - 1) - j;
@@ -351,7 +410,7 @@ __global__ void k_conv4(float *y, const float *x, const float *w, kt pos, int64_
                 acc.w += __fmul_rn(wc[3 * K + j], xv.w);
             }
         }
-        ((float4 *)(y + (bb * T + tt) * C))[c4] = acc;
+        ((float4 *)(y + r * C))[c4] = acc;
     }
 }
 
@@ -679,6 +738,21 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
             EW(k_silu_back, n, kx, ka, kb, 0);
         return 0;
     }
+    case KEEL_OP_SWIGLU:
+    case KEEL_OP_SWIGLU_BACK: {
+        bool back = t->op == KEEL_OP_SWIGLU_BACK;
+        kt none;
+        memset(&none, 0, sizeof none);
+        kt kd = back ? kt_of(t->src[2]) : none;
+        int64_t ng = keel_nelements(a);
+        bool vec = keel_is_contiguous(t) && keel_is_contiguous(a) && keel_is_contiguous(b) && vec_ok(t->data) &&
+                   vec_ok(a->data) && vec_ok(b->data) &&
+                   (!back || (keel_is_contiguous(t->src[2]) && vec_ok(t->src[2]->data) && ng % 4 == 0));
+        if (ng > 0)
+            k_swiglu<<<vec ? vec_blocks(ng) : cuda_blocks(ng, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(a), kt_of(b), kd,
+                                                                                      back ? 1 : 0, vec ? 1 : 0);
+        return 0;
+    }
     case KEEL_OP_SUM:
     case KEEL_OP_CROSS_ENTROPY_LOSS:
         return reduce_all(be, t);
@@ -708,10 +782,12 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_CONV1D_BACK_INPUT:
         if (a->ne[0] % 4 == 0 && keel_is_contiguous(t) && keel_is_contiguous(a) && keel_is_contiguous(b) &&
             vec_ok(t->data) && vec_ok(a->data)) {
+            int64_t rows = a->ne[1] * a->ne[2];
+            dim3 grid((unsigned)((a->ne[0] / 4 + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
             if (n > 0)
-                k_conv4<<<cuda_blocks(n / 4, 256), 256, 0, st(be)>>>(
-                    (float *)t->data, (const float *)a->data, (const float *)b->data, kt_of(t->src[2]), a->ne[0],
-                    a->ne[1], a->ne[2], (int)b->ne[0], t->op == KEEL_OP_CONV1D ? 1 : 0);
+                k_conv4<<<grid, 256, 0, st(be)>>>((float *)t->data, (const float *)a->data, (const float *)b->data,
+                                                  kt_of(t->src[2]), a->ne[0], a->ne[1], a->ne[2], (int)b->ne[0],
+                                                  t->op == KEEL_OP_CONV1D ? 1 : 0);
         } else {
             EW(k_conv, n, kt_of(t), kt_of(a), kt_of(b), kt_of(t->src[2]), t->op == KEEL_OP_CONV1D ? 1 : 0);
         }

@@ -386,6 +386,22 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         }
         return 0;
     }
+    case KEEL_OP_SWIGLU:
+        FOR4(t) {
+            double g = get(a, i0, i1, i2, i3);
+            put(t, i0, i1, i2, i3, g / (1.0 + exp(-g)) * get(b, i0, i1, i2, i3));
+        }
+        return 0;
+    case KEEL_OP_SWIGLU_BACK: {
+        const keel_tensor *dy = t->src[2];
+        int64_t n = keel_nelements(a);
+        for (int64_t e = 0; e < n; e++) {
+            double g = getf(a, e), s = 1.0 / (1.0 + exp(-g)), d = getf(dy, e);
+            putf(t, e, d * getf(b, e) * s * (1.0 + g * (1.0 - s)));
+            putf(t, n + e, d * g * s);
+        }
+        return 0;
+    }
     case KEEL_OP_SILU_BACK:
         FOR4(t) {
             double x = get(a, i0, i1, i2, i3), s = 1.0 / (1.0 + exp(-x));
