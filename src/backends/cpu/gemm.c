@@ -436,7 +436,28 @@ static int scratch_get(float **Bp, size_t b_bytes, float ***Ap, int nt, size_t a
     return 0;
 }
 
+/* slice: one of the K slices below, whose A is always packed whole and whose tiles run all of its k blocks */
+static int gemm_run(keel_pool *pool, const keel_gemm_args *g, bool slice);
+
+/* K of many blocks (the LM head's input gradient sums 248,320 terms): slices of FUSED_KBLK k blocks
+ * one after the other, each on the fused path (C goes to cache once a slice, not once a k block;
+ * A packed once a slice, not once a column block of B). The first slice sets C (or adds to it), the
+ * next ones add: each element is C = first k block, then C += the next, in order, as unsliced. */
+enum { FUSED_KBLK = 4 };
 int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g) {
+    int64_t span = (int64_t)FUSED_KBLK * KC, apre = (g->M + MC - 1) / MC * MC * span * 4;
+    if (g->M <= 0 || g->N <= 0 || g->K <= span || apre > APRE_MAX_BYTES) return gemm_run(pool, g, false);
+    for (int64_t k0 = 0; k0 < g->K; k0 += span) {
+        keel_gemm_args s = *g;
+        s.A = (const char *)g->A + k0 * g->a_k, s.B = (const char *)g->B + k0 * g->b_k;
+        s.K = g->K - k0 < span ? g->K - k0 : span;
+        s.accumulate = g->accumulate || k0 > 0;
+        if (gemm_run(pool, &s, true)) return -1;
+    }
+    return 0;
+}
+
+static int gemm_run(keel_pool *pool, const keel_gemm_args *g, bool slice) {
     if (g->M <= 0 || g->N <= 0) return 0;
     if (g->K <= 0) { /* empty sum */
         for (int64_t n = 0; n < g->N; n++)
@@ -459,8 +480,8 @@ int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g) {
     c.a_blk = ((MC + MR - 1) / MR) * MR * kc_max, c.b_blk = n_groups * NR * kc_max;
     int64_t n_kblk = (g->K + KC - 1) / KC, n_cblk = (g->N + NC_BLOCK - 1) / NC_BLOCK;
     size_t apre = (size_t)(n_kblk * c.n_mblk * c.a_blk) * 4;
-    bool pre = n_cblk >= 4 && apre <= APRE_MAX_BYTES;
-    c.fused = pre && n_kblk > 1 && n_kblk <= 4;
+    bool pre = (n_cblk >= 4 || slice) && apre <= APRE_MAX_BYTES;
+    c.fused = pre && n_kblk > 1 && n_kblk <= FUSED_KBLK;
     int rc = scratch_get(&c.Bp, (size_t)(c.b_blk * (c.fused ? n_kblk : 1)) * 4, &c.Ap, nt,
                          (size_t)(((MC + MR - 1) / MR) * MR * kc_max * 4));
     if (!rc && pre && (c.Apre = scratch_apre(apre)) != NULL) keel_pool_for(pool, n_kblk * c.n_mblk, prepack_a, &c);
