@@ -180,28 +180,39 @@ static void pack_rows8(const char *A, int64_t a_m, int64_t kc, float *d, int MR)
 static void pack_rows4(const char *A, int64_t a_m, int64_t kc, float *d, int MR);
 #endif
 
+/* pack_b's items: the rows k of the block when rows of B are contiguous in n (each thread reads
+ * whole rows: splitting the columns halved each row's contiguous run), else its NR-column groups */
+enum { PACK_KR = 32 };
+static int64_t pack_b_items(const gemm_ctx *c) {
+    return c->g->b_n == 4 ? (c->kc + PACK_KR - 1) / PACK_KR : (c->ncb + c->nr - 1) / c->nr;
+}
+
 static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
     (void)thread;
     gemm_ctx *c = arg;
     const keel_gemm_args *g = c->g;
     const int NR = c->nr;
     const int64_t end_col = c->jc + c->ncb;
-    if (g->b_n == 4) { /* rows of B contiguous in n: along each row k, so consecutive reads share pages */
-        for (int64_t k = 0; k < c->kc; k++) {
-            const char *row = (const char *)g->B + (c->pc + k) * g->b_k;
-            /* rows far apart (the LM head's 1 MiB): the prefetchers do not ramp up within one row's few KiB */
-            const char *ahead = k + 4 < c->kc ? row + 4 * g->b_k : NULL;
-            for (int64_t jg = begin; jg < end; jg++) {
-                if (ahead) __builtin_prefetch(ahead + (c->jc + jg * NR) * 4);
-                float *dst = c->Bp + jg * c->kc * NR + k * NR;
+    if (g->b_n == 4) { /* rows of B contiguous in n: items are blocks of KR rows (pack_b_items) */
+        int64_t groups = (c->ncb + NR - 1) / NR;
+        for (int64_t k0 = begin * PACK_KR; k0 < end * PACK_KR && k0 < c->kc; k0 += PACK_KR) {
+            int64_t k1 = k0 + PACK_KR < c->kc ? k0 + PACK_KR : c->kc;
+            /* a block of rows (far apart: the LM head's are 1 MiB) read once into cache, then each
+             * panel gets its KR rows as one contiguous run: writing 48 bytes to each of 64 panels per
+             * row missed the cache on every store */
+            for (int64_t jg = 0; jg < groups; jg++) {
                 int64_t j0 = c->jc + jg * NR, nj = end_col - j0 < NR ? end_col - j0 : NR;
-                const float *src = (const float *)(const void *)(row + j0 * 4);
-                if (nj == 12 && NR == 12) { /* a fixed count the compiler copies in two vector moves */
-                    for (int j = 0; j < 12; j++) dst[j] = src[j];
-                } else if (nj == 6 && NR == 6) {
-                    for (int j = 0; j < 6; j++) dst[j] = src[j];
-                } else {
-                    for (int64_t j = 0; j < NR; j++) dst[j] = j < nj ? src[j] : 0.0f;
+                float *dst = c->Bp + jg * c->kc * NR + k0 * NR;
+                for (int64_t k = k0; k < k1; k++, dst += NR) {
+                    const float *src =
+                        (const float *)(const void *)((const char *)g->B + (c->pc + k) * g->b_k + j0 * 4);
+                    if (nj == 12 && NR == 12) { /* a fixed size: vector moves (an element loop stayed scalar) */
+                        memcpy(dst, src, 12 * sizeof(float));
+                    } else if (nj == 6 && NR == 6) {
+                        memcpy(dst, src, 6 * sizeof(float));
+                    } else {
+                        for (int64_t j = 0; j < NR; j++) dst[j] = j < nj ? src[j] : 0.0f;
+                    }
                 }
             }
         }
@@ -492,7 +503,7 @@ static int gemm_run(keel_pool *pool, const keel_gemm_args *g, bool slice) {
         float *Bp0 = c.Bp;
         for (int64_t kb = 0; kb < n_kblk; kb++) {
             c.pc = kb * KC, c.kc = g->K - c.pc < KC ? g->K - c.pc : KC, c.Bp = Bp0 + kb * c.b_blk;
-            keel_pool_for(pool, (c.ncb + NR - 1) / NR, pack_b, &c);
+            keel_pool_for(pool, pack_b_items(&c), pack_b, &c);
         }
         c.Bp = Bp0;
         keel_pool_for(pool, c.n_mblk * c.n_nblk, compute_blocks, &c);
@@ -506,7 +517,7 @@ static int gemm_run(keel_pool *pool, const keel_gemm_args *g, bool slice) {
              * column block. Otherwise split the columns too. Either way, no element's sum order
              * changes: k blocks stay in order for every element. */
             c.n_nblk = c.n_mblk >= 2 * nt ? 1 : (c.ncb + NC - 1) / NC;
-            keel_pool_for(pool, (c.ncb + NR - 1) / NR, pack_b, &c);
+            keel_pool_for(pool, pack_b_items(&c), pack_b, &c);
             keel_pool_for(pool, c.n_mblk * c.n_nblk, compute_blocks, &c);
         }
     }
