@@ -25,6 +25,14 @@ typedef struct {
 #define F(p) (*(const float *)(const void *)(p))
 #define W(p) (*(float *)(void *)(p))
 
+/* SiLU and its backward with the vector exp: SILU, SILU_BACK and SWIGLU(_BACK) share them, so the
+ * fused op gives the bits of the ops it replaces. */
+static inline float silu_f32(float x) { return x / (1.0f + keel_expf_fast(-x)); }
+static inline float silu_back_f32(float x, float d) {
+    float sg = 1.0f / (1.0f + keel_expf_fast(-x));
+    return d * sg * (1.0f + x * (1.0f - sg));
+}
+
 static void unary_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
@@ -36,7 +44,7 @@ static void unary_task(void *arg, int64_t b, int64_t e, int th) {
         if (t->op == KEEL_OP_SILU) { /* keel_unary_f32's SiLU with the vector exp in place of expf */
             for (int64_t i = 0; i < t->ne[0]; i++) {
                 float x = F(s + i * a->nb[0]);
-                W(d + 4 * i) = x / (1.0f + keel_expf_fast(-x));
+                W(d + 4 * i) = silu_f32(x);
             }
             continue;
         }
@@ -162,10 +170,7 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
         }
         case KEEL_OP_SILU_BACK: {
             const char *dy = cpu_row(y, i1, i2, i3);
-            for (int64_t i = 0; i < n; i++) {
-                float x = F(s + i * an), sg = 1.0f / (1.0f + keel_expf_fast(-x));
-                W(d + 4 * i) = F(dy + i * y->nb[0]) * sg * (1.0f + x * (1.0f - sg));
-            }
+            for (int64_t i = 0; i < n; i++) W(d + 4 * i) = silu_back_f32(F(s + i * an), F(dy + i * y->nb[0]));
             break;
         }
         case KEEL_OP_ROPE:
@@ -376,8 +381,7 @@ static void dropout_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
-/* SWIGLU and SWIGLU_BACK over rows of the gate: SILU's formula (the vector exp) and MUL's product,
- * so the fused op gives the bits of the SILU, MUL and SILU_BACK it replaces. */
+/* SWIGLU and SWIGLU_BACK over rows of the gate: silu_f32, silu_back_f32 and MUL's product. */
 static void swiglu_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
@@ -389,18 +393,15 @@ static void swiglu_task(void *arg, int64_t b, int64_t e, int th) {
         const char *gs = cpu_row(g, i1, i2, i3), *us = cpu_row(u, i1, i2, i3);
         if (!back) {
             float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
-            for (int64_t i = 0; i < n; i++) {
-                float x = F(gs + i * g->nb[0]);
-                d[i] = x / (1.0f + keel_expf_fast(-x)) * F(us + i * u->nb[0]);
-            }
+            for (int64_t i = 0; i < n; i++) d[i] = silu_f32(F(gs + i * g->nb[0])) * F(us + i * u->nb[0]);
             continue;
         }
         const char *ds = cpu_row(dy, i1, i2, i3);
         float *dg = (float *)t->data + r * n, *du = (float *)t->data + all + r * n;
         for (int64_t i = 0; i < n; i++) {
-            float x = F(gs + i * g->nb[0]), d = F(ds + i * dy->nb[0]), sg = 1.0f / (1.0f + keel_expf_fast(-x));
-            dg[i] = d * F(us + i * u->nb[0]) * sg * (1.0f + x * (1.0f - sg));
-            du[i] = d * (x / (1.0f + keel_expf_fast(-x)));
+            float x = F(gs + i * g->nb[0]), d = F(ds + i * dy->nb[0]);
+            dg[i] = silu_back_f32(x, d * F(us + i * u->nb[0]));
+            du[i] = d * silu_f32(x);
         }
     }
 }

@@ -63,6 +63,12 @@ static int ref_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor 
 
 /* The window of an ACC/SET result: src1's shape at the parameter strides and offset. */
 
+/* d silu(x) = d s (1 + x (1 - s)), s = sigmoid(x): SILU_BACK and SWIGLU_BACK */
+static double silu_back(double x, double d) {
+    double s = 1.0 / (1.0 + exp(-x));
+    return d * s * (1.0 + x * (1.0 - s));
+}
+
 static double unary(int op, double x, const double *fp) {
     switch (op) {
     case KEEL_OP_SCALE:
@@ -387,26 +393,20 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     }
     case KEEL_OP_SWIGLU:
-        FOR4(t) {
-            double g = get(a, i0, i1, i2, i3);
-            put(t, i0, i1, i2, i3, g / (1.0 + exp(-g)) * get(b, i0, i1, i2, i3));
-        }
+        FOR4(t) put(t, i0, i1, i2, i3, unary(KEEL_OP_SILU, get(a, i0, i1, i2, i3), t->fp) * get(b, i0, i1, i2, i3));
         return 0;
     case KEEL_OP_SWIGLU_BACK: {
         const keel_tensor *dy = t->src[2];
         int64_t n = keel_nelements(a);
         for (int64_t e = 0; e < n; e++) {
-            double g = getf(a, e), s = 1.0 / (1.0 + exp(-g)), d = getf(dy, e);
-            putf(t, e, d * getf(b, e) * s * (1.0 + g * (1.0 - s)));
-            putf(t, n + e, d * g * s);
+            double g = getf(a, e), d = getf(dy, e);
+            putf(t, e, silu_back(g, d * getf(b, e)));
+            putf(t, n + e, d * unary(KEEL_OP_SILU, g, t->fp));
         }
         return 0;
     }
     case KEEL_OP_SILU_BACK:
-        FOR4(t) {
-            double x = get(a, i0, i1, i2, i3), s = 1.0 / (1.0 + exp(-x));
-            put(t, i0, i1, i2, i3, get(b, i0, i1, i2, i3) * s * (1.0 + x * (1.0 - s)));
-        }
+        FOR4(t) put(t, i0, i1, i2, i3, silu_back(get(a, i0, i1, i2, i3), get(b, i0, i1, i2, i3)));
         return 0;
     case KEEL_OP_SUM: {
         double s = 0;
