@@ -78,12 +78,29 @@ __attribute__((target("avx2,fma"))) static void *fma_loop256(void *out) {
 #undef STEP
 #undef SUM
 }
+/* The bf16 kernel's instruction: each VDPBF16PS lane adds two products (4 flops). */
+__attribute__((target("avx512f,avx512bf16"))) static void *dp_loop512(void *out) {
+    __m512bh m = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), a = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+#define DECL(i) __m512 c##i = _mm512_set1_ps((float)(i));
+#define STEP(i) c##i = _mm512_dpbf16_ps(c##i, m, a);
+#define SUM(i)  +_mm512_reduce_add_ps(c##i)
+    CHAINS(DECL)
+    for (long i = 0; i < PEAK_ITERS / 4; i++) {
+        CHAINS(STEP)
+    }
+    *(float *)out = 0 CHAINS(SUM);
+    return NULL;
+#undef DECL
+#undef STEP
+#undef SUM
+}
 #undef CHAINS
 
-/* GFLOP/s of `threads` threads, each of PEAK_ITERS x 16 chains x 8 lanes (or half the steps at 16). */
-static double measured_peak(int threads, int vec_floats) {
+/* GFLOP/s of `threads` threads, each of PEAK_ITERS x 16 chains x 8 lanes x 2 flops (the same flops
+ * in half the steps at 16 lanes, a quarter at 16 lanes of two products each). */
+static double measured_peak(int threads, int vec_floats, bool bf16) {
     if (vec_floats < 8) return 0;
-    void *(*fn)(void *) = vec_floats == 16 ? fma_loop512 : fma_loop256;
+    void *(*fn)(void *) = bf16 ? dp_loop512 : vec_floats == 16 ? fma_loop512 : fma_loop256;
     pthread_t th[64];
     float sink[64];
     int n = threads < 64 ? threads : 64;
@@ -99,8 +116,8 @@ static double measured_peak(int threads, int vec_floats) {
     return best;
 }
 #else
-static double measured_peak(int threads, int vec_floats) {
-    (void)threads, (void)vec_floats;
+static double measured_peak(int threads, int vec_floats, bool bf16) {
+    (void)threads, (void)vec_floats, (void)bf16;
     return 0;
 }
 #endif
@@ -195,7 +212,14 @@ static void fill(float *x, int64_t n, uint64_t st) {
     }
 }
 
-static int bench_model_shapes(const blas_peer *peers, int n_peers, int threads, int reps, int64_t T) {
+/* bf16 copies of x[0..n), and x set to the values they hold (what the peers multiply); NULL: no memory. */
+static uint16_t *round_to_bf16(float *x, int64_t n) {
+    uint16_t *h = malloc((size_t)n * 2);
+    for (int64_t i = 0; h && i < n; i++) h[i] = keel_f32_to_bf16(x[i]), x[i] = keel_bf16_to_f32(h[i]);
+    return h;
+}
+
+static int bench_model_shapes(const blas_peer *peers, int n_peers, int threads, int reps, int64_t T, bool bf16) {
     const int64_t H = 1024, outs[] = {3584, 6144, 248320};
     keel_pool *pool = keel_pool_new(threads);
     if (!pool) return 1;
@@ -215,6 +239,18 @@ static int bench_model_shapes(const blas_peer *peers, int n_peers, int threads, 
             return 1;
         }
         fill(W, O * H, 1), fill(X, T * H, 2), fill(dY, T * O, 3);
+        /* bf16: keel reads bf16 copies, the peers float32 arrays of the same values */
+        uint16_t *W16 = bf16 ? round_to_bf16(W, O * H) : NULL, *X16 = bf16 ? round_to_bf16(X, T * H) : NULL,
+                 *dY16 = bf16 ? round_to_bf16(dY, T * O) : NULL;
+        if (bf16 && (!W16 || !X16 || !dY16)) {
+            free(W), free(X), free(dY), free(C), free(R), free(W16), free(X16), free(dY16);
+            keel_pool_free(pool);
+            fprintf(stderr, "keel bench matmul: out of memory for the %lld-column shapes\n", (long long)O);
+            return 1;
+        }
+        const void *Wk = bf16 ? (const void *)W16 : W, *Xk = bf16 ? (const void *)X16 : X,
+                   *dYk = bf16 ? (const void *)dY16 : dY;
+        const int64_t es = bf16 ? 2 : 4; /* bytes per element of keel's operands */
         for (int kind = 0; kind < 3; kind++) {
             /* W is [O rows of H], X [T rows of H], dY [T rows of O], all row-major as keel stores them;
              * column-major for the peers: W is H x O (ld H), X is H x T (ld H), dY is O x T (ld O) */
@@ -224,15 +260,15 @@ static int bench_model_shapes(const blas_peer *peers, int n_peers, int threads, 
             int64_t M, N, K;
             if (kind == 0) { /* Y(t,o) = sum_h W(o,h) X(t,h): C(m=o, n=t) */
                 what = "forward  Y = W X", M = O, N = T, K = H;
-                g = (keel_gemm_args){M, N, K, W, H * 4, 4, X, 4, H * 4, C, 4, O * 4, false};
+                g = (keel_gemm_args){M, N, K, Wk, H * es, es, Xk, es, H * es, C, 4, O * 4, false, bf16};
                 bc = (blas_call){CblasTrans, CblasNoTrans, (int)M, (int)N, (int)K, (int)H, (int)H, (int)M, W, X, R};
             } else if (kind == 1) { /* dX(t,h) = sum_o W(o,h) dY(t,o): C(m=h, n=t) */
                 what = "backward dX = W^T dY", M = H, N = T, K = O;
-                g = (keel_gemm_args){M, N, K, W, 4, H * 4, dY, 4, O * 4, C, 4, H * 4, false};
+                g = (keel_gemm_args){M, N, K, Wk, es, H * es, dYk, es, O * es, C, 4, H * 4, false, bf16};
                 bc = (blas_call){CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, (int)H, (int)O, (int)M, W, dY, R};
             } else { /* dW(o,h) = sum_t X(t,h) dY(t,o): C(m=h, n=o); dY read transposed */
                 what = "backward dW = dY X^T", M = H, N = O, K = T;
-                g = (keel_gemm_args){M, N, K, X, 4, H * 4, dY, O * 4, 4, C, 4, H * 4, false};
+                g = (keel_gemm_args){M, N, K, Xk, es, H * es, dYk, O * es, es, C, 4, H * 4, false, bf16};
                 bc = (blas_call){CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, (int)H, (int)O, (int)M, X, dY, R};
             }
             double tk[16], flops = 2.0 * (double)M * (double)N * (double)K, diff = NAN, pg[MAX_PEERS];
@@ -255,7 +291,7 @@ static int bench_model_shapes(const blas_peer *peers, int n_peers, int threads, 
             printf(" %12.1e\n", diff);
             fflush(stdout);
         }
-        free(W), free(X), free(dY), free(C), free(R);
+        free(W), free(X), free(dY), free(C), free(R), free(W16), free(X16), free(dY16);
     }
     keel_pool_free(pool);
     return 0;
@@ -289,7 +325,18 @@ static void *open_blis(void) {
     return NULL;
 }
 
-static int bench_matmul(const long long *sizes, int n_sizes, int threads, int reps, bool shapes) {
+/* keel's timings of one run of a step's session: a warm-up, then reps timed. */
+static void time_session(keel_step *stp, double *t, int reps) {
+    let_threads_sleep();
+    keel_session_run(stp->s, NULL, NULL);
+    for (int r = 0; r < reps; r++) {
+        double t0 = keel_now_s();
+        keel_session_run(stp->s, NULL, NULL);
+        t[r] = keel_now_s() - t0;
+    }
+}
+
+static int bench_matmul(const long long *sizes, int n_sizes, int threads, int reps, bool shapes, bool bf16) {
     const char *core = choose_coretype();
     blas_peer peers[MAX_PEERS];
     int n_peers = 0;
@@ -308,11 +355,25 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
     const char *(*blis_arch_name)(int) = blis ? (const char *(*)(int))dlsym(blis, "bli_arch_string") : NULL;
     if (blis_threads) blis_threads(threads);
     if (blis_sgemm) peers[n_peers++] = (blas_peer){"BLIS", "BLIS", blis_sgemm};
+    const char *bf16_kernel = keel_cpu_gemm_bf16_kernel();
+    if (bf16 && !bf16_kernel) { /* the products would run on float32 copies: nothing new to time */
+        fprintf(stderr,
+                "keel bench matmul: --bf16 needs the AVX-512 BF16 kernel; this CPU (or KEEL_GEMM_ISA=%s) has "
+                "none, and its bf16 products run on float32 copies (the float32 benchmark)\n",
+                getenv("KEEL_GEMM_ISA") ? getenv("KEEL_GEMM_ISA") : "");
+        return 1;
+    }
     int vf = keel_cpu_gemm_vector_floats();
-    double mhz = cpu_mhz(), peak = measured_peak(threads, vf);
-    printf("keel bench matmul: float32 C[M,N] = A[K,M]^T B[K,N], M=N=K, %d thread(s), median of %d runs\n", threads,
-           reps);
-    printf("keel micro-kernel: %s\n", keel_cpu_gemm_kernel());
+    double mhz = cpu_mhz(), peak = measured_peak(threads, vf, bf16);
+    if (bf16)
+        printf("keel bench matmul: bf16 A and B, float32 sums and C[M,N] = A[K,M]^T B[K,N], M=N=K, %d thread(s), "
+               "median of %d runs\nkeel micro-kernel: %s; the peers have no bf16 product here: they multiply float32 "
+               "arrays of the same values\n",
+               threads, reps, bf16_kernel);
+    else
+        printf("keel bench matmul: float32 C[M,N] = A[K,M]^T B[K,N], M=N=K, %d thread(s), median of %d runs\n"
+               "keel micro-kernel: %s\n",
+               threads, reps, keel_cpu_gemm_kernel());
     if (sgemm)
         printf("peer: OpenBLAS cblas_sgemm, OPENBLAS_CORETYPE=%s, kernel in use: %s\n", core,
                corename ? corename() : "?");
@@ -324,14 +385,20 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
     else
         printf("peer: BLIS not installed (libblis4-pthread), left out\n");
     if (peak > 0)
-        printf("peak: %.1f GFLOP/s, measured: %d thread(s) of independent %d-float FMAs (%.1f flop/cycle per thread "
+        printf("peak: %.1f GFLOP/s, measured: %d thread(s) of independent %s (%.1f flop/cycle per thread "
                "at the %.2f GHz /proc/cpuinfo reports)\n\n",
-               peak, threads, vf, mhz > 0 ? peak / threads / (mhz * 1e-3) : NAN, mhz * 1e-3);
+               peak, threads,
+               bf16       ? "VDPBF16PS (16 lanes of 2 products)"
+               : vf == 16 ? "16-float FMAs"
+                          : "8-float FMAs",
+               mhz > 0 ? peak / threads / (mhz * 1e-3) : NAN, mhz * 1e-3);
     else
         printf("peak: not measured for the portable kernel\n\n");
     printf("%6s %12s", "size", "keel GF/s");
     print_peer_heads(peers, n_peers);
-    printf(" %10s %12s\n", "keel/peak", "max rel diff");
+    printf(" %10s %12s", "keel/peak", "max rel diff");
+    /* bf16: the same graph with the bf16 kernel turned off (float32 copies, as before it) */
+    printf(bf16 ? " %12s %9s\n" : "\n", "via f32 GF/s", "speedup");
     keel_backend *be = keel_backend_new("cpu", threads);
     if (!be) {
         fprintf(stderr, "keel: %s\n", keel_last_error());
@@ -341,8 +408,9 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         int64_t n = sizes[s];
         keel_step *stp = keel_step_custom(); /* one MUL_MAT on the backend */
         keel_ctx *ctx = stp ? stp->ctx : NULL;
-        keel_tensor *a = ctx ? keel_set_flags(keel_new_2d(ctx, KEEL_F32, n, n), KEEL_FLAG_INPUT) : NULL;
-        keel_tensor *b = ctx ? keel_set_flags(keel_new_2d(ctx, KEEL_F32, n, n), KEEL_FLAG_INPUT) : NULL;
+        keel_type ty = bf16 ? KEEL_BF16 : KEEL_F32;
+        keel_tensor *a = ctx ? keel_set_flags(keel_new_2d(ctx, ty, n, n), KEEL_FLAG_INPUT) : NULL;
+        keel_tensor *b = ctx ? keel_set_flags(keel_new_2d(ctx, ty, n, n), KEEL_FLAG_INPUT) : NULL;
         keel_tensor *c = a && b ? keel_mul_mat(ctx, a, b) : NULL;
         if (!c || keel_step_set_outputs(stp, &c, 1) || keel_step_place(stp, be)) {
             fprintf(stderr, "keel: %s\n", keel_last_error());
@@ -356,18 +424,19 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
             ha[i] = (float)((double)(st >> 40) / 16777216.0 - 0.5);
             st = st * 6364136223846793005ull + 1442695040888963407ull;
             hb[i] = (float)((double)(st >> 40) / 16777216.0 - 0.5);
+            if (bf16) /* the values the bf16 tensors hold, for the peers */
+                ha[i] = keel_bf16_to_f32(keel_f32_to_bf16(ha[i])), hb[i] = keel_bf16_to_f32(keel_f32_to_bf16(hb[i]));
         }
         keel_tensor_write(be, a, ha, KEEL_F32);
         keel_tensor_write(be, b, hb, KEEL_F32);
-        double tk[16], flops = 2.0 * (double)n * (double)n * (double)n;
-        let_threads_sleep();
-        keel_session_run(stp->s, NULL, NULL); /* warm-up */
-        for (int r = 0; r < reps; r++) {
-            double t0 = keel_now_s();
-            keel_session_run(stp->s, NULL, NULL);
-            tk[r] = keel_now_s() - t0;
-        }
+        double tk[16], tf[16], flops = 2.0 * (double)n * (double)n * (double)n;
+        time_session(stp, tk, reps);
         keel_tensor_read(be, c, hc, KEEL_F32);
+        if (bf16) { /* KEEL_GEMM_ISA is read at each product */
+            setenv("KEEL_GEMM_ISA", "avx512", 1);
+            time_session(stp, tf, reps);
+            unsetenv("KEEL_GEMM_ISA");
+        }
         double diff = NAN, pg[MAX_PEERS];
         blas_call bc = {CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, (int)n, (int)n, (int)n, ha, hb, oc};
         for (int i = 0; i < n_peers; i++) {
@@ -377,13 +446,18 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         double kg = median_gflops(tk, reps, flops);
         printf("%6lld %12.1f", (long long)n, kg);
         for (int i = 0; i < n_peers; i++) printf(" %10.1f %8.2f", pg[i], kg / pg[i]);
-        printf(" %10.2f %12.1e\n", kg / peak, diff);
+        printf(" %10.2f %12.1e", kg / peak, diff);
+        if (bf16) {
+            double fg = median_gflops(tf, reps, flops);
+            printf(" %12.1f %9.2f", fg, kg / fg);
+        }
+        printf("\n");
         fflush(stdout);
         free(ha), free(hb), free(hc), free(oc);
         keel_step_free(stp);
     }
     keel_backend_free(be);
-    return shapes ? bench_model_shapes(peers, n_peers, threads, reps, 1024) : 0;
+    return shapes ? bench_model_shapes(peers, n_peers, threads, reps, 1024, bf16) : 0;
 }
 
 /* One training step of a 12-layer Qwen3.5-family model per recompute mode, each mode in a child
@@ -607,7 +681,7 @@ int cmd_bench(int argc, char **argv) {
     }
     long long sizes[16] = {512, 1024, 2048, 4096}, threads = 2, reps = 5;
     int n_sizes = 4;
-    bool shapes = false;
+    bool shapes = false, bf16 = false;
     const char *size_list = NULL;
     const cli_flag flags[] = {
         {"--sizes", CLI_STR, &size_list, .meta = "N,N,...", .help = "square sizes (default 512,1024,2048,4096)"},
@@ -615,11 +689,14 @@ int cmd_bench(int argc, char **argv) {
         {"--reps", CLI_INT, &reps, 1, 16, .meta = "N", .help = "timed repetitions (default 5)"},
         {"--model-shapes", CLI_BOOL, &shapes,
          .help = "also the 0.8B model's forward and backward products (hidden 1024 x 3584, 6144, 248320 columns)"},
+        {"--bf16", CLI_BOOL, &bf16,
+         .help = "bf16 operands on the AVX-512 BF16 kernel (float32 sums), next to the float32-copy path"},
     };
     const cli_spec spec = {
         "keel bench matmul",
-        "cpu float32 matrix product: GFLOP/s next to OpenBLAS, BLIS (when installed) and the CPU's peak", flags,
-        N_OF(flags)};
+        "cpu matrix product (float32, or bf16 operands): GFLOP/s next to OpenBLAS, BLIS (when installed) and the "
+        "CPU's peak",
+        flags, N_OF(flags)};
     int r = parse_sub(&spec, argc, argv);
     if (r >= 0) return r;
     if (size_list) {
@@ -632,5 +709,5 @@ int cmd_bench(int argc, char **argv) {
             sizes[n_sizes++] = x;
         }
     }
-    return bench_matmul(sizes, n_sizes, (int)threads, (int)reps, shapes);
+    return bench_matmul(sizes, n_sizes, (int)threads, (int)reps, shapes, bf16);
 }

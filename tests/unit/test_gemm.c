@@ -22,29 +22,37 @@ typedef struct {
     bool a_rows_m, b_rows_n, c_rows_n, accumulate; /* whether m (n) is the fast index of A (B, C) */
 } shape;
 
-/* C = (C0 +) A B with the layout's strides on nt threads and the named kernel; returns C. */
-static float *run(const shape *s, const float *A, const float *B, const float *C0, int nt, const char *isa) {
+/* C = (C0 +) A B with the layout's strides on nt threads and the named kernel; returns C. A and B
+ * hold floats, or bf16 values (uint16_t) when bf16. */
+static float *run_typed(const shape *s, const void *A, const void *B, const float *C0, int nt, const char *isa,
+                        bool bf16) {
     setenv("KEEL_GEMM_ISA", isa, 1);
     float *C = malloc((size_t)(s->M * s->N) * 4);
     memcpy(C, C0, (size_t)(s->M * s->N) * 4);
+    int64_t e = bf16 ? 2 : 4;
     keel_gemm_args g = {s->M,
                         s->N,
                         s->K,
                         A,
-                        s->a_rows_m ? 4 : s->K * 4,
-                        s->a_rows_m ? s->M * 4 : 4,
+                        s->a_rows_m ? e : s->K * e,
+                        s->a_rows_m ? s->M * e : e,
                         B,
-                        s->b_rows_n ? s->N * 4 : 4,
-                        s->b_rows_n ? 4 : s->K * 4,
+                        s->b_rows_n ? s->N * e : e,
+                        s->b_rows_n ? e : s->K * e,
                         C,
                         s->c_rows_n ? s->N * 4 : 4,
                         s->c_rows_n ? 4 : s->M * 4,
-                        s->accumulate};
+                        s->accumulate,
+                        bf16};
     keel_pool *p = keel_pool_new(nt);
     assert_int_equal(keel_cpu_gemm(p, &g), 0);
     keel_pool_free(p);
     unsetenv("KEEL_GEMM_ISA");
     return C;
+}
+
+static float *run(const shape *s, const float *A, const float *B, const float *C0, int nt, const char *isa) {
+    return run_typed(s, A, B, C0, nt, isa, false);
 }
 
 static void against_float64(void **st) {
@@ -86,6 +94,63 @@ static void against_float64(void **st) {
     }
 }
 
+/* bf16 copies of x, and x set to their values. */
+static uint16_t *to_bf16(float *x, int64_t n) {
+    uint16_t *h = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) h[i] = keel_f32_to_bf16(x[i]), x[i] = keel_bf16_to_f32(h[i]);
+    return h;
+}
+
+/* The AVX-512 BF16 kernel (where the CPU has it) on bf16 operands gives the bits of the float32
+ * kernel on float32 copies of them: the same FMA order, pairs of k summed upper half first. Shapes
+ * with even and odd K (odd: a zero-padded last pair, rows not 4-byte aligned), K sliced (over 2048),
+ * both packing layouts, accumulate; 1 and 3 threads. Subnormal inputs read as zero. */
+static void bf16_kernel(void **st) {
+    (void)st;
+    if (!keel_cpu_gemm_bf16_kernel()) {
+        printf("bf16_kernel: this CPU has no AVX-512 BF16; its bf16 products run on float32 copies\n");
+        return;
+    }
+    setenv("KEEL_GEMM_ISA", "avx512", 1); /* the float32 AVX-512 kernel asked for: no bf16 kernel */
+    assert_null(keel_cpu_gemm_bf16_kernel());
+    unsetenv("KEEL_GEMM_ISA");
+    static const shape shapes[] = {
+        {77, 3900, 1100, false, false, false, false}, /* MUL_MAT's layout: k contiguous, 3 k blocks */
+        {77, 1000, 1101, false, false, false, true},  /* odd K */
+        {130, 45, 1030, true, true, false, true},     /* OUT_PROD's layout: m and n contiguous */
+        {33, 7700, 521, false, true, true, false},    /* odd K, mixed layouts, C strided */
+        {40, 300, 4099, false, false, false, false},  /* K in slices of 4 blocks, odd */
+        {1, 1, 1, false, false, false, false},
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        const shape *s = &shapes[k];
+        float *A = malloc((size_t)(s->M * s->K) * 4), *B = malloc((size_t)(s->K * s->N) * 4),
+              *C0 = malloc((size_t)(s->M * s->N) * 4);
+        fill(A, s->M * s->K, 3 + k), fill(B, s->K * s->N, 9 + k), fill(C0, s->M * s->N, 17 + k);
+        uint16_t *A16 = to_bf16(A, s->M * s->K), *B16 = to_bf16(B, s->K * s->N);
+        float *Cf = run(s, A, B, C0, 2, "avx512");
+        for (int nt = 1; nt <= 3; nt++) {
+            float *Cb = run_typed(s, A16, B16, C0, nt, "", true);
+            for (int64_t i = 0; i < s->M * s->N; i++)
+                if (memcmp(&Cb[i], &Cf[i], 4))
+                    fail_msg("shape %zu, %d thread(s): element %lld is %.9g, the float32 kernel's %.9g", k, nt,
+                             (long long)i, Cb[i], Cf[i]);
+            free(Cb);
+        }
+        free(Cf), free(A), free(B), free(C0), free(A16), free(B16);
+    }
+    /* a subnormal input: the instruction reads it as zero, where the float32 kernel keeps it */
+    shape s = {16, 12, 2, false, false, false, false};
+    float A[16 * 2] = {0}, B[2 * 12], C0[16 * 12] = {0};
+    uint16_t A16[16 * 2] = {0}, B16[2 * 12];
+    for (int i = 0; i < 24; i++) B[i] = 1.0f, B16[i] = 0x3f80;
+    A16[0] = 0x0040, A[0] = 0x1p-128f; /* A(0, 0) */
+    float *Cb = run_typed(&s, A16, B16, C0, 1, "", true), *Cf = run(&s, A, B, C0, 1, "avx512");
+    assert_true(Cf[0] == 0x1p-128f);
+    assert_memory_equal(Cb, C0, sizeof C0);
+    free(Cb), free(Cf);
+}
+
 static void transpose_copy(void **st) {
     (void)st;
     static const int64_t shapes[][2] = {{150, 70}, {65, 17}, {1000, 3}, {3, 1000}};
@@ -109,6 +174,7 @@ static void transpose_copy(void **st) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(against_float64), cmocka_unit_test(transpose_copy)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(against_float64), cmocka_unit_test(bf16_kernel),
+                                       cmocka_unit_test(transpose_copy)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -442,7 +442,8 @@ static int mul_mat(keel_backend *be, const keel_tensor *t) {
                                 .b_n = b->nb[1],
                                 .C = (float *)(void *)cpu_row(t, 0, i2, i3),
                                 .c_m = t->nb[0],
-                                .c_n = t->nb[1]};
+                                .c_n = t->nb[1],
+                                .bf16 = a->type == KEEL_BF16};
             if (keel_cpu_gemm(cpu_pool(be), &g)) return -1;
         }
     return 0;
@@ -471,7 +472,8 @@ static int out_prod(keel_backend *be, const keel_tensor *t) {
                                         .C = (float *)(void *)cpu_row(t, 0, i2, i3),
                                         .c_m = t->nb[0],
                                         .c_n = t->nb[1],
-                                        .accumulate = !first};
+                                        .accumulate = !first,
+                                        .bf16 = a->type == KEEL_BF16};
                     if (keel_cpu_gemm(cpu_pool(be), &g)) return -1;
                     first = false;
                 }
@@ -479,14 +481,16 @@ static int out_prod(keel_backend *be, const keel_tensor *t) {
     return 0;
 }
 
-/* Products of bf16 operands: their exact float32 copies, the float32 product, then the result in
- * its type (bf16: rounded to nearest even by the copy path). */
+/* Products of bf16 operands: read as they are by the bf16 kernel where the CPU has one, else through
+ * their exact float32 copies (the same bits but for subnormals: gemm.h); float32 sums, then the
+ * result in its type (bf16: rounded to nearest even by the copy path). */
 static int product_bf16(keel_backend *be, const keel_tensor *t, int (*product)(keel_backend *, const keel_tensor *)) {
     keel_tensor a = {0}, b = {0}, out = {0}, r = *t;
-    int rc = cpu_f32_temp(be, t->src[0], &a, true) || cpu_f32_temp(be, t->src[1], &b, true) ||
+    bool direct = t->src[1]->type == KEEL_BF16 && keel_cpu_gemm_bf16_kernel() != NULL;
+    int rc = (!direct && (cpu_f32_temp(be, t->src[0], &a, true) || cpu_f32_temp(be, t->src[1], &b, true))) ||
              (t->type == KEEL_BF16 && cpu_f32_temp(be, t, &out, false));
     if (t->type == KEEL_BF16) r = out; /* a float32 result, shaped like t, rounded once at the end */
-    r.src[0] = &a, r.src[1] = &b;
+    r.src[0] = direct ? t->src[0] : &a, r.src[1] = direct ? t->src[1] : &b;
     if (!rc) rc = product(be, &r) || (t->type == KEEL_BF16 && cpu_copy(be, t, &r, false));
     free(a.data), free(b.data), free(out.data);
     return rc ? -1 : 0;

@@ -130,10 +130,56 @@ __attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const flo
 }
 #endif
 
+#ifdef KEEL_X86
+/* bf16 operands, 32 x 12 like tile_avx512_c: panels hold k in pairs, one 32-bit slot per row (A) or
+ * column (B) per pair, k in the upper half and k + 1 in the lower. VDPBF16PS adds the upper halves'
+ * product first, then the lower's, each rounded once (a product of two bf16 is exact in float32):
+ * the same two roundings as two FMAs in k order. Measured on this instruction against fmaf in both
+ * orders: upper-first matches bit for bit. kc is in k steps; an odd kc's last pair has a zero lower half. */
+#define DP2(j)                                                                                                         \
+    b = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(Bp[j]));                                                          \
+    c##j##0 = _mm512_dpbf16_ps(c##j##0, a0, b);                                                                        \
+    c##j##1 = _mm512_dpbf16_ps(c##j##1, a1, b);
+#define PUT2(j)                                                                                                        \
+    if (first) {                                                                                                       \
+        _mm512_storeu_ps(C + (j)*ldc, c##j##0);                                                                        \
+        _mm512_storeu_ps(C + (j)*ldc + 16, c##j##1);                                                                   \
+    } else {                                                                                                           \
+        _mm512_storeu_ps(C + (j)*ldc, _mm512_add_ps(_mm512_loadu_ps(C + (j)*ldc), c##j##0));                           \
+        _mm512_storeu_ps(C + (j)*ldc + 16, _mm512_add_ps(_mm512_loadu_ps(C + (j)*ldc + 16), c##j##1));                 \
+    }
+__attribute__((target("avx512f,avx512bf16"))) static void tile_bf16_c(int64_t kc, const float *Ap, const float *Bp,
+                                                                      float *C, int64_t ldc, bool first) {
+    for (int j = 0; j < 12; j++) {
+        _mm_prefetch((const char *)(C + j * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(C + j * ldc + 16), _MM_HINT_T0);
+    }
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+           c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00,
+           c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
+    const int64_t np = (kc + 1) / 2;
+#pragma GCC unroll 2
+    for (int64_t p = 0; p < np; p++, Ap += 32, Bp += 12) {
+        _mm_prefetch((const char *)(Ap + 8 * 32), _MM_HINT_T0);
+        __m512bh a0 = (__m512bh)_mm512_castps_si512(_mm512_load_ps(Ap)),
+                 a1 = (__m512bh)_mm512_castps_si512(_mm512_load_ps(Ap + 16)), b;
+        DP2(0) DP2(1) DP2(2) DP2(3) DP2(4) DP2(5) DP2(6) DP2(7) DP2(8) DP2(9) DP2(10) DP2(11)
+    }
+    PUT2(0) PUT2(1) PUT2(2) PUT2(3) PUT2(4) PUT2(5) PUT2(6) PUT2(7) PUT2(8) PUT2(9) PUT2(10) PUT2(11)
+}
+#undef PUT2
+#undef DP2
+__attribute__((target("avx512f,avx512bf16"))) static void tile_bf16(int64_t kc, const float *Ap, const float *Bp,
+                                                                    float *acc) {
+    tile_bf16_c(kc, Ap, Bp, acc, 32, true);
+}
+#endif
+
 static const gemm_kernel K_PORTABLE = {"portable 16x6", 16, 6, tile_portable, NULL, 1};
 #ifdef KEEL_X86
 static const gemm_kernel K_AVX2 = {"avx2-fma 16x6", 16, 6, tile_avx2, NULL, 8};
 static const gemm_kernel K_AVX512 = {"avx512f 32x12", 32, 12, tile_avx512, tile_avx512_c, 16};
+static const gemm_kernel K_BF16 = {"avx512bf16 32x12", 32, 12, tile_bf16, tile_bf16_c, 16};
 #endif
 
 /* The widest kernel the CPU runs; KEEL_GEMM_ISA=avx512|avx2|portable picks a narrower one (to
@@ -151,7 +197,23 @@ static const gemm_kernel *pick_kernel(void) {
     return &K_PORTABLE;
 }
 
+/* The bf16 kernel where the CPU has it and KEEL_GEMM_ISA (avx512bf16, or unset) lets it run. */
+static const gemm_kernel *pick_bf16_kernel(void) {
+#ifdef KEEL_X86
+    const char *want = getenv("KEEL_GEMM_ISA");
+    if (pick_kernel() == &K_AVX512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && (!want || !*want || !strcmp(want, "avx512bf16")))
+        return &K_BF16;
+#endif
+    return NULL;
+}
+
 const char *keel_cpu_gemm_kernel(void) { return pick_kernel()->name; }
+
+const char *keel_cpu_gemm_bf16_kernel(void) {
+    const gemm_kernel *k = pick_bf16_kernel();
+    return k ? k->name : NULL;
+}
 
 int keel_cpu_gemm_vector_floats(void) { return pick_kernel()->vec_floats; }
 
@@ -162,7 +224,7 @@ typedef struct {
     float **Ap;              /* per thread: MC x kc, MR-row groups of kc x MR */
     const float *Apre;       /* or every (k block, row block) of A packed once, a_blk floats each (NULL: no) */
     int64_t a_blk, b_blk;    /* fused: B packed for every k block, b_blk floats apart */
-    bool fused;
+    bool fused, bf16;
     int64_t n_mblk, n_nblk;
     const gemm_kernel *kern;
     int mr, nr;
@@ -175,16 +237,21 @@ static inline float ldf(const void *base, int64_t off) {
     return v;
 }
 
+/* 32-bit slots a panel gives each row (A) or column (B) over kc steps of k: one per k, or one per
+ * pair of k for bf16 operands. */
+static inline int64_t kslots(const gemm_ctx *c, int64_t kc) { return c->bf16 ? (kc + 1) / 2 : kc; }
+
 #ifdef KEEL_X86
 static void pack_rows8(const char *A, int64_t a_m, int64_t kc, float *d, int MR);
 static void pack_rows4(const char *A, int64_t a_m, int64_t kc, float *d, int MR);
 #endif
+static void pack_pairs(const char *base, int64_t s_k, int64_t s_x, int64_t nx, int64_t kc, float *d, int W);
 
 /* pack_b's items: the rows k of the block when rows of B are contiguous in n (each thread reads
  * whole rows: splitting the columns halved each row's contiguous run), else its NR-column groups */
 enum { PACK_KR = 32 };
 static int64_t pack_b_items(const gemm_ctx *c) {
-    return c->g->b_n == 4 ? (c->kc + PACK_KR - 1) / PACK_KR : (c->ncb + c->nr - 1) / c->nr;
+    return c->g->b_n == 4 && !c->bf16 ? (c->kc + PACK_KR - 1) / PACK_KR : (c->ncb + c->nr - 1) / c->nr;
 }
 
 static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
@@ -193,6 +260,14 @@ static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
     const keel_gemm_args *g = c->g;
     const int NR = c->nr;
     const int64_t end_col = c->jc + c->ncb;
+    if (c->bf16) {
+        for (int64_t jg = begin; jg < end; jg++) {
+            int64_t j0 = c->jc + jg * NR, nj = end_col - j0 < NR ? end_col - j0 : NR;
+            pack_pairs((const char *)g->B + c->pc * g->b_k + j0 * g->b_n, g->b_k, g->b_n, nj, c->kc,
+                       c->Bp + jg * kslots(c, c->kc) * NR, NR);
+        }
+        return;
+    }
     if (g->b_n == 4) { /* rows of B contiguous in n: items are blocks of KR rows (pack_b_items) */
         int64_t groups = (c->ncb + NR - 1) / NR;
         for (int64_t k0 = begin * PACK_KR; k0 < end * PACK_KR && k0 < c->kc; k0 += PACK_KR) {
@@ -292,12 +367,88 @@ __attribute__((target("avx2"))) static void pack_rows4(const char *A, int64_t a_
 }
 #endif
 
+/* A bf16 panel of W rows (A) or columns (B) x kc steps of k, element (x, k) at base + k s_k + x s_x
+ * bytes, nx of the W valid (the rest zero): slot d[p W + x] holds k = 2p in its upper 16 bits and
+ * k = 2p + 1 in its lower (zero past kc), the order tile_bf16_c's instruction sums them in. */
+static inline uint32_t ldh(const char *base, int64_t off) {
+    uint16_t v;
+    memcpy(&v, base + off, 2);
+    return v;
+}
+
+static void pack_pairs_scalar(const char *base, int64_t s_k, int64_t s_x, int64_t nx, int64_t kc, float *d, int W) {
+    for (int64_t p = 0; p < (kc + 1) / 2; p++)
+        for (int64_t x = 0; x < W; x++) {
+            uint32_t hi = x < nx ? ldh(base, 2 * p * s_k + x * s_x) : 0;
+            uint32_t lo = x < nx && 2 * p + 1 < kc ? ldh(base, (2 * p + 1) * s_k + x * s_x) : 0;
+            uint32_t u = hi << 16 | lo;
+            memcpy(d + p * W + x, &u, 4);
+        }
+}
+
+#ifdef KEEL_X86
+/* x contiguous (s_x = 2 bytes, OUT_PROD's operands): each pair of rows of k widened and merged,
+ * 16 x at a time; masked loads read nothing past the nx valid ones. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void pack_pairs_x(const char *base, int64_t s_k, int64_t nx,
+                                                                              int64_t kc, float *d, int W) {
+    for (int64_t p = 0; p < (kc + 1) / 2; p++) {
+        const char *r0 = base + 2 * p * s_k, *r1 = r0 + s_k;
+        bool has1 = 2 * p + 1 < kc;
+        for (int64_t x = 0; x < W; x += 16) {
+            int64_t n = nx - x < 0 ? 0 : nx - x > 16 ? 16 : nx - x, w = W - x < 16 ? W - x : 16;
+            __mmask16 m = (__mmask16)((1u << n) - 1);
+            __m512i hi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0 + x * 2));
+            __m512i lo = has1 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1 + x * 2)) : _mm512_setzero_si512();
+            _mm512_mask_storeu_epi32(d + p * W + x, (__mmask16)((1u << w) - 1),
+                                     _mm512_or_si512(_mm512_slli_epi32(hi, 16), lo));
+        }
+    }
+}
+
+/* k contiguous (s_k = 2 bytes, MUL_MAT's operands): a pair is one 4-byte word, k in its lower half;
+ * the words transposed like floats (pack_rows8/4 only move bits), then their halves swapped. */
+__attribute__((target("avx512f"))) static void swap_halves(float *d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(d + i, _mm512_castsi512_ps(_mm512_rol_epi32(_mm512_castps_si512(_mm512_loadu_ps(d + i)), 16)));
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, d + i, 4);
+        u = u << 16 | u >> 16;
+        memcpy(d + i, &u, 4);
+    }
+}
+#endif
+
+static void pack_pairs(const char *base, int64_t s_k, int64_t s_x, int64_t nx, int64_t kc, float *d, int W) {
+#ifdef KEEL_X86
+    if (s_x == 2) {
+        pack_pairs_x(base, s_k, nx, kc, d, W);
+        return;
+    }
+    /* the words must be 4-byte aligned (an odd K's rows are not): they are read as floats */
+    if (s_k == 2 && nx == W && W % 4 == 0 && s_x % 4 == 0 && (uintptr_t)base % 4 == 0) {
+        int64_t np = kc / 2, x = 0;
+        for (; x + 8 <= W; x += 8) pack_rows8(base + x * s_x, s_x, np, d + x, W);
+        for (; x + 4 <= W; x += 4) pack_rows4(base + x * s_x, s_x, np, d + x, W);
+        swap_halves(d, np * W);
+        if (kc % 2) pack_pairs_scalar(base + np * 4, s_k, s_x, nx, 1, d + np * W, W);
+        return;
+    }
+#endif
+    pack_pairs_scalar(base, s_k, s_x, nx, kc, d, W);
+}
+
 static void pack_a(const gemm_ctx *c, float *dst, int64_t m0, int64_t mb) {
     const keel_gemm_args *g = c->g;
     const int MR = c->mr;
     for (int64_t ig = 0; ig < (mb + MR - 1) / MR; ig++) {
-        float *d = dst + ig * c->kc * MR;
+        float *d = dst + ig * kslots(c, c->kc) * MR;
         int64_t i0 = m0 + ig * MR, ni = m0 + mb - i0 < MR ? m0 + mb - i0 : MR;
+        if (c->bf16) {
+            pack_pairs((const char *)g->A + c->pc * g->a_k + i0 * g->a_m, g->a_k, g->a_m, ni, c->kc, d, MR);
+            continue;
+        }
         if (g->a_m == 4) { /* rows of A contiguous in m: copy MR at a time */
             for (int64_t k = 0; k < c->kc; k++) {
                 const char *src = (const char *)g->A + (c->pc + k) * g->a_k + i0 * 4;
@@ -386,10 +537,10 @@ static void compute_blocks(void *arg, int64_t begin, int64_t end, int thread) {
             for (int64_t kb = kb0; kb < kb1; kb++) {
                 int64_t kc = g->K - kb * KC < KC ? g->K - kb * KC : KC;
                 const float *Ap = c->Apre ? c->Apre + (kb * c->n_mblk + ib) * c->a_blk : c->Ap[thread];
-                const float *Bp = c->Bp + (c->fused ? kb * c->b_blk : 0) + ((n0 + jr) / NR) * kc * NR;
+                const float *Bp = c->Bp + (c->fused ? kb * c->b_blk : 0) + ((n0 + jr) / NR) * kslots(c, kc) * NR;
                 for (int64_t ir = 0; ir < mb; ir += MR) {
                     int64_t ni = mb - ir < MR ? mb - ir : MR;
-                    tile_to_c(c, kc, Ap + (ir / MR) * kc * MR, Bp, c->jc + n0 + jr, m0 + ir, ni, nj,
+                    tile_to_c(c, kc, Ap + (ir / MR) * kslots(c, kc) * MR, Bp, c->jc + n0 + jr, m0 + ir, ni, nj,
                               kb == 0 && !g->accumulate, acc);
                 }
             }
@@ -477,8 +628,9 @@ static int gemm_run(keel_pool *pool, const keel_gemm_args *g, bool slice) {
         return 0;
     }
     int nt = keel_pool_size(pool);
-    gemm_ctx c = {.g = g};
-    c.kern = pick_kernel();
+    gemm_ctx c = {.g = g, .bf16 = g->bf16};
+    c.kern = g->bf16 ? pick_bf16_kernel() : pick_kernel();
+    if (!c.kern) return keel_fail("cpu matmul: bf16 operands need the AVX-512 BF16 kernel, which this CPU lacks");
     c.mr = c.kern->mr, c.nr = c.kern->nr;
     c.avx2 = c.kern != &K_PORTABLE;
     const int MR = c.mr, NR = c.nr;
