@@ -22,28 +22,29 @@ typedef struct {
     bool a_rows_m, b_rows_n, c_rows_n, accumulate; /* whether m (n) is the fast index of A (B, C) */
 } shape;
 
-/* C = (C0 +) A B with the layout's strides on nt threads and the named kernel; returns C. A and B
- * hold floats, or bf16 values (uint16_t) when bf16. */
+/* C = (C0 +) A B with the layout's strides on nt threads and the named kernel; returns C. A (B)
+ * holds floats, or bf16 values (uint16_t) when a16 (b16). */
 static float *run_typed(const shape *s, const void *A, const void *B, const float *C0, int nt, const char *isa,
-                        bool bf16) {
+                        bool a16, bool b16) {
     setenv("KEEL_GEMM_ISA", isa, 1);
     float *C = malloc((size_t)(s->M * s->N) * 4);
     memcpy(C, C0, (size_t)(s->M * s->N) * 4);
-    int64_t e = bf16 ? 2 : 4;
+    int64_t ea = a16 ? 2 : 4, eb = b16 ? 2 : 4;
     keel_gemm_args g = {s->M,
                         s->N,
                         s->K,
                         A,
-                        s->a_rows_m ? e : s->K * e,
-                        s->a_rows_m ? s->M * e : e,
+                        s->a_rows_m ? ea : s->K * ea,
+                        s->a_rows_m ? s->M * ea : ea,
                         B,
-                        s->b_rows_n ? s->N * e : e,
-                        s->b_rows_n ? e : s->K * e,
+                        s->b_rows_n ? s->N * eb : eb,
+                        s->b_rows_n ? eb : s->K * eb,
                         C,
                         s->c_rows_n ? s->N * 4 : 4,
                         s->c_rows_n ? 4 : s->M * 4,
                         s->accumulate,
-                        bf16};
+                        a16,
+                        b16};
     keel_pool *p = keel_pool_new(nt);
     assert_int_equal(keel_cpu_gemm(p, &g), 0);
     keel_pool_free(p);
@@ -52,7 +53,7 @@ static float *run_typed(const shape *s, const void *A, const void *B, const floa
 }
 
 static float *run(const shape *s, const float *A, const float *B, const float *C0, int nt, const char *isa) {
-    return run_typed(s, A, B, C0, nt, isa, false);
+    return run_typed(s, A, B, C0, nt, isa, false, false);
 }
 
 static void against_float64(void **st) {
@@ -101,19 +102,19 @@ static uint16_t *to_bf16(float *x, int64_t n) {
     return h;
 }
 
-/* The AVX-512 BF16 kernel (where the CPU has it) on bf16 operands gives the bits of the float32
- * kernel on float32 copies of them: the same FMA order, pairs of k summed upper half first. Shapes
- * with even and odd K (odd: a zero-padded last pair, rows not 4-byte aligned), K sliced (over 2048),
- * both packing layouts, accumulate; 1 and 3 threads. Subnormal inputs read as zero. */
-static void bf16_kernel(void **st) {
+/* bf16 operands give the bits of the float32 kernel on float32 copies of them: on the AVX-512 BF16
+ * kernel where the CPU has it (the same FMA order, pairs of k summed upper half first), and on each
+ * float32 kernel, both operands or only A widened as they are packed. Shapes with even and odd K
+ * (odd: a zero-padded last pair, rows not 4-byte aligned), K sliced (over 2048), both packing
+ * layouts, accumulate; 1 and 3 threads. Subnormal inputs: zero on the bf16 kernel, kept when widened. */
+static void bf16_operands(void **st) {
     (void)st;
-    if (!keel_cpu_gemm_bf16_kernel()) {
-        printf("bf16_kernel: this CPU has no AVX-512 BF16; its bf16 products run on float32 copies\n");
-        return;
-    }
+    bool kernel = keel_cpu_gemm_bf16_kernel() != NULL;
+    if (!kernel) printf("bf16_operands: this CPU has no AVX-512 BF16 kernel; the widened ones are tested\n");
     setenv("KEEL_GEMM_ISA", "avx512", 1); /* the float32 AVX-512 kernel asked for: no bf16 kernel */
     assert_null(keel_cpu_gemm_bf16_kernel());
     unsetenv("KEEL_GEMM_ISA");
+    static const char *const isas[] = {"avx512", "avx2", "portable"};
     static const shape shapes[] = {
         {77, 3900, 1100, false, false, false, false}, /* MUL_MAT's layout: k contiguous, 3 k blocks */
         {77, 1000, 1101, false, false, false, true},  /* odd K */
@@ -128,9 +129,20 @@ static void bf16_kernel(void **st) {
               *C0 = malloc((size_t)(s->M * s->N) * 4);
         fill(A, s->M * s->K, 3 + k), fill(B, s->K * s->N, 9 + k), fill(C0, s->M * s->N, 17 + k);
         uint16_t *A16 = to_bf16(A, s->M * s->K), *B16 = to_bf16(B, s->K * s->N);
+        for (size_t v = 0; v < sizeof isas / sizeof *isas; v++) { /* each float32 kernel: widened */
+            float *Cf = run(s, A, B, C0, 2, isas[v]);
+            for (int nt = 1; nt <= 3; nt += 2) {
+                float *Cw = run_typed(s, A16, B16, C0, nt, isas[v], true, true),
+                      *Ca = run_typed(s, A16, B, C0, nt, isas[v], true, false);
+                assert_memory_equal(Cw, Cf, (size_t)(s->M * s->N) * 4);
+                assert_memory_equal(Ca, Cf, (size_t)(s->M * s->N) * 4);
+                free(Cw), free(Ca);
+            }
+            free(Cf);
+        }
         float *Cf = run(s, A, B, C0, 2, "avx512");
-        for (int nt = 1; nt <= 3; nt++) {
-            float *Cb = run_typed(s, A16, B16, C0, nt, "", true);
+        for (int nt = 1; kernel && nt <= 3; nt++) {
+            float *Cb = run_typed(s, A16, B16, C0, nt, "", true, true);
             for (int64_t i = 0; i < s->M * s->N; i++)
                 if (memcmp(&Cb[i], &Cf[i], 4))
                     fail_msg("shape %zu, %d thread(s): element %lld is %.9g, the float32 kernel's %.9g", k, nt,
@@ -144,11 +156,15 @@ static void bf16_kernel(void **st) {
     float A[16 * 2] = {0}, B[2 * 12], C0[16 * 12] = {0};
     uint16_t A16[16 * 2] = {0}, B16[2 * 12];
     for (int i = 0; i < 24; i++) B[i] = 1.0f, B16[i] = 0x3f80;
-    A16[0] = 0x0040, A[0] = 0x1p-128f; /* A(0, 0) */
-    float *Cb = run_typed(&s, A16, B16, C0, 1, "", true), *Cf = run(&s, A, B, C0, 1, "avx512");
-    assert_true(Cf[0] == 0x1p-128f);
+    A16[0] = 0x0040, A[0] = 0x1p-127f; /* A(0, 0) */
+    float *Cw = run_typed(&s, A16, B16, C0, 1, "avx512", true, true), *Cf = run(&s, A, B, C0, 1, "avx512");
+    assert_true(Cf[0] == 0x1p-127f);
+    assert_memory_equal(Cw, Cf, sizeof C0);
+    free(Cw), free(Cf);
+    if (!kernel) return;
+    float *Cb = run_typed(&s, A16, B16, C0, 1, "", true, true);
     assert_memory_equal(Cb, C0, sizeof C0);
-    free(Cb), free(Cf);
+    free(Cb);
 }
 
 static void transpose_copy(void **st) {
@@ -174,7 +190,7 @@ static void transpose_copy(void **st) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(against_float64), cmocka_unit_test(bf16_kernel),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(against_float64), cmocka_unit_test(bf16_operands),
                                        cmocka_unit_test(transpose_copy)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,8 +50,20 @@ static void cpu_profile_reset(keel_backend *be) {
     if (im->profile) keel_op_profile_reset(im->profile);
 }
 
+void *cpu_scratch(keel_backend *be, size_t bytes) {
+    cpu_impl *im = be->impl;
+    if (bytes > im->scratch_bytes) {
+        free(im->scratch);
+        im->scratch = malloc(bytes ? bytes : 1);
+        im->scratch_bytes = im->scratch ? bytes : 0;
+        if (!im->scratch) keel_fail("cpu: out of memory for %zu bytes of scratch", bytes);
+    }
+    return im->scratch;
+}
+
 static void cpu_destroy(keel_backend *be) {
     cpu_impl *im = be->impl;
+    free(im->scratch);
     if (im->profile) {
         char what[64];
         snprintf(what, sizeof what, "wall time on %d thread(s)", be->n_threads);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "backends/cpu/cpu_internal.h"
+#include "tensor/convert.h"
 #include "util/error.h"
 
 int64_t cpu_copy_row_len(const keel_backend *be, int64_t ne0) {
@@ -29,6 +30,26 @@ void cpu_copy_row(const keel_tensor *dst, char *d, const keel_tensor *src, const
             for (int64_t i = 0; i < n; i++) df[i] += sf[i];
         } else {
             for (int64_t i = 0; i < n; i++) cpu_stf(d + i * dn, cpu_ldf(d + i * dn) + cpu_ldf(s + i * sn));
+        }
+        return;
+    }
+    /* float32 <-> bf16 (the mixed-precision step's casts): the same conversions as the float64 path
+     * below, element by element, without its switch per element */
+    if (!accumulate && dst->type == KEEL_BF16 && src->type == KEEL_F32) {
+        for (int64_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, s + i * sn, 4);
+            uint16_t h = keel_cvt_f32_to_bf16(f);
+            memcpy(d + i * dn, &h, 2);
+        }
+        return;
+    }
+    if (!accumulate && dst->type == KEEL_F32 && src->type == KEEL_BF16) {
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + i * sn, 2);
+            float f = keel_cvt_bf16_to_f32(h);
+            memcpy(d + i * dn, &f, 4);
         }
         return;
     }

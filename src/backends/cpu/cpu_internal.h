@@ -12,9 +12,16 @@
 typedef struct {
     keel_pool *pool;
     keel_op_profile *profile; /* KEEL_CPU_PROFILE=1: wall time per op, printed when freed (NULL: off) */
+    void *scratch;            /* cpu_scratch's buffer and its size */
+    size_t scratch_bytes;
 } cpu_impl;
 
 static inline keel_pool *cpu_pool(keel_backend *be) { return ((cpu_impl *)be->impl)->pool; }
+/* A buffer of at least `bytes` kept by the backend from one node to the next (freed with it), for a
+ * kernel's large temporary: a fresh allocation of the LM head's 1 GiB logits chunk per node cost a
+ * page fault per 4 KiB, 3.3 s a node on this project's VM. One user at a time; contents do not
+ * carry over. NULL (with an error) when memory cannot be had. */
+void *cpu_scratch(keel_backend *be, size_t bytes);
 
 static inline char *cpu_row(const keel_tensor *t, int64_t i1, int64_t i2, int64_t i3) {
     return (char *)t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];

@@ -3,15 +3,17 @@
  * logits = W^T x_c (the float32 matrix product), then per token the row's max and sum of exp, its
  * loss in float64 (forward), or (backward) its row turned in place into g = (softmax - onehot)
  * dloss / D, dx_c = W g and dW += x_c g^T (the chunks in order, the first assigning). bf16 x and W
- * are read through exact float32 copies and g stays float32 (the cuda backend gives it to bf16
- * tensor cores as two bf16 parts, which hold 16 of its 24 bits). Each token's row is one thread's, sums in a fixed order:
- * the result does not depend on the thread count. */
+ * are read as they are by the products (the bf16 kernel for the logits, widened to float32 as they
+ * are packed next to g, gemm.h) and g stays float32 (the cuda backend gives it to bf16 tensor cores
+ * as two bf16 parts, which hold 16 of its 24 bits). Each token's row is one thread's, sums in a
+ * fixed order: the result does not depend on the thread count. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backends/cpu/cpu_internal.h"
 #include "backends/cpu/gemm.h"
+#include "backends/cpu/vec_math.h"
 #include "backends/kernel_common.h"
 #include "ops/ops.h"
 #include "util/error.h"
@@ -36,16 +38,17 @@ static void rows_task(void *arg, int64_t b, int64_t e, int th) {
             if (!c->back) c->loss[c->c0 + i] = 0.0;
             continue;
         }
-        float mx = -INFINITY;
-        for (int64_t v = 0; v < c->V; v++) mx = fmaxf(mx, z[v]);
-        double sum = 0;
-        for (int64_t v = 0; v < c->V; v++) sum += expf(z[v] - mx);
+        /* the vector max, exp and float64 sum of CROSS_ENTROPY_LOSS's rows (vec_math.h), in place */
+        float mx = keel_max_row(z, c->V), zy = z[y];
+        keel_exp_row(z, mx, c->V);
+        double sum = keel_sum_row_f64(z, c->V);
         if (!c->back) {
-            c->loss[c->c0 + i] = log(sum) + mx - z[y];
+            c->loss[c->c0 + i] = log(sum) + mx - zy;
             continue;
         }
-        float inv = (float)(1.0 / sum);
-        for (int64_t v = 0; v < c->V; v++) z[v] = (expf(z[v] - mx) * inv - (v == y ? 1.0f : 0.0f)) * c->k;
+        float inv = (float)(1.0 / sum), ey = z[y];
+        for (int64_t v = 0; v < c->V; v++) z[v] = (z[v] * inv) * c->k;
+        z[y] = (ey * inv - 1.0f) * c->k;
     }
 }
 
@@ -58,14 +61,15 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
     if (keel_backend_ce_divisor(be, t, &div)) return -1; /* and the targets checked */
     y = malloc((size_t)(N ? N : 1) * sizeof *y);
     int rc = !y || keel_tensor_read(be, t->src[2], y, KEEL_I32) ? -1 : 0;
-    /* x and W as float32 the product can read: themselves, or exact copies (bf16; or x whose tokens
-     * are not evenly spaced) */
+    /* x and W as the products read them: themselves (float32 or bf16), or exact float32 copies
+     * (other types; or x whose tokens are not evenly spaced) */
     keel_tensor xt = {0}, wt = {0};
     const keel_tensor *x = t->src[0], *w = t->src[1];
-    bool cx = x->type != KEEL_F32 || (x->ne[2] > 1 && x->nb[2] != x->ne[1] * x->nb[1]), cw = w->type != KEEL_F32;
+    bool cx = (x->type != KEEL_F32 && x->type != KEEL_BF16) || (x->ne[2] > 1 && x->nb[2] != x->ne[1] * x->nb[1]),
+         cw = w->type != KEEL_F32 && w->type != KEEL_BF16;
     if (!rc && cx) rc = cpu_f32_temp(be, x, &xt, true), x = &xt;
     if (!rc && cw) rc = cpu_f32_temp(be, w, &wt, true), w = &wt;
-    float *L = rc ? NULL : malloc((size_t)(V * (C ? C : 1)) * sizeof *L);
+    float *L = rc ? NULL : cpu_scratch(be, (size_t)(V * (C ? C : 1)) * sizeof *L);
     double *loss = back || rc ? NULL : calloc((size_t)(N ? N : 1), sizeof *loss);
     if (!rc && (!L || (!back && !loss))) rc = keel_fail("cpu: out of memory for the logits of '%s'", t->name);
     float k = back && !rc ? (float)(cpu_ldf(t->src[3]->data) / div) : 0.0f;
@@ -85,7 +89,9 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
                              .b_n = x->nb[1],
                              .C = L,
                              .c_m = 4,
-                             .c_n = V * 4};
+                             .c_n = V * 4,
+                             .a_bf16 = w->type == KEEL_BF16,
+                             .b_bf16 = x->type == KEEL_BF16};
         if (keel_cpu_gemm(pool, &lg)) {
             rc = -1;
             break;
@@ -105,7 +111,8 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
                              .b_n = V * 4,
                              .C = out + c0 * D,
                              .c_m = 4,
-                             .c_n = D * 4};
+                             .c_n = D * 4,
+                             .a_bf16 = w->type == KEEL_BF16};
         keel_gemm_args dw = {.M = D,
                              .N = V,
                              .K = nc,
@@ -118,7 +125,8 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
                              .C = out + N * D,
                              .c_m = 4,
                              .c_n = D * 4,
-                             .accumulate = c0 > 0};
+                             .accumulate = c0 > 0,
+                             .a_bf16 = x->type == KEEL_BF16};
         if (keel_cpu_gemm(pool, &dx) || keel_cpu_gemm(pool, &dw)) rc = -1;
     }
     if (!rc && back && N == 0) memset(out, 0, (size_t)(D * V) * sizeof *out);
@@ -128,6 +136,6 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
         out[0] = (float)(s / div);
     }
     free(xt.data), free(wt.data);
-    free(L), free(loss), free(y);
+    free(loss), free(y);
     return rc ? -1 : 0;
 }

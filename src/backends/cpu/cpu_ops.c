@@ -443,7 +443,8 @@ static int mul_mat(keel_backend *be, const keel_tensor *t) {
                                 .C = (float *)(void *)cpu_row(t, 0, i2, i3),
                                 .c_m = t->nb[0],
                                 .c_n = t->nb[1],
-                                .bf16 = a->type == KEEL_BF16};
+                                .a_bf16 = a->type == KEEL_BF16,
+                                .b_bf16 = b->type == KEEL_BF16};
             if (keel_cpu_gemm(cpu_pool(be), &g)) return -1;
         }
     return 0;
@@ -473,7 +474,8 @@ static int out_prod(keel_backend *be, const keel_tensor *t) {
                                         .c_m = t->nb[0],
                                         .c_n = t->nb[1],
                                         .accumulate = !first,
-                                        .bf16 = a->type == KEEL_BF16};
+                                        .a_bf16 = a->type == KEEL_BF16,
+                                        .b_bf16 = b->type == KEEL_BF16};
                     if (keel_cpu_gemm(cpu_pool(be), &g)) return -1;
                     first = false;
                 }
@@ -481,18 +483,15 @@ static int out_prod(keel_backend *be, const keel_tensor *t) {
     return 0;
 }
 
-/* Products of bf16 operands: read as they are by the bf16 kernel where the CPU has one, else through
- * their exact float32 copies (the same bits but for subnormals: gemm.h); float32 sums, then the
- * result in its type (bf16: rounded to nearest even by the copy path). */
+/* Products of bf16 operands, read as they are (the bf16 kernel, or widened to float32 as they are
+ * packed: the same bits but for subnormals, gemm.h); float32 sums, then a bf16 result rounded to
+ * nearest even once, by the copy path, from a float32 one. */
 static int product_bf16(keel_backend *be, const keel_tensor *t, int (*product)(keel_backend *, const keel_tensor *)) {
-    keel_tensor a = {0}, b = {0}, out = {0}, r = *t;
-    bool direct = t->src[1]->type == KEEL_BF16 && keel_cpu_gemm_bf16_kernel() != NULL;
-    int rc = (!direct && (cpu_f32_temp(be, t->src[0], &a, true) || cpu_f32_temp(be, t->src[1], &b, true))) ||
-             (t->type == KEEL_BF16 && cpu_f32_temp(be, t, &out, false));
-    if (t->type == KEEL_BF16) r = out; /* a float32 result, shaped like t, rounded once at the end */
-    r.src[0] = direct ? t->src[0] : &a, r.src[1] = direct ? t->src[1] : &b;
-    if (!rc) rc = product(be, &r) || (t->type == KEEL_BF16 && cpu_copy(be, t, &r, false));
-    free(a.data), free(b.data), free(out.data);
+    if (t->type != KEEL_BF16) return product(be, t);
+    keel_tensor out = {0};
+    if (cpu_f32_temp(be, t, &out, false)) return -1;
+    int rc = product(be, &out) || cpu_copy(be, t, &out, false);
+    free(out.data);
     return rc ? -1 : 0;
 }
 

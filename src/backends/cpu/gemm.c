@@ -224,7 +224,7 @@ typedef struct {
     float **Ap;              /* per thread: MC x kc, MR-row groups of kc x MR */
     const float *Apre;       /* or every (k block, row block) of A packed once, a_blk floats each (NULL: no) */
     int64_t a_blk, b_blk;    /* fused: B packed for every k block, b_blk floats apart */
-    bool fused, bf16;
+    bool fused, pairs;       /* pairs: the bf16 kernel's panels (k in pairs) */
     int64_t n_mblk, n_nblk;
     const gemm_kernel *kern;
     int mr, nr;
@@ -239,19 +239,20 @@ static inline float ldf(const void *base, int64_t off) {
 
 /* 32-bit slots a panel gives each row (A) or column (B) over kc steps of k: one per k, or one per
  * pair of k for bf16 operands. */
-static inline int64_t kslots(const gemm_ctx *c, int64_t kc) { return c->bf16 ? (kc + 1) / 2 : kc; }
+static inline int64_t kslots(const gemm_ctx *c, int64_t kc) { return c->pairs ? (kc + 1) / 2 : kc; }
 
 #ifdef KEEL_X86
 static void pack_rows8(const char *A, int64_t a_m, int64_t kc, float *d, int MR);
 static void pack_rows4(const char *A, int64_t a_m, int64_t kc, float *d, int MR);
 #endif
 static void pack_pairs(const char *base, int64_t s_k, int64_t s_x, int64_t nx, int64_t kc, float *d, int W);
+static void pack_widen(const gemm_ctx *c, const char *base, int64_t s_k, int64_t s_x, int64_t nx, float *d, int W);
 
 /* pack_b's items: the rows k of the block when rows of B are contiguous in n (each thread reads
  * whole rows: splitting the columns halved each row's contiguous run), else its NR-column groups */
 enum { PACK_KR = 32 };
 static int64_t pack_b_items(const gemm_ctx *c) {
-    return c->g->b_n == 4 && !c->bf16 ? (c->kc + PACK_KR - 1) / PACK_KR : (c->ncb + c->nr - 1) / c->nr;
+    return c->g->b_n == 4 && !c->g->b_bf16 ? (c->kc + PACK_KR - 1) / PACK_KR : (c->ncb + c->nr - 1) / c->nr;
 }
 
 static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
@@ -260,11 +261,15 @@ static void pack_b(void *arg, int64_t begin, int64_t end, int thread) {
     const keel_gemm_args *g = c->g;
     const int NR = c->nr;
     const int64_t end_col = c->jc + c->ncb;
-    if (c->bf16) {
+    if (g->b_bf16) {
         for (int64_t jg = begin; jg < end; jg++) {
             int64_t j0 = c->jc + jg * NR, nj = end_col - j0 < NR ? end_col - j0 : NR;
-            pack_pairs((const char *)g->B + c->pc * g->b_k + j0 * g->b_n, g->b_k, g->b_n, nj, c->kc,
-                       c->Bp + jg * kslots(c, c->kc) * NR, NR);
+            const char *src = (const char *)g->B + c->pc * g->b_k + j0 * g->b_n;
+            float *dst = c->Bp + jg * kslots(c, c->kc) * NR;
+            if (c->pairs)
+                pack_pairs(src, g->b_k, g->b_n, nj, c->kc, dst, NR);
+            else
+                pack_widen(c, src, g->b_k, g->b_n, nj, dst, NR);
         }
         return;
     }
@@ -439,14 +444,54 @@ static void pack_pairs(const char *base, int64_t s_k, int64_t s_x, int64_t nx, i
     pack_pairs_scalar(base, s_k, s_x, nx, kc, d, W);
 }
 
+/* A bf16 operand for the float32 kernel: the panel of W rows (A) or columns (B) x c->kc steps of k,
+ * element (x, k) at base + k s_k + x s_x, widened to float32 (exact) into d[k W + x], zero for the
+ * x past nx. */
+static inline float bf16_at(const char *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+enum { WIDEN_KB = 64 }; /* k contiguous: k steps widened per block */
+static void pack_widen(const gemm_ctx *c, const char *base, int64_t s_k, int64_t s_x, int64_t nx, float *d, int W) {
+    const int64_t kc = c->kc;
+#ifdef KEEL_X86
+    if (s_k == 2 && nx == W && W % 8 == 0 && c->avx2) {
+        /* k contiguous (the LM head's logits): WIDEN_KB steps of each row widened into a block,
+         * then transposed like float32 rows */
+        _Alignas(64) float blk[MR_MAX * WIDEN_KB];
+        for (int64_t k0 = 0; k0 < kc; k0 += WIDEN_KB) {
+            int64_t nk = kc - k0 < WIDEN_KB ? kc - k0 : WIDEN_KB;
+            for (int64_t x = 0; x < W; x++)
+                for (int64_t k = 0; k < nk; k++) blk[x * WIDEN_KB + k] = bf16_at(base + x * s_x + (k0 + k) * 2);
+            for (int x = 0; x < W; x += 8)
+                pack_rows8((const char *)blk + x * WIDEN_KB * 4, WIDEN_KB * 4, nk, d + k0 * W + x, W);
+        }
+        return;
+    }
+#endif
+    for (int64_t k = 0; k < kc; k++) {
+        const char *row = base + k * s_k;
+        for (int64_t x = 0; x < W; x++) d[k * W + x] = x < nx ? bf16_at(row + x * s_x) : 0.0f;
+    }
+}
+
 static void pack_a(const gemm_ctx *c, float *dst, int64_t m0, int64_t mb) {
     const keel_gemm_args *g = c->g;
     const int MR = c->mr;
     for (int64_t ig = 0; ig < (mb + MR - 1) / MR; ig++) {
         float *d = dst + ig * kslots(c, c->kc) * MR;
         int64_t i0 = m0 + ig * MR, ni = m0 + mb - i0 < MR ? m0 + mb - i0 : MR;
-        if (c->bf16) {
-            pack_pairs((const char *)g->A + c->pc * g->a_k + i0 * g->a_m, g->a_k, g->a_m, ni, c->kc, d, MR);
+        if (g->a_bf16) {
+            const char *src = (const char *)g->A + c->pc * g->a_k + i0 * g->a_m;
+            if (c->pairs)
+                pack_pairs(src, g->a_k, g->a_m, ni, c->kc, d, MR);
+            else
+                pack_widen(c, src, g->a_k, g->a_m, ni, d, MR);
             continue;
         }
         if (g->a_m == 4) { /* rows of A contiguous in m: copy MR at a time */
@@ -628,9 +673,11 @@ static int gemm_run(keel_pool *pool, const keel_gemm_args *g, bool slice) {
         return 0;
     }
     int nt = keel_pool_size(pool);
-    gemm_ctx c = {.g = g, .bf16 = g->bf16};
-    c.kern = g->bf16 ? pick_bf16_kernel() : pick_kernel();
-    if (!c.kern) return keel_fail("cpu matmul: bf16 operands need the AVX-512 BF16 kernel, which this CPU lacks");
+    gemm_ctx c = {.g = g};
+    c.kern = g->a_bf16 && g->b_bf16 && pick_bf16_kernel() ? pick_bf16_kernel() : pick_kernel();
+#ifdef KEEL_X86
+    c.pairs = c.kern == &K_BF16;
+#endif
     c.mr = c.kern->mr, c.nr = c.kern->nr;
     c.avx2 = c.kern != &K_PORTABLE;
     const int MR = c.mr, NR = c.nr;

@@ -20,8 +20,10 @@ typedef struct {
     float *C;
     int64_t c_m, c_n; /* byte strides of C(m,n) */
     bool accumulate;  /* C += A B instead of C = A B */
-    bool bf16;        /* A and B hold bf16 values (2 bytes each; strides still in bytes): only where
-                         keel_cpu_gemm_bf16_kernel() is not NULL */
+    /* A (B) holds bf16 values, 2 bytes each (strides still in bytes). Both: the bf16 kernel where
+     * the CPU has one; otherwise bf16 operands are widened to float32 (exactly) as they are packed,
+     * for the float32 kernel: no float32 copy of the operand is made either way. */
+    bool a_bf16, b_bf16;
 } keel_gemm_args;
 
 /* Returns -1 (with an error) only when scratch memory cannot be had. */
@@ -30,10 +32,11 @@ int keel_cpu_gemm(keel_pool *pool, const keel_gemm_args *g);
  * the environment variable KEEL_GEMM_ISA=avx512|avx2|portable asks for a narrower one, read at each
  * product). */
 const char *keel_cpu_gemm_kernel(void);
-/* The kernel for bf16 operands ("avx512bf16 32x12": VDPBF16PS, float32 sums), or NULL where the
- * CPU lacks AVX-512 BF16 or KEEL_GEMM_ISA asks for a narrower kernel (avx512, avx2, portable): bf16
- * products then run on float32 copies. Both give the same bits, except that the instruction reads
- * subnormal bf16 inputs and writes subnormal partial sums (below 2^-126) as zero. */
+/* The kernel for products of two bf16 operands ("avx512bf16 32x12": VDPBF16PS, float32 sums), or
+ * NULL where the CPU lacks AVX-512 BF16 or KEEL_GEMM_ISA asks for a narrower kernel (avx512, avx2,
+ * portable): they then run on the float32 kernel, widened as they are packed. Both give the same
+ * bits, except that the instruction reads subnormal bf16 inputs and writes subnormal partial sums
+ * (below 2^-126) as zero. */
 const char *keel_cpu_gemm_bf16_kernel(void);
 /* Floats per vector register of that kernel (16, 8 or 1), for the peak the benchmark reports. */
 int keel_cpu_gemm_vector_floats(void);
