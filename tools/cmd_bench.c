@@ -673,7 +673,8 @@ int cmd_bench(int argc, char **argv) {
         return r >= 0 ? r : bench_recompute((int)threads, T, (int)layers);
     }
     if (argc < 2 || strcmp(argv[1], "matmul") != 0) {
-        fprintf(stderr, "usage: keel bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N]\n"
+        fprintf(stderr, "usage: keel bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N] "
+                        "[--model-shapes] [--bf16]\n"
                         "       keel bench recompute [--threads N] [--window T] [--layers L]\n"
                         "       keel bench tokenize [--tokenizer FILE] [--text FILE] [--reps N]\n"
                         "       keel bench train [--backend cuda|cpu] [--batch 4] [--window 1024] ... (--help)\n");

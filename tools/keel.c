@@ -73,8 +73,10 @@ static const command COMMANDS[] = {
      "                 [--precision f32|bf16]\n"
      "                 [--trace FILE [--trace-data] [--trace-max-bytes N]]",
      "run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers"},
-    {"bench", cmd_bench, false, "bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N]",
-     "cpu float32 matrix product: GFLOP/s next to OpenBLAS, BLIS (when installed) and the CPU's peak"},
+    {"bench", cmd_bench, false,
+     "bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N] [--model-shapes] [--bf16]",
+     "cpu matrix product (float32, or bf16 operands): GFLOP/s next to OpenBLAS, BLIS (when installed) and the "
+     "CPU's peak"},
     {"bench", cmd_bench, false, "bench recompute [--window T] [--layers L] [--threads N]",
      "peak memory (planned and measured) and step time per recompute mode"},
     {"bench", cmd_bench, false, "bench tokenize [--tokenizer FILE] [--text FILE] [--reps N]",
