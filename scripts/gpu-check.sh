@@ -5,7 +5,7 @@
 # `scripts/gpu-prepare.sh`) and .gpu-data (the fixture and checkpoints, same script).
 #   scripts/gpu-check.sh            every stage
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
-# Stages: ops grad fault reference recompute model bf16 hf lora chat cross bench, gdn (the delta rule's
+# Stages: ops grad fault reference recompute model bf16 adamw hf lora chat cross bench, gdn (the delta rule's
 # cases, gradients and GPU time alone: a quick first look), and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step) and profile16 (the bf16 batch-8 step: wall
 # time, then GPU time per op), which are not in the default list
@@ -19,7 +19,7 @@ mkdir -p "$final"
 pack() { tar -czf "$final/gpu-logs.tar.gz" -C "$out" . 2>/dev/null && echo "logs: $final/gpu-logs.tar.gz"; }
 trap pack EXIT
 trap 'exit 143' TERM INT
-stages=${*:-ops grad fault reference recompute model bf16 hf lora chat cross bench}
+stages=${*:-ops grad fault reference recompute model bf16 adamw hf lora chat cross bench}
 want() { [[ " $stages " == *" $1 "* ]]; }
 declare -a rows
 record() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); [ "$2" = PASS ] || status=1; }
@@ -150,6 +150,23 @@ if want bf16; then # mixed precision: PyTorch autocast's own errors on the fixtu
     tail -3 "$out/bf16-bench-full.log"
     run "GPU time per op, bf16 batch 8 (KEEL_CUDA_PROFILE)" bf16-profile.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3
     grep -A40 "cuda profile" "$out/bf16-profile.log" | head -45
+fi
+if want adamw; then # the optimizer step in one launch: bitwise the per-node launches', and its GPU time
+    aw=$(mktemp -d /tmp/keel-adamw.XXXXXX)
+    at="--model $fx/causal-f32-sharded --data .gpu-data/moby-dick.txt --backend cuda --steps 6 --window 64 --batch 4"
+    run "AdamW one launch vs per node: bitwise" adamw.log bash -c "set -e
+        for p in f32 bf16; do
+            $keel train $at --lr 1e-3 --precision \$p --out $aw/one-\$p
+            KEEL_CUDA_ADAMW=per-node $keel train $at --lr 1e-3 --precision \$p --out $aw/node-\$p
+            cmp $aw/one-\$p/checkpoint/model.safetensors $aw/node-\$p/checkpoint/model.safetensors
+            cmp $aw/one-\$p/checkpoint/optimizer.safetensors $aw/node-\$p/checkpoint/optimizer.safetensors
+        done
+        $keel train $at --lr 1.001e-3 --out $aw/lr
+        if cmp -s $aw/one-f32/checkpoint/model.safetensors $aw/lr/checkpoint/model.safetensors; then echo the check cannot fail; exit 1; fi
+        echo 6 steps, f32 and bf16: weights and moments byte-identical, one launch and per node, and lr x1.001 differs"
+    run "AdamW GPU time, bf16 batch 8: one launch, per node" adamw-prof.log bash -c "for m in batched per-node; do
+        KEEL_CUDA_ADAMW=\$m KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3 > $aw/prof-\$m.log 2>&1; echo \$m: \$(grep -E '^  ADAMW ' $aw/prof-\$m.log); grep -E '^cuda ' $aw/prof-\$m.log; done"
+    cat "$out/adamw-prof.log"
 fi
 if want hf; then
     run "transformers loads keel's checkpoints" hf.log python3 scripts/hf_load_check.py .gpu-data

@@ -428,16 +428,97 @@ __global__ void k_get_rows_back(kt t, kt dy, const int64_t *start, const int64_t
     }
 }
 
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2,
-                        float eps, float gs, float decay, float bc1, float bc2) {
-    GRID_STRIDE(i, n) {
-        float gi = g[i] * gs;
-        float mi = __fadd_rn(b1 * m[i], (1.0f - b1) * gi);
-        float vi = __fadd_rn(b2 * v[i], __fmul_rn((1.0f - b2) * gi, gi));
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = __fsub_rn(p[i] * decay, __fmul_rn(lr, mi / bc1) / (sqrtf(vi / bc2) + eps));
+/* One ADAMW node's scalars, as the op table gives them (fp0 lr, fp1 b1, fp2 b2, fp3 eps, fp4 weight
+ * decay, fp5 gradient scale, ip0 step), the bias corrections and decay worked out in float64. */
+typedef struct {
+    float lr, b1, b2, eps, gs, decay, bc1, bc2;
+} adamw_hp;
+
+static adamw_hp adamw_hp_of(const keel_tensor *t) {
+    adamw_hp h;
+    h.lr = (float)t->fp[0], h.b1 = (float)t->fp[1], h.b2 = (float)t->fp[2], h.eps = (float)t->fp[3];
+    h.gs = (float)t->fp[5], h.decay = (float)(1.0 - t->fp[0] * t->fp[4]);
+    h.bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])), h.bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
+    return h;
+}
+
+/* AdamW on one element. The per-node and the batched kernel both call it: the same bits either way
+ * (each rounding is pinned by the _rn intrinsics, so no FMA contraction can differ). */
+__device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, const adamw_hp &h) {
+    float gi = g * h.gs;
+    float mi = __fadd_rn(h.b1 * m, (1.0f - h.b1) * gi);
+    float vi = __fadd_rn(h.b2 * v, __fmul_rn((1.0f - h.b2) * gi, gi));
+    m = mi;
+    v = vi;
+    p = __fsub_rn(p * h.decay, __fmul_rn(h.lr, mi / h.bc1) / (sqrtf(vi / h.bc2) + h.eps));
+}
+
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n, adamw_hp h) {
+    GRID_STRIDE(i, n) adamw_one(p[i], g[i], m[i], v[i], h);
+}
+
+/* The optimizer step of many parameters in one launch: a run of ADAMW nodes (the step's last
+ * nodes) given to the kernel as its parameter, ADAMW_CHUNK elements a block, each block finding its
+ * tensor by binary search over the first block of each. 16-byte loads where a tensor's four arrays
+ * are aligned (the per-node kernel's one float a thread reached about half the memory bandwidth). */
+enum { ADAMW_CHUNK = 8192, ADAMW_BATCH = 360 }; /* 360 x 80 bytes: within the 32 KiB kernel parameter limit */
+typedef struct {
+    float *p;
+    const float *g;
+    float *m, *v;
+    int64_t n, blk0;
+    adamw_hp h;
+} adamw_item;
+typedef struct {
+    int n;
+    adamw_item it[ADAMW_BATCH];
+} adamw_batch;
+
+__global__ void k_adamw_batch(const __grid_constant__ adamw_batch b) {
+    int lo = 0, hi = b.n - 1;
+    int64_t blk = blockIdx.x;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (b.it[mid].blk0 <= blk)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
+    const adamw_item &it = b.it[lo];
+    const adamw_hp h = it.h;
+    int64_t s = (blk - it.blk0) * ADAMW_CHUNK, e = min(s + (int64_t)ADAMW_CHUNK, it.n), e4 = s;
+    if ((((uintptr_t)it.p | (uintptr_t)it.g | (uintptr_t)it.m | (uintptr_t)it.v) & 15) == 0) {
+        e4 = s + (e - s) / 4 * 4;
+        for (int64_t i = s + 4 * (int64_t)threadIdx.x; i < e4; i += 4 * (int64_t)blockDim.x) {
+            float4 p4 = *(float4 *)(it.p + i), m4 = *(float4 *)(it.m + i), v4 = *(float4 *)(it.v + i);
+            const float4 g4 = *(const float4 *)(it.g + i);
+            adamw_one(p4.x, g4.x, m4.x, v4.x, h);
+            adamw_one(p4.y, g4.y, m4.y, v4.y, h);
+            adamw_one(p4.z, g4.z, m4.z, v4.z, h);
+            adamw_one(p4.w, g4.w, m4.w, v4.w, h);
+            *(float4 *)(it.p + i) = p4, *(float4 *)(it.m + i) = m4, *(float4 *)(it.v + i) = v4;
+        }
+    }
+    for (int64_t i = e4 + threadIdx.x; i < e; i += blockDim.x) adamw_one(it.p[i], it.g[i], it.m[i], it.v[i], h);
+}
+
+int cuda_adamw_nodes(keel_backend *be, keel_tensor *const *nodes, int64_t count) {
+    static adamw_batch b; /* 29 KiB: not on the stack; the launch copies it */
+    for (int64_t i0 = 0; i0 < count; i0 += ADAMW_BATCH) {
+        int64_t blocks = 0;
+        b.n = 0;
+        for (int64_t i = i0; i < count && i < i0 + ADAMW_BATCH; i++) {
+            const keel_tensor *t = nodes[i];
+            adamw_item *it = &b.it[b.n++];
+            it->p = (float *)t->data, it->g = (const float *)t->src[1]->data;
+            it->m = (float *)t->src[2]->data, it->v = (float *)t->src[3]->data;
+            it->n = keel_nelements(t), it->blk0 = blocks, it->h = adamw_hp_of(t);
+            blocks += (it->n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+        }
+        if (blocks > 0x7fffffff) return keel_fail("cuda: %lld AdamW blocks in one launch", (long long)blocks);
+        if (blocks) k_adamw_batch<<<(unsigned)blocks, 256, 0, st(be)>>>(b);
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- rows */
@@ -802,14 +883,10 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_LINEAR_CROSS_ENTROPY:
     case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK:
         return cuda_linear_ce(be, t);
-    case KEEL_OP_ADAMW: {
-        float decay = (float)(1.0 - t->fp[0] * t->fp[4]);
-        float bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])),
-              bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
+    case KEEL_OP_ADAMW:
         EW(k_adamw, n, (float *)t->data, (const float *)b->data, (float *)t->src[2]->data, (float *)t->src[3]->data, n,
-           (float)t->fp[0], (float)t->fp[1], (float)t->fp[2], (float)t->fp[3], (float)t->fp[5], decay, bc1, bc2);
+           adamw_hp_of(t));
         return 0;
-    }
     default:
         return keel_fail("cuda: no kernel for %s", keel_op_get(t->op)->name);
     }
