@@ -122,8 +122,7 @@ __attribute__((target("avx512f"))) static void tile_avx512_c(int64_t kc, const f
     }
     PUT2(0) PUT2(1) PUT2(2) PUT2(3) PUT2(4) PUT2(5) PUT2(6) PUT2(7) PUT2(8) PUT2(9) PUT2(10) PUT2(11)
 }
-#undef PUT2
-#undef FMA2
+#undef FMA2 /* PUT2 stays defined: tile_bf16_c writes its tile the same way */
 /* The tile into acc: acc is a C of columns 32 floats apart. */
 __attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const float *Ap, const float *Bp, float *acc) {
     tile_avx512_c(kc, Ap, Bp, acc, 32, true);
@@ -140,14 +139,6 @@ __attribute__((target("avx512f"))) static void tile_avx512(int64_t kc, const flo
     b = (__m512bh)_mm512_castps_si512(_mm512_set1_ps(Bp[j]));                                                          \
     c##j##0 = _mm512_dpbf16_ps(c##j##0, a0, b);                                                                        \
     c##j##1 = _mm512_dpbf16_ps(c##j##1, a1, b);
-#define PUT2(j)                                                                                                        \
-    if (first) {                                                                                                       \
-        _mm512_storeu_ps(C + (j)*ldc, c##j##0);                                                                        \
-        _mm512_storeu_ps(C + (j)*ldc + 16, c##j##1);                                                                   \
-    } else {                                                                                                           \
-        _mm512_storeu_ps(C + (j)*ldc, _mm512_add_ps(_mm512_loadu_ps(C + (j)*ldc), c##j##0));                           \
-        _mm512_storeu_ps(C + (j)*ldc + 16, _mm512_add_ps(_mm512_loadu_ps(C + (j)*ldc + 16), c##j##1));                 \
-    }
 __attribute__((target("avx512f,avx512bf16"))) static void tile_bf16_c(int64_t kc, const float *Ap, const float *Bp,
                                                                       float *C, int64_t ldc, bool first) {
     for (int j = 0; j < 12; j++) {
