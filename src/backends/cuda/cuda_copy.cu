@@ -50,11 +50,12 @@ __device__ static void copy_vec(char *dp, const char *sp, int64_t n, int vec) {
  * 16-byte boundary and rows a multiple of 4 long (a gradient window of ACC: the q, k and v parts of
  * the DeltaNet's [6144, T, B] convolution output, rows of 2048 floats 6144 apart). */
 __device__ static void copy_vec_rows(kt d, kt s, int64_t len, int vec) {
-    int64_t groups = len / 4, rows = d.ne[1] * d.ne[2] * d.ne[3];
-    GRID_STRIDE(q, groups * rows) {
-        int64_t i0 = q % groups * 4, r = q / groups, i1 = r % d.ne[1], r2 = r / d.ne[1], i2 = r2 % d.ne[2],
-                i3 = r2 / d.ne[2];
-        copy_group(kt_at(d, i0, i1, i2, i3), kt_at(s, i0, i1, i2, i3), vec);
+    kt g = d; /* the groups: element q of [len / 4, ne1, ne2, ne3] is the group at (4 i0, i1, i2, i3) */
+    g.ne[0] = len / 4;
+    GRID_STRIDE(q, g.ne[0] * g.ne[1] * g.ne[2] * g.ne[3]) {
+        int64_t i[4];
+        kt_unflat(g, q, i);
+        copy_group(kt_at(d, 4 * i[0], i[1], i[2], i[3]), kt_at(s, 4 * i[0], i[1], i[2], i[3]), vec);
     }
 }
 

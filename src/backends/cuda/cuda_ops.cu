@@ -759,13 +759,22 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
         if ((n) > 0) kernel<<<cuda_blocks((n), 256), 256, 0, st(be)>>>(__VA_ARGS__);                                   \
     } while (0)
 
+/* Whether the 16-byte (4 elements a thread) path can take these tensors: each contiguous and on a
+ * 16-byte boundary (NULL ones left out). */
+static bool vec_tensors(const keel_tensor *x, const keel_tensor *y, const keel_tensor *z) {
+    const keel_tensor *ts[3] = {x, y, z};
+    for (int i = 0; i < 3; i++)
+        if (ts[i] && !(keel_is_contiguous(ts[i]) && vec_ok(ts[i]->data))) return false;
+    return true;
+}
+
 int cuda_node(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     int64_t n = keel_nelements(t);
     switch (keel_op_get(t->op)->family) { /* families first */
     case FAM_UNARY: {
         kt kx = kt_of(t), ka = kt_of(a);
-        int vec = kx.contig && ka.contig && vec_ok(t->data) && vec_ok(a->data);
+        int vec = vec_tensors(t, a, NULL);
         if (vec && n > 0)
             k_unary<<<vec_blocks(n), 256, 0, st(be)>>>(kx, ka, t->op, (float)t->fp[0], (float)t->fp[1], 1);
         else
@@ -812,7 +821,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_SILU_BACK: {
         kt kx = kt_of(t), ka = kt_of(a), kb = kt_of(b);
-        bool vec = kx.contig && ka.contig && kb.contig && vec_ok(t->data) && vec_ok(a->data) && vec_ok(b->data);
+        bool vec = vec_tensors(t, a, b);
         if (vec && n > 0)
             k_silu_back<<<vec_blocks(n), 256, 0, st(be)>>>(kx, ka, kb, 1);
         else
@@ -826,9 +835,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         memset(&none, 0, sizeof none);
         kt kd = back ? kt_of(t->src[2]) : none;
         int64_t ng = keel_nelements(a);
-        bool vec = keel_is_contiguous(t) && keel_is_contiguous(a) && keel_is_contiguous(b) && vec_ok(t->data) &&
-                   vec_ok(a->data) && vec_ok(b->data) &&
-                   (!back || (keel_is_contiguous(t->src[2]) && vec_ok(t->src[2]->data) && ng % 4 == 0));
+        bool vec = vec_tensors(t, a, b) && (!back || (vec_tensors(t->src[2], NULL, NULL) && ng % 4 == 0));
         if (ng > 0)
             k_swiglu<<<vec ? vec_blocks(ng) : cuda_blocks(ng, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(a), kt_of(b), kd,
                                                                                       back ? 1 : 0, vec ? 1 : 0);
@@ -861,8 +868,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return cuda_out_prod(be, t);
     case KEEL_OP_CONV1D:
     case KEEL_OP_CONV1D_BACK_INPUT:
-        if (a->ne[0] % 4 == 0 && keel_is_contiguous(t) && keel_is_contiguous(a) && keel_is_contiguous(b) &&
-            vec_ok(t->data) && vec_ok(a->data)) {
+        if (a->ne[0] % 4 == 0 && vec_tensors(t, a, NULL) && keel_is_contiguous(b)) {
             int64_t rows = a->ne[1] * a->ne[2];
             dim3 grid((unsigned)((a->ne[0] / 4 + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
             if (n > 0)
