@@ -483,9 +483,9 @@ static int out_prod(keel_backend *be, const keel_tensor *t) {
     return 0;
 }
 
-/* Products of bf16 operands, read as they are (the bf16 kernel, or widened to float32 as they are
- * packed: the same bits but for subnormals, gemm.h); float32 sums, then a bf16 result rounded to
- * nearest even once, by the copy path, from a float32 one. */
+/* Products of bf16 operands, read as they are: by the bf16 kernel (the float32 kernel's bits but
+ * for subnormals, gemm.h) or widened to float32 as they are packed. Float32 sums; a bf16 result is
+ * rounded to nearest even once, by the copy path, from a float32 one. */
 static int product_bf16(keel_backend *be, const keel_tensor *t, int (*product)(keel_backend *, const keel_tensor *)) {
     if (t->type != KEEL_BF16) return product(be, t);
     keel_tensor out = {0};

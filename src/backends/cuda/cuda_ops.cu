@@ -503,22 +503,27 @@ __global__ void k_adamw_batch(const __grid_constant__ adamw_batch b) {
 }
 
 int cuda_adamw_nodes(keel_backend *be, keel_tensor *const *nodes, int64_t count) {
-    static adamw_batch b; /* 29 KiB: not on the stack; the launch copies it */
-    for (int64_t i0 = 0; i0 < count; i0 += ADAMW_BATCH) {
+    adamw_batch *b = (adamw_batch *)malloc(sizeof *b); /* 29 KiB, off the stack; the launch copies it */
+    if (!b) return keel_fail("cuda: out of memory for an AdamW launch's table");
+    int rc = 0;
+    for (int64_t i0 = 0; i0 < count && !rc; i0 += ADAMW_BATCH) {
         int64_t blocks = 0;
-        b.n = 0;
+        b->n = 0;
         for (int64_t i = i0; i < count && i < i0 + ADAMW_BATCH; i++) {
             const keel_tensor *t = nodes[i];
-            adamw_item *it = &b.it[b.n++];
+            adamw_item *it = &b->it[b->n++];
             it->p = (float *)t->data, it->g = (const float *)t->src[1]->data;
             it->m = (float *)t->src[2]->data, it->v = (float *)t->src[3]->data;
             it->n = keel_nelements(t), it->blk0 = blocks, it->h = adamw_hp_of(t);
             blocks += (it->n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
         }
-        if (blocks > 0x7fffffff) return keel_fail("cuda: %lld AdamW blocks in one launch", (long long)blocks);
-        if (blocks) k_adamw_batch<<<(unsigned)blocks, 256, 0, st(be)>>>(b);
+        if (blocks > 0x7fffffff)
+            rc = keel_fail("cuda: %lld AdamW blocks in one launch", (long long)blocks);
+        else if (blocks)
+            k_adamw_batch<<<(unsigned)blocks, 256, 0, st(be)>>>(*b);
     }
-    return 0;
+    free(b);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- rows */
