@@ -165,7 +165,7 @@ if want adamw; then # the optimizer step in one launch: bitwise the per-node lau
         if cmp -s $aw/one-f32/checkpoint/model.safetensors $aw/lr/checkpoint/model.safetensors; then echo the check cannot fail; exit 1; fi
         echo 6 steps, f32 and bf16: weights and moments byte-identical, one launch and per node, and lr x1.001 differs"
     run "AdamW GPU time, bf16 batch 8: one launch, per node" adamw-prof.log bash -c "for m in batched per-node; do
-        KEEL_CUDA_ADAMW=\$m KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3 > $aw/prof-\$m.log 2>&1; echo \$m: \$(grep -E '^  ADAMW ' $aw/prof-\$m.log); grep -E '^cuda ' $aw/prof-\$m.log; done"
+        KEEL_CUDA_ADAMW=\$m KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3 > $aw/prof-\$m.log 2>&1; echo \$m: \$(grep -E '^  ADAMW ' $aw/prof-\$m.log); grep -E '^cuda +[0-9]' $aw/prof-\$m.log; done"
     cat "$out/adamw-prof.log"
 fi
 if want hf; then
