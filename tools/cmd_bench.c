@@ -47,54 +47,40 @@ static double cpu_mhz(void) {
 #include <immintrin.h>
 #include <pthread.h>
 enum { PEAK_ITERS = 50000000 };
-#define CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
-__attribute__((target("avx512f"))) static void *fma_loop512(void *out) {
-    __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
-#define DECL(i) __m512 c##i = _mm512_set1_ps((float)(i));
-#define STEP(i) c##i = _mm512_fmadd_ps(c##i, m, a);
-#define SUM(i)  +_mm512_reduce_add_ps(c##i)
-    CHAINS(DECL)
-    for (long i = 0; i < PEAK_ITERS / 2; i++) {
-        CHAINS(STEP)
+/* One peak loop: 16 independent chains c[j] = STEP(c[j]) of vector type V, iters steps (the chains
+ * fully unrolled, so they stay in registers), then their sum to out. consts: STEP's operands. */
+#define PEAK_LOOP(name, isa, V, SET, STEP, SUM, iters, consts)                                                         \
+    __attribute__((target(isa))) static void *name(void *out) {                                                        \
+        consts;                                                                                                        \
+        V c[16];                                                                                                       \
+        _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) c[j] = SET((float)j);                                    \
+        for (long i = 0; i < (iters); i++) {                                                                           \
+            _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) c[j] = STEP(c[j]);                                   \
+        }                                                                                                              \
+        float s = 0;                                                                                                   \
+        for (int j = 0; j < 16; j++) s += SUM(c[j]);                                                                   \
+        *(float *)out = s;                                                                                             \
+        return NULL;                                                                                                   \
     }
-    *(float *)out = 0 CHAINS(SUM);
-    return NULL;
-#undef DECL
-#undef STEP
-#undef SUM
-}
-__attribute__((target("avx2,fma"))) static void *fma_loop256(void *out) {
-    __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
-#define DECL(i) __m256 c##i = _mm256_set1_ps((float)(i));
-#define STEP(i) c##i = _mm256_fmadd_ps(c##i, m, a);
-#define SUM(i)  +c##i[0]
-    CHAINS(DECL)
-    for (long i = 0; i < PEAK_ITERS; i++) {
-        CHAINS(STEP)
-    }
-    *(float *)out = 0 CHAINS(SUM);
-    return NULL;
-#undef DECL
-#undef STEP
-#undef SUM
-}
-/* The bf16 kernel's instruction: each VDPBF16PS lane adds two products (4 flops). */
-__attribute__((target("avx512f,avx512bf16"))) static void *dp_loop512(void *out) {
-    __m512bh m = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), a = (__m512bh)_mm512_set1_epi32(0x33d633d6);
-#define DECL(i) __m512 c##i = _mm512_set1_ps((float)(i));
-#define STEP(i) c##i = _mm512_dpbf16_ps(c##i, m, a);
-#define SUM(i)  +_mm512_reduce_add_ps(c##i)
-    CHAINS(DECL)
-    for (long i = 0; i < PEAK_ITERS / 4; i++) {
-        CHAINS(STEP)
-    }
-    *(float *)out = 0 CHAINS(SUM);
-    return NULL;
-#undef DECL
-#undef STEP
-#undef SUM
-}
-#undef CHAINS
+#define FMA512(c) _mm512_fmadd_ps(c, m, a)
+#define FMA256(c) _mm256_fmadd_ps(c, m, a)
+#define DP512(c)  _mm512_dpbf16_ps(c, mb, ab)
+#define LANE0(c)  (c)[0]
+PEAK_LOOP(fma_loop512, "avx512f", __m512, _mm512_set1_ps, FMA512, _mm512_reduce_add_ps, PEAK_ITERS / 2,
+          __m512 m = _mm512_set1_ps(0.999999f);
+          __m512 a = _mm512_set1_ps(1e-7f))
+PEAK_LOOP(fma_loop256, "avx2,fma", __m256, _mm256_set1_ps, FMA256, LANE0, PEAK_ITERS,
+          __m256 m = _mm256_set1_ps(0.999999f);
+          __m256 a = _mm256_set1_ps(1e-7f))
+/* The bf16 kernel's instruction: each VDPBF16PS lane adds two products (4 flops), a quarter of the steps. */
+PEAK_LOOP(dp_loop512, "avx512f,avx512bf16", __m512, _mm512_set1_ps, DP512, _mm512_reduce_add_ps, PEAK_ITERS / 4,
+          __m512bh mb = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f);
+          __m512bh ab = (__m512bh)_mm512_set1_epi32(0x33d633d6))
+#undef PEAK_LOOP
+#undef FMA512
+#undef FMA256
+#undef DP512
+#undef LANE0
 
 /* GFLOP/s of `threads` threads, each of PEAK_ITERS x 16 chains x 8 lanes x 2 flops (the same flops
  * in half the steps at 16 lanes, a quarter at 16 lanes of two products each). */
@@ -432,10 +418,16 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         double tk[16], tf[16], flops = 2.0 * (double)n * (double)n * (double)n;
         time_session(stp, tk, reps);
         keel_tensor_read(be, c, hc, KEEL_F32);
-        if (bf16) { /* KEEL_GEMM_ISA is read at each product */
+        if (bf16) { /* KEEL_GEMM_ISA is read at each product; the user's value put back after */
+            const char *was = getenv("KEEL_GEMM_ISA");
+            char keep[32];
+            snprintf(keep, sizeof keep, "%s", was ? was : "");
             setenv("KEEL_GEMM_ISA", "avx512", 1);
             time_session(stp, tf, reps);
-            unsetenv("KEEL_GEMM_ISA");
+            if (was)
+                setenv("KEEL_GEMM_ISA", keep, 1);
+            else
+                unsetenv("KEEL_GEMM_ISA");
         }
         double diff = NAN, pg[MAX_PEERS];
         blas_call bc = {CblasTrans, CblasNoTrans, (int)n, (int)n, (int)n, (int)n, (int)n, (int)n, ha, hb, oc};
