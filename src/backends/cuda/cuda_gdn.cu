@@ -69,38 +69,53 @@ __device__ static inline float warp_sum(float x) {
 /* C (m x n, row stride ldc) = alpha op(A) op(B) [+ beta C when acc], op(A)(r, p) = TA ? A[p lda + r]
  * : A[r lda + p], likewise B; k the depth; A and B in shared memory with lda, ldb multiples of 4
  * and 16-byte aligned. Each element of C is one thread's, summed over p in order, so the bits
- * depend on the shapes only. A thread owns 4 consecutive rows and 4 columns: consecutive when B
- * is not transposed (one 16-byte load a depth step), else n4 = ceil(n/4) apart (a warp's loads of
- * B then walk rows an odd number of 16-byte units apart). Depth goes 4 at a time with 16-byte loads
- * of both operands (16 loads for 64 multiply-adds), the last k % 4 one at a time. Rows and columns
+ * depend on the shapes only. A thread owns RB (4, or 2 where a product has too few rows to keep
+ * every thread busy) consecutive rows and 4 columns: consecutive when B is not transposed (one
+ * 16-byte load a depth step), else n4 = ceil(n/4) apart (a warp's loads of B then walk rows an odd
+ * number of 16-byte units apart). Which thread owns which block depends on m, n and RB only. Depth
+ * goes 4 at a time with 16-byte loads of both operands (16 loads for 64 multiply-adds at RB 4),
+ * the last k % 4 one at a time. Rows and columns
  * past the edge read padding or the last row and are not stored. The transpositions are template
  * parameters: each of the four forms compiles to its own loop. */
-template <bool TA, bool TB>
+template <bool TA, bool TB, int RB = 4>
 __device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k,
                            float alpha, float beta, bool acc) {
-    int m4 = (m + 3) >> 2, n4 = (n + 3) >> 2, k4 = k & ~3;
-    for (int x = threadIdx.x; x < m4 * n4; x += NT) {
-        int r0 = (x / n4) * 4, cx = x % n4, cb = TB ? cx : 4 * cx, cs = TB ? n4 : 1;
-        const float *pa[4], *pb[4];
-        float s[4][4];
+    int mr = (m + RB - 1) / RB, n4 = (n + 3) >> 2, k4 = k & ~3, wc = (n4 + 7) >> 3, lane = threadIdx.x & 31;
+    /* a warp takes 4 x 8 of the threads' blocks at a time (4 RB rows, 32 columns): its loads touch
+     * 4 RB rows of A and 8 column groups of B, a wavefront or two of shared memory each */
+    for (int wt = threadIdx.x >> 5; wt < ((mr + 3) >> 2) * wc; wt += NT / 32) {
+        int rg = (wt / wc) * 4 + (lane >> 3), cx = (wt % wc) * 8 + (lane & 7);
+        if (rg >= mr || cx >= n4) continue;
+        int r0 = rg * RB, cb = TB ? cx : 4 * cx, cs = TB ? n4 : 1;
+        const float *pa[RB], *pb[4];
+        float s[RB][4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int r = min(r0 + i, m - 1), c = min(cb + i * cs, n - 1);
+        for (int i = 0; i < RB; i++) {
+            int r = min(r0 + i, m - 1);
             pa[i] = TA ? A + r : A + r * lda;
-            pb[i] = TB ? B + c * ldb : B + c;
 #pragma unroll
             for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
         }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int c = min(cb + i * cs, n - 1);
+            pb[i] = TB ? B + c * ldb : B + c;
+        }
         for (int p = 0; p < k4; p += 4) {
-            float a[4][4], b[4][4]; /* a[row][depth], b[depth][column] */
+            float a[RB][4], b[4][4]; /* a[row][depth], b[depth][column] */
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                float4 v = TA ? *(const float4 *)(A + (p + q) * lda + r0) : *(const float4 *)(pa[q] + p);
-                float4 w = TB ? *(const float4 *)(pb[q] + p) : *(const float4 *)(B + (p + q) * ldb + cb);
-                if (TA)
-                    a[0][q] = v.x, a[1][q] = v.y, a[2][q] = v.z, a[3][q] = v.w;
-                else
+                if (TA && RB == 4) {
+                    float4 v = *(const float4 *)(A + (p + q) * lda + r0);
+                    a[0][q] = v.x, a[1][q] = v.y, a[2][q] = v.z, a[3 % RB][q] = v.w;
+                } else if (TA) {
+                    float2 v = *(const float2 *)(A + (p + q) * lda + r0);
+                    a[0][q] = v.x, a[1 % RB][q] = v.y;
+                } else if (q < RB) {
+                    float4 v = *(const float4 *)(pa[q] + p);
                     a[q][0] = v.x, a[q][1] = v.y, a[q][2] = v.z, a[q][3] = v.w;
+                }
+                float4 w = TB ? *(const float4 *)(pb[q] + p) : *(const float4 *)(B + (p + q) * ldb + cb);
                 if (TB)
                     b[0][q] = w.x, b[1][q] = w.y, b[2][q] = w.z, b[3][q] = w.w;
                 else
@@ -109,21 +124,23 @@ __device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const
 #pragma unroll
             for (int q = 0; q < 4; q++)
 #pragma unroll
-                for (int i = 0; i < 4; i++)
+                for (int i = 0; i < RB; i++)
 #pragma unroll
                     for (int j = 0; j < 4; j++) s[i][j] = fmaf(a[i][q], b[q][j], s[i][j]);
         }
         for (int p = k4; p < k; p++) {
-            float a[4], b[4];
+            float a[RB], b[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) a[i] = TA ? pa[i][p * lda] : pa[i][p], b[i] = TB ? pb[i][p] : pb[i][p * ldb];
+            for (int i = 0; i < RB; i++) a[i] = TA ? pa[i][p * lda] : pa[i][p];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) b[j] = TB ? pb[j][p] : pb[j][p * ldb];
+#pragma unroll
+            for (int i = 0; i < RB; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++) s[i][j] = fmaf(a[i], b[j], s[i][j]);
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < RB; i++)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int r = r0 + i, c = cb + j * cs;
@@ -139,19 +156,39 @@ __device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const
  * elements before waiting on any, so a tile costs one memory latency, not one per element. A
  * batch of fetches ends with fetch_commit(); fetch_wait(n) waits for all but the n latest batches
  * (the caller's barrier then makes them visible to the block). */
-/* dst[t][c] = x(c0 + c, h, t0 + t, b): rows of an input tensor. */
+/* Rows of `cols` floats from src (row stride `sb` bytes) to dst (row stride ldd floats): 16 bytes a
+ * copy when every row start on both sides is 16-byte aligned and cols a multiple of 4, else 4 (a
+ * copy of 4 bytes a thread made the delta rule's kernels 20% slower at the 0.8B shape). */
+__device__ static inline bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+__device__ static void fetch_2d(float *dst, int ldd, const char *src, int64_t sb, int rows, int cols) {
+    if ((cols & 3) == 0 && (ldd & 3) == 0 && (sb & 15) == 0 && al16(src) && al16(dst)) {
+        int c4 = cols >> 2;
+        for (int e = threadIdx.x; e < rows * c4; e += NT) {
+            int r = e / c4, c = (e - r * c4) * 4;
+            __pipeline_memcpy_async(dst + r * ldd + c, src + r * sb + c * (int64_t)sizeof(float), 16);
+        }
+        return;
+    }
+    for (int e = threadIdx.x; e < rows * cols; e += NT) {
+        int r = e / cols, c = e - r * cols;
+        __pipeline_memcpy_async(dst + r * ldd + c, src + r * sb + c * (int64_t)sizeof(float), sizeof(float));
+    }
+}
+/* dst[t][c] = x(c0 + c, h, t0 + t, b): rows of an input tensor (a view whose elements are not
+ * contiguous along dim 0 goes element by element). */
 __device__ static void fetch_rows(float *dst, int ld, const kt &x, int64_t h, int64_t t0, int64_t b, int n, int64_t c0,
                                   int cols) {
+    if (x.nb[0] == (int64_t)sizeof(float)) {
+        fetch_2d(dst, ld, kt_at(x, c0, h, t0, b), x.nb[2], n, cols);
+        return;
+    }
     for (int e = threadIdx.x; e < n * cols; e += NT) {
         int t = e / cols, c = e - t * cols;
         __pipeline_memcpy_async(dst + t * ld + c, kt_at(x, c0 + c, h, t0 + t, b), sizeof(float));
     }
 }
 __device__ static void fetch_mat(float *dst, int ldd, const float *src, int64_t lds, int rows, int cols) {
-    for (int e = threadIdx.x; e < rows * cols; e += NT) {
-        int r = e / cols, c = e - r * cols;
-        __pipeline_memcpy_async(dst + r * ldd + c, src + r * lds + c, sizeof(float));
-    }
+    fetch_2d(dst, ldd, (const char *)src, lds * (int64_t)sizeof(float), rows, cols);
 }
 __device__ static inline void fetch_commit() { __pipeline_commit(); }
 __device__ static inline void fetch_wait(int pending) { __pipeline_wait_prior(pending); }
@@ -268,8 +305,9 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
     fetch_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
     fetch_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
     fetch_commit();
+    decay_load(A, d, b, hv, t0, n); /* while the tiles are in flight */
     fetch_wait(0);
-    decay_load(A, d, b, hv, t0, n); /* its barriers also publish the fetches */
+    __syncthreads();
     bmm<false, true>(M, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     bmm<false, true>(Pm, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     int64_t rk = lc * CH * (int64_t)Dk;
@@ -349,7 +387,7 @@ __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, float *
         fetch_wait(1); /* W and U0 of this chunk */
         __syncthreads();
         store_mat(P.Sc + lc * Dk * (int64_t)Dv + j0, Dv, S, LDJ, Dk, jw);
-        bmm<false, false>(U, LDJ, Xw, ldk, S, LDJ, n, jw, Dk, -1.0f, 1.0f, true);
+        bmm<false, false, 2>(U, LDJ, Xw, ldk, S, LDJ, n, jw, Dk, -1.0f, 1.0f, true); /* 2 rows a thread: all busy */
         __syncthreads();
         fetch_mat(Xw, ldk, P.W + rk + CH * Dk, Dk, n1, Dk);
         fetch_commit();
@@ -385,16 +423,19 @@ __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o)
         jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
     float *X = sm, *Pm = X + CH * ldk, *St = Pm + CH * LDC, *Ut = St + Dk * LDO;
     fetch_mat(X, ldk, P.Qg + lc * CH * (int64_t)Dk, Dk, n, Dk);
-    fetch_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
     fetch_mat(St, LDO, P.Sc + lc * Dk * (int64_t)Dv + j0, Dv, Dk, jw);
+    fetch_commit();
+    fetch_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n); /* in flight during the first product */
     fetch_mat(Ut, LDO, P.Uc + lc * CH * (int64_t)Dv + j0, Dv, n, jw);
     fetch_commit();
-    fetch_wait(0);
+    fetch_wait(1);
     __syncthreads();
     float *out = o + ((b * A.T + c * CH) * A.Hv + hv) * A.Dv + j0;
     int64_t ld = A.Hv * A.Dv;
     bmm<false, false>(out, ld, X, ldk, St, LDO, n, jw, Dk, 1.0f, 0.0f, false);
-    bmm<false, false>(out, ld, Pm, LDC, Ut, LDO, n, jw, n, 1.0f, 1.0f, true); /* same owners: no barrier */
+    fetch_wait(0);
+    __syncthreads();
+    bmm<false, false>(out, ld, Pm, LDC, Ut, LDO, n, jw, n, 1.0f, 1.0f, true); /* same owners as the first */
 }
 
 static size_t out_smem(int64_t Dk) {
@@ -410,14 +451,17 @@ __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
     int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk),
         jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
     float *X = sm, *Pm = X + CH * ldk, *Am = Pm + CH * LDC, *dOt = Am + CH * LDC, *dU = dOt + CH * LDO;
-    fetch_mat(X, ldk, P.Qg + lc * CH * (int64_t)Dk, Dk, n, Dk);
     fetch_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
-    fetch_mat(Am, LDC, P.Am + lc * CH * CH, CH, n, n);
     fetch_rows(dOt, LDO, A.dO, hv, c * CH, b, n, j0, jw);
     fetch_commit();
-    fetch_wait(0);
+    fetch_mat(X, ldk, P.Qg + lc * CH * (int64_t)Dk, Dk, n, Dk); /* in flight during the first product */
+    fetch_mat(Am, LDC, P.Am + lc * CH * CH, CH, n, n);
+    fetch_commit();
+    fetch_wait(1);
     __syncthreads();
     bmm<true, false>(dU, LDO, Pm, LDC, dOt, LDO, n, jw, n, 1.0f, 0.0f, false);
+    fetch_wait(0);
+    __syncthreads();
     bmm<true, false>(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n, 1.0f, 0.0f, false);
     __syncthreads();
     bmm<true, false>(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n, 1.0f, 0.0f, false);
@@ -455,7 +499,7 @@ __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, fl
         fetch_wait(1); /* Ac, dR0, G0 of this chunk */
         __syncthreads();
         store_mat(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, dS, LDJ, Dk, jw);
-        bmm<false, false>(dRt, LDJ, Xa, ldk, dS, LDJ, n, jw, Dk, 1.0f, 1.0f, true);
+        bmm<false, false, 2>(dRt, LDJ, Xa, ldk, dS, LDJ, n, jw, Dk, 1.0f, 1.0f, true);
         __syncthreads();
         fetch_mat(Xa, ldk, P.Ac + rk - CH * Dk, Dk, n1, Dk);
         fetch_commit();
@@ -566,58 +610,77 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
     int64_t t0 = c * CH, lc = l * P.nc + c;
     int n = chunk_len(A.T, c), Dk = (int)A.Dk, ldk = PAD_LD(Dk), lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     chunk_decay d = decay_at(smd);
-    float *dGam = (float *)((char *)smd + DECAY_BYTES), *dDC = dGam + CH, *dG = dDC + CH, *Q = dG + CH,
-          *K = Q + CH * ldk, *X = K + CH * ldk, *Y = X + CH * LDC, *Pd = Y + CH * LDC, *E = Pd + CH * LDC;
+    /* dPm and dMm are read from global memory and written back there scaled, so that only two
+     * CH x CH tiles are in shared memory at once (two blocks a multiprocessor, not one): X and Y,
+     * then, once their sums are taken, the scaled dPm and dMm (Pd, E) fetched back into their place. */
+    float *dGam = (float *)((char *)smd + DECAY_BYTES), *dDC = dGam + CH, *dG = dDC + CH, *kb = dG + CH, *Q = kb + CH,
+          *K = Q + CH * ldk, *X = K + CH * ldk, *Y = X + CH * LDC, *Pd = X, *E = Y;
+    float *gPd = P.dPm + lc * CH * CH, *gE = P.dMm + lc * CH * CH;
     fetch_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
     fetch_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
-    fetch_mat(Pd, LDC, P.dPm + lc * CH * CH, CH, n, n);
-    fetch_mat(E, LDC, P.dMm + lc * CH * CH, CH, n, n);
     fetch_commit();
+    decay_load(A, d, b, hv, t0, n); /* while the tiles are in flight */
     fetch_wait(0);
-    decay_load(A, d, b, hv, t0, n); /* its barriers also publish the fetches */
+    __syncthreads();
     bmm<false, true>(X, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     bmm<false, true>(Y, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     __syncthreads();
     for (int e = threadIdx.x; e < n * n; e += NT) {
         int t = e / n, s = e - t * n;
-        float D = dmask(d, t, s), dpm = Pd[t * LDC + s], dmm = E[t * LDC + s], y = Y[t * LDC + s];
+        float D = dmask(d, t, s), dpm = gPd[t * CH + s], dmm = gE[t * CH + s], y = Y[t * LDC + s];
         bool low = s < t;
         /* X: D_ts times the gradient of D_ts (the diagonal's D is 1 and cancels in dG: left out) */
         X[t * LDC + s] = low ? D * (dpm * X[t * LDC + s] + dmm * d.bt[t] * y) : 0.0f;
         Y[t * LDC + s] = low ? dmm * D * y : 0.0f;
-        Pd[t * LDC + s] = D * dpm;
-        E[t * LDC + s] = low ? dmm * d.bt[t] * D : 0.0f;
+        gPd[t * CH + s] = D * dpm;
+        gE[t * CH + s] = low ? dmm * d.bt[t] * D : 0.0f;
     }
     __syncthreads();
     int64_t rows = A.Hv * A.T * A.B, off_dk = A.Dk * rows, off_dg = 2 * off_dk + A.Dv * rows, off_db = off_dg + rows;
     int64_t rk = lc * CH * (int64_t)Dk;
-    for (int t = w; t < n; t += NT / 32) { /* a warp a row: dot products over Dk */
+    for (int t = w; t < n; t += NT / 32) { /* a warp a row: dot products over Dk, 4 loads of each in flight */
         float x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
-        for (int i = lane; i < Dk; i += 32) {
-            x1 += Q[t * ldk + i] * P.dQa[rk + t * Dk + i];
-            x2 += K[t * ldk + i] * P.dKb[rk + t * Dk + i];
-            x3 += K[t * ldk + i] * P.dKa[rk + t * Dk + i];
+        const float *qa = P.dQa + rk + t * Dk, *ka = P.dKa + rk + t * Dk, *kbr = P.dKb + rk + t * Dk;
+        for (int i0 = lane; i0 < Dk; i0 += 128) {
+            float a1[4], a2[4], a3[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int i = i0 + 32 * u;
+                a1[u] = i < Dk ? qa[i] : 0.0f, a2[u] = i < Dk ? kbr[i] : 0.0f, a3[u] = i < Dk ? ka[i] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int i = i0 + 32 * u;
+                if (i < Dk) {
+                    x1 += Q[t * ldk + i] * a1[u];
+                    x2 += K[t * ldk + i] * a2[u];
+                    x3 += K[t * ldk + i] * a3[u];
+                }
+            }
         }
         x1 = warp_sum(x1), x2 = warp_sum(x2), x3 = warp_sum(x3);
         if (lane == 0) {
-            float y = 0.0f;
-            for (int s = 0; s < t; s++) y += Y[t * LDC + s];
-            out[off_db + (b * A.T + t0 + t) * A.Hv + hv] = P.r3[lc * CH + t] - d.Gam[t] * x2 + y;
             dGam[t] = x1 - d.bt[t] * x2;
             dDC[t] = x3;
+            kb[t] = x2;
         }
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < n; t += NT) {
-        float s = d.Gam[t] * dGam[t] - d.DC[t] * dDC[t];
+    for (int t = threadIdx.x; t < n; t += NT) { /* a thread a row: dG and dbeta */
+        float s = d.Gam[t] * dGam[t] - d.DC[t] * dDC[t], y = 0.0f;
         for (int x = 0; x < n; x++) s += X[t * LDC + x] - X[x * LDC + t];
         if (t == n - 1) {
             s += d.Gam[n - 1] * P.dGamC[lc];
             for (int x = 0; x < n; x++) s += d.DC[x] * dDC[x];
         }
         dG[t] = s;
+        for (int x = 0; x < t; x++) y += Y[t * LDC + x];
+        out[off_db + (b * A.T + t0 + t) * A.Hv + hv] = P.r3[lc * CH + t] - d.Gam[t] * kb[t] + y;
     }
-    __syncthreads();
+    __syncthreads(); /* X and Y are read: they take the scaled dPm and dMm, in flight during what follows */
+    fetch_mat(Pd, LDC, gPd, CH, n, n);
+    fetch_mat(E, LDC, gE, CH, n, n);
+    fetch_commit();
     for (int u = threadIdx.x; u < n; u += NT) {
         float s = 0.0f;
         if (d.seg[u] != u)
@@ -642,7 +705,8 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
             }
         }
     }
-    __syncthreads(); /* the rows above are read back by other threads below */
+    fetch_wait(0);
+    __syncthreads(); /* the rows above are read back by other threads below, and Pd, E have landed */
     bmm<false, false>(oq, ld, Pd, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
     bmm<false, false>(ok, ld, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
     bmm<true, false>(ok, ld, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
@@ -650,7 +714,7 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
 }
 
 static size_t grads_smem(int64_t Dk) {
-    return DECAY_BYTES + (size_t)(3 * CH + 2 * CH * PAD_LD(Dk) + 4 * CH * LDC) * sizeof(float);
+    return DECAY_BYTES + (size_t)(4 * CH + 2 * CH * PAD_LD(Dk) + 2 * CH * LDC) * sizeof(float);
 }
 
 static gdn_args args_of(const keel_tensor *t) {
