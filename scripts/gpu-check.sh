@@ -105,6 +105,8 @@ finish_cross() {
 if want ops; then
     run "test-ops --backend cuda (forward)" ops.log $keel test-ops --backend ref,cuda
     grep "^cuda:" "$out/ops.log"
+    run "fused ops = the ops they replace (bitwise)" fused.log ./build-gpu/test_fused
+    grep "^cuda" "$out/fused.log"
 fi
 if want gdn; then # the chunked gated delta rule alone: its cases, its gradients, its time in the bf16 step
     run "test-ops GATED_DELTA_NET* (cuda)" gdn-ops.log $keel test-ops --backend ref,cuda --op GATED_DELTA_NET,GATED_DELTA_NET_BACK,GATED_DELTA_NET_STATE

@@ -212,14 +212,25 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     ADD(0, keel_op_new(ctx, KEEL_OP_ROPE_BACK, (keel_tensor *const[]){dy, t->src[1]}, 2, t->ip, 1, t->fp, 1));
     return 0;
 }
-static int r_conv1d(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    keel_tensor *x = t->src[0], *w = t->src[1], *pos = t->src[2];
+/* CONV1D's gradients given the gradient du of its output (x, w, pos: its sources) */
+static int conv1d_grads(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, keel_tensor *du,
+                        keel_grad_acc *acc) {
     if (WANT(0))
-        ADD(0, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_INPUT, (keel_tensor *const[]){dy, w, pos}, 3, NULL, 0, NULL, 0));
+        ADD(0, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_INPUT, (keel_tensor *const[]){du, w, pos}, 3, NULL, 0, NULL, 0));
     if (WANT(1))
-        ADD(1, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_WEIGHT, (keel_tensor *const[]){x, dy, pos}, 3,
+        ADD(1, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_WEIGHT, (keel_tensor *const[]){x, du, pos}, 3,
                            (int64_t[]){w->ne[0]}, 1, NULL, 0));
     return 0;
+}
+static int r_conv1d(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    return conv1d_grads(ctx, t->src[0], t->src[1], t->src[2], dy, acc);
+}
+/* the conv output's gradient (GDN_CONV_BACK), then CONV1D's on it */
+static int r_gdn_conv(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *x = t->src[0], *w = t->src[1], *pos = t->src[2];
+    keel_tensor *du =
+        keel_op_new(ctx, KEEL_OP_GDN_CONV_BACK, (keel_tensor *const[]){x, w, pos, dy}, 4, t->ip, 2, t->fp, 2);
+    return du ? conv1d_grads(ctx, x, w, pos, du, acc) : -1;
 }
 static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *q = t->src[0], *v = t->src[2];
@@ -300,6 +311,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_SOFTPLUS] = r_softplus,
     [KEEL_OP_DROPOUT] = r_dropout,
     [KEEL_OP_CONV1D] = r_conv1d,
+    [KEEL_OP_GDN_CONV] = r_gdn_conv,
     [KEEL_OP_GATED_DELTA_NET] = r_gdn,
     [KEEL_OP_CROSS_ENTROPY_LOSS] = r_cross_entropy,
 };

@@ -308,21 +308,24 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
     int64_t Dk = c->lk_dim, Hk = c->lk_heads, Dv = c->lv_dim, Hv = c->lv_heads, T = h->ne[1], B = h->ne[2];
     int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(h->type), K = c->conv_kernel;
     operand hin = operand_of(ctx, m, h);
-    keel_tensor *pre = linear(ctx, m, L->qkv, hin), *conv;
+    keel_tensor *pre = linear(ctx, m, L->qkv, hin), *mixed; /* [C, T, B]: q, k, v after conv, SiLU, norms */
+    double qs = 1.0 / sqrt((double)Dk), eps = 1e-6;
     if (conv_in) { /* decoding: the last K-1 inputs come first; keep the outputs of the new tokens */
         keel_tensor *cat = keel_concat(ctx, conv_in, pre, 1);
-        conv = keel_view_3d(ctx, keel_conv1d(ctx, cat, L->conv, conv_pos), C, T, B, C * es, C * (T + K - 1) * es,
-                            (K - 1) * C * es);
+        keel_tensor *conv = keel_view_3d(ctx, keel_conv1d(ctx, cat, L->conv, conv_pos), C, T, B, C * es,
+                                         C * (T + K - 1) * es, (K - 1) * C * es);
         *conv_out = keel_cont(ctx, keel_view_3d(ctx, cat, C, K - 1, B, C * es, C * (T + K - 1) * es, T * C * es));
-    } else {
-        conv = keel_conv1d(ctx, pre, L->conv, pos);
+        mixed = keel_silu(ctx, conv);
+    } else { /* one op for the conv, SiLU, q/k norms and q scale, the same formulas as the ops below */
+        mixed = keel_gdn_conv(ctx, pre, L->conv, pos, kd, Dk, eps, qs);
     }
-    keel_tensor *mixed = keel_silu(ctx, conv); /* [C, T, B] */
     keel_tensor *q = keel_view_4d(ctx, mixed, Dk, Hk, T, B, Dk * es, C * es, C * T * es, 0);
     keel_tensor *k = keel_view_4d(ctx, mixed, Dk, Hk, T, B, Dk * es, C * es, C * T * es, kd * es);
     keel_tensor *v = keel_view_4d(ctx, mixed, Dv, Hv, T, B, Dv * es, C * es, C * T * es, 2 * kd * es);
-    q = keel_scale(ctx, keel_l2_norm(ctx, q, 1e-6), 1.0 / sqrt((double)Dk), 0.0);
-    k = keel_l2_norm(ctx, k, 1e-6);
+    if (conv_in) {
+        q = keel_scale(ctx, keel_l2_norm(ctx, q, eps), qs, 0.0);
+        k = keel_l2_norm(ctx, k, eps);
+    }
     keel_tensor *beta = keel_sigmoid(ctx, linear(ctx, m, L->b, hin)); /* [Hv, T, B] */
     keel_tensor *g = keel_mul(ctx, keel_softplus(ctx, keel_add(ctx, linear(ctx, m, L->a, hin), L->dt_bias)),
                               keel_neg(ctx, keel_exp(ctx, L->A_log)));

@@ -82,6 +82,12 @@
       "d <= pos[t] only")                                                                                              \
     X(CONV1D_BACK_INPUT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 dy [C,T,B], src1 w [K,C], src2 positions -> dx")                   \
     X(CONV1D_BACK_WEIGHT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 x [C,T,B], src1 dy, src2 positions, ip0 K -> dw [K,C]")           \
+    X(GDN_CONV, OWN, 3, 0, 3, 4,                                                                                       \
+      "src0 x [C,T,B], src1 w [K,C], src2 i32 positions [T,B]; ip0 n, ip1 d, fp0 eps, fp1 s: y = silu(CONV1D(x)), "   \
+      "then channels [0,2n) L2-normalised per d channels (x / sqrt(sum x^2 + eps)) and [0,n) times s (the DeltaNet's " \
+      "conv, SiLU, q/k norms and q scale: the ops it replaces, formula by formula)")                                  \
+    X(GDN_CONV_BACK, OWN, 4, OPF_BACKWARD, 0, 4,                                                                       \
+      "x, w, positions, dy; params as GDN_CONV -> the gradient of the conv's output [C,T,B] (the conv recomputed)")    \
     X(GATED_DELTA_NET, OWN, 6, 0, 31, 32,                                                                              \
       "q,k [Dk,Hk,T,B], v [Dv,Hv,T,B], g,beta [Hv,T,B], i32 positions [T,B] -> o [Dv,Hv,T,B]; the state is 0 "         \
       "before a step at position 0")                                                                                   \

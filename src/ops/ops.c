@@ -341,6 +341,22 @@ static int shape_rule(keel_tensor *t) {
         REQ(t->ip[0] > 0, "kernel size must be positive");
         set_shape(t, a->type, t->ip[0], a->ne[0], 1, 1);
         return 0;
+    case KEEL_OP_GDN_CONV:
+    case KEEL_OP_GDN_CONV_BACK: {
+        int64_t C = a->ne[0], n = t->ip[0], d = t->ip[1];
+        REQ(keel_type_is_float(a->type) && b->type == a->type, "x and w must have one real type");
+        REQ(a->ne[3] == 1 && b->ne[1] == C && b->ne[2] == 1 && b->ne[3] == 1, "want x [C,T,B] and w [K,C]");
+        REQ(is_positions(t->src[2], a->ne[1], a->ne[2]), "positions must be i32 [T,B]");
+        REQ(d > 0 && n >= 0 && n % d == 0 && 2 * n <= C,
+            "%lld channels of q and of k in heads of %lld: want a multiple of the head, and 2n <= %lld channels",
+            (long long)n, (long long)d, (long long)C);
+        REQ(t->fp[0] >= 0 && isfinite(t->fp[0]) && isfinite(t->fp[1]), "eps %g must be >= 0, the scale %g finite",
+            t->fp[0], t->fp[1]);
+        if (op == KEEL_OP_GDN_CONV_BACK)
+            REQ(keel_same_shape(t->src[3], a) && t->src[3]->type == a->type, "dy must be shaped like x");
+        set_shape(t, a->type, C, a->ne[1], a->ne[2], 1);
+        return 0;
+    }
     case KEEL_OP_GATED_DELTA_NET:
     case KEEL_OP_GATED_DELTA_NET_STATE:
     case KEEL_OP_GATED_DELTA_NET_BACK: {
@@ -638,6 +654,10 @@ double keel_rope_freq(double theta, int64_t n_rot, int64_t f) {
 
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos) {
     return OP(KEEL_OP_CONV1D, (x, w, pos), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_gdn_conv(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, int64_t n_qk, int64_t head,
+                           double eps, double q_scale) {
+    return OP(KEEL_OP_GDN_CONV, (x, w, pos), IPS(n_qk, head), 2, FPS(eps, q_scale), 2);
 }
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
                                   keel_tensor *beta, keel_tensor *pos) {

@@ -119,6 +119,12 @@ double keel_rope_freq(double theta, int64_t n_rot, int64_t f);
 /* Causal depthwise convolution over T; output t reads the inputs t-d for d <= pos[t] only, so it
  * never reaches back past the start of its example (positions [T,B] restart at 0 per example). */
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos);
+/* The Gated DeltaNet's input path in one op: y = silu(keel_conv1d(x, w, pos)) [C,T,B], then each
+ * head of `head` channels among the first 2 n_qk (q, then k) divided by sqrt(sum of squares + eps),
+ * and the first n_qk (q) times q_scale. Its backward gives the conv output's gradient from the
+ * conv recomputed; CONV1D's backward ops take it from there. */
+keel_tensor *keel_gdn_conv(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, int64_t n_qk, int64_t head,
+                           double eps, double q_scale);
 /* The gated delta rule; the state is reset to 0 before every step whose position is 0 (<= 0): a
  * packed example starts from a fresh state, as it would alone. */
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,

@@ -537,6 +537,32 @@ int keel_cases_all(op_case **out) {
             }
             break;
         }
+        case KEEL_OP_GDN_CONV:
+        case KEEL_OP_GDN_CONV_BACK: {
+            /* C, T, B, K, n (channels of q and of k), head, longest example, eps (1e-6 x), q scale
+             * (x 1/8): q, k and v; no v (2n = C); no q or k (n 0); the fixture's (16-channel heads,
+             * 32 + 32 + 96) packed and not; the 0.8B model's heads of 128 (dense, C % 4 == 0: the
+             * cuda backend's dense path, as are heads of 32 and 64); eps large against the squares; a
+             * row of 4097 channels.
+             * The input viewed strided, the weight transposed. */
+            static const int64_t sh[][9] = {{14, 5, 1, 4, 4, 2, 5, 1, 8},         {40, 9, 2, 4, 16, 8, 4, 1, 3},
+                                            {12, 6, 3, 3, 6, 6, 6, 1, 8},         {3, 7, 1, 2, 0, 1, 2, 1, 8},
+                                            {160, 70, 2, 4, 32, 16, 30, 1, 2},    {160, 65, 1, 4, 32, 16, 1000, 1, 2},
+                                            {768, 33, 2, 4, 256, 128, 9, 1, 1},   {24, 10, 2, 4, 8, 4, 10, 1000000, 8},
+                                            {4097, 3, 1, 4, 2048, 1024, 3, 1, 1}, {200, 40, 3, 4, 64, 32, 7, 1, 8},
+                                            {256, 20, 2, 4, 64, 64, 1000, 1, 3}};
+            for (int s = 0; s < 11; s++) {
+                const int64_t *x = sh[s];
+                c = C(&l, op);
+                if (x[0] > 1000) c->no_fd = "large: each backend against ref's backward, proven on the small cases";
+                I(c, KEEL_F32, x[0], x[1], x[2], 1)->view = s == 1 ? VIEW_STRIDED : VIEW_NONE;
+                I(c, KEEL_F32, x[3], x[0], 1, 1)->view = s == 2 ? VIEW_TRANSPOSED : VIEW_NONE;
+                SEG(c, x[1], x[2], x[6]);
+                if (op == KEEL_OP_GDN_CONV_BACK) I(c, KEEL_F32, x[0], x[1], x[2], 1);
+                P(c, 2, (int64_t[]){x[4], x[5]}, 2, (double[]){1e-6 * (double)x[7], (double)x[8] / 8.0});
+            }
+            break;
+        }
         case KEEL_OP_GATED_DELTA_NET:
         case KEEL_OP_GATED_DELTA_NET_STATE:
         case KEEL_OP_GATED_DELTA_NET_BACK: {

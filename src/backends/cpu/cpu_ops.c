@@ -18,7 +18,8 @@ typedef struct {
     double *partial; /* per-row results reduced serially afterwards */
     double ce_div;   /* CROSS_ENTROPY_LOSS(_BACK): the loss's divisor */
     int64_t *csr_start, *csr_items;
-    float *wt;   /* CONV1D: the weight as [K][C] */
+    float *wt;   /* CONV1D, GDN_CONV: the weight as [K][C] */
+    float *rows; /* GDN_CONV: 2 C floats a thread (the conv's output and its SiLU) */
     double *acc; /* REPEAT_BACK: one row of float64 sums per thread (NULL: sum element by element) */
 } node_ctx;
 
@@ -323,6 +324,65 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
+/* One row (position tt, example bb) of CONV1D's output into u: the conv task's loop. */
+static void conv_row(const keel_tensor *x, const keel_tensor *p, const float *wt, int64_t K, int64_t tt, int64_t bb,
+                     float *u) {
+    int64_t T = x->ne[1], C = x->ne[0], xn = x->nb[0];
+    for (int64_t ch = 0; ch < C; ch++) u[ch] = 0.0f;
+    for (int64_t j = 0; j < K; j++) {
+        int64_t ts = tt - (K - 1) + j;
+        if (ts < 0 || ts >= T || K - 1 - j > cpu_pos(p, tt, bb)) continue;
+        const char *xr = cpu_row(x, ts, bb, 0);
+        const float *wj = wt + j * C;
+        if (xn == 4) {
+            const float *xf = (const float *)(const void *)xr;
+            for (int64_t ch = 0; ch < C; ch++) u[ch] += wj[ch] * xf[ch];
+        } else {
+            for (int64_t ch = 0; ch < C; ch++) u[ch] += wj[ch] * F(xr + ch * xn);
+        }
+    }
+}
+
+/* GDN_CONV and GDN_CONV_BACK, a (position, example) row an item: CONV1D's sum, silu_f32, L2_NORM's
+ * float64 sums and float32 scale, SCALE's formula, and backward L2_NORM_BACK's and silu_back_f32,
+ * so the bits of the CONV1D, SILU, L2_NORM, SCALE ops and their backward ops it replaces. */
+static void gdn_conv_task(void *arg, int64_t b, int64_t e, int th) {
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1], *p = t->src[2];
+    const keel_tensor *dy = t->op == KEEL_OP_GDN_CONV_BACK ? t->src[3] : NULL;
+    int64_t C = x->ne[0], K = w->ne[0], n = t->ip[0], hd = t->ip[1];
+    float *u = c->rows + (int64_t)th * 2 * C, *sv = u + C, a = (float)t->fp[1];
+    for (int64_t r = b; r < e; r++) {
+        int64_t tt = r % x->ne[1], bb = r / x->ne[1];
+        conv_row(x, p, c->wt, K, tt, bb, u);
+        for (int64_t ch = 0; ch < C; ch++) sv[ch] = silu_f32(u[ch]);
+        float *d = (float *)(void *)cpu_row(t, tt, bb, 0);
+        const char *g = dy ? cpu_row(dy, tt, bb, 0) : NULL;
+        int64_t gn = dy ? dy->nb[0] : 0;
+        for (int64_t ch = 2 * n; ch < C; ch++) d[ch] = dy ? silu_back_f32(u[ch], F(g + ch * gn)) : sv[ch];
+        for (int64_t h0 = 0; h0 < 2 * n; h0 += hd) {
+            bool q = h0 < n;
+            double ss = 0, sd = 0;
+            for (int64_t ch = h0; ch < h0 + hd; ch++) {
+                double xv = sv[ch];
+                ss += xv * xv;
+                if (dy) sd += xv * (q ? keel_unary_f32(KEEL_OP_SCALE, F(g + ch * gn), a, 0.0f) : F(g + ch * gn));
+            }
+            if (!dy) {
+                float sc = (float)(1.0 / sqrt(ss + t->fp[0]));
+                for (int64_t ch = h0; ch < h0 + hd; ch++)
+                    d[ch] = q ? keel_unary_f32(KEEL_OP_SCALE, sv[ch] * sc, a, 0.0f) : sv[ch] * sc;
+                continue;
+            }
+            double sc = 1.0 / sqrt(ss + t->fp[0]), f2 = sc * sc * sc * sd;
+            for (int64_t ch = h0; ch < h0 + hd; ch++) {
+                float gv = q ? keel_unary_f32(KEEL_OP_SCALE, F(g + ch * gn), a, 0.0f) : F(g + ch * gn);
+                d[ch] = silu_back_f32(u[ch], (float)(sc * gv - f2 * sv[ch]));
+            }
+        }
+    }
+}
+
 static void get_rows_back_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
@@ -594,6 +654,20 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         keel_pool_for(pool, (t->ne[1] + CONV_CB - 1) / CONV_CB, conv_task, &c);
         return 0;
+    case KEEL_OP_GDN_CONV:
+    case KEEL_OP_GDN_CONV_BACK: {
+        int64_t K = b->ne[0], C = a->ne[0];
+        c.wt = malloc((size_t)(K * C) * sizeof(float));
+        c.rows = malloc((size_t)(keel_pool_size(pool) * 2 * C) * sizeof(float));
+        if (c.wt && c.rows) {
+            for (int64_t ch = 0; ch < C; ch++)
+                for (int64_t j = 0; j < K; j++) c.wt[j * C + ch] = F(cpu_row(b, ch, 0, 0) + j * b->nb[0]);
+            keel_pool_for(pool, a->ne[1] * a->ne[2], gdn_conv_task, &c);
+        }
+        bool ok = c.wt && c.rows;
+        free(c.wt), free(c.rows);
+        return ok ? 0 : keel_fail("cpu: out of memory in '%s'", t->name);
+    }
     case KEEL_OP_GATED_DELTA_NET:
     case KEEL_OP_GATED_DELTA_NET_STATE:
         return cpu_gdn_forward(be, t);

@@ -297,6 +297,170 @@ __global__ void k_silu_back(kt t, kt x, kt dy, int vec) {
     }
 }
 
+/* GDN_CONV and GDN_CONV_BACK (ops.h): k_conv's float32 sum, the unary SILU, k_rows' warp-a-row
+ * L2_NORM and L2_NORM_BACK (the same lanes, the same butterfly), SCALE's formula and silu_back1:
+ * the bits of the ops it replaces for heads of up to WARP_ROW_MAX channels. A warp takes a head at
+ * a (position, example), summing its squares over the conv's output, then recomputes that output
+ * to write (a few loads that hit the cache, where a head in registers would not fit every size);
+ * the value channels take a thread each. */
+typedef struct {
+    kt x, w, pos, dy, t;
+    int64_t n, hd; /* channels of q and of k; a head */
+    double eps;
+    float a; /* q's scale */
+    int back;
+} gconv_args;
+
+__device__ static float gconv_u(const gconv_args &A, int64_t ch, int64_t tt, int64_t bb, int64_t p) {
+    int64_t K = A.w.ne[0];
+    float acc = 0.0f;
+    for (int64_t j = 0; j < K; j++) {
+        int64_t ts = tt - (K - 1) + j;
+        if (ts >= 0 && K - 1 - j <= p) acc += __fmul_rn(ldf(kt_at(A.w, j, ch, 0, 0)), ldf(kt_at(A.x, ch, ts, bb, 0)));
+    }
+    return acc;
+}
+/* the gradient reaching the norm's output: SCALE's backward (s dy + 0) for q */
+__device__ static inline float gconv_g(const gconv_args &A, int64_t ch, int64_t tt, int64_t bb, bool q) {
+    float d = ldf(kt_at(A.dy, ch, tt, bb, 0));
+    return q ? keel_unary_f32(KEEL_OP_SCALE, d, A.a, 0.0f) : d;
+}
+
+__global__ void k_gconv_heads(gconv_args A) {
+    int64_t T = A.x.ne[1], H = 2 * A.n / A.hd, tasks = T * A.x.ne[2] * H;
+    int lane = threadIdx.x & 31;
+    int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t wi = w0; wi < tasks; wi += ws) {
+        int64_t r = wi / H, h0 = (wi % H) * A.hd, tt = r % T, bb = r / T, p = pos_at(A.pos, tt, bb);
+        bool q = h0 < A.n;
+        double ss = 0, sd = 0;
+        for (int64_t i = lane; i < A.hd; i += 32) {
+            double x = keel_unary_f32(KEEL_OP_SILU, gconv_u(A, h0 + i, tt, bb, p), 0.0f, 0.0f);
+            ss += x * x;
+            if (A.back) sd += x * gconv_g(A, h0 + i, tt, bb, q);
+        }
+        for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+        if (A.back)
+            for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
+        float scf = (float)(1.0 / sqrt(ss + A.eps));
+        double sc = 1.0 / sqrt(ss / 1.0 + A.eps), f2 = sc * sc * sc * sd / 1.0; /* L2_NORM_BACK's, dn = 1 */
+        for (int64_t i = lane; i < A.hd; i += 32) {
+            int64_t ch = h0 + i;
+            float u = gconv_u(A, ch, tt, bb, p), sv = keel_unary_f32(KEEL_OP_SILU, u, 0.0f, 0.0f), y;
+            if (A.back)
+                y = silu_back1(u, (float)(sc * gconv_g(A, ch, tt, bb, q) - f2 * sv));
+            else
+                y = q ? keel_unary_f32(KEEL_OP_SCALE, sv * scf, A.a, 0.0f) : sv * scf;
+            stf(kt_at(A.t, ch, tt, bb, 0), y);
+        }
+    }
+}
+
+__global__ void k_gconv_values(gconv_args A) {
+    int64_t T = A.x.ne[1], c0 = 2 * A.n, nv = A.x.ne[0] - c0;
+    GRID_STRIDE(e, nv * T * A.x.ne[2]) {
+        int64_t ch = c0 + e % nv, r = e / nv, tt = r % T, bb = r / T;
+        float u = gconv_u(A, ch, tt, bb, pos_at(A.pos, tt, bb));
+        float y = A.back ? silu_back1(u, ldf(kt_at(A.dy, ch, tt, bb, 0))) : keel_unary_f32(KEEL_OP_SILU, u, 0.0f, 0.0f);
+        stf(kt_at(A.t, ch, tt, bb, 0), y);
+    }
+}
+
+/* The same on dense float32 tensors (w as [C][K]) with heads of 32, 64, 96 or 128 channels and
+ * channel counts in multiples of 4 (the DeltaNet's): a lane keeps its up to 4 channels of a head
+ * in registers, in the generic kernel's order; the value channels go 4 a thread through 16-byte
+ * accesses. The index arithmetic of the generic kernels made the op slower than the five it
+ * replaces. */
+typedef struct {
+    const float *x, *w, *dy;
+    float *y;
+    kt pos;
+    int64_t C, T, B, n;
+    int K, hd;
+    double eps;
+    float a;
+    int back;
+} gconv_dense;
+
+__device__ static inline float gconv_dense_u(const gconv_dense &A, const float *xr, int64_t ch, int64_t tt, int64_t p) {
+    float acc = 0.0f;
+    for (int j = 0; j < A.K; j++) {
+        int64_t d = A.K - 1 - j;
+        if (tt - d >= 0 && d <= p) acc += __fmul_rn(A.w[ch * A.K + j], xr[ch - d * A.C]);
+    }
+    return acc;
+}
+
+__global__ void k_gconv_heads_dense(gconv_dense A) {
+    int64_t H = 2 * A.n / A.hd, tasks = A.T * A.B * H;
+    int lane = threadIdx.x & 31, per = A.hd / 32;
+    int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t wi = w0; wi < tasks; wi += ws) {
+        int64_t r = wi / H, h0 = (wi % H) * A.hd, tt = r % A.T, p = pos_at(A.pos, tt, r / A.T);
+        const float *xr = A.x + r * A.C;
+        bool q = h0 < A.n;
+        float u[4], sv[4], g[4];
+        double ss = 0, sd = 0;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            if (m >= per) continue;
+            int64_t ch = h0 + lane + 32 * m;
+            u[m] = gconv_dense_u(A, xr, ch, tt, p);
+            sv[m] = keel_unary_f32(KEEL_OP_SILU, u[m], 0.0f, 0.0f);
+            double x = sv[m];
+            ss += x * x;
+            if (A.back) {
+                float d = A.dy[r * A.C + ch];
+                g[m] = q ? keel_unary_f32(KEEL_OP_SCALE, d, A.a, 0.0f) : d;
+                sd += x * g[m];
+            }
+        }
+        for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+        if (A.back)
+            for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
+        float scf = (float)(1.0 / sqrt(ss + A.eps));
+        double sc = 1.0 / sqrt(ss / 1.0 + A.eps), f2 = sc * sc * sc * sd / 1.0;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            if (m >= per) continue;
+            int64_t ch = h0 + lane + 32 * m;
+            float v = A.back ? silu_back1(u[m], (float)(sc * g[m] - f2 * sv[m]))
+                             : (q ? keel_unary_f32(KEEL_OP_SCALE, sv[m] * scf, A.a, 0.0f) : sv[m] * scf);
+            A.y[r * A.C + ch] = v;
+        }
+    }
+}
+
+__global__ void k_gconv_values_dense(gconv_dense A) {
+    int64_t c0 = 2 * A.n, nv4 = (A.C - c0) / 4;
+    GRID_STRIDE(e, nv4 * A.T * A.B) {
+        int64_t r = e / nv4, ch = c0 + (e % nv4) * 4, tt = r % A.T, p = pos_at(A.pos, tt, r / A.T);
+        const float *xr = A.x + r * A.C;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int j = 0; j < A.K; j++) { /* k_conv4's sums */
+            int64_t d = A.K - 1 - j;
+            if (tt - d >= 0 && d <= p) {
+                float4 xv = *(const float4 *)(xr + ch - d * A.C);
+                acc.x += __fmul_rn(A.w[ch * A.K + j], xv.x);
+                acc.y += __fmul_rn(A.w[(ch + 1) * A.K + j], xv.y);
+                acc.z += __fmul_rn(A.w[(ch + 2) * A.K + j], xv.z);
+                acc.w += __fmul_rn(A.w[(ch + 3) * A.K + j], xv.w);
+            }
+        }
+        float4 o;
+        if (A.back) {
+            float4 d = *(const float4 *)(A.dy + r * A.C + ch);
+            o = make_float4(silu_back1(acc.x, d.x), silu_back1(acc.y, d.y), silu_back1(acc.z, d.z),
+                            silu_back1(acc.w, d.w));
+        } else {
+            o = make_float4(
+                keel_unary_f32(KEEL_OP_SILU, acc.x, 0.0f, 0.0f), keel_unary_f32(KEEL_OP_SILU, acc.y, 0.0f, 0.0f),
+                keel_unary_f32(KEEL_OP_SILU, acc.z, 0.0f, 0.0f), keel_unary_f32(KEEL_OP_SILU, acc.w, 0.0f, 0.0f));
+        }
+        *(float4 *)(A.y + r * A.C + ch) = o;
+    }
+}
+
 /* SWIGLU and SWIGLU_BACK: the unary SILU's formula, MUL's product and silu_back1, so the bits of
  * the SILU, MUL and SILU_BACK they replace; 4 elements a thread on dense aligned tensors. */
 __device__ static inline float swiglu1(float g, float u) {
@@ -886,6 +1050,32 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         return reduce_terms(be, t, a->ne[1] * a->ne[2]);
+    case KEEL_OP_GDN_CONV:
+    case KEEL_OP_GDN_CONV_BACK: {
+        if (a->type != KEEL_F32)
+            return keel_fail("cuda: '%s': GDN_CONV reads float32, not %s", t->name, keel_type_name(a->type));
+        gconv_args A;
+        memset(&A, 0, sizeof A);
+        A.x = kt_of(a), A.w = kt_of(b), A.pos = kt_of(t->src[2]), A.t = kt_of(t);
+        A.back = t->op == KEEL_OP_GDN_CONV_BACK;
+        if (A.back) A.dy = kt_of(t->src[3]);
+        A.n = t->ip[0], A.hd = t->ip[1], A.eps = t->fp[0], A.a = (float)t->fp[1];
+        int64_t R = a->ne[1] * a->ne[2], heads = R * (2 * A.n / A.hd);
+        const keel_tensor *w = b, *dy = A.back ? t->src[3] : NULL;
+        bool wdense = w->nb[0] == (int64_t)sizeof(float) && w->nb[1] == w->ne[0] * (int64_t)sizeof(float);
+        if (vec_tensors(a, t, dy) && wdense && A.hd % 32 == 0 && A.hd <= 128 && A.n % 4 == 0 && a->ne[0] % 4 == 0) {
+            gconv_dense D;
+            D.x = (const float *)a->data, D.w = (const float *)w->data, D.dy = dy ? (const float *)dy->data : NULL;
+            D.y = (float *)t->data, D.pos = A.pos, D.C = a->ne[0], D.T = a->ne[1], D.B = a->ne[2], D.n = A.n;
+            D.K = (int)w->ne[0], D.hd = (int)A.hd, D.eps = A.eps, D.a = A.a, D.back = A.back;
+            if (heads > 0) k_gconv_heads_dense<<<cuda_blocks(heads * 32, 256), 256, 0, st(be)>>>(D);
+            EW(k_gconv_values_dense, (D.C - 2 * D.n) / 4 * R, D);
+            return 0;
+        }
+        if (heads > 0) k_gconv_heads<<<cuda_blocks(heads * 32, 256), 256, 0, st(be)>>>(A);
+        EW(k_gconv_values, (a->ne[0] - 2 * A.n) * R, A);
+        return 0;
+    }
     case KEEL_OP_GATED_DELTA_NET:
     case KEEL_OP_GATED_DELTA_NET_STATE:
         return cuda_gdn_forward(be, t);

@@ -109,6 +109,50 @@ static double binary(int op, double a, double b) {
     }
 }
 
+/* GDN_CONV and its backward, per (position, example): u = the conv output (CONV1D's taps), s =
+ * silu(u); the first 2n channels, in heads of d, divided by r = sqrt(sum s^2 + eps) and the first
+ * n times the scale a. The backward gives du = silu'(u) ds, ds = (a g - s (s . a g) / r^2) / r over
+ * a head (dy's own for the others). */
+static int ref_gdn_conv(const keel_tensor *t) {
+    const keel_tensor *x = t->src[0], *w = t->src[1], *p = t->src[2];
+    const keel_tensor *dy = t->op == KEEL_OP_GDN_CONV_BACK ? t->src[3] : NULL;
+    int64_t C = x->ne[0], K = w->ne[0], n = t->ip[0], hd = t->ip[1];
+    double *u = malloc((size_t)C * 2 * sizeof *u), *sv = u + C;
+    if (!u) return keel_fail("ref: out of memory in '%s'", t->name);
+    for (int64_t bb = 0; bb < x->ne[2]; bb++)
+        for (int64_t tt = 0; tt < x->ne[1]; tt++) {
+            for (int64_t ch = 0; ch < C; ch++) {
+                double acc = 0;
+                for (int64_t j = 0; j < K; j++) {
+                    int64_t d = K - 1 - j, ts = tt - d;
+                    if (ts >= 0 && (double)d <= get(p, tt, bb, 0, 0))
+                        acc += get(w, j, ch, 0, 0) * get(x, ch, ts, bb, 0);
+                }
+                u[ch] = acc, sv[ch] = acc / (1.0 + exp(-acc));
+            }
+            for (int64_t ch = 2 * n; ch < C; ch++)
+                put(t, ch, tt, bb, 0, dy ? silu_back(u[ch], get(dy, ch, tt, bb, 0)) : sv[ch]);
+            for (int64_t h0 = 0; h0 < 2 * n; h0 += hd) {
+                double a = h0 < n ? t->fp[1] : 1.0, ss = 0, sd = 0;
+                for (int64_t ch = h0; ch < h0 + hd; ch++) {
+                    ss += sv[ch] * sv[ch];
+                    if (dy) sd += sv[ch] * (a * get(dy, ch, tt, bb, 0));
+                }
+                double r = 1.0 / sqrt(ss + t->fp[0]);
+                for (int64_t ch = h0; ch < h0 + hd; ch++) {
+                    if (!dy) {
+                        put(t, ch, tt, bb, 0, a * (sv[ch] * r));
+                        continue;
+                    }
+                    double g = a * get(dy, ch, tt, bb, 0);
+                    put(t, ch, tt, bb, 0, silu_back(u[ch], r * g - r * r * r * sv[ch] * sd));
+                }
+            }
+        }
+    free(u);
+    return 0;
+}
+
 /* Gated delta rule, one (batch, value head) lane, forward; states[c] receives S before step
  * c*chunk when states != NULL. */
 /* The state's decay before step t: exp(g), or 0 where an example starts (position <= 0), which
@@ -555,6 +599,9 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         }
         return 0;
     }
+    case KEEL_OP_GDN_CONV:
+    case KEEL_OP_GDN_CONV_BACK:
+        return ref_gdn_conv(t);
     case KEEL_OP_GATED_DELTA_NET:
     case KEEL_OP_GATED_DELTA_NET_STATE:
         return ref_gdn(t);
