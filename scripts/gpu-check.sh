@@ -6,7 +6,8 @@
 #   scripts/gpu-check.sh            every stage
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
 # Stages: ops grad fault reference recompute model bf16 adamw hf lora chat cross bench, gdn (the delta rule's
-# cases, gradients and GPU time alone: a quick first look), and multi (needs 2 GPUs) and profile
+# cases, gradients and GPU time alone: a quick first look), gdn-ncu (its kernels' time, issue slots
+# and stall reasons under ncu), and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step) and profile16 (the bf16 batch-8 step: wall
 # time, then GPU time per op), which are not in the default list
 set -uo pipefail
@@ -117,6 +118,11 @@ if want gdn; then # the chunked gated delta rule alone: its cases, its gradients
         run "GPU time of the delta rule, $p batch 8" gdn-profile-$p.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision $p --batch 8 --no-torch --steps 3
         grep "GATED_DELTA" "$out/gdn-profile-$p.log" | head -4
     done
+fi
+if want gdn-ncu; then # the delta rule's kernels under ncu: the last forward layer's three, the first backward's six
+    ncu_m='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,smsp__inst_executed.sum,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active'
+    run "ncu: the delta rule's kernels (f32 batch 8)" gdn-ncu.log ncu --clock-control none -k regex:k_gdn --launch-skip 51 --launch-count 9 --metrics "$ncu_m" $keel bench train --backend cuda --precision f32 --batch 8 --no-torch --steps 1
+    grep -E '^  k_gdn|duration|fma_cycles|issue_active.avg' "$out/gdn-ncu.log"
 fi
 if want grad; then
     run "test-ops --backend cuda --grad" grad.log $keel test-ops --grad --backend cuda
