@@ -125,10 +125,40 @@ static void swiglu_is_its_ops(void **st) {
     }
 }
 
+/* Bad shapes and parameters: no node, and a message naming what is wrong. */
+static void gdn_conv_rejects_bad_input(void **st) {
+    (void)st;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_tensor *x = keel_new_3d(ctx, KEEL_F32, 40, 6, 2), *w = keel_new_2d(ctx, KEEL_F32, 4, 40),
+                *pos = keel_new_2d(ctx, KEEL_I32, 6, 2), *pos_bad = keel_new_2d(ctx, KEEL_I32, 5, 2),
+                *w_bad = keel_new_2d(ctx, KEEL_F32, 4, 39), *x4 = keel_new_4d(ctx, KEEL_F32, 40, 6, 2, 2);
+    struct {
+        keel_tensor *x, *w, *pos;
+        int64_t n, d;
+        double eps;
+        const char *want;
+    } bad[] = {{x, w, pos, 6, 4, 1e-6, "want a multiple of the head"},
+               {x, w, pos, 24, 4, 1e-6, "2n <= 40 channels"},
+               {x, w, pos, 8, 0, 1e-6, "want a multiple of the head"},
+               {x, w, pos, 8, 4, -1.0, "eps -1 must be >= 0"},
+               {x, w, pos_bad, 8, 4, 1e-6, "positions must be i32 [T,B]"},
+               {x, w_bad, pos, 8, 4, 1e-6, "want x [C,T,B] and w [K,C]"},
+               {x4, w, pos, 8, 4, 1e-6, "want x [C,T,B] and w [K,C]"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        keel_tensor *y = keel_gdn_conv(ctx, bad[i].x, bad[i].w, bad[i].pos, bad[i].n, bad[i].d, bad[i].eps, 0.5);
+        printf("bad input %zu: %s\n", i, y ? "(accepted)" : keel_last_error());
+        assert_null(y);
+        assert_non_null(strstr(keel_last_error(), bad[i].want));
+    }
+    assert_non_null(keel_gdn_conv(ctx, x, w, pos, 8, 4, 1e-6, 0.5));
+    keel_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gdn_conv_is_its_ops),
         cmocka_unit_test(swiglu_is_its_ops),
+        cmocka_unit_test(gdn_conv_rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
