@@ -613,8 +613,8 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
     /* dPm and dMm are read from global memory and written back there scaled, so that only two
      * CH x CH tiles are in shared memory at once (two blocks a multiprocessor, not one): X and Y,
      * then, once their sums are taken, the scaled dPm and dMm (Pd, E) fetched back into their place. */
-    float *dGam = (float *)((char *)smd + DECAY_BYTES), *dDC = dGam + CH, *dG = dDC + CH, *kb = dG + CH, *Q = kb + CH,
-          *K = Q + CH * ldk, *X = K + CH * ldk, *Y = X + CH * LDC, *Pd = X, *E = Y;
+    float *dGam = (float *)((char *)smd + DECAY_BYTES), *dDC = dGam + CH, *dG = dDC + CH, *kdKb = dG + CH,
+          *Q = kdKb + CH, *K = Q + CH * ldk, *X = K + CH * ldk, *Y = X + CH * LDC, *Pd = X, *E = Y;
     float *gPd = P.dPm + lc * CH * CH, *gE = P.dMm + lc * CH * CH;
     fetch_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
     fetch_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
@@ -662,7 +662,7 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
         if (lane == 0) {
             dGam[t] = x1 - d.bt[t] * x2;
             dDC[t] = x3;
-            kb[t] = x2;
+            kdKb[t] = x2; /* k_t . dKb_t */
         }
     }
     __syncthreads();
@@ -675,7 +675,7 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
         }
         dG[t] = s;
         for (int x = 0; x < t; x++) y += Y[t * LDC + x];
-        out[off_db + (b * A.T + t0 + t) * A.Hv + hv] = P.r3[lc * CH + t] - d.Gam[t] * kb[t] + y;
+        out[off_db + (b * A.T + t0 + t) * A.Hv + hv] = P.r3[lc * CH + t] - d.Gam[t] * kdKb[t] + y;
     }
     __syncthreads(); /* X and Y are read: they take the scaled dPm and dMm, in flight during what follows */
     fetch_mat(Pd, LDC, gPd, CH, n, n);
