@@ -1052,8 +1052,6 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return reduce_terms(be, t, a->ne[1] * a->ne[2]);
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK: {
-        if (a->type != KEEL_F32)
-            return keel_fail("cuda: '%s': GDN_CONV reads float32, not %s", t->name, keel_type_name(a->type));
         gconv_args A;
         memset(&A, 0, sizeof A);
         A.x = kt_of(a), A.w = kt_of(b), A.pos = kt_of(t->src[2]), A.t = kt_of(t);
