@@ -339,7 +339,7 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
         o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos); /* [Dv, Hv, T, B] */
     }
     keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, hin), Dv, Hv, T, B);
-    o = keel_mul(ctx, keel_mul(ctx, keel_rms_norm(ctx, o, c->rms_eps), L->norm), keel_silu(ctx, z));
+    o = keel_gated_rms_norm(ctx, o, L->norm, z, c->rms_eps); /* rms_norm(o) * norm * silu(z), one op */
     return linear(ctx, m, L->out, operand_of(ctx, m, keel_reshape_3d(ctx, o, vd, T, B)));
 }
 

@@ -82,6 +82,11 @@
       "d <= pos[t] only")                                                                                              \
     X(CONV1D_BACK_INPUT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 dy [C,T,B], src1 w [K,C], src2 positions -> dx")                   \
     X(CONV1D_BACK_WEIGHT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 x [C,T,B], src1 dy, src2 positions, ip0 K -> dw [K,C]")           \
+    X(GATED_RMS_NORM, OWN, 3, 0, 7, 0,                                                                                 \
+      "src0 x, src1 w [ne0], src2 z (x's shape); fp0 eps: rms_norm(x) * w * silu(z) (the DeltaNet's output norm: "     \
+      "the RMS_NORM, MUL, SILU, MUL it replaces, formula by formula)")                                                 \
+    X(GATED_RMS_NORM_BACK, OWN, 4, OPF_BACKWARD, 0, 0,                                                                 \
+      "x, w, z, dy -> packed [dx | dz | (dy silu(z)) rms_norm(x), whose rows sum to dw], each x's shape")              \
     X(GDN_CONV, OWN, 3, 0, 3, 4,                                                                                       \
       "src0 x [C,T,B], src1 w [K,C], src2 i32 positions [T,B]; ip0 n, ip1 d, fp0 eps, fp1 s: y = silu(CONV1D(x)), "   \
       "then channels [0,2n) L2-normalised per d channels (x / sqrt(sum x^2 + eps)) and [0,n) times s (the DeltaNet's " \

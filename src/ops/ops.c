@@ -341,6 +341,23 @@ static int shape_rule(keel_tensor *t) {
         REQ(t->ip[0] > 0, "kernel size must be positive");
         set_shape(t, a->type, t->ip[0], a->ne[0], 1, 1);
         return 0;
+    case KEEL_OP_GATED_RMS_NORM:
+    case KEEL_OP_GATED_RMS_NORM_BACK: {
+        keel_tensor *z = t->src[2];
+        REQ(keel_type_is_float(a->type) && b->type == a->type && z->type == a->type,
+            "x, w and z must have one real type");
+        REQ(b->ne[0] == a->ne[0] && keel_nelements(b) == a->ne[0], "w must hold one weight per element of a row (%lld)",
+            (long long)a->ne[0]);
+        REQ(keel_same_shape(z, a), "z must be shaped like x");
+        REQ(t->fp[0] >= 0 && isfinite(t->fp[0]), "eps %g must be finite and >= 0", t->fp[0]);
+        if (op == KEEL_OP_GATED_RMS_NORM) {
+            set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        } else {
+            REQ(keel_same_shape(t->src[3], a) && t->src[3]->type == a->type, "dy must be shaped like x");
+            set_shape(t, a->type, 3 * keel_nelements(a), 1, 1, 1);
+        }
+        return 0;
+    }
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK: {
         int64_t C = a->ne[0], n = t->ip[0], d = t->ip[1];
@@ -654,6 +671,9 @@ double keel_rope_freq(double theta, int64_t n_rot, int64_t f) {
 
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos) {
     return OP(KEEL_OP_CONV1D, (x, w, pos), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_gated_rms_norm(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *z, double eps) {
+    return OP(KEEL_OP_GATED_RMS_NORM, (x, w, z), NULL, 0, FPS(eps), 1);
 }
 keel_tensor *keel_gdn_conv(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, int64_t n_qk, int64_t head,
                            double eps, double q_scale) {

@@ -119,6 +119,10 @@ double keel_rope_freq(double theta, int64_t n_rot, int64_t f);
 /* Causal depthwise convolution over T; output t reads the inputs t-d for d <= pos[t] only, so it
  * never reaches back past the start of its example (positions [T,B] restart at 0 per example). */
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos);
+/* rms_norm(x) * w * silu(z) over rows of x (w one weight per element of a row, z x's shape): the
+ * Gated DeltaNet's output norm as one op, formula for formula keel_rms_norm, keel_mul, keel_silu,
+ * keel_mul; its backward gives dx, dz and the products whose row sums are dw. */
+keel_tensor *keel_gated_rms_norm(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *z, double eps);
 /* The Gated DeltaNet's input path in one op: y = silu(keel_conv1d(x, w, pos)) [C,T,B], then each
  * head of `head` channels among the first 2 n_qk (q, then k) divided by sqrt(sum of squares + eps),
  * and the first n_qk (q) times q_scale. Its backward gives the conv output's gradient from the

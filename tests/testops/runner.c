@@ -312,6 +312,9 @@ static int packed_parts(const keel_tensor *t, int64_t *size) {
     case KEEL_OP_SWIGLU_BACK:
         size[0] = size[1] = keel_nelements(q);
         return 2;
+    case KEEL_OP_GATED_RMS_NORM_BACK:
+        size[0] = size[1] = size[2] = keel_nelements(q);
+        return 3;
     default:
         size[0] = keel_nelements(t);
         return 1;

@@ -1,9 +1,10 @@
 /* The fused ops are the ops they replace, bit for bit, on the float32 backends (cpu, and cuda where
- * a GPU is present; ref keeps a fused op's intermediates in float64, the ops' in their tensors): GDN_CONV against CONV1D, SILU, L2_NORM and SCALE, and SWIGLU
- * against SILU and MUL; their values and the gradients of sum(y * r) for a random r, so the
- * backward ops (GDN_CONV_BACK, SWIGLU_BACK) are held to the backward ops of the sequence too.
- * Packed examples (positions restarting inside a column) and heads of 4 and of 32 channels (the
- * cuda backend's generic and dense kernels). */
+ * a GPU is present; ref keeps a fused op's intermediates in float64, the ops' in their tensors):
+ * GDN_CONV against CONV1D, SILU, L2_NORM and SCALE, SWIGLU against SILU and MUL, GATED_RMS_NORM
+ * against RMS_NORM, MUL, SILU and MUL; their values and the gradients of sum(y * r) for a random r,
+ * so the backward ops are held to the backward ops of the sequence too. Packed examples (positions
+ * restarting inside a column) and heads of 4 and of 32 channels (the cuda backend's generic and
+ * dense kernels). */
 #include "unit.h"
 
 #include "util/rng.h"
@@ -36,6 +37,17 @@ static bool backend_present(const char *name) {
     if (!be) return false;
     keel_backend_free(be);
     return true;
+}
+
+/* same_bits on every backend present, then both graphs and their contexts freed */
+static void compare_and_free(keel_graph **g, keel_ctx **cx, keel_tensor **l0, keel_tensor **l1, double **vals, int nl,
+                             keel_tensor **o0, keel_tensor **o1, int no, const char *const *what) {
+    for (int b = 0; b < 2; b++)
+        if (backend_present(BACKENDS[b])) same_bits(BACKENDS[b], g[0], g[1], l0, l1, vals, nl, o0, o1, no, what);
+    for (int f = 0; f < 2; f++) {
+        keel_graph_free(g[f]);
+        keel_ctx_free(cx[f]);
+    }
 }
 
 /* x [C,T,B], w [K,C], positions; n channels of q and of k in heads of hd */
@@ -78,13 +90,8 @@ static void gdn_conv_case(int64_t C, int64_t T, int64_t B, int64_t n, int64_t hd
     keel_tensor *o0[3] = {y[0], keel_graph_grad(g[0], x[0]), keel_graph_grad(g[0], w[0])},
                 *o1[3] = {y[1], keel_graph_grad(g[1], x[1]), keel_graph_grad(g[1], w[1])};
     const char *what[3] = {"GDN_CONV value", "GDN_CONV gradient of x", "GDN_CONV gradient of w"};
-    for (int b = 0; b < 2; b++)
-        if (backend_present(BACKENDS[b])) same_bits(BACKENDS[b], g[0], g[1], l0, l1, vals, 4, o0, o1, 3, what);
+    compare_and_free(g, cx, l0, l1, vals, 4, o0, o1, 3, what);
     free(xv), free(wv), free(rv), free(pv);
-    for (int f = 0; f < 2; f++) {
-        keel_graph_free(g[f]);
-        keel_ctx_free(cx[f]);
-    }
 }
 
 static void gdn_conv_is_its_ops(void **st) {
@@ -116,13 +123,45 @@ static void swiglu_is_its_ops(void **st) {
     keel_tensor *o0[3] = {y[0], keel_graph_grad(g[0], gt[0]), keel_graph_grad(g[0], up[0])},
                 *o1[3] = {y[1], keel_graph_grad(g[1], gt[1]), keel_graph_grad(g[1], up[1])};
     const char *what[3] = {"SWIGLU value", "SWIGLU gradient of gate", "SWIGLU gradient of up"};
-    for (int b = 0; b < 2; b++)
-        if (backend_present(BACKENDS[b])) same_bits(BACKENDS[b], g[0], g[1], l0, l1, vals, 3, o0, o1, 3, what);
+    compare_and_free(g, cx, l0, l1, vals, 3, o0, o1, 3, what);
     free(gv), free(uv), free(rv);
+}
+
+/* GATED_RMS_NORM against RMS_NORM, MUL by w, SILU of z and MUL: rows of 128 (the DeltaNet's heads)
+ * and of 24 (the fixture's). */
+static void gated_rms_norm_case(int64_t n, int64_t rows) {
+    const double eps = 1e-6;
+    keel_tensor *x[2], *w[2], *z[2], *r[2], *y[2], *loss[2];
+    keel_graph *g[2];
+    keel_ctx *cx[2];
     for (int f = 0; f < 2; f++) {
-        keel_graph_free(g[f]);
-        keel_ctx_free(cx[f]);
+        keel_ctx *ctx = cx[f] = keel_ctx_new();
+        x[f] = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, n, rows), "x"), KEEL_FLAG_PARAM);
+        w[f] = keel_set_flags(keel_set_name(keel_new_1d(ctx, KEEL_F32, n), "w"), KEEL_FLAG_PARAM);
+        z[f] = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, n, rows), "z"), KEEL_FLAG_PARAM);
+        r[f] = keel_set_name(keel_new_2d(ctx, KEEL_F32, n, rows), "r");
+        y[f] = f == 0 ? keel_gated_rms_norm(ctx, x[f], w[f], z[f], eps)
+                      : keel_mul(ctx, keel_mul(ctx, keel_rms_norm(ctx, x[f], eps), w[f]), keel_silu(ctx, z[f]));
+        y[f]->flags |= KEEL_FLAG_OUTPUT;
+        loss[f] = keel_sum(ctx, keel_mul(ctx, y[f], r[f]));
+        g[f] = keel_graph_build(ctx, &loss[f], 1);
+        assert_int_equal(keel_build_backward(g[f], loss[f]), 0);
     }
+    double *xv = randoms(n * rows, 7), *wv = randoms(n, 8), *zv = randoms(n * rows, 9), *rv = randoms(n * rows, 10);
+    double *vals[4] = {xv, wv, zv, rv};
+    keel_tensor *l0[4] = {x[0], w[0], z[0], r[0]}, *l1[4] = {x[1], w[1], z[1], r[1]};
+    keel_tensor *o0[4] = {y[0], keel_graph_grad(g[0], x[0]), keel_graph_grad(g[0], w[0]), keel_graph_grad(g[0], z[0])},
+                *o1[4] = {y[1], keel_graph_grad(g[1], x[1]), keel_graph_grad(g[1], w[1]), keel_graph_grad(g[1], z[1])};
+    const char *what[4] = {"GATED_RMS_NORM value", "GATED_RMS_NORM gradient of x", "GATED_RMS_NORM gradient of w",
+                           "GATED_RMS_NORM gradient of z"};
+    compare_and_free(g, cx, l0, l1, vals, 4, o0, o1, 4, what);
+    free(xv), free(wv), free(zv), free(rv);
+}
+
+static void gated_rms_norm_is_its_ops(void **st) {
+    (void)st;
+    gated_rms_norm_case(128, 40);
+    gated_rms_norm_case(24, 33);
 }
 
 /* Bad shapes and parameters: no node, and a message naming what is wrong. */
@@ -158,6 +197,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gdn_conv_is_its_ops),
         cmocka_unit_test(swiglu_is_its_ops),
+        cmocka_unit_test(gated_rms_norm_is_its_ops),
         cmocka_unit_test(gdn_conv_rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -324,6 +324,48 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
+/* GATED_RMS_NORM and its backward, a row an item: RMS_NORM's float64 sum and float32 scale, MUL's
+ * products, silu_f32, and backward the products of MUL's rule, silu_back_f32 and RMS_NORM_BACK's
+ * formula, so the bits of the ops it replaces (the products dy silu(z) rms_norm(x) go to
+ * REPEAT_BACK for dw as MUL's rule sends them). */
+static void gated_rms_norm_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1], *z = t->src[2];
+    const keel_tensor *dy = t->op == KEEL_OP_GATED_RMS_NORM_BACK ? t->src[3] : NULL;
+    int64_t n = x->ne[0], N = keel_nelements(x), xn = x->nb[0], zn = z->nb[0], wn = w->nb[0];
+    for (int64_t r = b; r < e; r++) {
+        int64_t i1 = r % x->ne[1], i2 = (r / x->ne[1]) % x->ne[2], i3 = r / (x->ne[1] * x->ne[2]);
+        const char *xs = cpu_row(x, i1, i2, i3), *zs = cpu_row(z, i1, i2, i3), *ws = cpu_row(w, 0, 0, 0);
+        double ss = 0, sd = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double xv = F(xs + i * xn);
+            ss += xv * xv;
+        }
+        float sc = (float)(1.0 / sqrt(ss / (double)n + t->fp[0]));
+        if (!dy) {
+            float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++) d[i] = F(xs + i * xn) * sc * F(ws + i * wn) * silu_f32(F(zs + i * zn));
+            continue;
+        }
+        const char *gs = cpu_row(dy, i1, i2, i3);
+        int64_t gn = dy->nb[0];
+        for (int64_t i = 0; i < n; i++) { /* RMS_NORM_BACK's sums over x and da = (dy silu(z)) w */
+            float da = F(gs + i * gn) * silu_f32(F(zs + i * zn)) * F(ws + i * wn);
+            sd += (double)F(xs + i * xn) * da;
+        }
+        double sb = 1.0 / sqrt(ss / (double)n + t->fp[0]), f2 = sb * sb * sb * sd / (double)n;
+        float *dx = (float *)(void *)cpu_row_flat(t, 0) + r * n, *dz = dx + N, *gw = dz + N;
+        for (int64_t i = 0; i < n; i++) {
+            float xv = F(xs + i * xn), zv = F(zs + i * zn), wv = F(ws + i * wn), g = F(gs + i * gn);
+            float a = xv * sc, db = g * silu_f32(zv), da = db * wv;
+            dx[i] = (float)(sb * da - f2 * xv);
+            dz[i] = silu_back_f32(zv, g * (a * wv));
+            gw[i] = db * a;
+        }
+    }
+}
+
 /* One row (position tt, example bb) of CONV1D's output into u: the conv task's loop. */
 static void conv_row(const keel_tensor *x, const keel_tensor *p, const float *wt, int64_t K, int64_t tt, int64_t bb,
                      float *u) {
@@ -653,6 +695,10 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     }
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         keel_pool_for(pool, (t->ne[1] + CONV_CB - 1) / CONV_CB, conv_task, &c);
+        return 0;
+    case KEEL_OP_GATED_RMS_NORM:
+    case KEEL_OP_GATED_RMS_NORM_BACK:
+        keel_pool_for(pool, keel_nrows(a), gated_rms_norm_task, &c);
         return 0;
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK: {

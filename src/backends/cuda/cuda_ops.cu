@@ -297,6 +297,49 @@ __global__ void k_silu_back(kt t, kt x, kt dy, int vec) {
     }
 }
 
+/* GATED_RMS_NORM and its backward, a warp a row: k_rows' warp-a-row RMS_NORM and RMS_NORM_BACK
+ * (the same lanes, the same butterfly), MUL's products, the unary SILU and silu_back1, so the bits of
+ * the ops it replaces for rows of up to WARP_ROW_MAX elements. The backward writes [dx | dz | the
+ * products dy silu(z) rms_norm(x) that REPEAT_BACK sums into dw], each row at its flat place. */
+__global__ void k_gated_rms_norm(kt t, kt x, kt w, kt z, kt dy, double eps, int back) {
+    int64_t n = x.ne[0], R = x.ne[1] * x.ne[2] * x.ne[3], N = n * R;
+    int lane = threadIdx.x & 31;
+    int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t r = w0; r < R; r += ws) {
+        int64_t i1 = r % x.ne[1], i2 = (r / x.ne[1]) % x.ne[2], i3 = r / (x.ne[1] * x.ne[2]);
+        const char *xs = kt_at(x, 0, i1, i2, i3), *zs = kt_at(z, 0, i1, i2, i3);
+        const char *gs = back ? kt_at(dy, 0, i1, i2, i3) : NULL;
+        double ss = 0, sd = 0;
+        for (int64_t i = lane; i < n; i += 32) {
+            double xv = ldf(xs + i * x.nb[0]);
+            ss += xv * xv;
+            if (back) {
+                float sg = keel_unary_f32(KEEL_OP_SILU, ldf(zs + i * z.nb[0]), 0.0f, 0.0f);
+                float da = __fmul_rn(__fmul_rn(ldf(gs + i * dy.nb[0]), sg), ldf(kt_at(w, i, 0, 0, 0)));
+                sd += xv * da;
+            }
+        }
+        for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+        if (back)
+            for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
+        float sc = (float)(1.0 / sqrt(ss / (double)n + eps));
+        double sb = 1.0 / sqrt(ss / (double)n + eps), f2 = sb * sb * sb * sd / (double)n;
+        for (int64_t i = lane; i < n; i += 32) {
+            float xv = ldf(xs + i * x.nb[0]), zv = ldf(zs + i * z.nb[0]), wv = ldf(kt_at(w, i, 0, 0, 0));
+            float a = __fmul_rn(xv, sc), sg = keel_unary_f32(KEEL_OP_SILU, zv, 0.0f, 0.0f);
+            if (!back) {
+                stf(kt_at(t, i, i1, i2, i3), __fmul_rn(__fmul_rn(a, wv), sg));
+                continue;
+            }
+            float g = ldf(gs + i * dy.nb[0]), db = __fmul_rn(g, sg), da = __fmul_rn(db, wv);
+            float *o = (float *)t.p + r * n + i;
+            o[0] = (float)(sb * da - f2 * xv);
+            o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
+            o[2 * N] = __fmul_rn(db, a);
+        }
+    }
+}
+
 /* GDN_CONV and GDN_CONV_BACK (ops.h): k_conv's float32 sum, the unary SILU, k_rows' warp-a-row
  * L2_NORM and L2_NORM_BACK (the same lanes, the same butterfly), SCALE's formula and silu_back1:
  * the bits of the ops it replaces for heads of up to WARP_ROW_MAX channels. A warp takes a head at
@@ -1050,6 +1093,17 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         return reduce_terms(be, t, a->ne[1] * a->ne[2]);
+    case KEEL_OP_GATED_RMS_NORM:
+    case KEEL_OP_GATED_RMS_NORM_BACK: {
+        kt none;
+        memset(&none, 0, sizeof none);
+        bool back = t->op == KEEL_OP_GATED_RMS_NORM_BACK;
+        int64_t R = keel_nrows(a);
+        if (R > 0)
+            k_gated_rms_norm<<<cuda_blocks(R * 32, 256), 256, 0, st(be)>>>(
+                kt_of(t), kt_of(a), kt_of(b), kt_of(t->src[2]), back ? kt_of(t->src[3]) : none, t->fp[0], back);
+        return 0;
+    }
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK: {
         gconv_args A;
