@@ -212,20 +212,26 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     ADD(0, keel_op_new(ctx, KEEL_OP_ROPE_BACK, (keel_tensor *const[]){dy, t->src[1]}, 2, t->ip, 1, t->fp, 1));
     return 0;
 }
-/* one backward op for dx, dz and the terms of dw, summed over rows by REPEAT_BACK as MUL's rule does */
-static int r_gated_rms_norm(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    keel_tensor *x = t->src[0], *w = t->src[1], *z = t->src[2];
-    keel_tensor *pk =
-        keel_op_new(ctx, KEEL_OP_GATED_RMS_NORM_BACK, (keel_tensor *const[]){x, w, z, dy}, 4, NULL, 0, t->fp, 1);
+/* RMS_NORM_W and GATED_RMS_NORM: one backward op for dx (and dz) and the terms of dw, which
+ * REPEAT_BACK sums over rows as MUL's rule does (and SCALE's rule scales, for the 1 + w form) */
+static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    bool gated = t->op == KEEL_OP_GATED_RMS_NORM;
+    keel_tensor *x = t->src[0], *w = t->src[1];
+    keel_tensor *src[4] = {x, w, gated ? t->src[2] : dy, dy};
+    keel_tensor *pk = keel_op_new(ctx, gated ? KEEL_OP_GATED_RMS_NORM_BACK : KEEL_OP_RMS_NORM_W_BACK, src,
+                                  gated ? 4 : 3, t->ip, 1, t->fp, 1);
     if (!pk) return -1;
-    int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(x);
+    int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(x), np = gated ? 3 : 2;
     keel_tensor *part[3];
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < np; k++)
         part[k] = keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es, x->ne[0] * x->ne[1] * es,
                                x->ne[0] * x->ne[1] * x->ne[2] * es, k * n * es);
     if (WANT(0)) ADD(0, part[0]);
-    if (WANT(1)) ADD(1, reduce_to(ctx, part[2], w));
-    if (WANT(2)) ADD(2, part[1]);
+    if (WANT(1)) {
+        keel_tensor *dw = reduce_to(ctx, part[np - 1], w);
+        ADD(1, t->ip[0] ? keel_scale(ctx, dw, 1.0, 0.0) : dw);
+    }
+    if (gated && WANT(2)) ADD(2, part[1]);
     return 0;
 }
 /* CONV1D's gradients given the gradient du of its output (x, w, pos: its sources) */
@@ -327,7 +333,8 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_SOFTPLUS] = r_softplus,
     [KEEL_OP_DROPOUT] = r_dropout,
     [KEEL_OP_CONV1D] = r_conv1d,
-    [KEEL_OP_GATED_RMS_NORM] = r_gated_rms_norm,
+    [KEEL_OP_RMS_NORM_W] = r_norm_w,
+    [KEEL_OP_GATED_RMS_NORM] = r_norm_w,
     [KEEL_OP_GDN_CONV] = r_gdn_conv,
     [KEEL_OP_GATED_DELTA_NET] = r_gdn,
     [KEEL_OP_CROSS_ENTROPY_LOSS] = r_cross_entropy,

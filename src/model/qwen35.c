@@ -234,9 +234,9 @@ void keel_qwen35_free(keel_qwen35 *m) {
     free(m);
 }
 
-/* x * rsqrt(mean(x^2) + eps) * (1 + w) */
+/* x * rsqrt(mean(x^2) + eps) * (1 + w), one op */
 static keel_tensor *norm1p(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps) {
-    return keel_mul(ctx, keel_rms_norm(ctx, x, eps), keel_scale(ctx, w, 1.0, 1.0));
+    return keel_rms_norm_w(ctx, x, w, eps, true);
 }
 
 /* a weight in the activations' type: itself, or a copy made here (a bf16 base) */

@@ -82,6 +82,11 @@
       "d <= pos[t] only")                                                                                              \
     X(CONV1D_BACK_INPUT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 dy [C,T,B], src1 w [K,C], src2 positions -> dx")                   \
     X(CONV1D_BACK_WEIGHT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 x [C,T,B], src1 dy, src2 positions, ip0 K -> dw [K,C]")           \
+    X(RMS_NORM_W, OWN, 2, 0, 3, 0,                                                                                     \
+      "src0 x, src1 w [ne0]; fp0 eps, ip0 1: the 1 + w form: rms_norm(x) * w (or * (1 + w)), the RMS_NORM, MUL (and " \
+      "SCALE of w) it replaces, formula by formula")                                                                   \
+    X(RMS_NORM_W_BACK, OWN, 3, OPF_BACKWARD, 0, 0,                                                                     \
+      "x, w, dy; params as RMS_NORM_W -> packed [dx | dy rms_norm(x), whose rows sum to dw], each x's shape")          \
     X(GATED_RMS_NORM, OWN, 3, 0, 7, 0,                                                                                 \
       "src0 x, src1 w [ne0], src2 z (x's shape); fp0 eps: rms_norm(x) * w * silu(z) (the DeltaNet's output norm: "     \
       "the RMS_NORM, MUL, SILU, MUL it replaces, formula by formula)")                                                 \

@@ -341,20 +341,25 @@ static int shape_rule(keel_tensor *t) {
         REQ(t->ip[0] > 0, "kernel size must be positive");
         set_shape(t, a->type, t->ip[0], a->ne[0], 1, 1);
         return 0;
+    case KEEL_OP_RMS_NORM_W:
+    case KEEL_OP_RMS_NORM_W_BACK:
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK: {
-        keel_tensor *z = t->src[2];
-        REQ(keel_type_is_float(a->type) && b->type == a->type && z->type == a->type,
-            "x, w and z must have one real type");
+        bool gated = op == KEEL_OP_GATED_RMS_NORM || op == KEEL_OP_GATED_RMS_NORM_BACK;
+        bool back = op == KEEL_OP_RMS_NORM_W_BACK || op == KEEL_OP_GATED_RMS_NORM_BACK;
+        REQ(keel_type_is_float(a->type) && b->type == a->type, "x and w must have one real type");
         REQ(b->ne[0] == a->ne[0] && keel_nelements(b) == a->ne[0], "w must hold one weight per element of a row (%lld)",
             (long long)a->ne[0]);
-        REQ(keel_same_shape(z, a), "z must be shaped like x");
+        if (gated) REQ(keel_same_shape(t->src[2], a) && t->src[2]->type == a->type, "z must be shaped like x");
         REQ(t->fp[0] >= 0 && isfinite(t->fp[0]), "eps %g must be finite and >= 0", t->fp[0]);
-        if (op == KEEL_OP_GATED_RMS_NORM) {
+        REQ(gated ? t->ip[0] == 0 : (t->ip[0] == 0 || t->ip[0] == 1), "ip0 %lld: 1 for the 1 + w form, else 0",
+            (long long)t->ip[0]);
+        if (!back) {
             set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         } else {
-            REQ(keel_same_shape(t->src[3], a) && t->src[3]->type == a->type, "dy must be shaped like x");
-            set_shape(t, a->type, 3 * keel_nelements(a), 1, 1, 1);
+            const keel_tensor *dy = t->src[gated ? 3 : 2];
+            REQ(keel_same_shape(dy, a) && dy->type == a->type, "dy must be shaped like x");
+            set_shape(t, a->type, (gated ? 3 : 2) * keel_nelements(a), 1, 1, 1);
         }
         return 0;
     }
@@ -671,6 +676,9 @@ double keel_rope_freq(double theta, int64_t n_rot, int64_t f) {
 
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos) {
     return OP(KEEL_OP_CONV1D, (x, w, pos), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_rms_norm_w(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus) {
+    return OP(KEEL_OP_RMS_NORM_W, (x, w), IPS(one_plus ? 1 : 0), 1, FPS(eps), 1);
 }
 keel_tensor *keel_gated_rms_norm(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *z, double eps) {
     return OP(KEEL_OP_GATED_RMS_NORM, (x, w, z), NULL, 0, FPS(eps), 1);

@@ -119,6 +119,10 @@ double keel_rope_freq(double theta, int64_t n_rot, int64_t f);
 /* Causal depthwise convolution over T; output t reads the inputs t-d for d <= pos[t] only, so it
  * never reaches back past the start of its example (positions [T,B] restart at 0 per example). */
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos);
+/* rms_norm(x) * w, or with one_plus rms_norm(x) * (1 + w) (Qwen3.5's norms), w one weight per
+ * element of a row: formula for formula keel_rms_norm, keel_mul (and keel_scale(w, 1, 1)); its
+ * backward gives dx and the products whose row sums are dw. */
+keel_tensor *keel_rms_norm_w(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus);
 /* rms_norm(x) * w * silu(z) over rows of x (w one weight per element of a row, z x's shape): the
  * Gated DeltaNet's output norm as one op, formula for formula keel_rms_norm, keel_mul, keel_silu,
  * keel_mul; its backward gives dx, dz and the products whose row sums are dw. */

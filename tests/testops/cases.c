@@ -537,10 +537,13 @@ int keel_cases_all(op_case **out) {
             }
             break;
         }
+        case KEEL_OP_RMS_NORM_W:
+        case KEEL_OP_RMS_NORM_W_BACK:
         case KEEL_OP_GATED_RMS_NORM:
         case KEEL_OP_GATED_RMS_NORM_BACK: {
             /* row length, rows (3 dims), eps (1e-6 x): the DeltaNet's heads of 128 and the fixture's 24;
-             * short, odd and wide rows (1025: past a warp's row on cuda); x and z viewed; eps large */
+             * short, odd and wide rows (1025: past a warp's row on cuda); x and z viewed; eps large;
+             * RMS_NORM_W with w and with 1 + w, alternately */
             static const int64_t sh[][5] = {{4, 3, 1, 1, 1},    {128, 16, 5, 2, 1}, {24, 4, 7, 2, 1},
                                             {33, 7, 2, 1, 1},   {1025, 3, 1, 1, 1}, {16, 5, 3, 1, 1000000},
                                             {2, 65537, 1, 1, 1}};
@@ -549,11 +552,13 @@ int keel_cases_all(op_case **out) {
                 c = C(&l, op);
                 if (x[1] > 60000)
                     c->no_fd = "many rows: each backend against ref's backward, proven on the small cases";
+                bool gated = op == KEEL_OP_GATED_RMS_NORM || op == KEEL_OP_GATED_RMS_NORM_BACK;
                 I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 3 ? VIEW_STRIDED : VIEW_NONE;
                 I(c, KEEL_F32, x[0], 1, 1, 1);
-                I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 2 ? VIEW_PERMUTED : VIEW_NONE;
-                if (op == KEEL_OP_GATED_RMS_NORM_BACK) I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
-                P(c, 0, NULL, 1, (double[]){1e-6 * (double)x[4]});
+                if (gated) I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 2 ? VIEW_PERMUTED : VIEW_NONE;
+                if (op == KEEL_OP_GATED_RMS_NORM_BACK || op == KEEL_OP_RMS_NORM_W_BACK)
+                    I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                P(c, gated ? 0 : 1, (int64_t[]){s % 2}, 1, (double[]){1e-6 * (double)x[4]});
             }
             break;
         }

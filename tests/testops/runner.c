@@ -315,6 +315,9 @@ static int packed_parts(const keel_tensor *t, int64_t *size) {
     case KEEL_OP_GATED_RMS_NORM_BACK:
         size[0] = size[1] = size[2] = keel_nelements(q);
         return 3;
+    case KEEL_OP_RMS_NORM_W_BACK:
+        size[0] = size[1] = keel_nelements(q);
+        return 2;
     default:
         size[0] = keel_nelements(t);
         return 1;
@@ -385,6 +388,8 @@ static void make_label(op_case *c) {
     if ((c->op == KEEL_OP_ACC || c->op == KEEL_OP_SET) && c->ip[4])
         k = snprintf(p, left, ",inplace"), p += k, left -= (size_t)k;
     if (c->op == KEEL_OP_CONCAT) k = snprintf(p, left, ",dim=%lld", (long long)c->ip[0]), p += k, left -= (size_t)k;
+    if ((c->op == KEEL_OP_RMS_NORM_W || c->op == KEEL_OP_RMS_NORM_W_BACK) && c->ip[0])
+        k = snprintf(p, left, ",1+w"), p += k, left -= (size_t)k;
     snprintf(p, left, ")");
 }
 

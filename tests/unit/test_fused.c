@@ -1,10 +1,10 @@
 /* The fused ops are the ops they replace, bit for bit, on the float32 backends (cpu, and cuda where
  * a GPU is present; ref keeps a fused op's intermediates in float64, the ops' in their tensors):
- * GDN_CONV against CONV1D, SILU, L2_NORM and SCALE, SWIGLU against SILU and MUL, GATED_RMS_NORM
- * against RMS_NORM, MUL, SILU and MUL; their values and the gradients of sum(y * r) for a random r,
- * so the backward ops are held to the backward ops of the sequence too. Packed examples (positions
- * restarting inside a column) and heads of 4 and of 32 channels (the cuda backend's generic and
- * dense kernels). */
+ * GDN_CONV against CONV1D, SILU, L2_NORM and SCALE; SWIGLU against SILU and MUL; GATED_RMS_NORM
+ * against RMS_NORM, MUL, SILU and MUL; RMS_NORM_W against RMS_NORM and MUL (and SCALE of w). Each
+ * pair is built twice from the same inputs; their values and the gradients of sum(y * r) for a
+ * random r must match element for element, so the backward ops are held to the backward ops of the
+ * sequence too. */
 #include "unit.h"
 
 #include "util/rng.h"
@@ -18,20 +18,6 @@ static double *randoms(int64_t n, uint64_t seed) {
     return v;
 }
 
-/* Run both graphs' outputs on one backend and require identical doubles (float32 values read out
- * exactly), element by element. */
-static void same_bits(const char *be, keel_graph *g1, keel_graph *g2, keel_tensor **l1, keel_tensor **l2, double **vals,
-                      int nl, keel_tensor **o1, keel_tensor **o2, int no, const char *const *what) {
-    for (int k = 0; k < no; k++) {
-        double *a = run_graph(be, g1, l1, vals, nl, o1[k]), *b = run_graph(be, g2, l2, vals, nl, o2[k]);
-        int64_t n = keel_nelements(o1[k]), diff = 0;
-        for (int64_t i = 0; i < n; i++) diff += a[i] != b[i];
-        printf("%-5s %-34s %lld elements, %lld differ\n", be, what[k], (long long)n, (long long)diff);
-        assert_int_equal(diff, 0);
-        free(a), free(b);
-    }
-}
-
 static bool backend_present(const char *name) {
     keel_backend *be = keel_backend_new(name, 1);
     if (!be) return false;
@@ -39,129 +25,139 @@ static bool backend_present(const char *name) {
     return true;
 }
 
-/* same_bits on every backend present, then both graphs and their contexts freed */
-static void compare_and_free(keel_graph **g, keel_ctx **cx, keel_tensor **l0, keel_tensor **l1, double **vals, int nl,
-                             keel_tensor **o0, keel_tensor **o1, int no, const char *const *what) {
-    for (int b = 0; b < 2; b++)
-        if (backend_present(BACKENDS[b])) same_bits(BACKENDS[b], g[0], g[1], l0, l1, vals, nl, o0, o1, no, what);
+/* The fused op (fused) or the ops it replaces on inputs in[], with parameters p. */
+typedef keel_tensor *(*pair_build)(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p);
+
+#define MAX_IN 4
+
+/* Inputs of shapes ne[] (float32, each a parameter; i32: positions [T,B] of packed examples, 5
+ * positions from each column's start, then examples of 3); both graphs on every backend present. */
+static void check_pair(const char *name, int n_in, const int64_t (*ne)[4], const keel_type *ty, pair_build build,
+                       const double *p) {
+    keel_graph *g[2];
+    keel_ctx *cx[2];
+    keel_tensor *in[2][MAX_IN + 1], *out[2][MAX_IN + 1];
+    int n_out = 1;
+    for (int f = 0; f < 2; f++) {
+        keel_ctx *ctx = cx[f] = keel_ctx_new();
+        for (int i = 0; i < n_in; i++) {
+            in[f][i] = keel_new_4d(ctx, ty[i], ne[i][0], ne[i][1], ne[i][2], ne[i][3]);
+            if (ty[i] == KEEL_F32) keel_set_flags(in[f][i], KEEL_FLAG_PARAM);
+        }
+        keel_tensor *y = build(ctx, in[f], f == 0, p);
+        assert_non_null(y);
+        y->flags |= KEEL_FLAG_OUTPUT;
+        keel_tensor *r = in[f][n_in] = keel_new_4d(ctx, KEEL_F32, y->ne[0], y->ne[1], y->ne[2], y->ne[3]);
+        keel_tensor *loss = keel_sum(ctx, keel_mul(ctx, y, r));
+        g[f] = keel_graph_build(ctx, &loss, 1);
+        assert_int_equal(keel_build_backward(g[f], loss), 0);
+        n_out = 1;
+        out[f][0] = y;
+        for (int i = 0; i < n_in; i++)
+            if (ty[i] == KEEL_F32) out[f][n_out++] = keel_graph_grad(g[f], in[f][i]);
+    }
+    double *vals[MAX_IN + 1];
+    for (int i = 0; i <= n_in; i++) {
+        keel_tensor *t = in[0][i];
+        int64_t n = keel_nelements(t);
+        if (t->type == KEEL_F32) {
+            vals[i] = randoms(n, (uint64_t)(i + 1));
+            continue;
+        }
+        vals[i] = malloc((size_t)n * sizeof(double));
+        for (int64_t e = 0; e < n; e++) {
+            int64_t tt = e % t->ne[0];
+            vals[i][e] = tt < 5 ? (double)tt : (double)((tt - 5) % 3);
+        }
+    }
+    for (int b = 0; b < 2; b++) {
+        if (!backend_present(BACKENDS[b])) continue;
+        for (int k = 0; k < n_out; k++) {
+            double *x = run_graph(BACKENDS[b], g[0], in[0], vals, n_in + 1, out[0][k]),
+                   *y = run_graph(BACKENDS[b], g[1], in[1], vals, n_in + 1, out[1][k]);
+            int64_t n = keel_nelements(out[0][k]), diff = 0;
+            for (int64_t e = 0; e < n; e++) diff += x[e] != y[e];
+            char what[32];
+            snprintf(what, sizeof what, k ? "gradient of input %d" : "value", k - 1);
+            printf("%-5s %-16s %-20s %8lld elements, %lld differ\n", BACKENDS[b], name, what, (long long)n,
+                   (long long)diff);
+            assert_int_equal(diff, 0);
+            free(x), free(y);
+        }
+    }
+    for (int i = 0; i <= n_in; i++) free(vals[i]);
     for (int f = 0; f < 2; f++) {
         keel_graph_free(g[f]);
         keel_ctx_free(cx[f]);
     }
 }
 
-/* x [C,T,B], w [K,C], positions; n channels of q and of k in heads of hd */
-static void gdn_conv_case(int64_t C, int64_t T, int64_t B, int64_t n, int64_t hd) {
-    const int64_t K = 4;
-    const double eps = 1e-6, qs = 1.0 / sqrt((double)hd);
-    keel_tensor *x[2], *w[2], *pos[2], *r[2], *loss[2], *y[2];
-    keel_graph *g[2];
-    keel_ctx *cx[2];
-    for (int f = 0; f < 2; f++) { /* f = 0: the fused op; 1: the ops it replaces */
-        keel_ctx *ctx = cx[f] = keel_ctx_new();
-        x[f] = keel_set_flags(keel_set_name(keel_new_3d(ctx, KEEL_F32, C, T, B), "x"), KEEL_FLAG_PARAM);
-        w[f] = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, K, C), "w"), KEEL_FLAG_PARAM);
-        pos[f] = keel_set_name(keel_new_2d(ctx, KEEL_I32, T, B), "pos");
-        r[f] = keel_set_name(keel_new_3d(ctx, KEEL_F32, C, T, B), "r");
-        if (f == 0) {
-            y[f] = keel_gdn_conv(ctx, x[f], w[f], pos[f], n, hd, eps, qs);
-        } else {
-            keel_tensor *s = keel_silu(ctx, keel_conv1d(ctx, x[f], w[f], pos[f]));
-            int64_t es = 4, H = n / hd;
-            keel_tensor *q = keel_view_4d(ctx, s, hd, H, T, B, hd * es, C * es, C * T * es, 0);
-            keel_tensor *k = keel_view_4d(ctx, s, hd, H, T, B, hd * es, C * es, C * T * es, n * es);
-            q = keel_reshape_3d(ctx, keel_scale(ctx, keel_l2_norm(ctx, q, eps), qs, 0.0), n, T, B);
-            k = keel_reshape_3d(ctx, keel_l2_norm(ctx, k, eps), n, T, B);
-            keel_tensor *v = keel_view_3d(ctx, s, C - 2 * n, T, B, C * es, C * T * es, 2 * n * es);
-            y[f] = keel_concat(ctx, keel_concat(ctx, q, k, 0), keel_cont(ctx, v), 0);
-        }
-        y[f]->flags |= KEEL_FLAG_OUTPUT;
-        loss[f] = keel_sum(ctx, keel_mul(ctx, y[f], r[f]));
-        g[f] = keel_graph_build(ctx, &loss[f], 1);
-        assert_non_null(g[f]);
-        assert_int_equal(keel_build_backward(g[f], loss[f]), 0);
-    }
-    double *xv = randoms(C * T * B, 1), *wv = randoms(K * C, 2), *rv = randoms(C * T * B, 3);
-    double *pv = malloc((size_t)(T * B) * sizeof *pv);
-    for (int64_t b = 0; b < B; b++) /* examples of 5 positions from the column's start, then 3 */
-        for (int64_t t = 0; t < T; t++) pv[b * T + t] = t < 5 ? (double)t : (double)((t - 5) % 3);
-    double *vals[4] = {xv, wv, pv, rv};
-    keel_tensor *l0[4] = {x[0], w[0], pos[0], r[0]}, *l1[4] = {x[1], w[1], pos[1], r[1]};
-    keel_tensor *o0[3] = {y[0], keel_graph_grad(g[0], x[0]), keel_graph_grad(g[0], w[0])},
-                *o1[3] = {y[1], keel_graph_grad(g[1], x[1]), keel_graph_grad(g[1], w[1])};
-    const char *what[3] = {"GDN_CONV value", "GDN_CONV gradient of x", "GDN_CONV gradient of w"};
-    compare_and_free(g, cx, l0, l1, vals, 4, o0, o1, 3, what);
-    free(xv), free(wv), free(rv), free(pv);
+/* in: x [C,T,B], w [K,C], positions [T,B]; p: n channels of q and of k, heads of p[1] */
+static keel_tensor *gdn_conv_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    int64_t n = (int64_t)p[0], hd = (int64_t)p[1], C = in[0]->ne[0], T = in[0]->ne[1], B = in[0]->ne[2], es = 4;
+    double eps = 1e-6, qs = 1.0 / sqrt((double)hd);
+    if (fused) return keel_gdn_conv(ctx, in[0], in[1], in[2], n, hd, eps, qs);
+    keel_tensor *s = keel_silu(ctx, keel_conv1d(ctx, in[0], in[1], in[2]));
+    keel_tensor *q = keel_view_4d(ctx, s, hd, n / hd, T, B, hd * es, C * es, C * T * es, 0);
+    keel_tensor *k = keel_view_4d(ctx, s, hd, n / hd, T, B, hd * es, C * es, C * T * es, n * es);
+    q = keel_reshape_3d(ctx, keel_scale(ctx, keel_l2_norm(ctx, q, eps), qs, 0.0), n, T, B);
+    k = keel_reshape_3d(ctx, keel_l2_norm(ctx, k, eps), n, T, B);
+    keel_tensor *v = keel_view_3d(ctx, s, C - 2 * n, T, B, C * es, C * T * es, 2 * n * es);
+    return keel_concat(ctx, keel_concat(ctx, q, k, 0), keel_cont(ctx, v), 0);
 }
 
 static void gdn_conv_is_its_ops(void **st) {
     (void)st;
-    gdn_conv_case(40, 12, 2, 8, 4);    /* the generic kernels */
-    gdn_conv_case(256, 12, 2, 64, 32); /* cuda's dense kernels */
+    const keel_type ty[3] = {KEEL_F32, KEEL_F32, KEEL_I32};
+    const int64_t generic[3][4] = {{40, 12, 2, 1}, {4, 40, 1, 1}, {12, 2, 1, 1}}, /* heads of 4: generic kernels */
+        dense[3][4] = {{256, 12, 2, 1}, {4, 256, 1, 1}, {12, 2, 1, 1}};           /* heads of 32: cuda's dense ones */
+    check_pair("GDN_CONV", 3, generic, ty, gdn_conv_pair, (const double[]){8, 4});
+    check_pair("GDN_CONV", 3, dense, ty, gdn_conv_pair, (const double[]){64, 32});
+}
+
+static keel_tensor *swiglu_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    (void)p;
+    return fused ? keel_swiglu(ctx, in[0], in[1]) : keel_mul(ctx, keel_silu(ctx, in[0]), in[1]);
 }
 
 static void swiglu_is_its_ops(void **st) {
     (void)st;
-    const int64_t n0 = 36, n1 = 5;
-    keel_tensor *gt[2], *up[2], *r[2], *y[2], *loss[2];
-    keel_graph *g[2];
-    keel_ctx *cx[2];
-    for (int f = 0; f < 2; f++) {
-        keel_ctx *ctx = cx[f] = keel_ctx_new();
-        gt[f] = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, n0, n1), "gate"), KEEL_FLAG_PARAM);
-        up[f] = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, n0, n1), "up"), KEEL_FLAG_PARAM);
-        r[f] = keel_set_name(keel_new_2d(ctx, KEEL_F32, n0, n1), "r");
-        y[f] = f == 0 ? keel_swiglu(ctx, gt[f], up[f]) : keel_mul(ctx, keel_silu(ctx, gt[f]), up[f]);
-        y[f]->flags |= KEEL_FLAG_OUTPUT;
-        loss[f] = keel_sum(ctx, keel_mul(ctx, y[f], r[f]));
-        g[f] = keel_graph_build(ctx, &loss[f], 1);
-        assert_int_equal(keel_build_backward(g[f], loss[f]), 0);
-    }
-    double *gv = randoms(n0 * n1, 4), *uv = randoms(n0 * n1, 5), *rv = randoms(n0 * n1, 6);
-    double *vals[3] = {gv, uv, rv};
-    keel_tensor *l0[3] = {gt[0], up[0], r[0]}, *l1[3] = {gt[1], up[1], r[1]};
-    keel_tensor *o0[3] = {y[0], keel_graph_grad(g[0], gt[0]), keel_graph_grad(g[0], up[0])},
-                *o1[3] = {y[1], keel_graph_grad(g[1], gt[1]), keel_graph_grad(g[1], up[1])};
-    const char *what[3] = {"SWIGLU value", "SWIGLU gradient of gate", "SWIGLU gradient of up"};
-    compare_and_free(g, cx, l0, l1, vals, 3, o0, o1, 3, what);
-    free(gv), free(uv), free(rv);
+    const keel_type ty[2] = {KEEL_F32, KEEL_F32};
+    const int64_t ne[2][4] = {{36, 5, 1, 1}, {36, 5, 1, 1}};
+    check_pair("SWIGLU", 2, ne, ty, swiglu_pair, NULL);
 }
 
-/* GATED_RMS_NORM against RMS_NORM, MUL by w, SILU of z and MUL: rows of 128 (the DeltaNet's heads)
- * and of 24 (the fixture's). */
-static void gated_rms_norm_case(int64_t n, int64_t rows) {
-    const double eps = 1e-6;
-    keel_tensor *x[2], *w[2], *z[2], *r[2], *y[2], *loss[2];
-    keel_graph *g[2];
-    keel_ctx *cx[2];
-    for (int f = 0; f < 2; f++) {
-        keel_ctx *ctx = cx[f] = keel_ctx_new();
-        x[f] = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, n, rows), "x"), KEEL_FLAG_PARAM);
-        w[f] = keel_set_flags(keel_set_name(keel_new_1d(ctx, KEEL_F32, n), "w"), KEEL_FLAG_PARAM);
-        z[f] = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, n, rows), "z"), KEEL_FLAG_PARAM);
-        r[f] = keel_set_name(keel_new_2d(ctx, KEEL_F32, n, rows), "r");
-        y[f] = f == 0 ? keel_gated_rms_norm(ctx, x[f], w[f], z[f], eps)
-                      : keel_mul(ctx, keel_mul(ctx, keel_rms_norm(ctx, x[f], eps), w[f]), keel_silu(ctx, z[f]));
-        y[f]->flags |= KEEL_FLAG_OUTPUT;
-        loss[f] = keel_sum(ctx, keel_mul(ctx, y[f], r[f]));
-        g[f] = keel_graph_build(ctx, &loss[f], 1);
-        assert_int_equal(keel_build_backward(g[f], loss[f]), 0);
-    }
-    double *xv = randoms(n * rows, 7), *wv = randoms(n, 8), *zv = randoms(n * rows, 9), *rv = randoms(n * rows, 10);
-    double *vals[4] = {xv, wv, zv, rv};
-    keel_tensor *l0[4] = {x[0], w[0], z[0], r[0]}, *l1[4] = {x[1], w[1], z[1], r[1]};
-    keel_tensor *o0[4] = {y[0], keel_graph_grad(g[0], x[0]), keel_graph_grad(g[0], w[0]), keel_graph_grad(g[0], z[0])},
-                *o1[4] = {y[1], keel_graph_grad(g[1], x[1]), keel_graph_grad(g[1], w[1]), keel_graph_grad(g[1], z[1])};
-    const char *what[4] = {"GATED_RMS_NORM value", "GATED_RMS_NORM gradient of x", "GATED_RMS_NORM gradient of w",
-                           "GATED_RMS_NORM gradient of z"};
-    compare_and_free(g, cx, l0, l1, vals, 4, o0, o1, 4, what);
-    free(xv), free(wv), free(zv), free(rv);
+/* in: x, w [ne0], z (x's shape) */
+static keel_tensor *gated_rms_norm_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    (void)p;
+    if (fused) return keel_gated_rms_norm(ctx, in[0], in[1], in[2], 1e-6);
+    return keel_mul(ctx, keel_mul(ctx, keel_rms_norm(ctx, in[0], 1e-6), in[1]), keel_silu(ctx, in[2]));
 }
 
 static void gated_rms_norm_is_its_ops(void **st) {
     (void)st;
-    gated_rms_norm_case(128, 40);
-    gated_rms_norm_case(24, 33);
+    const keel_type ty[3] = {KEEL_F32, KEEL_F32, KEEL_F32};
+    const int64_t heads[3][4] = {{128, 40, 1, 1}, {128, 1, 1, 1}, {128, 40, 1, 1}}, /* the DeltaNet's heads */
+        fixture[3][4] = {{24, 33, 1, 1}, {24, 1, 1, 1}, {24, 33, 1, 1}};
+    check_pair("GATED_RMS_NORM", 3, heads, ty, gated_rms_norm_pair, NULL);
+    check_pair("GATED_RMS_NORM", 3, fixture, ty, gated_rms_norm_pair, NULL);
+}
+
+/* in: x, w [ne0]; p[0]: the 1 + w form */
+static keel_tensor *rms_norm_w_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    if (fused) return keel_rms_norm_w(ctx, in[0], in[1], 1e-6, p[0] != 0);
+    return keel_mul(ctx, keel_rms_norm(ctx, in[0], 1e-6), p[0] != 0 ? keel_scale(ctx, in[1], 1.0, 1.0) : in[1]);
+}
+
+static void rms_norm_w_is_its_ops(void **st) {
+    (void)st;
+    const keel_type ty[2] = {KEEL_F32, KEEL_F32};
+    /* rows of 1024 (the 0.8B model's hidden size), 256 (its attention heads' q and k norms), 24 */
+    const int64_t hidden[2][4] = {{1024, 9, 1, 1}, {1024, 1, 1, 1}}, heads[2][4] = {{256, 20, 1, 1}, {256, 1, 1, 1}},
+                  small[2][4] = {{24, 7, 1, 1}, {24, 1, 1, 1}};
+    check_pair("RMS_NORM_W 1+w", 2, hidden, ty, rms_norm_w_pair, (const double[]){1});
+    check_pair("RMS_NORM_W 1+w", 2, heads, ty, rms_norm_w_pair, (const double[]){1});
+    check_pair("RMS_NORM_W", 2, small, ty, rms_norm_w_pair, (const double[]){0});
 }
 
 /* Bad shapes and parameters: no node, and a message naming what is wrong. */
@@ -190,14 +186,18 @@ static void gdn_conv_rejects_bad_input(void **st) {
         assert_non_null(strstr(keel_last_error(), bad[i].want));
     }
     assert_non_null(keel_gdn_conv(ctx, x, w, pos, 8, 4, 1e-6, 0.5));
+    keel_tensor *w2 = keel_new_1d(ctx, KEEL_F32, 39), *z2 = keel_new_2d(ctx, KEEL_F32, 40, 11);
+    assert_null(keel_rms_norm_w(ctx, x, w2, 1e-6, true));
+    assert_non_null(strstr(keel_last_error(), "one weight per element of a row (40)"));
+    assert_null(keel_gated_rms_norm(ctx, x, keel_new_1d(ctx, KEEL_F32, 40), z2, 1e-6));
+    assert_non_null(strstr(keel_last_error(), "z must be shaped like x"));
     keel_ctx_free(ctx);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gdn_conv_is_its_ops),
-        cmocka_unit_test(swiglu_is_its_ops),
-        cmocka_unit_test(gated_rms_norm_is_its_ops),
+        cmocka_unit_test(gdn_conv_is_its_ops),        cmocka_unit_test(swiglu_is_its_ops),
+        cmocka_unit_test(gated_rms_norm_is_its_ops),  cmocka_unit_test(rms_norm_w_is_its_ops),
         cmocka_unit_test(gdn_conv_rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -324,19 +324,24 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
-/* GATED_RMS_NORM and its backward, a row an item: RMS_NORM's float64 sum and float32 scale, MUL's
- * products, silu_f32, and backward the products of MUL's rule, silu_back_f32 and RMS_NORM_BACK's
- * formula, so the bits of the ops it replaces (the products dy silu(z) rms_norm(x) go to
- * REPEAT_BACK for dw as MUL's rule sends them). */
-static void gated_rms_norm_task(void *arg, int64_t b, int64_t e, int th) {
+/* RMS_NORM_W and GATED_RMS_NORM and their backward, a row an item: RMS_NORM's float64 sum and
+ * float32 scale, SCALE's 1 + w, MUL's products, silu_f32, and backward the products of MUL's rule,
+ * silu_back_f32 and RMS_NORM_BACK's formula, so the bits of the ops they replace (the products dy
+ * silu(z) rms_norm(x) go to REPEAT_BACK for dw as MUL's rule sends them). */
+static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
-    const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1], *z = t->src[2];
-    const keel_tensor *dy = t->op == KEEL_OP_GATED_RMS_NORM_BACK ? t->src[3] : NULL;
-    int64_t n = x->ne[0], N = keel_nelements(x), xn = x->nb[0], zn = z->nb[0], wn = w->nb[0];
+    const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1];
+    bool gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
+    bool back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK, one = t->ip[0] != 0;
+    const keel_tensor *z = gated ? t->src[2] : NULL, *dy = back ? t->src[gated ? 3 : 2] : NULL;
+    int64_t n = x->ne[0], N = keel_nelements(x), xn = x->nb[0], wn = w->nb[0], zn = z ? z->nb[0] : 0;
+    const char *ws = cpu_row(w, 0, 0, 0);
+#define NW_W(i)  (one ? keel_unary_f32(KEEL_OP_SCALE, F(ws + (i)*wn), 1.0f, 1.0f) : F(ws + (i)*wn))
+#define NW_SG(i) (z ? silu_f32(F(zs + (i)*zn)) : 1.0f)
     for (int64_t r = b; r < e; r++) {
         int64_t i1 = r % x->ne[1], i2 = (r / x->ne[1]) % x->ne[2], i3 = r / (x->ne[1] * x->ne[2]);
-        const char *xs = cpu_row(x, i1, i2, i3), *zs = cpu_row(z, i1, i2, i3), *ws = cpu_row(w, 0, 0, 0);
+        const char *xs = cpu_row(x, i1, i2, i3), *zs = z ? cpu_row(z, i1, i2, i3) : NULL;
         double ss = 0, sd = 0;
         for (int64_t i = 0; i < n; i++) {
             double xv = F(xs + i * xn);
@@ -345,25 +350,30 @@ static void gated_rms_norm_task(void *arg, int64_t b, int64_t e, int th) {
         float sc = (float)(1.0 / sqrt(ss / (double)n + t->fp[0]));
         if (!dy) {
             float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
-            for (int64_t i = 0; i < n; i++) d[i] = F(xs + i * xn) * sc * F(ws + i * wn) * silu_f32(F(zs + i * zn));
+            for (int64_t i = 0; i < n; i++) {
+                float y = F(xs + i * xn) * sc * NW_W(i);
+                d[i] = z ? y * NW_SG(i) : y;
+            }
             continue;
         }
         const char *gs = cpu_row(dy, i1, i2, i3);
         int64_t gn = dy->nb[0];
         for (int64_t i = 0; i < n; i++) { /* RMS_NORM_BACK's sums over x and da = (dy silu(z)) w */
-            float da = F(gs + i * gn) * silu_f32(F(zs + i * zn)) * F(ws + i * wn);
-            sd += (double)F(xs + i * xn) * da;
+            float db = z ? F(gs + i * gn) * NW_SG(i) : F(gs + i * gn);
+            sd += (double)F(xs + i * xn) * (db * NW_W(i));
         }
         double sb = 1.0 / sqrt(ss / (double)n + t->fp[0]), f2 = sb * sb * sb * sd / (double)n;
-        float *dx = (float *)(void *)cpu_row_flat(t, 0) + r * n, *dz = dx + N, *gw = dz + N;
+        float *dx = (float *)(void *)cpu_row_flat(t, 0) + r * n, *dz = dx + N, *gw = dx + (z ? 2 : 1) * N;
         for (int64_t i = 0; i < n; i++) {
-            float xv = F(xs + i * xn), zv = F(zs + i * zn), wv = F(ws + i * wn), g = F(gs + i * gn);
-            float a = xv * sc, db = g * silu_f32(zv), da = db * wv;
-            dx[i] = (float)(sb * da - f2 * xv);
-            dz[i] = silu_back_f32(zv, g * (a * wv));
+            float xv = F(xs + i * xn), wv = NW_W(i), g = F(gs + i * gn);
+            float a = xv * sc, db = z ? g * NW_SG(i) : g;
+            dx[i] = (float)(sb * (db * wv) - f2 * xv);
+            if (z) dz[i] = silu_back_f32(F(zs + i * zn), g * (a * wv));
             gw[i] = db * a;
         }
     }
+#undef NW_W
+#undef NW_SG
 }
 
 /* One row (position tt, example bb) of CONV1D's output into u: the conv task's loop. */
@@ -696,9 +706,11 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         keel_pool_for(pool, (t->ne[1] + CONV_CB - 1) / CONV_CB, conv_task, &c);
         return 0;
+    case KEEL_OP_RMS_NORM_W:
+    case KEEL_OP_RMS_NORM_W_BACK:
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK:
-        keel_pool_for(pool, keel_nrows(a), gated_rms_norm_task, &c);
+        keel_pool_for(pool, keel_nrows(a), norm_w_task, &c);
         return 0;
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK: {

@@ -297,45 +297,59 @@ __global__ void k_silu_back(kt t, kt x, kt dy, int vec) {
     }
 }
 
-/* GATED_RMS_NORM and its backward, a warp a row: k_rows' warp-a-row RMS_NORM and RMS_NORM_BACK
- * (the same lanes, the same butterfly), MUL's products, the unary SILU and silu_back1, so the bits of
- * the ops it replaces for rows of up to WARP_ROW_MAX elements. The backward writes [dx | dz | the
- * products dy silu(z) rms_norm(x) that REPEAT_BACK sums into dw], each row at its flat place. */
-__global__ void k_gated_rms_norm(kt t, kt x, kt w, kt z, kt dy, double eps, int back) {
-    int64_t n = x.ne[0], R = x.ne[1] * x.ne[2] * x.ne[3], N = n * R;
+/* RMS_NORM_W and GATED_RMS_NORM and their backward, a warp a row: k_rows' warp-a-row RMS_NORM and
+ * RMS_NORM_BACK (the same lanes, the same butterfly), SCALE's 1 + w, MUL's products, the unary SILU
+ * and silu_back1, so the bits of the ops they replace for rows of up to WARP_ROW_MAX elements. The
+ * backward writes [dx | dz (gated) | the products dy silu(z) rms_norm(x) that REPEAT_BACK sums into
+ * dw], each row at its flat place. */
+typedef struct {
+    kt t, x, w, z, dy; /* z: gated only; dy: backward only */
+    double eps;
+    int gated, back, one; /* one: the 1 + w form */
+} norm_w_args;
+
+__device__ static inline float norm_w_weight(const norm_w_args &A, int64_t i) {
+    float w = ldf(kt_at(A.w, i, 0, 0, 0));
+    return A.one ? keel_unary_f32(KEEL_OP_SCALE, w, 1.0f, 1.0f) : w;
+}
+
+__global__ void k_norm_w(norm_w_args A) {
+    int64_t n = A.x.ne[0], R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3], N = n * R;
     int lane = threadIdx.x & 31;
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t r = w0; r < R; r += ws) {
-        int64_t i1 = r % x.ne[1], i2 = (r / x.ne[1]) % x.ne[2], i3 = r / (x.ne[1] * x.ne[2]);
-        const char *xs = kt_at(x, 0, i1, i2, i3), *zs = kt_at(z, 0, i1, i2, i3);
-        const char *gs = back ? kt_at(dy, 0, i1, i2, i3) : NULL;
+        int64_t i1 = r % A.x.ne[1], i2 = (r / A.x.ne[1]) % A.x.ne[2], i3 = r / (A.x.ne[1] * A.x.ne[2]);
+        const char *xs = kt_at(A.x, 0, i1, i2, i3), *zs = A.gated ? kt_at(A.z, 0, i1, i2, i3) : NULL;
+        const char *gs = A.back ? kt_at(A.dy, 0, i1, i2, i3) : NULL;
         double ss = 0, sd = 0;
         for (int64_t i = lane; i < n; i += 32) {
-            double xv = ldf(xs + i * x.nb[0]);
+            double xv = ldf(xs + i * A.x.nb[0]);
             ss += xv * xv;
-            if (back) {
-                float sg = keel_unary_f32(KEEL_OP_SILU, ldf(zs + i * z.nb[0]), 0.0f, 0.0f);
-                float da = __fmul_rn(__fmul_rn(ldf(gs + i * dy.nb[0]), sg), ldf(kt_at(w, i, 0, 0, 0)));
-                sd += xv * da;
+            if (A.back) {
+                float db = ldf(gs + i * A.dy.nb[0]);
+                if (A.gated) db = __fmul_rn(db, keel_unary_f32(KEEL_OP_SILU, ldf(zs + i * A.z.nb[0]), 0.0f, 0.0f));
+                sd += xv * __fmul_rn(db, norm_w_weight(A, i));
             }
         }
         for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-        if (back)
+        if (A.back)
             for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
-        float sc = (float)(1.0 / sqrt(ss / (double)n + eps));
-        double sb = 1.0 / sqrt(ss / (double)n + eps), f2 = sb * sb * sb * sd / (double)n;
+        float sc = (float)(1.0 / sqrt(ss / (double)n + A.eps));
+        double sb = 1.0 / sqrt(ss / (double)n + A.eps), f2 = sb * sb * sb * sd / (double)n;
         for (int64_t i = lane; i < n; i += 32) {
-            float xv = ldf(xs + i * x.nb[0]), zv = ldf(zs + i * z.nb[0]), wv = ldf(kt_at(w, i, 0, 0, 0));
-            float a = __fmul_rn(xv, sc), sg = keel_unary_f32(KEEL_OP_SILU, zv, 0.0f, 0.0f);
-            if (!back) {
-                stf(kt_at(t, i, i1, i2, i3), __fmul_rn(__fmul_rn(a, wv), sg));
+            float xv = ldf(xs + i * A.x.nb[0]), wv = norm_w_weight(A, i), a = __fmul_rn(xv, sc);
+            float zv = A.gated ? ldf(zs + i * A.z.nb[0]) : 0.0f;
+            float sg = A.gated ? keel_unary_f32(KEEL_OP_SILU, zv, 0.0f, 0.0f) : 1.0f;
+            if (!A.back) {
+                float y = __fmul_rn(a, wv);
+                stf(kt_at(A.t, i, i1, i2, i3), A.gated ? __fmul_rn(y, sg) : y);
                 continue;
             }
-            float g = ldf(gs + i * dy.nb[0]), db = __fmul_rn(g, sg), da = __fmul_rn(db, wv);
-            float *o = (float *)t.p + r * n + i;
-            o[0] = (float)(sb * da - f2 * xv);
-            o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
-            o[2 * N] = __fmul_rn(db, a);
+            float g = ldf(gs + i * A.dy.nb[0]), db = A.gated ? __fmul_rn(g, sg) : g;
+            float *o = (float *)A.t.p + r * n + i;
+            o[0] = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
+            if (A.gated) o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
+            o[(A.gated ? 2 : 1) * N] = __fmul_rn(db, a);
         }
     }
 }
@@ -1093,15 +1107,19 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         return reduce_terms(be, t, a->ne[1] * a->ne[2]);
+    case KEEL_OP_RMS_NORM_W:
+    case KEEL_OP_RMS_NORM_W_BACK:
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK: {
-        kt none;
-        memset(&none, 0, sizeof none);
-        bool back = t->op == KEEL_OP_GATED_RMS_NORM_BACK;
+        norm_w_args A;
+        memset(&A, 0, sizeof A);
+        A.gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
+        A.back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
+        A.t = kt_of(t), A.x = kt_of(a), A.w = kt_of(b), A.eps = t->fp[0], A.one = t->ip[0] != 0;
+        if (A.gated) A.z = kt_of(t->src[2]);
+        if (A.back) A.dy = kt_of(t->src[A.gated ? 3 : 2]);
         int64_t R = keel_nrows(a);
-        if (R > 0)
-            k_gated_rms_norm<<<cuda_blocks(R * 32, 256), 256, 0, st(be)>>>(
-                kt_of(t), kt_of(a), kt_of(b), kt_of(t->src[2]), back ? kt_of(t->src[3]) : none, t->fp[0], back);
+        if (R > 0) k_norm_w<<<cuda_blocks(R * 32, 256), 256, 0, st(be)>>>(A);
         return 0;
     }
     case KEEL_OP_GDN_CONV:

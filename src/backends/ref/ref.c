@@ -109,24 +109,29 @@ static double binary(int op, double a, double b) {
     }
 }
 
-/* GATED_RMS_NORM and its backward over rows: a = x / sqrt(mean x^2 + eps), y = a w silu(z); the
- * backward gives dx (RMS_NORM_BACK of dy silu(z) w), dz (silu' of dy a w) and (dy silu(z)) a. */
-static int ref_gated_rms_norm(const keel_tensor *t) {
-    const keel_tensor *x = t->src[0], *w = t->src[1], *z = t->src[2];
-    const keel_tensor *dy = t->op == KEEL_OP_GATED_RMS_NORM_BACK ? t->src[3] : NULL;
+/* RMS_NORM_W and GATED_RMS_NORM and their backward over rows: a = x / sqrt(mean x^2 + eps), w' = w
+ * or 1 + w, y = a w' (times silu(z)); the backward gives dx (RMS_NORM_BACK of dy silu(z) w'), dz
+ * (silu' of dy a w') and the terms of dw, (dy silu(z)) a. */
+static int ref_norm_w(const keel_tensor *t) {
+    bool gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
+    bool back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
+    const keel_tensor *x = t->src[0], *w = t->src[1], *z = gated ? t->src[2] : NULL;
+    const keel_tensor *dy = back ? t->src[gated ? 3 : 2] : NULL;
     int64_t n = x->ne[0], N = keel_nelements(x);
     for (int64_t r = 0; r < N / n; r++) {
         int64_t i1 = r % x->ne[1], i2 = (r / x->ne[1]) % x->ne[2], i3 = r / (x->ne[1] * x->ne[2]);
         double ss = 0, sd = 0;
         for (int64_t i = 0; i < n; i++) {
-            double xv = get(x, i, i1, i2, i3), zv = get(z, i, i1, i2, i3);
+            double xv = get(x, i, i1, i2, i3), zv = z ? get(z, i, i1, i2, i3) : 0.0;
+            double sg = z ? zv / (1.0 + exp(-zv)) : 1.0, wv = get(w, i, 0, 0, 0) + (t->ip[0] ? 1.0 : 0.0);
             ss += xv * xv;
-            if (dy) sd += xv * (get(dy, i, i1, i2, i3) * (zv / (1.0 + exp(-zv))) * get(w, i, 0, 0, 0));
+            if (dy) sd += xv * (get(dy, i, i1, i2, i3) * sg * wv);
         }
         double sc = 1.0 / sqrt(ss / (double)n + t->fp[0]);
         for (int64_t i = 0; i < n; i++) {
-            double xv = get(x, i, i1, i2, i3), zv = get(z, i, i1, i2, i3), wv = get(w, i, 0, 0, 0);
-            double sg = zv / (1.0 + exp(-zv)), a = xv * sc;
+            double xv = get(x, i, i1, i2, i3), zv = z ? get(z, i, i1, i2, i3) : 0.0;
+            double sg = z ? zv / (1.0 + exp(-zv)) : 1.0, wv = get(w, i, 0, 0, 0) + (t->ip[0] ? 1.0 : 0.0);
+            double a = xv * sc;
             if (!dy) {
                 put(t, i, i1, i2, i3, a * wv * sg);
                 continue;
@@ -134,8 +139,8 @@ static int ref_gated_rms_norm(const keel_tensor *t) {
             double d = get(dy, i, i1, i2, i3), db = d * sg;
             int64_t e = r * n + i;
             putf(t, e, sc * (db * wv) - sc * sc * sc * xv * sd / (double)n);
-            putf(t, N + e, silu_back(zv, d * (a * wv)));
-            putf(t, 2 * N + e, db * a);
+            if (z) putf(t, N + e, silu_back(zv, d * (a * wv)));
+            putf(t, (z ? 2 : 1) * N + e, db * a);
         }
     }
     return 0;
@@ -634,9 +639,11 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK:
         return ref_gdn_conv(t);
+    case KEEL_OP_RMS_NORM_W:
+    case KEEL_OP_RMS_NORM_W_BACK:
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK:
-        return ref_gated_rms_norm(t);
+        return ref_norm_w(t);
     case KEEL_OP_GATED_DELTA_NET:
     case KEEL_OP_GATED_DELTA_NET_STATE:
         return ref_gdn(t);
