@@ -285,6 +285,25 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
                          keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, (2 * nqk + nv + ng) * es)));
     return 0;
 }
+/* FLASH_ATTN: one backward op for dq, dk and dv from the whole packed gradient [do | dlse] */
+static int r_flash_attn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *src[6] = {t->src[0], t->src[1], t->src[2], t->src[3], t, contiguous(ctx, dy)};
+    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_FLASH_ATTN_BACK, src, 6, t->ip, 1, t->fp, 1);
+    if (!pk) return -1;
+    int64_t es = (int64_t)keel_type_size(pk->type), at = 0;
+    for (int i = 0; i < 3; i++) {
+        const keel_tensor *x = t->src[i];
+        keel_tensor *g = WANT(i) ? keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es,
+                                                x->ne[0] * x->ne[1] * es, x->ne[0] * x->ne[1] * x->ne[2] * es, at * es)
+                                 : NULL;
+        /* bf16 sources take float32 gradients (as the products' rule gives them; the oracle's mixed
+         * runs compute in float64 and round here) */
+        if (g && g->type != keel_grad_type(x->type)) g = keel_cast(ctx, g, keel_grad_type(x->type));
+        if (WANT(i)) ADD(i, g);
+        at += keel_nelements(x);
+    }
+    return 0;
+}
 static int r_cross_entropy(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     ADD(0, keel_op_new(ctx, KEEL_OP_CROSS_ENTROPY_LOSS_BACK, (keel_tensor *const[]){t->src[0], t->src[1], dy}, 3, NULL,
                        0, t->fp, 1)); /* the loss's divisor */
@@ -326,6 +345,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_L2_NORM] = r_norm,
     [KEEL_OP_SOFT_MAX] = r_soft_max,
     [KEEL_OP_SOFT_MAX_CAUSAL] = r_soft_max, /* masked entries are 0 in y: SOFT_MAX_BACK needs no mask */
+    [KEEL_OP_FLASH_ATTN] = r_flash_attn,
     [KEEL_OP_ROPE] = r_rope,
     [KEEL_OP_SILU] = r_silu,
     [KEEL_OP_SWIGLU] = r_swiglu,

@@ -78,6 +78,16 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
         if (t->src[0]->type == KEEL_BF16 && t->src[1]->type == KEEL_BF16 && t->src[2]->type == KEEL_I32)
             return t->type == KEEL_F32 && (t->op == KEEL_OP_LINEAR_CROSS_ENTROPY || t->src[3]->type == KEEL_F32);
         break;
+    case KEEL_OP_FLASH_ATTN:
+    case KEEL_OP_FLASH_ATTN_BACK: /* float32, or bf16 q, k, v with float32 results */
+        if (t->src[0]->type == KEEL_BF16) {
+            if (t->src[1]->type != KEEL_BF16 || t->src[2]->type != KEEL_BF16 || t->src[3]->type != KEEL_I32)
+                return false;
+            for (int i = 4; i < info->arity; i++)
+                if (t->src[i]->type != KEEL_F32) return false;
+            return t->type == KEEL_F32;
+        }
+        break;
     case KEEL_OP_MUL_MAT:
     case KEEL_OP_OUT_PROD: /* mixed precision: bf16 operands, float32 sums, a float32 or bf16 result */
         if (t->src[0]->type == KEEL_BF16)

@@ -65,6 +65,14 @@
       "src0 scores [Tk,Tq,H,B], src1 i32 positions [Tq,B]; fp0 scale: softmax(scale*x) over the keys of the query's "  \
       "example, o+t-pos[t] .. o+t (o = Tk-Tq, from 0); the rest 0")                                                      \
     X(SOFT_MAX_BACK, ROWS, 2, OPF_BACKWARD, 0, 0, "src0 y, src1 dy, fp0 scale")                                                 \
+    X(FLASH_ATTN, OWN, 4, 0, 7, 8,                                                                                     \
+      "q [D,H,Tq,B], k [D,KV,Tk,B], v [Dv,KV,Tk,B] (one type), i32 positions [Tq,B]; fp0 scale, ip0 the result's "    \
+      "type for bf16 q, k, v (f32; f64 for the oracle) -> packed [o [Dv,H,Tq,B] | lse [H,Tq,B]] in q's type (bf16: " \
+      "ip0's): softmax(scale q.k) over the keys SOFT_MAX_CAUSAL gives the "                                           \
+      "query, query head h reading kv head h/(H/KV); lse = log of the softmax's sum (flash attention: no scores)")     \
+    X(FLASH_ATTN_BACK, OWN, 6, OPF_BACKWARD, 0, 8,                                                                     \
+      "q, k, v, positions, the forward's packed [o | lse], its gradient [do | dlse]; params as FLASH_ATTN -> packed " \
+      "[dq | dk | dv] (q's, k's, v's shapes) in the forward's result type")                                                                         \
     X(ROPE, OWN, 2, 0, 1, 2,                                                                                                   \
       "src0 [D,H,T,B], src1 i32 positions [T] or [T,B]; ip0 n_rot, fp0 theta (rotate-half; float32 frequencies as "   \
       "transformers)")                                                                                                 \

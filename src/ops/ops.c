@@ -403,6 +403,36 @@ static int shape_rule(keel_tensor *t) {
         }
         return 0;
     }
+    case KEEL_OP_FLASH_ATTN:
+    case KEEL_OP_FLASH_ATTN_BACK: {
+        const keel_tensor *k = b, *v = t->src[2], *p = t->src[3];
+        int64_t D = a->ne[0], H = a->ne[1], Tq = a->ne[2], B = a->ne[3], KV = k->ne[1], Tk = k->ne[2], Dv = v->ne[0];
+        REQ(keel_type_is_float(a->type) && k->type == a->type && v->type == a->type,
+            "q, k and v must have one real type");
+        REQ(k->ne[0] == D && k->ne[3] == B, "k must be [%lld,KV,Tk,%lld] (q's head size and batch)", (long long)D,
+            (long long)B);
+        REQ(v->ne[1] == KV && v->ne[2] == Tk && v->ne[3] == B, "v must be [Dv,%lld,%lld,%lld] (k's heads, keys, batch)",
+            (long long)KV, (long long)Tk, (long long)B);
+        REQ(KV > 0 && H % KV == 0, "query heads (%lld) must be a multiple of kv heads (%lld)", (long long)H,
+            (long long)KV);
+        REQ(Tk >= Tq, "fewer keys (%lld) than queries (%lld)", (long long)Tk, (long long)Tq);
+        REQ(is_positions(p, Tq, B), "positions must be i32 [%lld,%lld] (queries, batch)", (long long)Tq, (long long)B);
+        REQ(t->fp[0] > 0 && isfinite(t->fp[0]), "the scale fp0 %g must be finite and > 0", t->fp[0]);
+        /* the softmax, sums and gradients in float32 at least: bf16 sources give ip0's type */
+        keel_type out = a->type == KEEL_BF16 ? (keel_type)t->ip[0] : a->type;
+        REQ(a->type != KEEL_BF16 || out == KEEL_F32 || out == KEEL_F64, "the result's type ip0 must be f32 or f64");
+        int64_t n_out = (Dv + 1) * H * Tq * B;
+        if (op == KEEL_OP_FLASH_ATTN) {
+            set_shape(t, out, n_out, 1, 1, 1);
+        } else {
+            for (int i = 4; i < 6; i++)
+                REQ(keel_nelements(t->src[i]) == n_out && t->src[i]->type == out && keel_is_contiguous(t->src[i]),
+                    "src%d must be the forward's packed output or its gradient: %s [%lld], contiguous", i,
+                    keel_type_name(out), (long long)n_out);
+            set_shape(t, out, keel_nelements(a) + keel_nelements(k) + keel_nelements(v), 1, 1, 1);
+        }
+        return 0;
+    }
     case KEEL_OP_CROSS_ENTROPY_LOSS:
     case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
         REQ(b->type == KEEL_I32, "targets must be i32");
@@ -679,6 +709,10 @@ keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_ten
 }
 keel_tensor *keel_rms_norm_w(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus) {
     return OP(KEEL_OP_RMS_NORM_W, (x, w), IPS(one_plus ? 1 : 0), 1, FPS(eps), 1);
+}
+keel_tensor *keel_flash_attn(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *pos,
+                             double scale, keel_type out) {
+    return OP(KEEL_OP_FLASH_ATTN, (q, k, v, pos), IPS(out), 1, FPS(scale), 1);
 }
 keel_tensor *keel_gated_rms_norm(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *z, double eps) {
     return OP(KEEL_OP_GATED_RMS_NORM, (x, w, z), NULL, 0, FPS(eps), 1);

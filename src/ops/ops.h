@@ -123,6 +123,13 @@ keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_ten
  * element of a row: formula for formula keel_rms_norm, keel_mul (and keel_scale(w, 1, 1)); its
  * backward gives dx and the products whose row sums are dw. */
 keel_tensor *keel_rms_norm_w(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus);
+/* Causal softmax attention without the score matrix: q [D,H,Tq,B], k [D,KV,Tk,B], v [Dv,KV,Tk,B]
+ * (one type), query head h reading kv head h/(H/KV), each query over the keys of its example (the
+ * mask of keel_soft_max_causal, positions [Tq,B]); scale multiplies q.k. Returns the packed
+ * [o [Dv,H,Tq,B] | lse [H,Tq,B]] (lse: log of the softmax's sum, what the backward needs; o is the
+ * first Dv*H*Tq*B elements) in q's type, or `out` (f32, or f64 for the oracle) when q is bf16. */
+keel_tensor *keel_flash_attn(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *pos,
+                             double scale, keel_type out);
 /* rms_norm(x) * w * silu(z) over rows of x (w one weight per element of a row, z x's shape): the
  * Gated DeltaNet's output norm as one op, formula for formula keel_rms_norm, keel_mul, keel_silu,
  * keel_mul; its backward gives dx, dz and the products whose row sums are dw. */

@@ -205,6 +205,20 @@ static keel_tensor *build_lce_bf16(keel_ctx *ctx, const op_case *c, keel_tensor 
                                      c->ip[0]);
 }
 
+/* FLASH_ATTN_BACK on the forward's own packed output (its o and lse are what the backward reads):
+ * inputs q, k, v, positions, dy */
+static keel_tensor *build_fa_back(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    keel_tensor *o = keel_flash_attn(ctx, x[0], x[1], x[2], x[3], c->fp[0], x[4]->type);
+    keel_tensor *src[6] = {x[0], x[1], x[2], x[3], o, x[4]};
+    return o ? keel_op_new(ctx, KEEL_OP_FLASH_ATTN_BACK, src, 6, o->ip, 1, c->fp, 1) : NULL;
+}
+/* mixed precision: q, k, v rounded to bf16 (CAST) and their float32 gradients through CAST's rule */
+static keel_tensor *build_fa_bf16(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    keel_tensor *b[3];
+    for (int i = 0; i < 3; i++) b[i] = keel_cast(ctx, x[i], KEEL_BF16);
+    return keel_flash_attn(ctx, b[0], b[1], b[2], x[3], c->fp[0], x[0]->type);
+}
+
 int keel_cases_all(op_case **out) {
     case_list l = {0};
     op_case *c;
@@ -422,6 +436,53 @@ int keel_cases_all(op_case **out) {
                 I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view = s == 6 ? VIEW_TRANSPOSED : VIEW_NONE;
                 SEG(c, sh[s][1], sh[s][3], sh[s][4]);
                 P(c, 0, NULL, 1, (double[]){s % 2 ? 0.125 : 1.0});
+            }
+            break;
+        }
+        case KEEL_OP_FLASH_ATTN:
+        case KEEL_OP_FLASH_ATTN_BACK: {
+            /* D, H, KV, Tq, Tk, B, Dv, longest example, score scale x 1/sqrt(D) (x 1/4), variant:
+             * 1 bf16 q, k, v as they are, 2 bf16 by CAST (the model's; its gradient), 3 q a
+             * permuted view. One example a column and packed ones; more keys than queries (a
+             * cache); GQA groups of 1, 2 and 4; heads of 256 (the model's) and odd sizes; lengths
+             * around the cuda kernels' 64-row tiles. float32: within 1e-10 of float64 (NMSE);
+             * bf16 operands: 1e-4 (the plan's tier for a bf16 intermediate, P for P.V) */
+            static const int64_t sh[][10] = {
+                {4, 1, 1, 5, 5, 1, 4, 5, 4, 0},          {16, 4, 2, 33, 33, 2, 16, 10, 4, 0},
+                {8, 2, 1, 7, 12, 1, 5, 100, 4, 3},       {256, 4, 1, 20, 20, 1, 256, 20, 4, 0},
+                {32, 8, 2, 70, 70, 1, 32, 1000, 12, 0},  {64, 2, 2, 129, 129, 2, 64, 50, 4, 0},
+                {256, 4, 1, 130, 130, 2, 256, 77, 4, 0}, {64, 4, 2, 65, 80, 1, 64, 1000, 4, 0},
+                {24, 2, 1, 9, 9, 2, 24, 4, 4, 1},        {256, 4, 1, 70, 70, 1, 256, 40, 4, 1},
+                {64, 2, 1, 129, 129, 1, 64, 1000, 4, 1}, {256, 4, 1, 66, 66, 1, 256, 30, 4, 2},
+                {16, 2, 1, 20, 20, 2, 16, 7, 4, 2}};
+            for (int s = 0; s < 13; s++) {
+                const int64_t *x = sh[s];
+                bool bf = x[9] == 1, cast = x[9] == 2;
+                if (cast && op == KEEL_OP_FLASH_ATTN_BACK) continue;
+                c = C(&l, op);
+                keel_type ty = bf ? KEEL_BF16 : KEEL_F32;
+                I(c, ty, x[0], x[1], x[3], x[5])->view = x[9] == 3 ? VIEW_PERMUTED : VIEW_NONE;
+                I(c, ty, x[0], x[2], x[4], x[5]);
+                I(c, ty, x[6], x[2], x[4], x[5]);
+                SEG(c, x[3], x[5], x[7]);
+                if (op == KEEL_OP_FLASH_ATTN_BACK) {
+                    I(c, KEEL_F32, (x[6] + 1) * x[1] * x[3] * x[5], 1, 1, 1);
+                    c->build = build_fa_back;
+                }
+                P(c, 0, NULL, 1, (double[]){(double)x[8] / 4.0 / sqrt((double)x[0])});
+                c->tol = bf || cast ? 1e-4 : 1e-10;
+                if (bf) c->keep_types = true;
+                if (cast) c->build = build_fa_bf16, c->no_fd = "bf16 rounding of q, k and v";
+                if (x[3] * x[4] * x[0] > 400000)
+                    c->no_fd = "large: each backend against ref's backward, proven on the small cases";
+                static char names[2][13][128]; /* built cases name themselves */
+                if (c->build) {
+                    char *nm = names[op == KEEL_OP_FLASH_ATTN_BACK][s];
+                    snprintf(nm, 128, "%s(D=%lld,H=%lld,KV=%lld,Tq=%lld,Tk=%lld,B=%lld,Dv=%lld,scale=%g%s)",
+                             keel_op_get(op)->name, (long long)x[0], (long long)x[1], (long long)x[2], (long long)x[3],
+                             (long long)x[4], (long long)x[5], (long long)x[6], c->fp[0], cast ? ",bf16 by CAST" : "");
+                    c->name = nm;
+                }
             }
             break;
         }

@@ -160,6 +160,7 @@ static void inst_free(inst *x) {
 
 static bool case_has_grad(const op_case *c) {
     if (c->keep_types || c->op == KEEL_OP_FILL) return false;
+    if (keel_op_get(c->op)->flags & OPF_BACKWARD) return false; /* its gradient: a second derivative */
     if (c->build) return true;
     return keel_op_get(c->op)->grad_srcs != 0;
 }
@@ -314,6 +315,12 @@ static int packed_parts(const keel_tensor *t, int64_t *size) {
         return 2;
     case KEEL_OP_GATED_RMS_NORM_BACK:
         size[0] = size[1] = size[2] = keel_nelements(q);
+        return 3;
+    case KEEL_OP_FLASH_ATTN:
+        size[0] = keel_nelements(v) / v->ne[1] / v->ne[2] * q->ne[1] * q->ne[2], size[1] = size[0] / v->ne[0];
+        return 2;
+    case KEEL_OP_FLASH_ATTN_BACK:
+        size[0] = keel_nelements(q), size[1] = keel_nelements(t->src[1]), size[2] = keel_nelements(v);
         return 3;
     case KEEL_OP_RMS_NORM_W_BACK:
         size[0] = size[1] = keel_nelements(q);

@@ -57,6 +57,8 @@ void cpu_copy_row(const keel_tensor *dst, char *d, const keel_tensor *src, const
 
 int cpu_gdn_forward(keel_backend *be, const keel_tensor *t);
 int cpu_gdn_backward(keel_backend *be, const keel_tensor *t);
+/* FLASH_ATTN and its backward (cpu_attention.c). */
+int cpu_flash_attn(keel_backend *be, const keel_tensor *t);
 /* LINEAR_CROSS_ENTROPY and its backward (cpu_linear_ce.c). */
 int cpu_linear_ce(keel_backend *be, const keel_tensor *t);
 int cpu_node(keel_backend *be, const keel_tensor *t);

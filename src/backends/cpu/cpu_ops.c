@@ -734,6 +734,9 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_LINEAR_CROSS_ENTROPY:
     case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK:
         return cpu_linear_ce(be, t);
+    case KEEL_OP_FLASH_ATTN:
+    case KEEL_OP_FLASH_ATTN_BACK:
+        return cpu_flash_attn(be, t);
     case KEEL_OP_ADAMW:
         keel_pool_for(pool, keel_nelements(t), adamw_task, &c);
         return 0;

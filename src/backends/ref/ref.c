@@ -146,6 +146,71 @@ static int ref_norm_w(const keel_tensor *t) {
     return 0;
 }
 
+/* FLASH_ATTN and its backward from the definitions, a query row at a time: s_j = scale q.k_j over
+ * the row's keys lo..hi (SOFT_MAX_CAUSAL's), p = softmax(s), o = sum p_j v_j, lse = log sum e^s.
+ * Backward, with (do, dlse) the packed gradient: dp_j = do.v_j, ds_j = p_j (dp_j - sum_i p_i dp_i
+ * + dlse); dq = scale sum ds_j k_j, dk_j += scale ds_j q, dv_j += p_j do. The given [o | lse] is
+ * not read: the oracle recomputes everything from q, k and v. */
+static int ref_flash_attn(const keel_tensor *t) {
+    const keel_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *pos = t->src[3];
+    const keel_tensor *dy = t->op == KEEL_OP_FLASH_ATTN_BACK ? t->src[5] : NULL;
+    int64_t D = q->ne[0], H = q->ne[1], Tq = q->ne[2], B = q->ne[3], KV = k->ne[1], Tk = k->ne[2], Dv = v->ne[0];
+    int64_t nq = D * H * Tq * B, nk = D * KV * Tk * B, no = Dv * H * Tq * B;
+    double sc = t->fp[0], *p = malloc((size_t)(2 * Tk) * sizeof(double)), *dp = p ? p + Tk : NULL;
+    double *dkv = dy ? calloc((size_t)(nk + Dv * KV * Tk * B), sizeof(double)) : NULL;
+    if (!p || (dy && !dkv)) {
+        free(p), free(dkv);
+        return keel_fail("ref: out of memory in '%s'", t->name);
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t tt = 0; tt < Tq; tt++)
+            for (int64_t h = 0; h < H; h++) {
+                int64_t kh = h / (H / KV), hi = tt + Tk - Tq, lo = hi - (int64_t)fmax(get(pos, tt, b, 0, 0), 0.0);
+                if (lo < 0) lo = 0;
+                double mx = -INFINITY, z = 0;
+                for (int64_t j = lo; j <= hi; j++) {
+                    double s = 0;
+                    for (int64_t d = 0; d < D; d++) s += get(q, d, h, tt, b) * get(k, d, kh, j, b);
+                    p[j] = sc * s;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int64_t j = lo; j <= hi; j++) z += exp(p[j] - mx);
+                for (int64_t j = lo; j <= hi; j++) p[j] = exp(p[j] - mx) / z;
+                int64_t row = (b * Tq + tt) * H + h;
+                if (!dy) {
+                    for (int64_t e = 0; e < Dv; e++) {
+                        double o = 0;
+                        for (int64_t j = lo; j <= hi; j++) o += p[j] * get(v, e, kh, j, b);
+                        putf(t, row * Dv + e, o);
+                    }
+                    putf(t, no + row, mx + log(z));
+                    continue;
+                }
+                double delta = 0, dlse = getf(dy, no + row);
+                for (int64_t j = lo; j <= hi; j++) {
+                    double s = 0;
+                    for (int64_t e = 0; e < Dv; e++) s += getf(dy, row * Dv + e) * get(v, e, kh, j, b);
+                    dp[j] = s;
+                    delta += p[j] * s;
+                }
+                for (int64_t d = 0; d < D; d++) {
+                    double g = 0;
+                    for (int64_t j = lo; j <= hi; j++) g += p[j] * (dp[j] - delta + dlse) * get(k, d, kh, j, b);
+                    putf(t, row * D + d, sc * g);
+                }
+                for (int64_t j = lo; j <= hi; j++) {
+                    double ds = p[j] * (dp[j] - delta + dlse);
+                    int64_t kr = (b * Tk + j) * KV + kh;
+                    for (int64_t d = 0; d < D; d++) dkv[kr * D + d] += sc * ds * get(q, d, h, tt, b);
+                    for (int64_t e = 0; e < Dv; e++) dkv[nk + kr * Dv + e] += p[j] * getf(dy, row * Dv + e);
+                }
+            }
+    if (dy)
+        for (int64_t i = 0; i < nk + Dv * KV * Tk * B; i++) putf(t, nq + i, dkv[i]);
+    free(p), free(dkv);
+    return 0;
+}
+
 /* GDN_CONV and its backward, per (position, example): u = the conv output (CONV1D's taps), s =
  * silu(u); the first 2n channels, in heads of d, divided by r = sqrt(sum s^2 + eps) and the first
  * n times the scale a. The backward gives du = silu'(u) ds, ds = (a g - s (s . a g) / r^2) / r over
@@ -644,6 +709,9 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK:
         return ref_norm_w(t);
+    case KEEL_OP_FLASH_ATTN:
+    case KEEL_OP_FLASH_ATTN_BACK:
+        return ref_flash_attn(t);
     case KEEL_OP_GATED_DELTA_NET:
     case KEEL_OP_GATED_DELTA_NET_STATE:
         return ref_gdn(t);
