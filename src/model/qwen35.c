@@ -282,21 +282,15 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
     k = keel_rope(ctx, norm1p(ctx, k, L->k_norm, c->rms_eps), pos, n_rot, c->rope_theta);
     if (kin) k = keel_concat(ctx, kin, k, 2), v = keel_concat(ctx, vin, v, 2); /* the cache, then the new tokens */
     if (kout) *kout = k, *vout = v;
-    /* heads to dim 2: [hd, T, H, B]; scores [Tk, Tq, H, B]; query head h reads kv head h / (H/KV) */
-    keel_tensor *qp = keel_permute(ctx, q, 0, 2, 1, 3), *kp = keel_permute(ctx, k, 0, 2, 1, 3);
-    /* mixed precision: q, k, v and the probabilities as bf16 operands, the scores and the output
-     * float32 sums (the softmax's statistics stay float32) */
-    bool mixed = m->operand_type == KEEL_BF16;
-    keel_tensor *scores =
-        mixed ? keel_mul_mat_to(ctx, keel_cast(ctx, kp, KEEL_BF16), keel_cast(ctx, qp, KEEL_BF16), h->type)
-              : keel_mul_mat(ctx, kp, qp);
-    /* causal within each example: positions restart where a packed example starts */
-    keel_tensor *p = keel_soft_max_causal(ctx, scores, pos, 1.0 / sqrt((double)hd));
-    keel_tensor *vperm = keel_permute(ctx, v, 1, 2, 0, 3); /* [T, hd, KV, B] */
-    keel_tensor *o = mixed
-                         ? keel_mul_mat_to(ctx, keel_cast(ctx, vperm, KEEL_BF16), keel_cast(ctx, p, KEEL_BF16), h->type)
-                         : keel_mul_mat(ctx, keel_cont(ctx, vperm), p); /* [hd, Tq, H, B] */
-    o = keel_cont(ctx, keel_permute(ctx, o, 0, 2, 1, 3));               /* [hd, H, T, B] */
+    /* flash attention, causal within each example (positions restart where a packed example
+     * starts), query head h reading kv head h / (H/KV); mixed precision: q, k, v as bf16 operands,
+     * the softmax and the output float32 */
+    if (m->operand_type == KEEL_BF16)
+        q = keel_cast(ctx, q, KEEL_BF16), k = keel_cast(ctx, k, KEEL_BF16), v = keel_cast(ctx, v, KEEL_BF16);
+    keel_tensor *pk = keel_flash_attn(ctx, q, k, v, pos, 1.0 / sqrt((double)hd), h->type); /* [o | lse] */
+    if (!pk) return NULL;
+    int64_t os = (int64_t)keel_type_size(pk->type);
+    keel_tensor *o = keel_view_4d(ctx, pk, hd, H, T, B, hd * os, hd * H * os, hd * H * T * os, 0); /* [hd, H, T, B] */
     o = keel_mul(ctx, o, keel_sigmoid(ctx, gate));
     return linear(ctx, m, L->o, operand_of(ctx, m, keel_reshape_3d(ctx, o, hd * H, T, B)));
 }

@@ -1,6 +1,6 @@
 /* keel: the CUDA backend: device buffers (cudaMalloc, 256-byte aligned), transfers on one stream,
  * a per-node callback, and the kernels in cuda_copy.cu (the one copy path), cuda_ops.cu,
- * cuda_matmul.cu (cuBLAS, float32 compute, TF32 off) and cuda_gdn.cu. Every CUDA call and launch
+ * cuda_matmul.cu (cuBLAS, float32 compute, TF32 off), cuda_gdn.cu and cuda_attention.cu. Every CUDA call and launch
  * is checked; an error names the op and node. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +117,10 @@ static bool cuda_supports(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_GATED_DELTA_NET_STATE:
         /* a chunk's rows of q and k and the state's column blocks live in shared memory: Dk <= 256 */
         if (t->src[0]->ne[0] > 256) return false;
+        break;
+    case KEEL_OP_FLASH_ATTN:
+    case KEEL_OP_FLASH_ATTN_BACK:
+        if (!cuda_flash_attn_supports(t)) return false;
         break;
     default:
         break;

@@ -27,15 +27,12 @@
 #include <cuda_pipeline_primitives.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_tile.cuh"
 
 #define CH 64 /* steps in a chunk */
 #define JB 32 /* value columns per block of the sequential passes */
 #define JO 64 /* value columns per block of the per-chunk output passes */
-/* Shared-memory row lengths: a multiple of 4 floats (16-byte loads along a row) and an odd number
- * of 16-byte units (rows walked in step by a warp fall in distinct banks). */
-#define PAD_LD(x) ((((x) + 7) & ~7) + 4)
 #define LDO       PAD_LD(JO)
-#define NT        256 /* threads per block (= KEEL_CUDA_RT: block_sum) */
 #define LDC       PAD_LD(CH)
 #define LDJ       PAD_LD(JB)
 
@@ -60,146 +57,6 @@ typedef struct {
     float *r3, *dGamC;      /* [lc][CH]: rows of dR o V; [lc]: sum of S o dS_next */
     int64_t nc;
 } gdn_scr;
-
-__device__ static inline float warp_sum(float x) {
-    for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-    return x;
-}
-
-/* C (m x n, row stride ldc) = alpha op(A) op(B) [+ beta C when acc], op(A)(r, p) = TA ? A[p lda + r]
- * : A[r lda + p], likewise B; k the depth; A and B in shared memory with lda, ldb multiples of 4
- * and 16-byte aligned. Each element of C is one thread's, summed over p in order, so the bits
- * depend on the shapes only. A thread owns RB (4, or 2 where a product has too few rows to keep
- * every thread busy) consecutive rows and 4 columns: consecutive when B is not transposed (one
- * 16-byte load a depth step), else n4 = ceil(n/4) apart (a warp's loads of B then walk rows an odd
- * number of 16-byte units apart). Which thread owns which block depends on m, n and RB only. Depth
- * goes 4 at a time with 16-byte loads of both operands (16 loads for 64 multiply-adds at RB 4),
- * the last k % 4 one at a time. Rows and columns
- * past the edge read padding or the last row and are not stored. The transpositions are template
- * parameters: each of the four forms compiles to its own loop. */
-template <bool TA, bool TB, int RB = 4>
-__device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k,
-                           float alpha, float beta, bool acc) {
-    int mr = (m + RB - 1) / RB, n4 = (n + 3) >> 2, k4 = k & ~3, wc = (n4 + 7) >> 3, lane = threadIdx.x & 31;
-    /* a warp takes 4 x 8 of the threads' blocks at a time (4 RB rows, 32 columns): its loads touch
-     * 4 RB rows of A and 8 column groups of B, a wavefront or two of shared memory each */
-    for (int wt = threadIdx.x >> 5; wt < ((mr + 3) >> 2) * wc; wt += NT / 32) {
-        int rg = (wt / wc) * 4 + (lane >> 3), cx = (wt % wc) * 8 + (lane & 7);
-        if (rg >= mr || cx >= n4) continue;
-        int r0 = rg * RB, cb = TB ? cx : 4 * cx, cs = TB ? n4 : 1;
-        const float *pa[RB], *pb[4];
-        float s[RB][4];
-#pragma unroll
-        for (int i = 0; i < RB; i++) {
-            int r = min(r0 + i, m - 1);
-            pa[i] = TA ? A + r : A + r * lda;
-#pragma unroll
-            for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int c = min(cb + i * cs, n - 1);
-            pb[i] = TB ? B + c * ldb : B + c;
-        }
-        for (int p = 0; p < k4; p += 4) {
-            float a[RB][4], b[4][4]; /* a[row][depth], b[depth][column] */
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                if (TA && RB == 4) {
-                    float4 v = *(const float4 *)(A + (p + q) * lda + r0);
-                    a[0][q] = v.x, a[1][q] = v.y, a[2][q] = v.z, a[3 % RB][q] = v.w;
-                } else if (TA) {
-                    float2 v = *(const float2 *)(A + (p + q) * lda + r0);
-                    a[0][q] = v.x, a[1 % RB][q] = v.y;
-                } else if (q < RB) {
-                    float4 v = *(const float4 *)(pa[q] + p);
-                    a[q][0] = v.x, a[q][1] = v.y, a[q][2] = v.z, a[q][3] = v.w;
-                }
-                float4 w = TB ? *(const float4 *)(pb[q] + p) : *(const float4 *)(B + (p + q) * ldb + cb);
-                if (TB)
-                    b[0][q] = w.x, b[1][q] = w.y, b[2][q] = w.z, b[3][q] = w.w;
-                else
-                    b[q][0] = w.x, b[q][1] = w.y, b[q][2] = w.z, b[q][3] = w.w;
-            }
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-#pragma unroll
-                for (int i = 0; i < RB; i++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) s[i][j] = fmaf(a[i][q], b[q][j], s[i][j]);
-        }
-        for (int p = k4; p < k; p++) {
-            float a[RB], b[4];
-#pragma unroll
-            for (int i = 0; i < RB; i++) a[i] = TA ? pa[i][p * lda] : pa[i][p];
-#pragma unroll
-            for (int j = 0; j < 4; j++) b[j] = TB ? pb[j][p] : pb[j][p * ldb];
-#pragma unroll
-            for (int i = 0; i < RB; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) s[i][j] = fmaf(a[i], b[j], s[i][j]);
-        }
-#pragma unroll
-        for (int i = 0; i < RB; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int r = r0 + i, c = cb + j * cs;
-                if (r < m && c < n) {
-                    float *p = C + r * ldc + c;
-                    *p = acc ? beta * *p + alpha * s[i][j] : alpha * s[i][j];
-                }
-            }
-    }
-}
-
-/* Global memory into shared memory by asynchronous copies (cp.async): a thread issues all its
- * elements before waiting on any, so a tile costs one memory latency, not one per element. A
- * batch of fetches ends with fetch_commit(); fetch_wait(n) waits for all but the n latest batches
- * (the caller's barrier then makes them visible to the block). */
-/* Rows of `cols` floats from src (row stride `sb` bytes) to dst (row stride ldd floats): 16 bytes a
- * copy when every row start on both sides is 16-byte aligned and cols a multiple of 4, else 4 (a
- * copy of 4 bytes a thread made the delta rule's kernels 20% slower at the 0.8B shape). */
-__device__ static inline bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-__device__ static void fetch_2d(float *dst, int ldd, const char *src, int64_t sb, int rows, int cols) {
-    if ((cols & 3) == 0 && (ldd & 3) == 0 && (sb & 15) == 0 && al16(src) && al16(dst)) {
-        int c4 = cols >> 2;
-        for (int e = threadIdx.x; e < rows * c4; e += NT) {
-            int r = e / c4, c = (e - r * c4) * 4;
-            __pipeline_memcpy_async(dst + r * ldd + c, src + r * sb + c * (int64_t)sizeof(float), 16);
-        }
-        return;
-    }
-    for (int e = threadIdx.x; e < rows * cols; e += NT) {
-        int r = e / cols, c = e - r * cols;
-        __pipeline_memcpy_async(dst + r * ldd + c, src + r * sb + c * (int64_t)sizeof(float), sizeof(float));
-    }
-}
-/* dst[t][c] = x(c0 + c, h, t0 + t, b): rows of an input tensor (a view whose elements are not
- * contiguous along dim 0 goes element by element). */
-__device__ static void fetch_rows(float *dst, int ld, const kt &x, int64_t h, int64_t t0, int64_t b, int n, int64_t c0,
-                                  int cols) {
-    if (x.nb[0] == (int64_t)sizeof(float)) {
-        fetch_2d(dst, ld, kt_at(x, c0, h, t0, b), x.nb[2], n, cols);
-        return;
-    }
-    for (int e = threadIdx.x; e < n * cols; e += NT) {
-        int t = e / cols, c = e - t * cols;
-        __pipeline_memcpy_async(dst + t * ld + c, kt_at(x, c0 + c, h, t0 + t, b), sizeof(float));
-    }
-}
-__device__ static void fetch_mat(float *dst, int ldd, const float *src, int64_t lds, int rows, int cols) {
-    fetch_2d(dst, ldd, (const char *)src, lds * (int64_t)sizeof(float), rows, cols);
-}
-__device__ static inline void fetch_commit() { __pipeline_commit(); }
-__device__ static inline void fetch_wait(int pending) { __pipeline_wait_prior(pending); }
-
-/* Shared memory out to global: stores do not wait on memory, a plain loop is enough. */
-__device__ static void store_mat(float *dst, int64_t ldd, const float *src, int lds, int rows, int cols) {
-    for (int e = threadIdx.x; e < rows * cols; e += NT) {
-        int r = e / cols, c = e - r * cols;
-        dst[r * ldd + c] = src[r * lds + c];
-    }
-}
 
 /* The decays of chunk [t0, t0 + n) of lane (b, hv), in shared memory: seg[t] the step of the
  * chunk where the example holding t starts (-1: before the chunk), G[t] the sum of g since then,

@@ -153,6 +153,9 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t);
 int cuda_gdn_forward(keel_backend *be, const keel_tensor *t);
 int cuda_gdn_backward(keel_backend *be, const keel_tensor *t);
 int cuda_linear_ce(keel_backend *be, const keel_tensor *t);
+/* FLASH_ATTN and its backward (cuda_attention.cu); heads of up to 256 */
+int cuda_flash_attn(keel_backend *be, const keel_tensor *t);
+bool cuda_flash_attn_supports(const keel_tensor *t);
 /* One block of KEEL_CUDA_RT threads: *out = (the R float64 partials summed in a fixed tree) / div. */
 __global__ void k_finish_sum(float *out, const double *partial, int64_t R, double div);
 

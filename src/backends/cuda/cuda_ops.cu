@@ -1154,6 +1154,9 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_LINEAR_CROSS_ENTROPY:
     case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK:
         return cuda_linear_ce(be, t);
+    case KEEL_OP_FLASH_ATTN:
+    case KEEL_OP_FLASH_ATTN_BACK:
+        return cuda_flash_attn(be, t);
     case KEEL_OP_ADAMW:
         EW(k_adamw, n, (float *)t->data, (const float *)b->data, (float *)t->src[2]->data, (float *)t->src[3]->data, n,
            adamw_hp_of(t));

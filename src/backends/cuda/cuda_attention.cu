@@ -1,0 +1,747 @@
+/* keel: flash attention on CUDA (FLASH_ATTN and its backward): causal softmax attention with GQA,
+ * no score matrix in memory, and no floating-point atomics.
+ *
+ * Forward, a block per (query tile of QT rows, query head, example): key tiles of KT keys over the
+ * causal range of the tile, S = scale Q K^T in shared memory, the online softmax a warp a row
+ * (running max m and sum l, float32; a tile's 32 keys a lane each, summed by a fixed shuffle tree),
+ * O = alpha O + P V; at the end o = O / l and lse = m + log l.
+ * Backward, after delta = do.o - dlse a row:
+ *   dq   a block per (query tile, query head, example), over the key tiles: S and dP = dO V^T,
+ *        p = exp(S - lse), ds = p (dP - delta), dQ += dS K; the block writes dq once;
+ *   dk dv a block per (key tile, kv head, example), over the query heads of its kv head and the
+ *        query tiles that see its keys, in that order: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
+ *        dK += dS^T Q; the block writes dk and dv once.
+ * Each element of each product is one thread's sum in a fixed order (cuda_tile.cuh) and the work
+ * is split by shapes only: the bits repeat and do not depend on the GPU. This is the float32 form;
+ * bf16 q, k and v are widened (exactly) to float32 first. Heads of up to 256 (Qwen3.5's) fit the
+ * tiles in shared memory; larger ones are refused by cuda_flash_attn_supports. */
+#include <cuda_bf16.h>
+
+#include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_tile.cuh"
+
+#define FA_QT   64  /* query rows a forward block */
+#define FA_BT   32  /* query rows and keys a backward block's tiles */
+#define FA_KT   32  /* keys a tile (a lane each in the softmax) */
+#define FA_MAXD 256 /* head sizes the tiles are sized for */
+#define LDK     PAD_LD(FA_KT)
+
+typedef struct {
+    kt q, k, v, pos;
+    const float *o, *dO; /* backward: the forward's packed output [o | lse] and its gradient [do | dlse] */
+    float *delta;        /* backward: do.o - dlse a query row */
+    kt do16;             /* backward, tensor cores: do rounded to bf16, [Dv,H,Tq,B] */
+    int64_t D, H, Tq, B, KV, Tk, Dv, no; /* no: elements of o (lse follows) */
+    float scale;
+} fa_args;
+
+/* The keys query row tt of example b sees: lo .. tt + Tk - Tq (SOFT_MAX_CAUSAL's mask) */
+__device__ static inline int64_t fa_lo(const fa_args &A, int64_t tt, int64_t b) {
+    int64_t lo = tt + A.Tk - A.Tq - pos_at(A.pos, tt, b);
+    return lo < 0 ? 0 : lo;
+}
+__device__ static inline int64_t row_of(const fa_args &A, int64_t tt, int64_t h, int64_t b) {
+    return (b * A.Tq + tt) * A.H + h;
+}
+
+/* lo of the n rows from t0 into lo[] (rows n .. cap: past every key, so masked), and the
+ * smallest of them (every thread gets it) */
+__device__ static int64_t tile_lo(const fa_args &A, int *lo, int64_t t0, int n, int64_t b, int cap) {
+    __shared__ int mn;
+    if (threadIdx.x == 0) mn = 0x7fffffff;
+    __syncthreads();
+    for (int r = threadIdx.x; r < cap; r += blockDim.x) {
+        lo[r] = r < n ? (int)fa_lo(A, t0 + r, b) : 0x7fffffff;
+        atomicMin(&mn, lo[r]); /* an integer minimum: the same whatever the order */
+    }
+    __syncthreads();
+    int64_t m = mn;
+    __syncthreads();
+    return m;
+}
+
+__global__ void __launch_bounds__(NT) k_fa_fwd(fa_args A, float *out) {
+    extern __shared__ __align__(16) float sm[];
+    int LDD = PAD_LD((int)A.D), LDV = PAD_LD((int)A.Dv);
+    float *Qs = sm, *Ks = Qs + FA_QT * LDD, *Vs = Ks + FA_KT * LDD, *Ss = Vs + FA_KT * LDV, *Os = Ss + FA_QT * LDK;
+    float *rm = Os + FA_QT * LDV, *rl = rm + FA_QT, *al = rl + FA_QT;
+    int *lo = (int *)(al + FA_QT);
+    int64_t t0 = (int64_t)blockIdx.x * FA_QT, h = blockIdx.y, b = blockIdx.z, kh = h / (A.H / A.KV), off = A.Tk - A.Tq;
+    int n = (int)min((int64_t)FA_QT, A.Tq - t0), D = (int)A.D, Dv = (int)A.Dv;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    fetch_rows(Qs, LDD, A.q, h, t0, b, n, 0, D);
+    fetch_commit();
+    int64_t kmin = tile_lo(A, lo, t0, n, b, n), kmax = t0 + n - 1 + off;
+    for (int e = threadIdx.x; e < FA_QT * LDV; e += NT) Os[e] = 0.0f;
+    for (int r = threadIdx.x; r < FA_QT; r += NT) rm[r] = -INFINITY, rl[r] = 0.0f;
+    for (int64_t j0 = kmin / FA_KT * FA_KT; j0 <= kmax; j0 += FA_KT) {
+        int nk = (int)min((int64_t)FA_KT, A.Tk - j0);
+        fetch_rows(Ks, LDD, A.k, kh, j0, b, nk, 0, D);
+        fetch_rows(Vs, LDV, A.v, kh, j0, b, nk, 0, Dv);
+        fetch_commit();
+        fetch_wait(0);
+        __syncthreads();
+        bmm<false, true>(Ss, LDK, Qs, LDD, Ks, LDD, n, nk, D, A.scale, 0.0f, false);
+        __syncthreads();
+        for (int r = warp; r < n; r += NT / 32) { /* the online softmax, a warp a row, a lane a key */
+            int64_t j = j0 + lane, hi = t0 + r + off;
+            float s = lane < nk && j >= lo[r] && j <= hi ? Ss[r * LDK + lane] : -INFINITY, mx = s;
+            for (int m = 16; m > 0; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+            float mo = rm[r], mn = fmaxf(mo, mx);
+            float p = mn == -INFINITY ? 0.0f : expf(s - mn), a = mn == -INFINITY ? 1.0f : expf(mo - mn);
+            float ps = warp_sum(p);
+            Ss[r * LDK + lane] = p;
+            __syncwarp();
+            if (lane == 0) rm[r] = mn, rl[r] = a * rl[r] + ps, al[r] = a;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < n * Dv; e += NT) {
+            int r = e / Dv, c = e - r * Dv;
+            Os[r * LDV + c] *= al[r];
+        }
+        __syncthreads();
+        bmm<false, false>(Os, LDV, Ss, LDK, Vs, LDV, n, Dv, nk, 1.0f, 1.0f, true);
+        __syncthreads();
+    }
+    for (int e = threadIdx.x; e < n * Dv; e += NT) {
+        int r = e / Dv, c = e - r * Dv;
+        out[row_of(A, t0 + r, h, b) * Dv + c] = Os[r * LDV + c] * (1.0f / rl[r]);
+    }
+    for (int r = threadIdx.x; r < n; r += NT) out[A.no + row_of(A, t0 + r, h, b)] = rm[r] + logf(rl[r]);
+}
+
+/* delta = do.o - dlse, a warp a query row (a fixed shuffle tree) */
+__global__ void k_fa_delta(fa_args A) {
+    int64_t rows = A.H * A.Tq * A.B, w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= rows) return;
+    float s = 0.0f;
+    for (int64_t c = lane; c < A.Dv; c += 32) s += A.dO[w * A.Dv + c] * A.o[w * A.Dv + c];
+    s = warp_sum(s);
+    if (lane == 0) A.delta[w] = s - A.dO[A.no + w];
+    if (A.do16.p) /* the bf16 copy the tensor-core kernels stage */
+        for (int64_t c = lane; c < A.Dv; c += 32)
+            ((__nv_bfloat16 *)A.do16.p)[w * A.Dv + c] = __float2bfloat16_rn(A.dO[w * A.Dv + c]);
+}
+
+__global__ void __launch_bounds__(NT) k_fa_dq(fa_args A, float *out) {
+    extern __shared__ __align__(16) float sm[];
+    int LDD = PAD_LD((int)A.D), LDV = PAD_LD((int)A.Dv);
+    float *Qs = sm, *dOs = Qs + FA_BT * LDD, *dQs = dOs + FA_BT * LDV, *Ks = dQs + FA_BT * LDD, *Vs = Ks + FA_KT * LDD;
+    float *Ps = Vs + FA_KT * LDV, *dPs = Ps + FA_BT * LDK, *ls = dPs + FA_BT * LDK, *dl = ls + FA_BT;
+    int *lo = (int *)(dl + FA_BT);
+    int64_t t0 = (int64_t)blockIdx.x * FA_BT, h = blockIdx.y, b = blockIdx.z, kh = h / (A.H / A.KV), off = A.Tk - A.Tq;
+    int n = (int)min((int64_t)FA_BT, A.Tq - t0), D = (int)A.D, Dv = (int)A.Dv;
+    fetch_rows(Qs, LDD, A.q, h, t0, b, n, 0, D);
+    for (int e = threadIdx.x; e < n * Dv; e += NT) {
+        int r = e / Dv, c = e - r * Dv;
+        dOs[r * LDV + c] = A.dO[row_of(A, t0 + r, h, b) * Dv + c];
+    }
+    for (int r = threadIdx.x; r < n; r += NT)
+        ls[r] = A.o[A.no + row_of(A, t0 + r, h, b)], dl[r] = A.delta[row_of(A, t0 + r, h, b)];
+    for (int e = threadIdx.x; e < FA_BT * LDD; e += NT) dQs[e] = 0.0f;
+    fetch_commit();
+    int64_t kmin = tile_lo(A, lo, t0, n, b, n), kmax = t0 + n - 1 + off;
+    for (int64_t j0 = kmin / FA_KT * FA_KT; j0 <= kmax; j0 += FA_KT) {
+        int nk = (int)min((int64_t)FA_KT, A.Tk - j0);
+        fetch_rows(Ks, LDD, A.k, kh, j0, b, nk, 0, D);
+        fetch_rows(Vs, LDV, A.v, kh, j0, b, nk, 0, Dv);
+        fetch_commit();
+        fetch_wait(0);
+        __syncthreads();
+        bmm<false, true>(Ps, LDK, Qs, LDD, Ks, LDD, n, nk, D, A.scale, 0.0f, false);
+        bmm<false, true>(dPs, LDK, dOs, LDV, Vs, LDV, n, nk, Dv, 1.0f, 0.0f, false);
+        __syncthreads();
+        for (int e = threadIdx.x; e < n * FA_KT; e += NT) {
+            int r = e / FA_KT, c = e - r * FA_KT;
+            int64_t j = j0 + c;
+            bool in = c < nk && j >= lo[r] && j <= t0 + r + off;
+            float p = in ? expf(Ps[r * LDK + c] - ls[r]) : 0.0f;
+            Ps[r * LDK + c] = in ? p * (dPs[r * LDK + c] - dl[r]) : 0.0f; /* ds */
+        }
+        __syncthreads();
+        bmm<false, false>(dQs, LDD, Ps, LDK, Ks, LDD, n, D, nk, 1.0f, 1.0f, true);
+        __syncthreads();
+    }
+    for (int e = threadIdx.x; e < n * D; e += NT) {
+        int r = e / D, c = e - r * D;
+        out[row_of(A, t0 + r, h, b) * D + c] = A.scale * dQs[r * LDD + c];
+    }
+}
+
+__global__ void __launch_bounds__(NT) k_fa_dkv(fa_args A, float *out) {
+    extern __shared__ __align__(16) float sm[];
+    int LDD = PAD_LD((int)A.D), LDV = PAD_LD((int)A.Dv);
+    float *Ks = sm, *Vs = Ks + FA_KT * LDD, *dKs = Vs + FA_KT * LDV, *dVs = dKs + FA_KT * LDD, *Qs = dVs + FA_KT * LDV;
+    float *dOs = Qs + FA_BT * LDD, *St = dOs + FA_BT * LDV, *dPt = St + FA_KT * LDK, *ls = dPt + FA_KT * LDK,
+          *dl = ls + FA_BT;
+    int *lo = (int *)(dl + FA_BT);
+    int64_t j0 = (int64_t)blockIdx.x * FA_KT, kh = blockIdx.y, b = blockIdx.z, off = A.Tk - A.Tq, G = A.H / A.KV;
+    int nk = (int)min((int64_t)FA_KT, A.Tk - j0), D = (int)A.D, Dv = (int)A.Dv;
+    fetch_rows(Ks, LDD, A.k, kh, j0, b, nk, 0, D);
+    fetch_rows(Vs, LDV, A.v, kh, j0, b, nk, 0, Dv);
+    fetch_commit();
+    for (int e = threadIdx.x; e < FA_KT * LDD; e += NT) dKs[e] = 0.0f;
+    for (int e = threadIdx.x; e < FA_KT * LDV; e += NT) dVs[e] = 0.0f;
+    int64_t tfirst = j0 - off < 0 ? 0 : j0 - off; /* the first query that can see key j0 */
+    for (int64_t h = kh * G; h < (kh + 1) * G; h++)
+        for (int64_t t0 = tfirst / FA_BT * FA_BT; t0 < A.Tq; t0 += FA_BT) {
+            int n = (int)min((int64_t)FA_BT, A.Tq - t0);
+            if (tile_lo(A, lo, t0, n, b, n) > j0 + nk - 1) continue; /* no query of the tile sees these keys */
+            fetch_rows(Qs, LDD, A.q, h, t0, b, n, 0, D);
+            fetch_commit();
+            for (int e = threadIdx.x; e < n * Dv; e += NT) {
+                int r = e / Dv, c = e - r * Dv;
+                dOs[r * LDV + c] = A.dO[row_of(A, t0 + r, h, b) * Dv + c];
+            }
+            for (int r = threadIdx.x; r < n; r += NT)
+                ls[r] = A.o[A.no + row_of(A, t0 + r, h, b)], dl[r] = A.delta[row_of(A, t0 + r, h, b)];
+            fetch_wait(0);
+            __syncthreads();
+            bmm<false, true>(St, LDK, Ks, LDD, Qs, LDD, nk, n, D, A.scale, 0.0f, false);
+            bmm<false, true>(dPt, LDK, Vs, LDV, dOs, LDV, nk, n, Dv, 1.0f, 0.0f, false);
+            __syncthreads();
+            for (int e = threadIdx.x; e < FA_KT * FA_BT; e += NT) {
+                int c = e / FA_BT, r = e - c * FA_BT; /* key c, query r */
+                int64_t j = j0 + c;
+                bool in = c < nk && r < n && j >= lo[r] && j <= t0 + r + off;
+                float p = in ? expf(St[c * LDK + r] - ls[r]) : 0.0f;
+                St[c * LDK + r] = p;
+                dPt[c * LDK + r] = in ? p * (dPt[c * LDK + r] - dl[r]) : 0.0f; /* ds */
+            }
+            __syncthreads();
+            bmm<false, false>(dVs, LDV, St, LDK, dOs, LDV, nk, Dv, n, 1.0f, 1.0f, true);
+            bmm<false, false>(dKs, LDD, dPt, LDK, Qs, LDD, nk, D, n, 1.0f, 1.0f, true);
+            __syncthreads();
+        }
+    int64_t nq = A.D * A.H * A.Tq * A.B, nkk = A.D * A.KV * A.Tk * A.B;
+    for (int e = threadIdx.x; e < nk * D; e += NT) {
+        int c = e / D, d = e - c * D;
+        out[nq + ((b * A.Tk + j0 + c) * A.KV + kh) * D + d] = A.scale * dKs[c * LDD + d];
+    }
+    for (int e = threadIdx.x; e < nk * Dv; e += NT) {
+        int c = e / Dv, d = e - c * Dv;
+        out[nq + nkk + ((b * A.Tk + j0 + c) * A.KV + kh) * Dv + d] = dVs[c * LDV + d];
+    }
+}
+
+/* Launch fn with `threads` threads and its shared memory (opting in above 48 KiB); an error names the node */
+#define TC_LAUNCH(fn, grid, threads, shm, what, ...)                                                                   \
+    do {                                                                                                               \
+        if (cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(shm)),              \
+                       "shared memory for attention's tiles", t))                                                      \
+            return -1;                                                                                                 \
+        fn<<<grid, threads, shm, cuda_im(be)->stream>>>(__VA_ARGS__);                                                  \
+        if (cuda_check(cudaGetLastError(), what, t)) return -1;                                                        \
+    } while (0)
+
+/* ---- The bf16 form on tensor cores (mma.sync m16n8k16: bf16 operands, float32 sums) ----
+ * For bf16 q, k, v with heads of 64, 128 or 256 whose rows start on 16-byte boundaries. The same
+ * passes as above, with P and dS rounded to bf16 as operands of their products (the float32
+ * statistics, lse and delta are not) and do rounded to bf16 as it is staged; the sums of a product
+ * run in the tensor cores' fixed order. Tiles live in shared memory as bf16 rows of D + 8 (a row
+ * 16 bytes past a multiple of 128: the 32-bit fragment loads and ldmatrix rows of a warp fall in
+ * distinct banks). A warp's accumulator fragment holds rows g and g + 8 (g = lane / 4) and columns
+ * 2c, 2c + 1 (c = lane % 4) of each 8-column tile; a row's max and sum over a tile are a quad's
+ * (shuffles over lanes 1 and 2 apart, a fixed order). */
+typedef __nv_bfloat16 bf16;
+
+__device__ static inline uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+__device__ static inline void mma_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* Four 8x8 bf16 matrices transposed: lane l gives the address of row l % 8 of matrix l / 8 */
+__device__ static inline void ldsm_x4_t(uint32_t *r, const bf16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+/* The A fragment (16 rows x 16 of depth from kk) of a row-major bf16 tile */
+__device__ static inline void ldsm_x4(uint32_t *r, const bf16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+/* one ldmatrix: lanes 0-15 give rows row0 .. + 15 at column kk, lanes 16-31 the same rows at kk + 8 */
+__device__ static inline void frag_a(uint32_t *a, const bf16 *t, int ld, int row0, int kk, int lane) {
+    ldsm_x4(a, t + (row0 + (lane & 15)) * ld + kk + (lane >> 4) * 8);
+}
+/* B fragments of n-tiles n0 and n0 + 8 (b[0], b[1] and b[2], b[3]) for depth kk .. kk + 15 of
+ * Y^T, Y row-major (rows the n index): one ldmatrix */
+__device__ static inline void frag_bt2(uint32_t *b, const bf16 *Y, int ld, int n0, int kk, int lane) {
+    ldsm_x4(b, Y + (n0 + (lane >> 4) * 8 + (lane & 7)) * ld + kk + ((lane >> 3) & 1) * 8);
+}
+/* acc[nt] (16 x 8 n-tiles) += A (16 rows from row0 of X) B^T, B the rows n0 .. of Y: X Y^T over D */
+template <int D, int NTL>
+__device__ static inline void mma_abt(float (*acc)[4], const bf16 *X, int row0, const bf16 *Y, int n0, int lane) {
+    const int LD = D + 8;
+#pragma unroll 4
+    for (int kk = 0; kk < D; kk += 16) {
+        uint32_t a[4];
+        frag_a(a, X, LD, row0, kk, lane);
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt += 2) {
+            uint32_t b[4];
+            frag_bt2(b, Y, LD, n0 + nt * 8, kk, lane);
+            mma_bf16(acc[nt], a, b[0], b[1]);
+            mma_bf16(acc[nt + 1], a, b[2], b[3]);
+        }
+    }
+}
+/* Two such products in one loop, acc += X Y^T and acc2 += X2 Y2^T (same rows and columns): twice
+ * the independent tensor-core work in flight a step */
+template <int D, int NTL>
+__device__ static inline void mma_abt2(float (*acc)[4], const bf16 *X, const bf16 *Y, float (*acc2)[4], const bf16 *X2,
+                                       const bf16 *Y2, int row0, int n0, int lane) {
+    const int LD = D + 8;
+#pragma unroll 2
+    for (int kk = 0; kk < D; kk += 16) {
+        uint32_t a[4], a2[4];
+        frag_a(a, X, LD, row0, kk, lane);
+        frag_a(a2, X2, LD, row0, kk, lane);
+#pragma unroll
+        for (int nt = 0; nt < NTL; nt += 2) {
+            uint32_t b[4], b2[4];
+            frag_bt2(b, Y, LD, n0 + nt * 8, kk, lane);
+            frag_bt2(b2, Y2, LD, n0 + nt * 8, kk, lane);
+            mma_bf16(acc[nt], a, b[0], b[1]);
+            mma_bf16(acc[nt + 1], a, b[2], b[3]);
+            mma_bf16(acc2[nt], a2, b2[0], b2[1]);
+            mma_bf16(acc2[nt + 1], a2, b2[2], b2[3]);
+        }
+    }
+}
+/* acc[dt] (16 x 8 d-tiles from d0, ND of them) += A Y for one k-step: A's fragment a (16 x 16),
+ * Y's rows yr .. yr + 15 of a row-major tile, read transposed by ldmatrix */
+template <int D, int ND>
+__device__ static inline void mma_ay_step(float (*acc)[4], const uint32_t *a, const bf16 *Y, int yr, int d0, int lane) {
+    const bf16 *p = Y + (yr + ((lane >> 3) & 1) * 8 + (lane & 7)) * (D + 8) + d0 + (lane >> 4) * 8;
+#pragma unroll
+    for (int dp = 0; dp < ND / 2; dp++) {
+        uint32_t b[4];
+        ldsm_x4_t(b, p + dp * 16);
+        mma_bf16(acc[2 * dp], a, b[0], b[1]);
+        mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+    }
+}
+/* acc += P Y, P the 16 x 16 KS probabilities in s[2 KS][4] (accumulator layout, rounded to bf16 as
+ * A fragments), Y's rows 0 .. 16 KS */
+template <int D, int KS, int ND>
+__device__ static inline void mma_py(float (*acc)[4], const float (*s)[4], const bf16 *Y, int d0, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t a[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]), pack_bf16(s[2 * ks][2], s[2 * ks][3]),
+                         pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]), pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+        mma_ay_step<D, ND>(acc, a, Y, ks * 16, d0, lane);
+    }
+}
+/* acc += X Y, X rows row0 .. row0 + 15 of a bf16 tile in shared memory (row stride ldx, 16 KS wide) */
+template <int D, int KS, int ND>
+__device__ static inline void mma_xy(float (*acc)[4], const bf16 *X, int ldx, int row0, const bf16 *Y, int d0,
+                                     int lane) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        uint32_t a[4];
+        frag_a(a, X, ldx, row0, ks * 16, lane);
+        mma_ay_step<D, ND>(acc, a, Y, ks * 16, d0, lane);
+    }
+}
+/* rows [t0, t0 + n) of a bf16 input (row stride nb[2], 16-byte aligned) into a tile of `rows`
+ * rows, the rest zero (a zero row times a probability of 0 stays 0, garbage might be NaN) */
+template <int D>
+__device__ static void tc_fetch(bf16 *dst, const kt &x, int64_t h, int64_t t0, int64_t b, int n, int rows) {
+    for (int e = threadIdx.x; e < rows * (D / 8); e += blockDim.x) {
+        int r = e / (D / 8), c = (e - r * (D / 8)) * 8;
+        bf16 *d = dst + r * (D + 8) + c;
+        if (r < n)
+            __pipeline_memcpy_async(d, kt_at(x, c, h, t0 + r, b), 16);
+        else
+            *(uint4 *)d = make_uint4(0, 0, 0, 0);
+    }
+}
+__device__ static inline float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ static inline float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+#define TC_Q 64 /* query rows a forward or dq block (4 warps of 16) */
+#define TC_K 64 /* keys a forward tile, and a dk dv block (4 warps of 16 keys, each D in two halves) */
+#define TC_B 32 /* keys a dq tile, queries a dk dv tile */
+
+template <int D> __global__ void __launch_bounds__(128) k_fa_fwd_tc(fa_args A, float *out) {
+    extern __shared__ __align__(16) unsigned char sraw[];
+    const int LD = D + 8;
+    bf16 *Qs = (bf16 *)sraw, *Ks = Qs + TC_Q * LD, *Vs = Ks + TC_K * LD;
+    int *lo = (int *)(Vs + TC_K * LD);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    int64_t t0 = (int64_t)blockIdx.x * TC_Q, h = blockIdx.y, b = blockIdx.z, kh = h / (A.H / A.KV), off = A.Tk - A.Tq;
+    int n = (int)min((int64_t)TC_Q, A.Tq - t0);
+    tc_fetch<D>(Qs, A.q, h, t0, b, n, TC_Q);
+    fetch_commit();
+    int64_t kmin = tile_lo(A, lo, t0, n, b, TC_Q), kmax = t0 + n - 1 + off, j0 = kmin / TC_K * TC_K;
+    tc_fetch<D>(Ks, A.k, kh, j0, b, (int)min((int64_t)TC_K, A.Tk - j0), TC_K);
+    fetch_commit();
+    tc_fetch<D>(Vs, A.v, kh, j0, b, (int)min((int64_t)TC_K, A.Tk - j0), TC_K);
+    fetch_commit();
+    int r0 = warp * 16 + g, lor[2] = {lo[r0], lo[r0 + 8]};
+    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (; j0 <= kmax; j0 += TC_K) {
+        fetch_wait(1); /* K (and Q) in; V may be on its way */
+        __syncthreads();
+        float s[TC_K / 8][4];
+#pragma unroll
+        for (int i = 0; i < TC_K / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        mma_abt<D, TC_K / 8>(s, Qs, warp * 16, Ks, 0, lane);
+        __syncthreads(); /* every warp is done with K: fetch the next tile's */
+        if (j0 + TC_K <= kmax) tc_fetch<D>(Ks, A.k, kh, j0 + TC_K, b, (int)min((int64_t)TC_K, A.Tk - j0 - TC_K), TC_K);
+        fetch_commit();
+#pragma unroll
+        for (int i = 0; i < 2; i++) { /* rows r0 + 8 i: mask, online softmax */
+            int64_t hi = t0 + r0 + 8 * i + off;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < TC_K / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int64_t j = j0 + nt * 8 + 2 * c + e;
+                    float v = j >= lor[i] && j <= hi ? s[nt][2 * i + e] * A.scale : -INFINITY;
+                    s[nt][2 * i + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            float mn = fmaxf(m[i], quad_max(mx)), al = mn == -INFINITY ? 1.0f : expf(m[i] - mn), sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < TC_K / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float p = mn == -INFINITY ? 0.0f : expf(s[nt][2 * i + e] - mn);
+                    s[nt][2 * i + e] = p;
+                    sum += p;
+                }
+            l[i] = al * l[i] + quad_sum(sum), m[i] = mn;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) o[dt][2 * i] *= al, o[dt][2 * i + 1] *= al;
+        }
+        fetch_wait(1); /* V in; the next K may be on its way */
+        __syncthreads();
+        mma_py<D, TC_K / 16, D / 8>(o, s, Vs, 0, lane);
+        __syncthreads(); /* every warp is done with V */
+        if (j0 + TC_K <= kmax) tc_fetch<D>(Vs, A.v, kh, j0 + TC_K, b, (int)min((int64_t)TC_K, A.Tk - j0 - TC_K), TC_K);
+        fetch_commit();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (r0 + 8 * i >= n) continue;
+        int64_t row = row_of(A, t0 + r0 + 8 * i, h, b);
+        float inv = 1.0f / l[i];
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++)
+            *(float2 *)(out + row * D + dt * 8 + 2 * c) = make_float2(o[dt][2 * i] * inv, o[dt][2 * i + 1] * inv);
+        if (c == 0) out[A.no + row] = m[i] + logf(l[i]);
+    }
+}
+
+template <int D> __global__ void __launch_bounds__(128) k_fa_dq_tc(fa_args A, float *out) {
+    extern __shared__ __align__(16) unsigned char sraw[];
+    const int LD = D + 8;
+    bf16 *Qs = (bf16 *)sraw, *dOs = Qs + TC_Q * LD, *Ks = dOs + TC_Q * LD, *Vs = Ks + TC_B * LD;
+    float *ls = (float *)(Vs + TC_B * LD), *dl = ls + TC_Q;
+    int *lo = (int *)(dl + TC_Q);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    int64_t t0 = (int64_t)blockIdx.x * TC_Q, h = blockIdx.y, b = blockIdx.z, kh = h / (A.H / A.KV), off = A.Tk - A.Tq;
+    int n = (int)min((int64_t)TC_Q, A.Tq - t0);
+    tc_fetch<D>(Qs, A.q, h, t0, b, n, TC_Q);
+    tc_fetch<D>(dOs, A.do16, h, t0, b, n, TC_Q);
+    fetch_commit();
+    for (int r = threadIdx.x; r < TC_Q; r += blockDim.x) {
+        ls[r] = r < n ? A.o[A.no + row_of(A, t0 + r, h, b)] : 0.0f;
+        dl[r] = r < n ? A.delta[row_of(A, t0 + r, h, b)] : 0.0f;
+    }
+    int64_t kmin = tile_lo(A, lo, t0, n, b, TC_Q), kmax = t0 + n - 1 + off;
+    int r0 = warp * 16 + g, lor[2] = {lo[r0], lo[r0 + 8]};
+    float lr[2] = {ls[r0], ls[r0 + 8]}, dr[2] = {dl[r0], dl[r0 + 8]};
+    float dq[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+    for (int64_t j0 = kmin / TC_B * TC_B; j0 <= kmax; j0 += TC_B) {
+        int nk = (int)min((int64_t)TC_B, A.Tk - j0);
+        tc_fetch<D>(Ks, A.k, kh, j0, b, nk, TC_B);
+        tc_fetch<D>(Vs, A.v, kh, j0, b, nk, TC_B);
+        fetch_commit();
+        fetch_wait(0);
+        __syncthreads();
+        float s[TC_B / 8][4], dp[TC_B / 8][4];
+#pragma unroll
+        for (int i = 0; i < TC_B / 8; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+        mma_abt2<D, TC_B / 8>(s, Qs, Ks, dp, dOs, Vs, warp * 16, 0, lane);
+#pragma unroll
+        for (int nt = 0; nt < TC_B / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) { /* ds = p (dp - delta) */
+                int i = e >> 1;
+                int64_t j = j0 + nt * 8 + 2 * c + (e & 1);
+                bool in = j >= lor[i] && j <= t0 + r0 + 8 * i + off;
+                float p = in ? expf(s[nt][e] * A.scale - lr[i]) : 0.0f;
+                s[nt][e] = in ? p * (dp[nt][e] - dr[i]) : 0.0f;
+            }
+        mma_py<D, TC_B / 16, D / 8>(dq, s, Ks, 0, lane);
+        __syncthreads(); /* every warp is done with K and V */
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (r0 + 8 * i >= n) continue;
+        int64_t row = row_of(A, t0 + r0 + 8 * i, h, b);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++)
+            *(float2 *)(out + row * D + dt * 8 + 2 * c) =
+                make_float2(A.scale * dq[dt][2 * i], A.scale * dq[dt][2 * i + 1]);
+    }
+}
+
+/* dk, dv: a block per 64 keys; warp w takes keys 16 (w % 4) .. + 16 and, of each 32-query tile,
+ * queries 16 (w / 4) .. + 16 for S^T and dP^T, then (P^T and dS^T exchanged through shared
+ * memory) head columns (w / 4) D/2 .. + D/2 of dV += P^T dO and dK += dS^T Q. The next query tile
+ * is fetched while this one is worked on; tiles no query of which sees the block's keys (another
+ * packed example) are skipped, known from each tile's smallest first key (tmin). */
+#define LDP (TC_B + 8)
+
+/* the query tile after tile `it` (it = head in the group * nqt + query tile) that sees keys up to
+ * jlast, or -1 */
+__device__ static int next_tile(int it, int n_it, int nqt, int qfirst, const int *tmin, int64_t jlast) {
+    for (it++; it < n_it; it++) {
+        int qt = it % nqt;
+        if (qt >= qfirst && tmin[qt] <= jlast) return it;
+    }
+    return -1;
+}
+
+/* tile `it` of the dk dv loop into buffers: q and do rows (cp.async), and its rows' lse, delta
+ * and positions (cp.async of 4 bytes; past the last query 0) */
+template <int D>
+__device__ static void dkv_fetch(const fa_args &A, int it, int nqt, int64_t h0, int64_t b, bf16 *Qs, bf16 *dOs,
+                                 float *ls, float *dl, int *ps) {
+    int64_t h = h0 + it / nqt, t0 = (int64_t)(it % nqt) * TC_B;
+    int n = (int)min((int64_t)TC_B, A.Tq - t0);
+    tc_fetch<D>(Qs, A.q, h, t0, b, n, TC_B);
+    tc_fetch<D>(dOs, A.do16, h, t0, b, n, TC_B);
+    for (int r = threadIdx.x; r < TC_B; r += blockDim.x) {
+        if (r >= n) {
+            ls[r] = dl[r] = 0.0f, ps[r] = 0;
+            continue;
+        }
+        int64_t row = row_of(A, t0 + r, h, b);
+        __pipeline_memcpy_async(ls + r, A.o + A.no + row, 4);
+        __pipeline_memcpy_async(dl + r, A.delta + row, 4);
+        __pipeline_memcpy_async(ps + r, A.pos.p + (t0 + r) * A.pos.nb[0] + (A.pos.ne[1] == 1 ? 0 : b * A.pos.nb[1]), 4);
+    }
+}
+
+template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, float *out) {
+    extern __shared__ __align__(16) unsigned char sraw[];
+    const int LD = D + 8, DH = D / 2;
+    bf16 *Ks = (bf16 *)sraw, *Vs = Ks + TC_K * LD, *Qb = Vs + TC_K * LD, *dOb = Qb + 2 * TC_B * LD;
+    bf16 *Pt = dOb + 2 * TC_B * LD, *dSt = Pt + TC_K * LDP;
+    float *lsb = (float *)(dSt + TC_K * LDP), *dlb = lsb + 2 * TC_B; /* a tile's lse, delta, positions */
+    int *psb = (int *)(dlb + 2 * TC_B), *tmin = psb + 2 * TC_B;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    int kr = (warp & 3) * 16, qh = warp >> 2, d0 = qh * DH;
+    int64_t j0 = (int64_t)blockIdx.x * TC_K, kh = blockIdx.y, b = blockIdx.z, off = A.Tk - A.Tq, G = A.H / A.KV;
+    int nk = (int)min((int64_t)TC_K, A.Tk - j0), nqt = (int)((A.Tq + TC_B - 1) / TC_B);
+    int64_t jlast = j0 + nk - 1, jr[2] = {j0 + kr + g, j0 + kr + g + 8};
+    tc_fetch<D>(Ks, A.k, kh, j0, b, nk, TC_K);
+    tc_fetch<D>(Vs, A.v, kh, j0, b, nk, TC_K);
+    fetch_commit();
+    for (int qt = threadIdx.x; qt < nqt; qt += blockDim.x) tmin[qt] = 0x7fffffff;
+    __syncthreads();
+    for (int64_t r = threadIdx.x; r < A.Tq; r += blockDim.x) atomicMin(&tmin[r / TC_B], (int)fa_lo(A, r, b));
+    __syncthreads();
+    int qfirst = (int)((j0 - off < 0 ? 0 : j0 - off) / TC_B), n_it = (int)G * nqt;
+    float dk[DH / 8][4], dv[DH / 8][4];
+#pragma unroll
+    for (int i = 0; i < DH / 8; i++)
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    int cur = next_tile(-1, n_it, nqt, qfirst, tmin, jlast);
+    if (cur >= 0) dkv_fetch<D>(A, cur, nqt, kh * G, b, Qb, dOb, lsb, dlb, psb);
+    fetch_commit();
+    for (int i = 0; cur >= 0; i++) {
+        int nx = next_tile(cur, n_it, nqt, qfirst, tmin, jlast), bi = i & 1;
+        if (nx >= 0) /* the next tile into the other buffers */
+            dkv_fetch<D>(A, nx, nqt, kh * G, b, Qb + (bi ^ 1) * TC_B * LD, dOb + (bi ^ 1) * TC_B * LD,
+                         lsb + (bi ^ 1) * TC_B, dlb + (bi ^ 1) * TC_B, psb + (bi ^ 1) * TC_B);
+        fetch_commit();
+        fetch_wait(1); /* this tile in */
+        __syncthreads();
+        const bf16 *Qs = Qb + bi * TC_B * LD, *dOs = dOb + bi * TC_B * LD;
+        const float *ls = lsb + bi * TC_B, *dl = dlb + bi * TC_B;
+        const int *ps = psb + bi * TC_B;
+        int64_t t0 = (int64_t)(cur % nqt) * TC_B;
+        int n = (int)min((int64_t)TC_B, A.Tq - t0);
+        float s[2][4], dp[2][4]; /* S^T and dP^T: 16 keys x 16 queries */
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+            s[k][0] = s[k][1] = s[k][2] = s[k][3] = dp[k][0] = dp[k][1] = dp[k][2] = dp[k][3] = 0.0f;
+        mma_abt2<D, 2>(s, Ks, Qs, dp, Vs, dOs, kr, 16 * qh, lane);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            float pv[4], dv4[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) { /* key jr[e / 2], query q */
+                int q = 16 * qh + nt * 8 + 2 * c + (e & 1);
+                int64_t j = jr[e >> 1], tq = t0 + q;
+                bool in = q < n && j >= tq + off - ps[q] && j <= tq + off; /* fa_lo's mask */
+                float p = in ? expf(s[nt][e] * A.scale - ls[q]) : 0.0f;
+                pv[e] = p, dv4[e] = in ? p * (dp[nt][e] - dl[q]) : 0.0f;
+            }
+            int col = 16 * qh + nt * 8 + 2 * c;
+            *(uint32_t *)(Pt + (kr + g) * LDP + col) = pack_bf16(pv[0], pv[1]);
+            *(uint32_t *)(Pt + (kr + g + 8) * LDP + col) = pack_bf16(pv[2], pv[3]);
+            *(uint32_t *)(dSt + (kr + g) * LDP + col) = pack_bf16(dv4[0], dv4[1]);
+            *(uint32_t *)(dSt + (kr + g + 8) * LDP + col) = pack_bf16(dv4[2], dv4[3]);
+        }
+        __syncthreads();
+        mma_xy<D, TC_B / 16, DH / 8>(dv, Pt, LDP, kr, dOs, d0, lane);
+        mma_xy<D, TC_B / 16, DH / 8>(dk, dSt, LDP, kr, Qs, d0, lane);
+        __syncthreads(); /* every warp is done with this tile's buffers */
+        cur = nx;
+    }
+    int64_t nq = A.D * A.H * A.Tq * A.B, nkk = A.D * A.KV * A.Tk * A.B;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (kr + g + 8 * i >= nk) continue;
+        int64_t r = (b * A.Tk + jr[i]) * A.KV + kh;
+#pragma unroll
+        for (int dt = 0; dt < DH / 8; dt++) {
+            int col = d0 + dt * 8 + 2 * c;
+            *(float2 *)(out + nq + r * D + col) = make_float2(A.scale * dk[dt][2 * i], A.scale * dk[dt][2 * i + 1]);
+            *(float2 *)(out + nq + nkk + r * D + col) = make_float2(dv[dt][2 * i], dv[dt][2 * i + 1]);
+        }
+    }
+}
+
+template <int D> static int tc_run(keel_backend *be, const keel_tensor *t, const fa_args &A, float *out, bool back) {
+    size_t row = (D + 8) * sizeof(bf16);
+    if (!back) {
+        dim3 grid((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, (unsigned)A.B);
+        size_t shm = (TC_Q + 2 * TC_K) * row + TC_Q * sizeof(int);
+        TC_LAUNCH(k_fa_fwd_tc<D>, grid, 128, shm, "attention forward (tensor cores) launch", A, out);
+        return 0;
+    }
+    dim3 gq((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, (unsigned)A.B);
+    size_t sq = (2 * TC_Q + 2 * TC_B) * row + 3 * TC_Q * sizeof(float);
+    TC_LAUNCH(k_fa_dq_tc<D>, gq, 128, sq, "attention dq (tensor cores) launch", A, out);
+    dim3 gk((unsigned)((A.Tk + TC_K - 1) / TC_K), (unsigned)A.KV, (unsigned)A.B);
+    size_t sk = (2 * TC_K + 4 * TC_B) * row + 2 * TC_K * LDP * sizeof(bf16) + 6 * TC_B * sizeof(float) +
+                ((A.Tq + TC_B - 1) / TC_B) * sizeof(int);
+    TC_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv (tensor cores) launch", A, out);
+    return 0;
+}
+
+/* The tensor-core form reads q, k, v rows by 16-byte copies */
+static bool tc_fits(const keel_tensor *t) {
+    const keel_tensor *q = t->src[0];
+    if (q->type != KEEL_BF16 || q->ne[0] != t->src[2]->ne[0] || (q->ne[0] != 64 && q->ne[0] != 128 && q->ne[0] != 256))
+        return false;
+    for (int i = 0; i < 3; i++) {
+        const keel_tensor *x = t->src[i];
+        if (x->nb[0] != 2 || ((uintptr_t)x->data & 15) || (x->nb[1] | x->nb[2] | x->nb[3]) & 15) return false;
+    }
+    return true;
+}
+
+static size_t fwd_smem(const fa_args &A) {
+    size_t ldd = PAD_LD(A.D), ldv = PAD_LD(A.Dv);
+    return (FA_QT * ldd + FA_KT * ldd + FA_KT * ldv + FA_QT * LDK + FA_QT * ldv + 4 * FA_QT) * sizeof(float);
+}
+static size_t dq_smem(const fa_args &A) {
+    size_t ldd = PAD_LD(A.D), ldv = PAD_LD(A.Dv);
+    return (2 * FA_BT * ldd + FA_BT * ldv + FA_KT * ldd + FA_KT * ldv + 2 * FA_BT * LDK + 3 * FA_BT) * sizeof(float);
+}
+static size_t dkv_smem(const fa_args &A) {
+    size_t ldd = PAD_LD(A.D), ldv = PAD_LD(A.Dv);
+    return (2 * FA_KT * (ldd + ldv) + FA_BT * (ldd + ldv) + 2 * FA_KT * LDK + 3 * FA_BT) * sizeof(float);
+}
+
+bool cuda_flash_attn_supports(const keel_tensor *t) {
+    const keel_tensor *q = t->src[0], *v = t->src[2];
+    return q->ne[0] <= FA_MAXD && v->ne[0] <= FA_MAXD && q->ne[1] <= 65535 && q->ne[3] <= 65535 &&
+           t->src[1]->ne[1] <= 65535;
+}
+
+/* q, k, v as float32 tensors the kernels read: themselves, or widened copies in scratch */
+static int widen(keel_backend *be, const keel_tensor *t, float *scr, keel_tensor *w) {
+    for (int i = 0; i < 3; i++) {
+        w[i] = *t->src[i];
+        if (w[i].type == KEEL_F32) continue;
+        w[i].type = KEEL_F32;
+        w[i].view_src = NULL;
+        keel_set_contiguous_strides(&w[i]);
+        w[i].data = scr;
+        scr += keel_nelements(&w[i]);
+        if (cuda_copy(be, &w[i], t->src[i], false)) return -1;
+    }
+    return 0;
+}
+
+int cuda_flash_attn(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
+    bool back = t->op == KEEL_OP_FLASH_ATTN_BACK;
+    fa_args A;
+    memset(&A, 0, sizeof A);
+    A.D = q->ne[0], A.H = q->ne[1], A.Tq = q->ne[2], A.B = q->ne[3], A.KV = k->ne[1], A.Tk = k->ne[2], A.Dv = v->ne[0];
+    A.no = A.Dv * A.H * A.Tq * A.B, A.scale = (float)t->fp[0];
+    int64_t rows = A.H * A.Tq * A.B;
+    if (rows == 0) return 0;
+    bool tc = tc_fits(t);
+    size_t wide = q->type == KEEL_F32 || tc ? 0 : (size_t)(keel_nelements(q) + keel_nelements(k) + keel_nelements(v));
+    float *scr = NULL;
+    if (wide || back) {
+        size_t d16 = back && tc ? (size_t)(A.no + 1) / 2 : 0; /* do as bf16, in floats' room */
+        scr = (float *)cuda_scratch(be, (wide + (back ? (size_t)(rows + 3) / 4 * 4 + d16 : 0)) * sizeof(float), t);
+        if (!scr) return -1;
+    }
+    keel_tensor w[3];
+    if (!tc && widen(be, t, scr, w)) return -1;
+    A.q = kt_of(tc ? q : &w[0]), A.k = kt_of(tc ? k : &w[1]), A.v = kt_of(tc ? v : &w[2]), A.pos = kt_of(t->src[3]);
+    float *out = (float *)t->data;
+    cudaStream_t st = cuda_im(be)->stream;
+    if (back) {
+        A.o = (const float *)t->src[4]->data, A.dO = (const float *)t->src[5]->data, A.delta = scr + wide;
+        if (tc) { /* [Dv,H,Tq,B] bf16, contiguous, after delta (16-byte aligned: rows of 64+ bf16) */
+            A.do16.p = (char *)(A.delta + (rows + 3) / 4 * 4);
+            A.do16.ne[0] = A.Dv, A.do16.ne[1] = A.H, A.do16.ne[2] = A.Tq, A.do16.ne[3] = A.B;
+            A.do16.nb[0] = 2, A.do16.nb[1] = 2 * A.Dv, A.do16.nb[2] = 2 * A.Dv * A.H,
+            A.do16.nb[3] = 2 * A.Dv * A.H * A.Tq;
+            A.do16.type = KEEL_BF16, A.do16.contig = 1;
+        }
+        k_fa_delta<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, st>>>(A);
+        if (cuda_check(cudaGetLastError(), "attention backward's row sums launch", t)) return -1;
+    }
+    if (tc)
+        return A.D == 256   ? tc_run<256>(be, t, A, out, back)
+               : A.D == 128 ? tc_run<128>(be, t, A, out, back)
+                            : tc_run<64>(be, t, A, out, back);
+    if (!back) {
+        dim3 grid((unsigned)((A.Tq + FA_QT - 1) / FA_QT), (unsigned)A.H, (unsigned)A.B);
+        TC_LAUNCH(k_fa_fwd, grid, NT, fwd_smem(A), "attention forward launch", A, out);
+        return 0;
+    }
+    dim3 gq((unsigned)((A.Tq + FA_BT - 1) / FA_BT), (unsigned)A.H, (unsigned)A.B);
+    TC_LAUNCH(k_fa_dq, gq, NT, dq_smem(A), "attention dq launch", A, out);
+    dim3 gk((unsigned)((A.Tk + FA_KT - 1) / FA_KT), (unsigned)A.KV, (unsigned)A.B);
+    TC_LAUNCH(k_fa_dkv, gk, NT, dkv_smem(A), "attention dk, dv launch", A, out);
+    return 0;
+}
