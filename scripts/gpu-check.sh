@@ -7,7 +7,8 @@
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
 # Stages: ops grad fault reference recompute model bf16 adamw hf lora chat cross bench, gdn (the delta rule's
 # cases, gradients and GPU time alone: a quick first look), gdn-ncu (its kernels' time, issue slots
-# and stall reasons under ncu), and multi (needs 2 GPUs) and profile
+# and stall reasons under ncu), attn (flash attention's cases, gradients, and its kernels' time under
+# ncu at the 0.8B shape, batch 8), and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step) and profile16 (the bf16 batch-8 step: wall
 # time, then GPU time per op), which are not in the default list
 set -uo pipefail
@@ -118,6 +119,15 @@ if want gdn; then # the chunked gated delta rule alone: its cases, its gradients
         run "GPU time of the delta rule, $p batch 8" gdn-profile-$p.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision $p --batch 8 --no-torch --steps 3
         grep "GATED_DELTA" "$out/gdn-profile-$p.log" | head -4
     done
+fi
+if want attn; then # flash attention alone: its cases, its gradients, its kernels at bf16 batch 8
+    run "test-ops FLASH_ATTN* (cuda)" attn-ops.log $keel test-ops --backend ref,cuda --op FLASH_ATTN,FLASH_ATTN_BACK
+    grep "^cuda:\|FAIL" "$out/attn-ops.log" | head -20
+    run "test-ops --grad FLASH_ATTN (cuda)" attn-grad.log $keel test-ops --grad --backend cuda --op FLASH_ATTN
+    grep "^cuda:\|FAIL\|worst" "$out/attn-grad.log" | head -20
+    # a layer's four kernels (the 6th forward, then the first backward's delta, dq, dk dv)
+    run "ncu: attention's kernels (bf16 batch 8)" attn-ncu.log ncu --clock-control none -k regex:k_fa --launch-skip 5 --launch-count 4 --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1
+    grep -E '^  (void )?k_fa|duration|hmma' "$out/attn-ncu.log"
 fi
 if want gdn-ncu; then # the delta rule's kernels under ncu: the last forward layer's three, the first backward's six
     ncu_m='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,smsp__inst_executed.sum,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active'
