@@ -16,6 +16,7 @@
 #include "backends/cpu/vec_math.h"
 #include "backends/kernel_common.h"
 #include "ops/ops.h"
+#include "tensor/convert.h"
 #include "util/error.h"
 
 typedef struct {
@@ -25,6 +26,7 @@ typedef struct {
     double *loss; /* forward: per token of the whole batch */
     float k;      /* backward: dloss / D */
     bool back;
+    bool pair; /* backward with bf16 x and W: g to two bf16 parts (tensor/convert.h) */
 } rows_ctx;
 
 static void rows_task(void *arg, int64_t b, int64_t e, int th) {
@@ -49,6 +51,8 @@ static void rows_task(void *arg, int64_t b, int64_t e, int th) {
         float inv = (float)(1.0 / sum), ey = z[y];
         for (int64_t v = 0; v < c->V; v++) z[v] = (z[v] * inv) * c->k;
         z[y] = (ey * inv - 1.0f) * c->k;
+        if (c->pair) /* bf16 x and W: g as the two bf16 parts every backend gives the products */
+            for (int64_t v = 0; v < c->V; v++) z[v] = keel_cvt_f32_to_bf16_pair(z[v]);
     }
 }
 
@@ -96,7 +100,7 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
             rc = -1;
             break;
         }
-        rows_ctx r = {L, y, V, c0, loss, k, back};
+        rows_ctx r = {L, y, V, c0, loss, k, back, back && t->src[0]->type == KEEL_BF16};
         keel_pool_for(pool, nc, rows_task, &r);
         if (!back) continue;
         /* dx_c[d, c] = sum_v W[d, v] g[v, c]; dW[d, v] (+)= sum_c x_c[d, c] g[v, c] */
