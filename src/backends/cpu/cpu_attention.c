@@ -47,22 +47,36 @@ static int64_t first_key(const fa_ctx *c, int64_t tt, int64_t b) {
     int64_t lo = tt + c->Tk - c->Tq - cpu_pos(c->pos, tt, b);
     return lo < 0 ? 0 : lo;
 }
+/* Query row `row` (example b, query tt, head h in q's order): its example, kv head, and the keys
+ * it sees, lo .. hi */
+typedef struct {
+    int64_t b, kh, lo, hi;
+} row_span;
+static row_span span_of(const fa_ctx *c, int64_t row) {
+    int64_t h = row % c->H, tt = (row / c->H) % c->Tq, b = row / (c->H * c->Tq);
+    row_span r = {b, h / (c->H / c->KV), first_key(c, tt, b), tt + c->Tk - c->Tq};
+    return r;
+}
 static const float *krow(const fa_ctx *c, const float *x, int64_t n, int64_t b, int64_t j, int64_t kh) {
     return x + ((b * c->Tk + j) * c->KV + kh) * n;
+}
+
+/* n floats of an item's scratch; NULL (and the node failed) when there is no memory */
+static float *scratch(fa_ctx *c, int64_t n) {
+    float *p = malloc((size_t)n * sizeof(float));
+    if (!p) c->failed = 1;
+    return p;
 }
 
 static void forward_task(void *arg, int64_t r0, int64_t r1, int th) {
     (void)th;
     fa_ctx *c = arg;
     int64_t D = c->D, Dv = c->Dv, H = c->H, no = Dv * H * c->Tq * c->B;
-    float *s = malloc((size_t)(c->Tk + Dv) * sizeof(float)), *acc = s ? s + c->Tk : NULL;
-    if (!s) {
-        c->failed = 1;
-        return;
-    }
+    float *s = scratch(c, c->Tk + Dv), *acc = s ? s + c->Tk : NULL;
+    if (!s) return;
     for (int64_t row = r0; row < r1; row++) {
-        int64_t h = row % H, tt = (row / H) % c->Tq, b = row / (H * c->Tq), kh = h / (H / c->KV);
-        int64_t lo = first_key(c, tt, b), hi = tt + c->Tk - c->Tq;
+        row_span sp = span_of(c, row);
+        int64_t b = sp.b, kh = sp.kh, lo = sp.lo, hi = sp.hi;
         const float *q = c->q + row * D;
         float mx = -INFINITY;
         for (int64_t j = lo; j <= hi; j++) {
@@ -91,15 +105,12 @@ static inline float prob(const fa_ctx *c, int64_t row, const float *kj) {
 static void dq_task(void *arg, int64_t r0, int64_t r1, int th) {
     (void)th;
     fa_ctx *c = arg;
-    int64_t D = c->D, Dv = c->Dv, H = c->H;
-    float *dq = malloc((size_t)D * sizeof(float));
-    if (!dq) {
-        c->failed = 1;
-        return;
-    }
+    int64_t D = c->D, Dv = c->Dv;
+    float *dq = scratch(c, D);
+    if (!dq) return;
     for (int64_t row = r0; row < r1; row++) {
-        int64_t h = row % H, tt = (row / H) % c->Tq, b = row / (H * c->Tq), kh = h / (H / c->KV);
-        int64_t lo = first_key(c, tt, b), hi = tt + c->Tk - c->Tq;
+        row_span sp = span_of(c, row);
+        int64_t b = sp.b, kh = sp.kh, lo = sp.lo, hi = sp.hi;
         const float *dO = c->dO + row * Dv;
         float delta = dot(dO, c->o + row * Dv, Dv) - c->dlse[row];
         c->delta[row] = delta;
@@ -119,11 +130,8 @@ static void dkv_task(void *arg, int64_t r0, int64_t r1, int th) {
     fa_ctx *c = arg;
     int64_t D = c->D, Dv = c->Dv, H = c->H, G = H / c->KV, off = c->Tk - c->Tq;
     int64_t nq = D * H * c->Tq * c->B, nk = D * c->KV * c->Tk * c->B;
-    float *dk = malloc((size_t)(D + Dv) * sizeof(float)), *dv = dk ? dk + D : NULL;
-    if (!dk) {
-        c->failed = 1;
-        return;
-    }
+    float *dk = scratch(c, D + Dv), *dv = dk ? dk + D : NULL;
+    if (!dk) return;
     for (int64_t r = r0; r < r1; r++) { /* r = (b Tk + j) KV + kh: k's own row order */
         int64_t kh = r % c->KV, j = (r / c->KV) % c->Tk, b = r / (c->KV * c->Tk);
         const float *kj = krow(c, c->k, D, b, j, kh), *vj = krow(c, c->v, Dv, b, j, kh);

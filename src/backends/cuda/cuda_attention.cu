@@ -60,6 +60,16 @@ __device__ static int64_t tile_lo(const fa_args &A, int *lo, int64_t t0, int n, 
     return m;
 }
 
+/* key tile j0 (nk keys) of kv head kh into Ks and Vs, waited for and visible to the block */
+__device__ static void fetch_kv(const fa_args &A, float *Ks, int LDD, float *Vs, int LDV, int64_t kh, int64_t j0,
+                                int64_t b, int nk) {
+    fetch_rows(Ks, LDD, A.k, kh, j0, b, nk, 0, (int)A.D);
+    fetch_rows(Vs, LDV, A.v, kh, j0, b, nk, 0, (int)A.Dv);
+    fetch_commit();
+    fetch_wait(0);
+    __syncthreads();
+}
+
 __global__ void __launch_bounds__(NT) k_fa_fwd(fa_args A, float *out) {
     extern __shared__ __align__(16) float sm[];
     int LDD = PAD_LD((int)A.D), LDV = PAD_LD((int)A.Dv);
@@ -76,11 +86,7 @@ __global__ void __launch_bounds__(NT) k_fa_fwd(fa_args A, float *out) {
     for (int r = threadIdx.x; r < FA_QT; r += NT) rm[r] = -INFINITY, rl[r] = 0.0f;
     for (int64_t j0 = kmin / FA_KT * FA_KT; j0 <= kmax; j0 += FA_KT) {
         int nk = (int)min((int64_t)FA_KT, A.Tk - j0);
-        fetch_rows(Ks, LDD, A.k, kh, j0, b, nk, 0, D);
-        fetch_rows(Vs, LDV, A.v, kh, j0, b, nk, 0, Dv);
-        fetch_commit();
-        fetch_wait(0);
-        __syncthreads();
+        fetch_kv(A, Ks, LDD, Vs, LDV, kh, j0, b, nk);
         bmm<false, true>(Ss, LDK, Qs, LDD, Ks, LDD, n, nk, D, A.scale, 0.0f, false);
         __syncthreads();
         for (int r = warp; r < n; r += NT / 32) { /* the online softmax, a warp a row, a lane a key */
@@ -144,11 +150,7 @@ __global__ void __launch_bounds__(NT) k_fa_dq(fa_args A, float *out) {
     int64_t kmin = tile_lo(A, lo, t0, n, b, n), kmax = t0 + n - 1 + off;
     for (int64_t j0 = kmin / FA_KT * FA_KT; j0 <= kmax; j0 += FA_KT) {
         int nk = (int)min((int64_t)FA_KT, A.Tk - j0);
-        fetch_rows(Ks, LDD, A.k, kh, j0, b, nk, 0, D);
-        fetch_rows(Vs, LDV, A.v, kh, j0, b, nk, 0, Dv);
-        fetch_commit();
-        fetch_wait(0);
-        __syncthreads();
+        fetch_kv(A, Ks, LDD, Vs, LDV, kh, j0, b, nk);
         bmm<false, true>(Ps, LDK, Qs, LDD, Ks, LDD, n, nk, D, A.scale, 0.0f, false);
         bmm<false, true>(dPs, LDK, dOs, LDV, Vs, LDV, n, nk, Dv, 1.0f, 0.0f, false);
         __syncthreads();
