@@ -12,9 +12,10 @@
  *        query tiles that see its keys, in that order: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
  *        dK += dS^T Q; the block writes dk and dv once.
  * Each element of each product is one thread's sum in a fixed order (cuda_tile.cuh) and the work
- * is split by shapes only: the bits repeat and do not depend on the GPU. This is the float32 form;
- * bf16 q, k and v are widened (exactly) to float32 first. Heads of up to 256 (Qwen3.5's) fit the
- * tiles in shared memory; larger ones are refused by cuda_flash_attn_supports. */
+ * is split by shapes only: the bits repeat and do not depend on the GPU. This float32 form serves
+ * float32 q, k, v, and bf16 ones the tensor-core form further down does not take (widened exactly
+ * first). Heads of up to 256 (Qwen3.5's) fit the tiles in shared memory; larger ones are refused
+ * by cuda_flash_attn_supports. */
 #include <cuda_bf16.h>
 
 #include "backends/cuda/cuda_internal.h"
