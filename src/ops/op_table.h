@@ -121,8 +121,8 @@
       "src0 x [D,N..], src1 W [D,V], src2 i32 targets [N..] (< 0: no loss) -> [1]: CROSS_ENTROPY_LOSS of the "         \
       "logits W^T x, ip0 tokens at a time (float32 logits and sums; bf16 x, W: bf16 operands); fp0 D as its")         \
     X(LINEAR_CROSS_ENTROPY_BACK, OWN, 4, OPF_BACKWARD, 0, 4,                                                           \
-      "x, W, targets, dloss [1] -> packed [dx | dW] (float32 for bf16 x, W); ip0 chunk, fp0 D; the logits made "      \
-      "again a chunk at a time")                                                                                       \
+      "x, W, targets, dloss [1] -> packed [dx | dW] (float32 for bf16 x, W, whose logits' gradient g is rounded to " \
+      "two bf16 parts on every backend); ip0 chunk, fp0 D; the logits made again a chunk at a time")                  \
     X(ADAMW, OWN, 4, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0, 0,                                                                     \
       "p,g,m,v; fp0 lr fp1 beta1 fp2 beta2 fp3 eps fp4 wd fp5 gradient scale; ip0 step (1-based)")
 
