@@ -275,6 +275,28 @@ static void repeat_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
+/* One row (position tt, example bb) of CONV1D's output into u (back: of CONV1D_BACK_INPUT's, x then
+ * dy); wt is the weight transposed to [K][C] so a tap's weights are contiguous across channels.
+ * Each channel sums its taps in order j = 0..K-1; tap j reaches K-1-j steps back from the output
+ * position (forward: from the input position), within its example. */
+static void conv_row(const keel_tensor *x, const keel_tensor *p, const float *wt, int64_t K, int64_t tt, int64_t bb,
+                     float *u, bool back) {
+    int64_t T = x->ne[1], C = x->ne[0], xn = x->nb[0];
+    for (int64_t ch = 0; ch < C; ch++) u[ch] = 0.0f;
+    for (int64_t j = 0; j < K; j++) {
+        int64_t ts = back ? tt + (K - 1) - j : tt - (K - 1) + j;
+        if (ts < 0 || ts >= T || K - 1 - j > cpu_pos(p, back ? ts : tt, bb)) continue;
+        const char *xr = cpu_row(x, ts, bb, 0);
+        const float *wj = wt + j * C;
+        if (xn == 4) {
+            const float *xf = (const float *)(const void *)xr;
+            for (int64_t ch = 0; ch < C; ch++) u[ch] += wj[ch] * xf[ch];
+        } else {
+            for (int64_t ch = 0; ch < C; ch++) u[ch] += wj[ch] * F(xr + ch * xn);
+        }
+    }
+}
+
 /* Channels of CONV1D_BACK_WEIGHT per work item: a block's rows (64 floats of dy and of x per
  * time step) are read whole, where one channel per item read one float per 24 KiB row. */
 enum { CONV_CB = 64 };
@@ -301,26 +323,9 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
         }
         return;
     }
-    /* item = (t, b) row of the result; c->wt is the weight transposed to [K][C] so a tap's
-     * weights are contiguous across channels. Each channel sums its taps in order j = 0..K-1. */
-    int64_t K = w->ne[0], T = x->ne[1], C = t->ne[0], xn = x->nb[0];
-    for (int64_t r = b; r < e; r++) {
+    for (int64_t r = b; r < e; r++) { /* item = (t, b) row of the result */
         int64_t tt = r % t->ne[1], bb = r / t->ne[1];
-        float *d = (float *)(void *)cpu_row(t, tt, bb, 0);
-        for (int64_t ch = 0; ch < C; ch++) d[ch] = 0.0f;
-        for (int64_t j = 0; j < K; j++) {
-            /* tap j reaches d = K-1-j steps back from the output position, within its example */
-            int64_t ts = t->op == KEEL_OP_CONV1D ? tt - (K - 1) + j : tt + (K - 1) - j;
-            if (ts < 0 || ts >= T || K - 1 - j > cpu_pos(p, t->op == KEEL_OP_CONV1D ? tt : ts, bb)) continue;
-            const char *xr = cpu_row(x, ts, bb, 0);
-            const float *wj = c->wt + j * C;
-            if (xn == 4) {
-                const float *xf = (const float *)(const void *)xr;
-                for (int64_t ch = 0; ch < C; ch++) d[ch] += wj[ch] * xf[ch];
-            } else {
-                for (int64_t ch = 0; ch < C; ch++) d[ch] += wj[ch] * F(xr + ch * xn);
-            }
-        }
+        conv_row(x, p, c->wt, w->ne[0], tt, bb, (float *)(void *)cpu_row(t, tt, bb, 0), t->op != KEEL_OP_CONV1D);
     }
 }
 
@@ -376,25 +381,6 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
 #undef NW_SG
 }
 
-/* One row (position tt, example bb) of CONV1D's output into u: the conv task's loop. */
-static void conv_row(const keel_tensor *x, const keel_tensor *p, const float *wt, int64_t K, int64_t tt, int64_t bb,
-                     float *u) {
-    int64_t T = x->ne[1], C = x->ne[0], xn = x->nb[0];
-    for (int64_t ch = 0; ch < C; ch++) u[ch] = 0.0f;
-    for (int64_t j = 0; j < K; j++) {
-        int64_t ts = tt - (K - 1) + j;
-        if (ts < 0 || ts >= T || K - 1 - j > cpu_pos(p, tt, bb)) continue;
-        const char *xr = cpu_row(x, ts, bb, 0);
-        const float *wj = wt + j * C;
-        if (xn == 4) {
-            const float *xf = (const float *)(const void *)xr;
-            for (int64_t ch = 0; ch < C; ch++) u[ch] += wj[ch] * xf[ch];
-        } else {
-            for (int64_t ch = 0; ch < C; ch++) u[ch] += wj[ch] * F(xr + ch * xn);
-        }
-    }
-}
-
 /* GDN_CONV and GDN_CONV_BACK, a (position, example) row an item: CONV1D's sum, silu_f32, L2_NORM's
  * float64 sums and float32 scale, SCALE's formula, and backward L2_NORM_BACK's and silu_back_f32,
  * so the bits of the CONV1D, SILU, L2_NORM, SCALE ops and their backward ops it replaces. */
@@ -406,7 +392,7 @@ static void gdn_conv_task(void *arg, int64_t b, int64_t e, int th) {
     float *u = c->rows + (int64_t)th * 2 * C, *sv = u + C, a = (float)t->fp[1];
     for (int64_t r = b; r < e; r++) {
         int64_t tt = r % x->ne[1], bb = r / x->ne[1];
-        conv_row(x, p, c->wt, K, tt, bb, u);
+        conv_row(x, p, c->wt, K, tt, bb, u, false);
         for (int64_t ch = 0; ch < C; ch++) sv[ch] = silu_f32(u[ch]);
         float *d = (float *)(void *)cpu_row(t, tt, bb, 0);
         const char *g = dy ? cpu_row(dy, tt, bb, 0) : NULL;
