@@ -276,9 +276,19 @@ static void repeat_task(void *arg, int64_t b, int64_t e, int th) {
 }
 
 /* One row (position tt, example bb) of CONV1D's output into u (back: of CONV1D_BACK_INPUT's, x then
- * dy); wt is the weight transposed to [K][C] so a tap's weights are contiguous across channels.
+ * dy); wt is the weight as conv_taps gives it.
  * Each channel sums its taps in order j = 0..K-1; tap j reaches K-1-j steps back from the output
  * position (forward: from the input position), within its example. */
+/* A conv weight w [K,C] transposed to [K][C] floats (a tap's weights contiguous across channels),
+ * for conv_row; NULL when out of memory. */
+static float *conv_taps(const keel_tensor *w) {
+    int64_t K = w->ne[0], C = w->ne[1];
+    float *wt = malloc((size_t)(K * C) * sizeof(float));
+    for (int64_t ch = 0; wt && ch < C; ch++)
+        for (int64_t j = 0; j < K; j++) wt[j * C + ch] = F(cpu_row(w, ch, 0, 0) + j * w->nb[0]);
+    return wt;
+}
+
 static void conv_row(const keel_tensor *x, const keel_tensor *p, const float *wt, int64_t K, int64_t tt, int64_t bb,
                      float *u, bool back) {
     int64_t T = x->ne[1], C = x->ne[0], xn = x->nb[0];
@@ -680,11 +690,7 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return a->type == KEEL_BF16 ? product_bf16(be, t, out_prod) : out_prod(be, t);
     case KEEL_OP_CONV1D:
     case KEEL_OP_CONV1D_BACK_INPUT: {
-        int64_t K = b->ne[0], C = t->ne[0];
-        c.wt = malloc((size_t)(K * C) * sizeof(float));
-        if (!c.wt) return keel_fail("cpu: out of memory in '%s'", t->name);
-        for (int64_t ch = 0; ch < C; ch++)
-            for (int64_t j = 0; j < K; j++) c.wt[j * C + ch] = F(cpu_row(b, ch, 0, 0) + j * b->nb[0]);
+        if (!(c.wt = conv_taps(b))) return keel_fail("cpu: out of memory in '%s'", t->name);
         keel_pool_for(pool, t->ne[1] * t->ne[2], conv_task, &c);
         free(c.wt);
         return 0;
@@ -700,14 +706,9 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK: {
-        int64_t K = b->ne[0], C = a->ne[0];
-        c.wt = malloc((size_t)(K * C) * sizeof(float));
-        c.rows = malloc((size_t)(keel_pool_size(pool) * 2 * C) * sizeof(float));
-        if (c.wt && c.rows) {
-            for (int64_t ch = 0; ch < C; ch++)
-                for (int64_t j = 0; j < K; j++) c.wt[j * C + ch] = F(cpu_row(b, ch, 0, 0) + j * b->nb[0]);
-            keel_pool_for(pool, a->ne[1] * a->ne[2], gdn_conv_task, &c);
-        }
+        c.wt = conv_taps(b);
+        c.rows = malloc((size_t)(keel_pool_size(pool) * 2 * a->ne[0]) * sizeof(float));
+        if (c.wt && c.rows) keel_pool_for(pool, a->ne[1] * a->ne[2], gdn_conv_task, &c);
         bool ok = c.wt && c.rows;
         free(c.wt), free(c.rows);
         return ok ? 0 : keel_fail("cpu: out of memory in '%s'", t->name);
