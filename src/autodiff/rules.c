@@ -212,14 +212,15 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     ADD(0, keel_op_new(ctx, KEEL_OP_ROPE_BACK, (keel_tensor *const[]){dy, t->src[1]}, 2, t->ip, 1, t->fp, 1));
     return 0;
 }
-/* RMS_NORM_W and GATED_RMS_NORM: one backward op for dx (and dz) and the terms of dw, which
- * REPEAT_BACK sums over rows as MUL's rule does (and SCALE's rule scales, for the 1 + w form) */
+/* RMS_NORM_W, GATED_RMS_NORM and QK_NORM_ROPE: one backward op for dx (and dz) and the terms of
+ * dw, which REPEAT_BACK sums over rows as MUL's rule does (and SCALE's rule scales, for the 1 + w
+ * form) */
 static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    bool gated = t->op == KEEL_OP_GATED_RMS_NORM;
+    bool gated = t->op == KEEL_OP_GATED_RMS_NORM, rope = t->op == KEEL_OP_QK_NORM_ROPE, three = gated || rope;
     keel_tensor *x = t->src[0], *w = t->src[1];
-    keel_tensor *src[4] = {x, w, gated ? t->src[2] : dy, dy};
-    keel_tensor *pk = keel_op_new(ctx, gated ? KEEL_OP_GATED_RMS_NORM_BACK : KEEL_OP_RMS_NORM_W_BACK, src,
-                                  gated ? 4 : 3, t->ip, 1, t->fp, 1);
+    keel_tensor *src[4] = {x, w, three ? t->src[2] : dy, dy};
+    int back = gated ? KEEL_OP_GATED_RMS_NORM_BACK : rope ? KEEL_OP_QK_NORM_ROPE_BACK : KEEL_OP_RMS_NORM_W_BACK;
+    keel_tensor *pk = keel_op_new(ctx, back, src, three ? 4 : 3, t->ip, rope ? 2 : 1, t->fp, rope ? 2 : 1);
     if (!pk) return -1;
     int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(x), np = gated ? 3 : 2;
     keel_tensor *part[3];
@@ -355,6 +356,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_CONV1D] = r_conv1d,
     [KEEL_OP_RMS_NORM_W] = r_norm_w,
     [KEEL_OP_GATED_RMS_NORM] = r_norm_w,
+    [KEEL_OP_QK_NORM_ROPE] = r_norm_w,
     [KEEL_OP_GDN_CONV] = r_gdn_conv,
     [KEEL_OP_GATED_DELTA_NET] = r_gdn,
     [KEEL_OP_CROSS_ENTROPY_LOSS] = r_cross_entropy,

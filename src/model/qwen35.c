@@ -278,8 +278,9 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
     keel_tensor *k = keel_reshape_4d(ctx, linear(ctx, m, L->k, hin), hd, KV, T, B);
     keel_tensor *v = keel_reshape_4d(ctx, linear(ctx, m, L->v, hin), hd, KV, T, B);
     int64_t n_rot = (int64_t)(c->partial_rotary * (double)hd);
-    q = keel_rope(ctx, norm1p(ctx, q, L->q_norm, c->rms_eps), pos, n_rot, c->rope_theta);
-    k = keel_rope(ctx, norm1p(ctx, k, L->k_norm, c->rms_eps), pos, n_rot, c->rope_theta);
+    /* (1 + w) RMS norms over each head, then RoPE: one op each (the RMS_NORM_W and ROPE it replaces) */
+    q = keel_qk_norm_rope(ctx, q, L->q_norm, pos, c->rms_eps, true, n_rot, c->rope_theta);
+    k = keel_qk_norm_rope(ctx, k, L->k_norm, pos, c->rms_eps, true, n_rot, c->rope_theta);
     if (kin) k = keel_concat(ctx, kin, k, 2), v = keel_concat(ctx, vin, v, 2); /* the cache, then the new tokens */
     if (kout) *kout = k, *vout = v;
     /* flash attention, causal within each example (positions restart where a packed example

@@ -95,6 +95,12 @@
       "SCALE of w) it replaces, formula by formula")                                                                   \
     X(RMS_NORM_W_BACK, OWN, 3, OPF_BACKWARD, 0, 0,                                                                     \
       "x, w, dy; params as RMS_NORM_W -> packed [dx | dy rms_norm(x), whose rows sum to dw], each x's shape")          \
+    X(QK_NORM_ROPE, OWN, 3, 0, 3, 4,                                                                                   \
+      "src0 x [D,H,T,B], src1 w [D], src2 i32 positions [T] or [T,B]; fp0 eps, fp1 theta, ip0 1: the 1 + w form, "    \
+      "ip1 n_rot: ROPE(RMS_NORM_W(x, w)), the ops it replaces formula by formula (attention's q and k)")               \
+    X(QK_NORM_ROPE_BACK, OWN, 4, OPF_BACKWARD, 0, 4,                                                                   \
+      "x, w, positions, dy; params as QK_NORM_ROPE -> packed [dx | g rms_norm(x), whose rows sum to dw], g = "         \
+      "ROPE_BACK(dy), each x's shape")                                                                                 \
     X(GATED_RMS_NORM, OWN, 3, 0, 7, 0,                                                                                 \
       "src0 x, src1 w [ne0], src2 z (x's shape); fp0 eps: rms_norm(x) * w * silu(z) (the DeltaNet's output norm: "     \
       "the RMS_NORM, MUL, SILU, MUL it replaces, formula by formula)")                                                 \

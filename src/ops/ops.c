@@ -363,6 +363,28 @@ static int shape_rule(keel_tensor *t) {
         }
         return 0;
     }
+    case KEEL_OP_QK_NORM_ROPE:
+    case KEEL_OP_QK_NORM_ROPE_BACK: {
+        const keel_tensor *p = t->src[2];
+        REQ(keel_type_is_float(a->type) && b->type == a->type, "x and w must have one real type");
+        REQ(b->ne[0] == a->ne[0] && keel_nelements(b) == a->ne[0], "w must hold one weight per element of a row (%lld)",
+            (long long)a->ne[0]);
+        REQ(is_positions(p, a->ne[2], 1) || is_positions(p, a->ne[2], a->ne[3]),
+            "positions must be i32 [%lld] or [%lld,%lld] (ne2, ne3 of x)", (long long)a->ne[2], (long long)a->ne[2],
+            (long long)a->ne[3]);
+        REQ(t->fp[0] >= 0 && isfinite(t->fp[0]), "eps %g must be finite and >= 0", t->fp[0]);
+        REQ(t->fp[1] > 0 && isfinite(t->fp[1]), "theta %g must be finite and > 0", t->fp[1]);
+        REQ(t->ip[0] == 0 || t->ip[0] == 1, "ip0 %lld: 1 for the 1 + w form, else 0", (long long)t->ip[0]);
+        REQ(t->ip[1] > 0 && t->ip[1] % 2 == 0 && t->ip[1] <= a->ne[0], "n_rot %lld must be even and <= %lld",
+            (long long)t->ip[1], (long long)a->ne[0]);
+        if (op == KEEL_OP_QK_NORM_ROPE) {
+            set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        } else {
+            REQ(keel_same_shape(t->src[3], a) && t->src[3]->type == a->type, "dy must be shaped like x");
+            set_shape(t, a->type, 2 * keel_nelements(a), 1, 1, 1);
+        }
+        return 0;
+    }
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK: {
         int64_t C = a->ne[0], n = t->ip[0], d = t->ip[1];
@@ -706,6 +728,10 @@ double keel_rope_freq(double theta, int64_t n_rot, int64_t f) {
 
 keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos) {
     return OP(KEEL_OP_CONV1D, (x, w, pos), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_qk_norm_rope(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, double eps,
+                               bool one_plus, int64_t n_rot, double theta) {
+    return OP(KEEL_OP_QK_NORM_ROPE, (x, w, pos), IPS(one_plus ? 1 : 0, n_rot), 2, FPS(eps, theta), 2);
 }
 keel_tensor *keel_rms_norm_w(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus) {
     return OP(KEEL_OP_RMS_NORM_W, (x, w), IPS(one_plus ? 1 : 0), 1, FPS(eps), 1);

@@ -123,6 +123,11 @@ keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_ten
  * element of a row: formula for formula keel_rms_norm, keel_mul (and keel_scale(w, 1, 1)); its
  * backward gives dx and the products whose row sums are dw. */
 keel_tensor *keel_rms_norm_w(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus);
+/* keel_rope(keel_rms_norm_w(x, w, eps, one_plus), pos, n_rot, theta) as one op, formula for formula
+ * those two (attention's q and k norms and rotation); its backward rotates dy back and gives dx and
+ * the products whose row sums are dw. */
+keel_tensor *keel_qk_norm_rope(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, double eps,
+                               bool one_plus, int64_t n_rot, double theta);
 /* Causal softmax attention without the score matrix: q [D,H,Tq,B], k [D,KV,Tk,B], v [Dv,KV,Tk,B]
  * (one type), query head h reading kv head h/(H/KV), each query over the keys of its example (the
  * mask of keel_soft_max_causal, positions [Tq,B]); scale multiplies q.k. Returns the packed

@@ -623,6 +623,32 @@ int keel_cases_all(op_case **out) {
             }
             break;
         }
+        case KEEL_OP_QK_NORM_ROPE:
+        case KEEL_OP_QK_NORM_ROPE_BACK: {
+            /* D, H, T, B, n_rot, longest example (0: positions [T] up to 64), theta, eps (1e-6 x),
+             * the 1 + w form, view of x: attention's heads of 256 with a quarter rotated and
+             * theta 1e7 (the 0.8B's), all rotated, w as is, eps large, a strided view, and more
+             * than 65535 rows */
+            static const int64_t sh[][10] = {
+                {256, 8, 5, 2, 64, 3, 10000000, 1, 1, 0}, {32, 4, 7, 2, 32, 0, 10000, 1, 1, 0},
+                {24, 2, 9, 1, 8, 0, 10000, 1, 0, 0},      {128, 2, 65, 1, 128, 40, 1000000, 1000000, 1, 0},
+                {34, 3, 4, 2, 16, 0, 10000, 1, 1, 1},     {4, 65537, 1, 1, 4, 0, 10000, 1, 1, 0}};
+            for (int s = 0; s < 6; s++) {
+                const int64_t *x = sh[s];
+                c = C(&l, op);
+                if (x[1] > 60000)
+                    c->no_fd = "many rows: each backend against ref's backward, proven on the small cases";
+                I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = x[9] ? VIEW_STRIDED : VIEW_NONE;
+                I(c, KEEL_F32, x[0], 1, 1, 1)->scale = 0.3;
+                if (x[5])
+                    SEG(c, x[2], x[3], x[5]);
+                else
+                    IDX(c, x[2], 1, 64);
+                if (op == KEEL_OP_QK_NORM_ROPE_BACK) I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                P(c, 2, (int64_t[]){x[8], x[4]}, 2, (double[]){1e-6 * (double)x[7], (double)x[6]});
+            }
+            break;
+        }
         case KEEL_OP_GDN_CONV:
         case KEEL_OP_GDN_CONV_BACK: {
             /* C, T, B, K, n (channels of q and of k), head, longest example, eps (1e-6 x), q scale

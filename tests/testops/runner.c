@@ -322,6 +322,7 @@ static int packed_parts(const keel_tensor *t, int64_t *size) {
     case KEEL_OP_FLASH_ATTN_BACK:
         size[0] = keel_nelements(q), size[1] = keel_nelements(t->src[1]), size[2] = keel_nelements(v);
         return 3;
+    case KEEL_OP_QK_NORM_ROPE_BACK:
     case KEEL_OP_RMS_NORM_W_BACK:
         size[0] = size[1] = keel_nelements(q);
         return 2;

@@ -160,6 +160,23 @@ static void rms_norm_w_is_its_ops(void **st) {
     check_pair("RMS_NORM_W", 2, small, ty, rms_norm_w_pair, (const double[]){0});
 }
 
+/* in: x [D,H,T,B], w [D], positions [T,B]; p: n_rot, theta */
+static keel_tensor *qk_norm_rope_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    if (fused) return keel_qk_norm_rope(ctx, in[0], in[1], in[2], 1e-6, true, (int64_t)p[0], p[1]);
+    return keel_rope(ctx, keel_rms_norm_w(ctx, in[0], in[1], 1e-6, true), in[2], (int64_t)p[0], p[1]);
+}
+
+static void qk_norm_rope_is_its_ops(void **st) {
+    (void)st;
+    const keel_type ty[3] = {KEEL_F32, KEEL_F32, KEEL_I32};
+    /* attention's heads of 256 with 64 dims rotated and theta 1e7 (the 0.8B model's), and the
+     * fixture's heads of 32, all rotated */
+    const int64_t big[3][4] = {{256, 8, 12, 2}, {256, 1, 1, 1}, {12, 2, 1, 1}},
+                  small[3][4] = {{32, 4, 9, 2}, {32, 1, 1, 1}, {9, 2, 1, 1}};
+    check_pair("QK_NORM_ROPE", 3, big, ty, qk_norm_rope_pair, (const double[]){64, 1e7});
+    check_pair("QK_NORM_ROPE", 3, small, ty, qk_norm_rope_pair, (const double[]){32, 10000});
+}
+
 /* Bad shapes and parameters: no node, and a message naming what is wrong. */
 static void gdn_conv_rejects_bad_input(void **st) {
     (void)st;
@@ -196,9 +213,9 @@ static void gdn_conv_rejects_bad_input(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gdn_conv_is_its_ops),        cmocka_unit_test(swiglu_is_its_ops),
-        cmocka_unit_test(gated_rms_norm_is_its_ops),  cmocka_unit_test(rms_norm_w_is_its_ops),
-        cmocka_unit_test(gdn_conv_rejects_bad_input),
+        cmocka_unit_test(gdn_conv_is_its_ops),       cmocka_unit_test(swiglu_is_its_ops),
+        cmocka_unit_test(gated_rms_norm_is_its_ops), cmocka_unit_test(rms_norm_w_is_its_ops),
+        cmocka_unit_test(qk_norm_rope_is_its_ops),   cmocka_unit_test(gdn_conv_rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

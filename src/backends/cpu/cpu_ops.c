@@ -19,7 +19,7 @@ typedef struct {
     double ce_div;   /* CROSS_ENTROPY_LOSS(_BACK): the loss's divisor */
     int64_t *csr_start, *csr_items;
     float *wt;   /* CONV1D, GDN_CONV: the weight as [K][C] */
-    float *rows; /* GDN_CONV: 2 C floats a thread (the conv's output and its SiLU) */
+    float *rows; /* GDN_CONV: 2 C floats a thread (the conv's output and its SiLU); QK_NORM_ROPE: a row a thread */
     double *acc; /* REPEAT_BACK: one row of float64 sums per thread (NULL: sum element by element) */
 } node_ctx;
 
@@ -32,6 +32,22 @@ static inline float silu_f32(float x) { return x / (1.0f + keel_expf_fast(-x)); 
 static inline float silu_back_f32(float x, float d) {
     float sg = 1.0f / (1.0f + keel_expf_fast(-x));
     return d * sg * (1.0f + x * (1.0f - sg));
+}
+
+/* ROPE's rotation of a row of n (stride sn bytes) into d: pairs f, f + n_rot/2 turned by pos *
+ * freq_f (dir -1: back), the rest copied. Angles in float64: a float32 angle at position 1e4 is
+ * off by ~1e-3 rad. ROPE and QK_NORM_ROPE share it, so the fused op has ROPE's bits. */
+static void rope_row(float *d, const char *s, int64_t sn, int64_t n, int64_t nr, double theta, int64_t pos,
+                     double dir) {
+    int64_t h = nr / 2;
+    for (int64_t f = 0; f < h; f++) {
+        double ang = (double)pos * keel_rope_freq(theta, nr, f);
+        float cs = (float)cos(ang), sr = (float)(dir * sin(ang));
+        float x1 = F(s + f * sn), x2 = F(s + (f + h) * sn);
+        d[f] = x1 * cs - x2 * sr;
+        d[f + h] = x2 * cs + x1 * sr;
+    }
+    for (int64_t i = nr; i < n; i++) d[i] = F(s + i * sn);
 }
 
 static void unary_task(void *arg, int64_t b, int64_t e, int th) {
@@ -175,21 +191,10 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
             break;
         }
         case KEEL_OP_ROPE:
-        case KEEL_OP_ROPE_BACK: {
-            /* angles in float64: a float32 angle at position 1e4 is off by ~1e-3 rad */
-            int64_t nr = t->ip[0], h = nr / 2;
-            int64_t pos = cpu_pos(y, i2, i3);
-            double dir = t->op == KEEL_OP_ROPE ? 1.0 : -1.0;
-            for (int64_t f = 0; f < h; f++) {
-                double ang = (double)pos * keel_rope_freq(t->fp[0], nr, f);
-                float cs = (float)cos(ang), sn = (float)(dir * sin(ang));
-                float x1 = F(s + f * an), x2 = F(s + (f + h) * an);
-                W(d + 4 * f) = x1 * cs - x2 * sn;
-                W(d + 4 * (f + h)) = x2 * cs + x1 * sn;
-            }
-            for (int64_t i = nr; i < n; i++) W(d + 4 * i) = F(s + i * an);
+        case KEEL_OP_ROPE_BACK:
+            rope_row((float *)(void *)d, s, an, n, t->ip[0], t->fp[0], cpu_pos(y, i2, i3),
+                     t->op == KEEL_OP_ROPE ? 1.0 : -1.0);
             break;
-        }
         case KEEL_OP_CROSS_ENTROPY_LOSS:
         case KEEL_OP_CROSS_ENTROPY_LOSS_BACK: {
             int32_t yv;
@@ -344,12 +349,15 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
  * silu_back_f32 and RMS_NORM_BACK's formula, so the bits of the ops they replace (the products dy
  * silu(z) rms_norm(x) go to REPEAT_BACK for dw as MUL's rule sends them). */
 static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
-    (void)th;
     node_ctx *c = arg;
     const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1];
     bool gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
-    bool back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK, one = t->ip[0] != 0;
-    const keel_tensor *z = gated ? t->src[2] : NULL, *dy = back ? t->src[gated ? 3 : 2] : NULL;
+    bool rope = t->op == KEEL_OP_QK_NORM_ROPE || t->op == KEEL_OP_QK_NORM_ROPE_BACK;
+    bool back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK ||
+                t->op == KEEL_OP_QK_NORM_ROPE_BACK,
+         one = t->ip[0] != 0;
+    const keel_tensor *z = gated ? t->src[2] : NULL, *dy = back ? t->src[gated || rope ? 3 : 2] : NULL;
+    float *row = rope ? c->rows + (int64_t)th * x->ne[0] : NULL; /* QK_NORM_ROPE: a row before its rotation */
     int64_t n = x->ne[0], N = keel_nelements(x), xn = x->nb[0], wn = w->nb[0], zn = z ? z->nb[0] : 0;
     const char *ws = cpu_row(w, 0, 0, 0);
 #define NW_W(i)  (one ? keel_unary_f32(KEEL_OP_SCALE, F(ws + (i)*wn), 1.0f, 1.0f) : F(ws + (i)*wn))
@@ -363,16 +371,22 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
             ss += xv * xv;
         }
         float sc = (float)(1.0 / sqrt(ss / (double)n + t->fp[0]));
+        int64_t pos = rope ? cpu_pos(t->src[2], i2, i3) : 0;
         if (!dy) {
-            float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
+            float *d = (float *)(void *)cpu_row(t, i1, i2, i3), *o = rope ? row : d;
             for (int64_t i = 0; i < n; i++) {
                 float y = F(xs + i * xn) * sc * NW_W(i);
-                d[i] = z ? y * NW_SG(i) : y;
+                o[i] = z ? y * NW_SG(i) : y;
             }
+            if (rope) rope_row(d, (const char *)row, 4, n, t->ip[1], t->fp[1], pos, 1.0);
             continue;
         }
         const char *gs = cpu_row(dy, i1, i2, i3);
         int64_t gn = dy->nb[0];
+        if (rope) { /* g = ROPE_BACK(dy), then RMS_NORM_W_BACK's formula with g */
+            rope_row(row, gs, gn, n, t->ip[1], t->fp[1], pos, -1.0);
+            gs = (const char *)row, gn = 4;
+        }
         for (int64_t i = 0; i < n; i++) { /* RMS_NORM_BACK's sums over x and da = (dy silu(z)) w */
             float db = z ? F(gs + i * gn) * NW_SG(i) : F(gs + i * gn);
             sd += (double)F(xs + i * xn) * (db * NW_W(i));
@@ -703,6 +717,13 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK:
         keel_pool_for(pool, keel_nrows(a), norm_w_task, &c);
+        return 0;
+    case KEEL_OP_QK_NORM_ROPE:
+    case KEEL_OP_QK_NORM_ROPE_BACK:
+        c.rows = malloc((size_t)(keel_pool_size(pool) * a->ne[0]) * sizeof(float));
+        if (!c.rows) return keel_fail("cpu: out of memory in '%s'", t->name);
+        keel_pool_for(pool, keel_nrows(a), norm_w_task, &c);
+        free(c.rows);
         return 0;
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK: {

@@ -303,14 +303,36 @@ __global__ void k_silu_back(kt t, kt x, kt dy, int vec) {
  * backward writes [dx | dz (gated) | the products dy silu(z) rms_norm(x) that REPEAT_BACK sums into
  * dw], each row at its flat place. */
 typedef struct {
-    kt t, x, w, z, dy; /* z: gated only; dy: backward only */
+    kt t, x, w, z, dy, pos; /* z: gated only; dy: backward only; pos: QK_NORM_ROPE */
     double eps;
     int gated, back, one; /* one: the 1 + w form */
+    int rope;             /* QK_NORM_ROPE: k_rope's rotation after the norm (and back before its gradient) */
+    const double *freq;   /* its n_rot/2 frequencies (host-made, keel_rope_freq) */
+    int64_t nr;
 } norm_w_args;
 
 __device__ static inline float norm_w_weight(const norm_w_args &A, int64_t i) {
     float w = ldf(kt_at(A.w, i, 0, 0, 0));
     return A.one ? keel_unary_f32(KEEL_OP_SCALE, w, 1.0f, 1.0f) : w;
+}
+
+/* Element j of the row a rotation reads (stride nb bytes): as stored (dy), or normed as RMS_NORM_W
+ * gives it (x sc w) */
+__device__ static inline float nw_val(const norm_w_args &A, const char *row, int64_t nb, int64_t j, float sc,
+                                      bool normed) {
+    float v = ldf(row + j * nb);
+    return normed ? __fmul_rn(__fmul_rn(v, sc), norm_w_weight(A, j)) : v;
+}
+/* k_rope's rotation of element i of that row: pairs f, f + nr/2 turned by the angle pos * freq_f
+ * (dir -1: back), the same float32 formulas; past n_rot (or without rope) the element itself */
+__device__ static inline float rope_elem(const norm_w_args &A, const char *row, int64_t nb, int64_t i, int64_t p,
+                                         double dir, float sc, bool normed) {
+    if (!A.rope || i >= A.nr) return nw_val(A, row, nb, i, sc, normed);
+    int64_t h = A.nr / 2, f = i < h ? i : i - h;
+    double ang = (double)p * A.freq[f];
+    float cs = (float)cos(ang), sn = (float)(dir * sin(ang));
+    float x1 = nw_val(A, row, nb, f, sc, normed), x2 = nw_val(A, row, nb, f + h, sc, normed);
+    return i < h ? __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)) : __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
 }
 
 __global__ void k_norm_w(norm_w_args A) {
@@ -321,12 +343,13 @@ __global__ void k_norm_w(norm_w_args A) {
         int64_t i1 = r % A.x.ne[1], i2 = (r / A.x.ne[1]) % A.x.ne[2], i3 = r / (A.x.ne[1] * A.x.ne[2]);
         const char *xs = kt_at(A.x, 0, i1, i2, i3), *zs = A.gated ? kt_at(A.z, 0, i1, i2, i3) : NULL;
         const char *gs = A.back ? kt_at(A.dy, 0, i1, i2, i3) : NULL;
+        int64_t p = A.rope ? pos_at(A.pos, i2, i3) : 0;
         double ss = 0, sd = 0;
         for (int64_t i = lane; i < n; i += 32) {
             double xv = ldf(xs + i * A.x.nb[0]);
             ss += xv * xv;
             if (A.back) {
-                float db = ldf(gs + i * A.dy.nb[0]);
+                float db = rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false); /* QK_NORM_ROPE: ROPE_BACK's g */
                 if (A.gated) db = __fmul_rn(db, keel_unary_f32(KEEL_OP_SILU, ldf(zs + i * A.z.nb[0]), 0.0f, 0.0f));
                 sd += xv * __fmul_rn(db, norm_w_weight(A, i));
             }
@@ -342,10 +365,11 @@ __global__ void k_norm_w(norm_w_args A) {
             float sg = A.gated ? keel_unary_f32(KEEL_OP_SILU, zv, 0.0f, 0.0f) : 1.0f;
             if (!A.back) {
                 float y = __fmul_rn(a, wv);
+                if (A.rope) y = rope_elem(A, xs, A.x.nb[0], i, p, 1.0, sc, true); /* the normed row, rotated */
                 stf(kt_at(A.t, i, i1, i2, i3), A.gated ? __fmul_rn(y, sg) : y);
                 continue;
             }
-            float g = ldf(gs + i * A.dy.nb[0]), db = A.gated ? __fmul_rn(g, sg) : g;
+            float g = rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false), db = A.gated ? __fmul_rn(g, sg) : g;
             float *o = (float *)A.t.p + r * n + i;
             o[0] = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
             if (A.gated) o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
@@ -936,15 +960,25 @@ static int reduce_all(keel_backend *be, const keel_tensor *t) {
     return 0;
 }
 
-static int rope(keel_backend *be, const keel_tensor *t) {
-    int64_t nr = t->ip[0], h = nr / 2, w = h + (t->ne[0] - nr);
+/* The n_rot/2 rotation frequencies in float64 (keel_rope_freq), in node scratch; NULL with an error */
+static const double *rope_freqs(keel_backend *be, const keel_tensor *t, int64_t nr, double theta) {
+    int64_t h = nr / 2;
     double *freq = (double *)malloc((size_t)(h ? h : 1) * sizeof(double));
-    if (!freq) return keel_fail("out of memory in '%s'", t->name);
-    for (int64_t f = 0; f < h; f++) freq[f] = keel_rope_freq(t->fp[0], nr, f);
+    if (!freq) {
+        keel_fail("out of memory in '%s'", t->name);
+        return NULL;
+    }
+    for (int64_t f = 0; f < h; f++) freq[f] = keel_rope_freq(theta, nr, f);
     double *dev = (double *)cuda_scratch(be, (size_t)(h ? h : 1) * sizeof(double), t);
     int rc = !dev || cuda_upload(be, dev, freq, (size_t)h * sizeof(double), t);
     free(freq);
-    if (rc) return -1;
+    return rc ? NULL : dev;
+}
+
+static int rope(keel_backend *be, const keel_tensor *t) {
+    int64_t nr = t->ip[0], h = nr / 2, w = h + (t->ne[0] - nr);
+    const double *dev = rope_freqs(be, t, nr, t->fp[0]);
+    if (!dev) return -1;
     int64_t n = w * keel_nrows(t);
     if (n)
         k_rope<<<cuda_blocks(n, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), dev, nr,
@@ -1110,14 +1144,23 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_RMS_NORM_W:
     case KEEL_OP_RMS_NORM_W_BACK:
     case KEEL_OP_GATED_RMS_NORM:
-    case KEEL_OP_GATED_RMS_NORM_BACK: {
+    case KEEL_OP_GATED_RMS_NORM_BACK:
+    case KEEL_OP_QK_NORM_ROPE:
+    case KEEL_OP_QK_NORM_ROPE_BACK: {
         norm_w_args A;
         memset(&A, 0, sizeof A);
         A.gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
-        A.back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
+        A.rope = t->op == KEEL_OP_QK_NORM_ROPE || t->op == KEEL_OP_QK_NORM_ROPE_BACK;
+        A.back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK ||
+                 t->op == KEEL_OP_QK_NORM_ROPE_BACK;
         A.t = kt_of(t), A.x = kt_of(a), A.w = kt_of(b), A.eps = t->fp[0], A.one = t->ip[0] != 0;
         if (A.gated) A.z = kt_of(t->src[2]);
-        if (A.back) A.dy = kt_of(t->src[A.gated ? 3 : 2]);
+        if (A.back) A.dy = kt_of(t->src[A.gated || A.rope ? 3 : 2]);
+        if (A.rope) {
+            A.pos = kt_of(t->src[2]), A.nr = t->ip[1];
+            A.freq = rope_freqs(be, t, t->ip[1], t->fp[1]);
+            if (!A.freq) return -1;
+        }
         int64_t R = keel_nrows(a);
         if (R > 0) k_norm_w<<<cuda_blocks(R * 32, 256), 256, 0, st(be)>>>(A);
         return 0;

@@ -147,6 +147,48 @@ static int ref_norm_w(const keel_tensor *t) {
     return 0;
 }
 
+/* QK_NORM_ROPE and its backward over rows, in float64: y = rms_norm(x) * (w or 1 + w), then ROPE's
+ * rotation of the first n_rot elements (pairs f, f + n_rot/2, the angle pos * freq_f). The
+ * backward rotates dy back (the angle negated) into g, then RMS_NORM_W_BACK's formula with g. */
+static void ref_rotate(double *v, int64_t nr, double theta, double pos, double dir) {
+    for (int64_t f = 0; f < nr / 2; f++) {
+        double ang = pos * keel_rope_freq(theta, nr, f), c = cos(ang), s = dir * sin(ang);
+        double x1 = v[f], x2 = v[f + nr / 2];
+        v[f] = x1 * c - x2 * s, v[f + nr / 2] = x2 * c + x1 * s;
+    }
+}
+static int ref_qk_norm_rope(const keel_tensor *t) {
+    const keel_tensor *x = t->src[0], *w = t->src[1], *p = t->src[2];
+    const keel_tensor *dy = t->op == KEEL_OP_QK_NORM_ROPE_BACK ? t->src[3] : NULL;
+    int64_t n = x->ne[0], N = keel_nelements(x), nr = t->ip[1];
+    double *v = malloc((size_t)n * sizeof *v);
+    if (!v) return keel_fail("ref: out of memory in '%s'", t->name);
+    for (int64_t r = 0; r < N / n; r++) {
+        int64_t i1 = r % x->ne[1], i2 = (r / x->ne[1]) % x->ne[2], i3 = r / (x->ne[1] * x->ne[2]);
+        double pos = fmax(get(p, i2, p->ne[1] == 1 ? 0 : i3, 0, 0), 0.0), ss = 0, sd = 0;
+        for (int64_t i = 0; i < n; i++) ss += get(x, i, i1, i2, i3) * get(x, i, i1, i2, i3);
+        double sc = 1.0 / sqrt(ss / (double)n + t->fp[0]);
+#define QW(i) (get(w, i, 0, 0, 0) + (t->ip[0] ? 1.0 : 0.0))
+        if (!dy) {
+            for (int64_t i = 0; i < n; i++) v[i] = get(x, i, i1, i2, i3) * sc * QW(i);
+            ref_rotate(v, nr, t->fp[1], pos, 1.0);
+            for (int64_t i = 0; i < n; i++) put(t, i, i1, i2, i3, v[i]);
+            continue;
+        }
+        for (int64_t i = 0; i < n; i++) v[i] = get(dy, i, i1, i2, i3);
+        ref_rotate(v, nr, t->fp[1], pos, -1.0); /* g */
+        for (int64_t i = 0; i < n; i++) sd += get(x, i, i1, i2, i3) * v[i] * QW(i);
+        for (int64_t i = 0; i < n; i++) {
+            double xv = get(x, i, i1, i2, i3);
+            putf(t, r * n + i, sc * (v[i] * QW(i)) - sc * sc * sc * xv * sd / (double)n);
+            putf(t, N + r * n + i, v[i] * xv * sc);
+        }
+#undef QW
+    }
+    free(v);
+    return 0;
+}
+
 /* FLASH_ATTN and its backward from the definitions, a query row at a time: s_j = scale q.k_j over
  * the row's keys lo..hi (SOFT_MAX_CAUSAL's), p = softmax(s), o = sum p_j v_j, lse = log sum e^s.
  * Backward, with (do, dlse) the packed gradient: dp_j = do.v_j, ds_j = p_j (dp_j - sum_i p_i dp_i
@@ -712,6 +754,9 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK:
         return ref_norm_w(t);
+    case KEEL_OP_QK_NORM_ROPE:
+    case KEEL_OP_QK_NORM_ROPE_BACK:
+        return ref_qk_norm_rope(t);
     case KEEL_OP_FLASH_ATTN:
     case KEEL_OP_FLASH_ATTN_BACK:
         return ref_flash_attn(t);
