@@ -136,6 +136,11 @@ endforeach()
 # prompt/completion data: the masked loss over the global batch (accumulation and ranks agree).
 add_test(NAME train_masked_loss COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-masked-loss.sh $<TARGET_FILE:keel> ${KEEL_TINY} ${CMAKE_BINARY_DIR}/train-masked)
 set_tests_properties(train_masked_loss PROPERTIES LABELS "train")
+# A step whose gradients are NaN: exit 1 naming the step and the gradient, the update skipped on the
+# device, the previous checkpoint whole.
+add_test(NAME train_nonfinite_step COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-nonfinite-step.sh $<TARGET_FILE:keel>
+         ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-nonfinite)
+set_tests_properties(train_nonfinite_step PROPERTIES LABELS "train")
 # Packing with document boundaries through keel train and keel eval: defaults, --no-pack,
 # --overlong, --doc-boundaries, packed resume bitwise.
 add_test(NAME train_packing COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-packing.sh $<TARGET_FILE:keel> ${KEEL_TINY} ${KEEL_ASSETS}/moby-dick.txt ${CMAKE_BINARY_DIR}/train-packing)

@@ -169,22 +169,12 @@ if want bf16; then # mixed precision: PyTorch autocast's own errors on the fixtu
     run "GPU time per op, bf16 batch 8 (KEEL_CUDA_PROFILE)" bf16-profile.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3
     grep -A40 "cuda profile" "$out/bf16-profile.log" | head -45
 fi
-if want adamw; then # the optimizer step in one launch: bitwise the per-node launches', and its GPU time
-    aw=$(mktemp -d /tmp/keel-adamw.XXXXXX)
-    at="--model $fx/causal-f32-sharded --data .gpu-data/moby-dick.txt --backend cuda --steps 6 --window 64 --batch 4"
-    run "AdamW one launch vs per node: bitwise" adamw.log bash -c "set -e
-        for p in f32 bf16; do
-            $keel train $at --lr 1e-3 --precision \$p --out $aw/one-\$p
-            KEEL_CUDA_ADAMW=per-node $keel train $at --lr 1e-3 --precision \$p --out $aw/node-\$p
-            cmp $aw/one-\$p/checkpoint/model.safetensors $aw/node-\$p/checkpoint/model.safetensors
-            cmp $aw/one-\$p/checkpoint/optimizer.safetensors $aw/node-\$p/checkpoint/optimizer.safetensors
-        done
-        $keel train $at --lr 1.001e-3 --out $aw/lr
-        if cmp -s $aw/one-f32/checkpoint/model.safetensors $aw/lr/checkpoint/model.safetensors; then echo the check cannot fail; exit 1; fi
-        echo 6 steps, f32 and bf16: weights and moments byte-identical, one launch and per node, and lr x1.001 differs"
-    run "AdamW GPU time, bf16 batch 8: one launch, per node" adamw-prof.log bash -c "for m in batched per-node; do
-        KEEL_CUDA_ADAMW=\$m KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3 > $aw/prof-\$m.log 2>&1; echo \$m: \$(grep -E '^  ADAMW ' $aw/prof-\$m.log); grep -E '^cuda +[0-9]' $aw/prof-\$m.log; done"
-    cat "$out/adamw-prof.log"
+if want adamw; then # the optimizer step: its cases, a NaN step on the device, its GPU time at bf16 batch 8
+    run "test-ops SUM_SQ, ADAMW (cuda)" adamw-ops.log $keel test-ops --backend ref,cuda --op SUM_SQ,ADAMW
+    grep "^cuda:" "$out/adamw-ops.log"
+    run "a NaN step on cuda: stopped, update skipped" adamw-nan.log scripts/test-nonfinite-step.sh $keel .gpu-data/moby-dick.txt /tmp/keel-nonfinite cuda
+    run "AdamW + SUM_SQ GPU time, bf16 batch 8" adamw-prof.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3
+    grep -E '^  (ADAMW|SUM_SQ) |^cuda +[0-9]' "$out/adamw-prof.log"
 fi
 if want hf; then
     run "transformers loads keel's checkpoints" hf.log python3 scripts/hf_load_check.py .gpu-data

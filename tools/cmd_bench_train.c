@@ -63,7 +63,7 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, long lon
     keel_tensor **tp = NULL;
     int n_tp = sp ? keel_step_trainable(sp, &tp) : -1;
     int rc = -1;
-    if (n_tp < 0 || keel_step_adamw(sp, tp, NULL, n_tp, 1e-4, 0.1) || keel_step_place(sp, be)) goto done;
+    if (n_tp < 0 || keel_step_adamw(sp, tp, NULL, n_tp, 1e-4, 0.1, 0, 1) || keel_step_place(sp, be)) goto done;
     int64_t n_trained = 0;
     for (int i = 0; i < n_tp; i++) n_trained += keel_nelements(tp[i]);
     printf("keel%s: %d parameter tensors trained (%lld parameters), plan %.2f GiB (activations %.2f GiB), "
@@ -82,7 +82,7 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, long lon
     for (long long step = 0; step < o->warmup + o->steps; step++) {
         for (int64_t i = 0; i < T * B; i++) iv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
         for (int64_t i = 0; i < T * B; i++) tv[i] = (int32_t)(keel_splitmix64(&st) % (uint64_t)cfg->vocab);
-        keel_adamw_set(sp->opt, sp->n_opt, step + 1, 1e-4, 1.0);
+        keel_adamw_set(sp->opt.adamw, step + 1, 1e-4);
         double t0 = keel_now_s();
         float loss;
         if (keel_step_run(sp, iv, tv, NULL, NULL) || keel_tensor_read(be, sp->out.loss, &loss, KEEL_F32)) goto done;

@@ -50,6 +50,13 @@ keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_
         return NULL;
     }
     keel_plan_bind(s->plan, g, s->arena);
+    for (int k = 0; k < g->n_groups; k++) { /* kernels over a group's flat tensor read the gaps: zero */
+        const keel_tensor *f = g->groups[k].flat;
+        if (be->fill_bytes(be, (char *)s->arena + s->plan->offset[f->id], 0, keel_nbytes(f))) {
+            keel_session_free(s);
+            return NULL;
+        }
+    }
     return s;
 }
 

@@ -18,7 +18,54 @@ void keel_graph_free(keel_graph *g) {
     free(g->leafs);
     free(g->grads);
     free(g->visited);
+    for (int i = 0; i < g->n_groups; i++) free(g->groups[i].members), free(g->groups[i].offset);
+    free(g->groups);
     free(g);
+}
+
+keel_tensor *keel_graph_group(keel_graph *g, keel_tensor *const *members, int n, const char *name) {
+    if (n < 1) {
+        keel_fail("group '%s': no members", name);
+        return NULL;
+    }
+    int64_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        const keel_tensor *t = members[i];
+        const char *bad = t->type != KEEL_F32            ? "is not float32"
+                          : t->view_src                  ? "is a view (it has no bytes of its own)"
+                          : !keel_is_contiguous(t)       ? "is not contiguous"
+                          : (t->flags & KEEL_FLAG_BOUND) ? "was placed by another session"
+                                                         : NULL;
+        for (int k = 0; !bad && k < g->n_groups; k++)
+            for (int j = 0; j < g->groups[k].n; j++)
+                if (g->groups[k].members[j] == t) bad = "is in another group";
+        if (bad) {
+            keel_fail("group '%s': member '%s' %s", name, t->name, bad);
+            return NULL;
+        }
+        bytes = (bytes + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN + (int64_t)keel_nbytes(t);
+    }
+    keel_group *gs = realloc(g->groups, (size_t)(g->n_groups + 1) * sizeof *gs);
+    if (!gs) {
+        keel_fail("out of memory");
+        return NULL;
+    }
+    g->groups = gs;
+    keel_group *gr = &g->groups[g->n_groups];
+    *gr = (keel_group){keel_new_1d(g->ctx, KEEL_F32, (bytes + 3) / 4), malloc((size_t)n * sizeof(keel_tensor *)),
+                       malloc((size_t)n * sizeof(int64_t)), n};
+    if (!gr->flat || !gr->members || !gr->offset) {
+        free(gr->members), free(gr->offset);
+        keel_fail("out of memory");
+        return NULL;
+    }
+    g->n_groups++;
+    for (int64_t i = 0, at = 0; i < n; i++) {
+        at = (at + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
+        gr->members[i] = members[i], gr->offset[i] = at;
+        at += (int64_t)keel_nbytes(members[i]);
+    }
+    return keel_set_name(gr->flat, "%s", name);
 }
 
 static int push(keel_tensor ***arr, int64_t *n, int64_t *cap, keel_tensor *t) {

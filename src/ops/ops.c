@@ -19,6 +19,8 @@ static const char *nograd_reason(int op) {
         return "constant: no inputs";
     case KEEL_OP_ADAMW:
         return "optimizer step: updates state in place, never differentiated";
+    case KEEL_OP_SUM_SQ:
+        return "the optimizer's gradient norm: never differentiated";
     case KEEL_OP_GATED_DELTA_NET_STATE:
         return "decoding with a carried state: training uses GATED_DELTA_NET";
     default:
@@ -486,12 +488,23 @@ static int shape_rule(keel_tensor *t) {
         }
         return 0;
     }
+    case KEEL_OP_SUM_SQ: /* float32 (float64 on the reference backend) */
+        REQ((a->type == KEEL_F32 || a->type == KEEL_F64) && keel_is_contiguous(a), "x must be contiguous float32");
+        set_shape(t, a->type, 1, 1, 1, 1);
+        return 0;
     case KEEL_OP_ADAMW:
         for (int i = 1; i < 4; i++)
-            REQ(keel_same_shape(a, t->src[i]) && t->src[i]->type == a->type,
-                "p, g, m, v must share one shape and type");
-        REQ(keel_type_is_float(a->type) && keel_is_contiguous(a), "parameter must be contiguous and real");
+            REQ(keel_same_shape(a, t->src[i]) && t->src[i]->type == a->type && keel_is_contiguous(t->src[i]),
+                "p, g, m, v must be contiguous float32 of one shape");
+        REQ((a->type == KEEL_F32 || a->type == KEEL_F64) && keel_is_contiguous(a),
+            "p, g, m, v must be contiguous float32 of one shape");
+        REQ(keel_nelements(t->src[4]) == 1 && t->src[4]->type == a->type, "s (the SUM_SQ) must be one %s",
+            keel_type_name(a->type));
         REQ(t->ip[0] >= 1, "step must be >= 1");
+        REQ(t->ip[1] >= 1, "the divisor %lld must be >= 1", (long long)t->ip[1]);
+        REQ(t->ip[2] >= 0 && t->ip[2] <= keel_nelements(a), "the decay end %lld is outside [0, %lld]",
+            (long long)t->ip[2], (long long)keel_nelements(a));
+        REQ(t->fp[5] >= 0, "clip %g must be >= 0", t->fp[5]);
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         alias(t, a);
         return 0;
@@ -758,7 +771,10 @@ keel_tensor *keel_gated_delta_net_state(keel_ctx *ctx, keel_tensor *q, keel_tens
 keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_tensor *targets) {
     return OP(KEEL_OP_CROSS_ENTROPY_LOSS, (logits, targets), NULL, 0, NULL, 0);
 }
-keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, double lr,
-                        double beta1, double beta2, double eps, double wd, int64_t step) {
-    return OP(KEEL_OP_ADAMW, (p, g, m, v), IPS(step), 1, FPS(lr, beta1, beta2, eps, wd, 1.0), 6);
+keel_tensor *keel_sum_sq(keel_ctx *ctx, keel_tensor *x) { return OP(KEEL_OP_SUM_SQ, (x), NULL, 0, NULL, 0); }
+keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, keel_tensor *s,
+                        double lr, double beta1, double beta2, double eps, double wd, double clip, int64_t step,
+                        int64_t divisor, int64_t decay_end) {
+    return OP(KEEL_OP_ADAMW, (p, g, m, v, s), IPS(step, divisor, decay_end), 3, FPS(lr, beta1, beta2, eps, wd, clip),
+              6);
 }

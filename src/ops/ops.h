@@ -166,9 +166,15 @@ keel_tensor *keel_linear_cross_entropy(keel_ctx *ctx, keel_tensor *x, keel_tenso
 /* Sets the divisor of every CROSS_ENTROPY_LOSS (and LINEAR_CROSS_ENTROPY) node of g and its backward
  * (0: each one's own count). */
 void keel_cross_entropy_set_divisor(keel_graph *g, double divisor);
-/* AdamW, in place on p, m and v. The gradient is used multiplied by fp[5] (1 here; set it per
- * step for clipping or gradient accumulation). */
-keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, double lr,
-                        double beta1, double beta2, double eps, double wd, int64_t step);
+/* The sum of the squares of x's elements (contiguous float32) in SUM_SQ's fixed two-level order. */
+keel_tensor *keel_sum_sq(keel_ctx *ctx, keel_tensor *x);
+/* AdamW, in place on p, m and v (contiguous float32, one shape; in training, a group's flat
+ * tensors): s = keel_sum_sq(g) gives the gradient norm sqrt(s) / divisor, the gradient is used
+ * times min(1, clip / norm) / divisor (clip 0: no clipping), weight decay wd applies to elements
+ * [0, decay_end), and when the norm is not finite nothing is written. Set lr and step per step
+ * (keel_adamw_set in train/optim.h). */
+keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, keel_tensor *s,
+                        double lr, double beta1, double beta2, double eps, double wd, double clip, int64_t step,
+                        int64_t divisor, int64_t decay_end);
 
 #endif

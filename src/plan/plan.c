@@ -75,6 +75,26 @@ static int arena_free(arena *a, size_t off, size_t size) {
 
 static bool is_root(const keel_tensor *t) { return t->view_src == NULL; }
 
+/* A group's flat tensor stands for its members' bytes: every node that writes a member (in place
+ * too) must come before the first node that reads or writes the flat tensor. */
+static int group_order(const keel_graph *g, const keel_group *gr) {
+    int64_t first = -1, last_write = -1;
+    const keel_tensor *writer = NULL;
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        keel_tensor *t = g->nodes[i];
+        int arity = keel_op_get(t->op)->arity;
+        bool reads = keel_root(t) == gr->flat;
+        for (int s = 0; s < arity; s++) reads = reads || keel_root(t->src[s]) == gr->flat;
+        if (reads && first < 0) first = i;
+        for (int m = 0; m < gr->n; m++)
+            if (keel_root(t) == gr->members[m]) last_write = i, writer = t;
+    }
+    if (first >= 0 && last_write > first)
+        return keel_fail("group '%s': node '%s' writes a member after node '%s' reads the group", gr->flat->name,
+                         writer->name, g->nodes[first]->name);
+    return 0;
+}
+
 keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     keel_plan_opts o = opts ? *opts : (keel_plan_opts){0};
     int64_t n_ids = keel_ctx_count(g->ctx);
@@ -96,6 +116,8 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
         if (t->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_PARAM | KEEL_FLAG_LOSS | KEEL_FLAG_INPUT))
             persist[keel_root(t)->id] = 1;
     }
+    for (int k = 0; k < g->n_groups; k++)
+        for (int i = 0; i < g->groups[k].n; i++) persist[g->groups[k].members[i]->id] = 1;
     /* Last use of each root: the last node that reads it or writes into it. */
     for (int64_t i = 0; i < g->n_nodes; i++) {
         keel_tensor *t = g->nodes[i];
@@ -105,8 +127,19 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     }
     size_t gb = p->guard_bytes;
 #define SIZE_OF(t) (align_up(keel_nbytes(t)) + 2 * gb)
+    /* Groups first: one block each, the members at their offsets inside it (persistent). */
+    for (int k = 0; k < g->n_groups; k++) {
+        const keel_group *gr = &g->groups[k];
+        if (group_order(g, gr)) goto fail;
+        size_t at = arena_alloc(&ar, SIZE_OF(gr->flat)) + gb;
+        p->offset[gr->flat->id] = at;
+        for (int i = 0; i < gr->n; i++) p->offset[gr->members[i]->id] = at + (size_t)gr->offset[i];
+        p->persistent_bytes += SIZE_OF(gr->flat);
+        p->n_roots++;
+    }
     for (int64_t i = 0; i < g->n_leafs; i++) {
         keel_tensor *t = g->leafs[i];
+        if (p->offset[t->id] != SIZE_MAX) continue;            /* in a group */
         if ((t->flags & KEEL_FLAG_BOUND) && t->data) continue; /* already placed by another session */
         p->offset[t->id] = arena_alloc(&ar, SIZE_OF(t)) + gb;
         p->persistent_bytes += SIZE_OF(t);
@@ -114,7 +147,7 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     }
     for (int64_t i = 0; i < g->n_nodes; i++) {
         keel_tensor *t = g->nodes[i];
-        if (is_root(t) && persist[t->id]) {
+        if (is_root(t) && persist[t->id] && p->offset[t->id] == SIZE_MAX) {
             p->offset[t->id] = arena_alloc(&ar, SIZE_OF(t)) + gb;
             p->persistent_bytes += SIZE_OF(t);
             p->n_roots++;
@@ -167,6 +200,11 @@ void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base) {
     for (int64_t i = 0; i < g->n_nodes; i++) {
         keel_tensor *t = g->nodes[i];
         if (is_root(t)) t->data = b + p->offset[t->id];
+    }
+    for (int k = 0; k < g->n_groups; k++) { /* members no node reads but through the group (the moments) */
+        g->groups[k].flat->data = b + p->offset[g->groups[k].flat->id];
+        for (int i = 0; i < g->groups[k].n; i++)
+            g->groups[k].members[i]->data = b + p->offset[g->groups[k].members[i]->id];
     }
     for (int64_t i = 0; i < g->n_nodes; i++) {
         keel_tensor *t = g->nodes[i];

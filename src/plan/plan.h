@@ -6,8 +6,6 @@
 
 #include "graph/graph.h"
 
-#define KEEL_ALIGN 256
-
 typedef struct {
     size_t guard_bytes; /* extra bytes before and after every tensor (tests fill and check them) */
     int no_reuse;       /* never reuse freed space (debugging) */

@@ -25,6 +25,7 @@ enum {
 };
 
 #define KEEL_MAX_DIMS 4
+#define KEEL_ALIGN    256 /* bytes: where the memory plan places every tensor that owns bytes */
 #define KEEL_MAX_SRC  7
 #define KEEL_MAX_IP   12
 #define KEEL_MAX_FP   6

@@ -1,23 +1,52 @@
 #include "train/optim.h"
 
+#include <stdlib.h>
+
 #include "ops/ops.h"
+#include "util/error.h"
 
 int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, keel_tensor *const *grads, int n,
-                      double lr, double weight_decay, keel_tensor **mom, keel_tensor **opt) {
-    for (int i = 0; i < n; i++) {
-        keel_tensor *p = params[i];
-        mom[2 * i] = keel_set_name(keel_set_flags(keel_new(ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT), "m.%s", p->name);
-        mom[2 * i + 1] =
-            keel_set_name(keel_set_flags(keel_new(ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT), "v.%s", p->name);
-        double wd = p->ne[1] > 1 ? weight_decay : 0.0; /* no decay on norms, gates and biases */
-        opt[i] = keel_adamw(ctx, p, grads[i], mom[2 * i], mom[2 * i + 1], lr, 0.9, 0.95, 1e-8, wd, 1);
-        if (!opt[i] || keel_graph_expand(g, opt[i])) return -1;
-        opt[i]->flags |= KEEL_FLAG_OUTPUT;
+                      double lr, double weight_decay, double clip, int64_t divisor, keel_optim *out) {
+    out->mom = calloc((size_t)(2 * n), sizeof *out->mom);
+    keel_tensor **by = malloc((size_t)(4 * n) * sizeof *by); /* the groups' members: p, g, m, v */
+    int *order = malloc((size_t)n * sizeof *order);
+    int rc = -1;
+    if (!out->mom || !by || !order) {
+        keel_fail("out of memory");
+        goto done;
     }
-    return 0;
+    /* the decayed parameters (matrices) first, then the rest, each in the given order */
+    int k = 0, n_decay = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++)
+            if ((params[i]->ne[1] > 1) == (pass == 0)) order[k++] = i, n_decay += pass == 0;
+    for (int j = 0; j < n; j++) {
+        int i = order[j];
+        keel_tensor *p = params[i];
+        for (int s = 0; s < 2; s++)
+            out->mom[2 * i + s] = keel_set_name(keel_set_flags(keel_new(ctx, KEEL_F32, 4, p->ne), KEEL_FLAG_INPUT),
+                                                "%s.%s", s ? "v" : "m", p->name);
+        by[j] = p, by[n + j] = grads[i], by[2 * n + j] = out->mom[2 * i], by[3 * n + j] = out->mom[2 * i + 1];
+    }
+    keel_tensor *flat[4];
+    static const char *const names[4] = {"adamw.params", "adamw.grads", "adamw.m", "adamw.v"};
+    for (int s = 0; s < 4; s++)
+        if (!(flat[s] = keel_graph_group(g, by + (size_t)s * n, n, names[s]))) goto done;
+    /* the decay ends where the first parameter without it starts */
+    int64_t decay_end = keel_nelements(flat[0]);
+    if (n_decay < n) decay_end = g->groups[g->n_groups - 4].offset[n_decay] / (int64_t)sizeof(float);
+    out->sumsq = keel_sum_sq(ctx, flat[1]);
+    out->adamw = out->sumsq ? keel_adamw(ctx, flat[0], flat[1], flat[2], flat[3], out->sumsq, lr, 0.9, 0.95, 1e-8,
+                                         weight_decay, clip, 1, divisor, decay_end)
+                            : NULL;
+    if (!out->adamw || keel_graph_expand(g, out->adamw)) goto done;
+    keel_set_flags(keel_set_name(out->sumsq, "adamw.grad_sumsq"), KEEL_FLAG_OUTPUT);
+    keel_set_flags(keel_set_name(out->adamw, "adamw"), KEEL_FLAG_OUTPUT);
+    rc = 0;
+done:
+    free(by), free(order);
+    return rc;
 }
 
-/* The ADAMW row of the op table: fp0 lr, fp5 gradient scale, ip0 step. */
-void keel_adamw_set(keel_tensor *const *opt, int n, int64_t step, double lr, double grad_scale) {
-    for (int i = 0; i < n; i++) opt[i]->fp[0] = lr, opt[i]->fp[5] = grad_scale, opt[i]->ip[0] = step;
-}
+/* The ADAMW row of the op table: fp0 lr, ip0 step. */
+void keel_adamw_set(keel_tensor *adamw, int64_t step, double lr) { adamw->fp[0] = lr, adamw->ip[0] = step; }

@@ -4,17 +4,25 @@
 
 #include "graph/graph.h"
 
-/* Appends to g one AdamW update (betas 0.9/0.95, eps 1e-8, decoupled weight decay on matrices
- * only: none on norms, gates and biases) per parameter params[i] with gradient grads[i]. The
- * moments are new float32 input leaves named "m.<param>" and "v.<param>", returned in mom[2i] and
- * mom[2i+1] (the caller zeroes them or loads saved ones); the updates, outputs of g, in opt[i]
- * (set the step with keel_adamw_set before each run). -1 with an error. */
-int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, keel_tensor *const *grads, int n,
-                      double lr, double weight_decay, keel_tensor **mom, keel_tensor **opt);
+/* The optimizer step as the graph holds it. */
+typedef struct {
+    keel_tensor **mom;  /* m, v of params[i] at 2i, 2i + 1: float32 input leaves "m.<param>", "v.<param>" */
+    keel_tensor *sumsq; /* SUM_SQ of the gradients, an output of the graph (the norm: sqrt(sumsq) / divisor) */
+    keel_tensor *adamw; /* the one ADAMW node */
+} keel_optim;
 
-/* Sets what changes from one update to the next on n AdamW nodes: the 1-based step (bias
- * correction), the learning rate, and the factor the gradients are multiplied by first (clipping,
- * and the 1/N of a sum over N micro-batches or ranks). */
-void keel_adamw_set(keel_tensor *const *opt, int n, int64_t step, double lr, double grad_scale);
+/* Appends AdamW (betas 0.9/0.95, eps 1e-8, decoupled weight decay on matrices only: none on norms,
+ * gates and biases) over params[i] with gradients grads[i]: four groups laid out back to back by
+ * the plan (parameters, gradients, m, v; the decayed parameters first), the gradients' SUM_SQ, and
+ * one ADAMW node over the groups' flat tensors that clips to `clip` (0: none), divides the summed
+ * gradients by `divisor` (micro-batches x ranks) and changes nothing when the norm is not finite.
+ * The caller zeroes the moments or loads saved ones, and sets the step with keel_adamw_set before
+ * each run. -1 with an error. */
+int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, keel_tensor *const *grads, int n,
+                      double lr, double weight_decay, double clip, int64_t divisor, keel_optim *out);
+
+/* What changes from one update to the next: the 1-based step (bias correction) and the learning
+ * rate. */
+void keel_adamw_set(keel_tensor *adamw, int64_t step, double lr);
 
 #endif

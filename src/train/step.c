@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "autodiff/autodiff.h"
-#include "train/optim.h"
 #include "util/error.h"
 
 /* Frozen parameters lose the PARAM flag, so the backward pass gives them no gradient. */
@@ -108,13 +107,11 @@ int keel_step_set_outputs(keel_step *st, keel_tensor *const *outputs, int n) {
 keel_tensor *keel_step_grad(const keel_step *st, int i) { return keel_graph_grad(st->g, st->m->params[i]); }
 
 int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr,
-                    double weight_decay) {
+                    double weight_decay, double clip, int64_t divisor) {
     if (!params) n = st->m->n_params;
     st->opt_p = calloc((size_t)n, sizeof *st->opt_p);
-    st->opt = calloc((size_t)n, sizeof *st->opt);
-    st->mom = calloc((size_t)(2 * n), sizeof *st->mom);
     keel_tensor **gr = calloc((size_t)n, sizeof *gr);
-    if (!st->opt_p || !st->opt || !st->mom || !gr) {
+    if (!st->opt_p || !gr) {
         free(gr);
         return keel_fail("out of memory");
     }
@@ -127,7 +124,7 @@ int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *cons
         }
     }
     st->n_opt = n;
-    int rc = keel_adamw_attach(st->ctx, st->g, st->opt_p, gr, n, lr, weight_decay, st->mom, st->opt);
+    int rc = keel_adamw_attach(st->ctx, st->g, st->opt_p, gr, n, lr, weight_decay, clip, divisor, &st->opt);
     free(gr);
     return rc;
 }
@@ -144,7 +141,7 @@ int keel_step_place(keel_step *st, keel_backend *be) {
     int rc = keel_tensor_write(be, st->pos, pv, KEEL_I32);
     free(pv);
     for (int i = 0; i < 2 * st->n_opt && !rc; i++)
-        rc = be->fill_bytes(be, st->mom[i]->data, 0, keel_nbytes(st->mom[i]));
+        rc = be->fill_bytes(be, st->opt.mom[i]->data, 0, keel_nbytes(st->opt.mom[i]));
     return rc ? -1 : 0;
 }
 
@@ -199,6 +196,6 @@ void keel_step_free(keel_step *st) {
     keel_graph_free(st->g);
     keel_qwen35_free(st->m);
     keel_ctx_free(st->ctx);
-    free(st->opt_p), free(st->mom), free(st->opt);
+    free(st->opt_p), free(st->opt.mom);
     free(st);
 }

@@ -18,6 +18,7 @@
 #include "model/lora.h"
 #include "model/qwen35.h"
 #include "recompute/recompute.h"
+#include "train/optim.h"
 
 /* --precision: f32, keel's parity mode; bf16, mixed precision (float32 master weights, gradients,
  * moments and residual stream; the projections' operands bf16 copies, their sums float32). */
@@ -52,8 +53,8 @@ typedef struct {
     int clones;                  /* nodes the recompute rewrite added */
     int n_frozen;                /* parameters the freeze pattern matched */
     int n_opt;                   /* AdamW (keel_step_adamw): the parameters it updates, */
-    keel_tensor **opt_p, **mom;  /* their moments (m, v per parameter), */
-    keel_tensor **opt;           /* and the update nodes */
+    keel_tensor **opt_p;         /* which they are, */
+    keel_optim opt;              /* their moments, the gradients' sum of squares and the update node */
     const keel_adapter *adapter; /* the adapter keel_step_load reads (opts.adapter) */
     keel_backend *be;            /* after keel_step_place */
     keel_session *s;
@@ -67,11 +68,12 @@ keel_step *keel_step_custom(void);
 int keel_step_set_outputs(keel_step *st, keel_tensor *const *outputs, int n);
 /* The gradient of the model's i-th parameter (NULL when it has none: frozen, or no backward). */
 keel_tensor *keel_step_grad(const keel_step *st, int i);
-/* Appends AdamW (betas 0.9/0.95, eps 1e-8; weight decay on matrices only) for params[i] with
- * gradient grads[i]; params NULL: every parameter of the model with its own gradient. Set its
- * step, learning rate and gradient scale before each update with keel_adamw_set. */
+/* Appends AdamW (keel_adamw_attach: one update node over the parameters, gradients and moments
+ * laid out back to back) for params[i] with gradient grads[i]; params NULL: every parameter of the
+ * model with its own gradient. clip 0: none; divisor: the micro-batches x ranks the gradients sum.
+ * Set its step and learning rate before each update with keel_adamw_set(st->opt.adamw, ...). */
 int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr,
-                    double weight_decay);
+                    double weight_decay, double clip, int64_t divisor);
 /* Plans and binds the graph on be (which the caller keeps and frees), writes the positions and
  * zeroes AdamW's moments. */
 int keel_step_place(keel_step *st, keel_backend *be);

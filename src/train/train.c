@@ -118,14 +118,10 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
         G = t->acc;
     }
     t->end_fb = g->n_nodes;
-    for (int i = 0; i < t->n_train; i++) { /* the global gradient norm, summed in parameter order */
-        keel_tensor *sq = keel_sum(t->st->ctx, keel_sqr(t->st->ctx, G[i]));
-        t->sumsq = i ? keel_add(t->st->ctx, t->sumsq, sq) : sq;
-    }
-    if (!t->sumsq || keel_graph_expand(g, t->sumsq)) return -1;
-    t->sumsq->flags |= KEEL_FLAG_OUTPUT;
-    t->end_norm = g->n_nodes;
-    if (keel_step_adamw(t->st, t->train_p, G, t->n_train, o->lr, o->weight_decay)) return -1;
+    /* then the gradients' norm and the update, on the device: a step whose norm is not finite
+     * changes nothing there, and the host hears of it after */
+    if (keel_step_adamw(t->st, t->train_p, G, t->n_train, o->lr, o->weight_decay, o->clip, o->accum * t->world))
+        return -1;
     return keel_step_place(t->st, t->be);
 }
 
@@ -458,13 +454,15 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
                               ? keel_tracer_new(o->trace_data || o->trace_sample > 0, (size_t)o->trace_max_bytes)
                               : NULL;
         if (tr) tr->sample = o->trace_sample;
-        float l = NAN;
-        step_cb cb = {tr, micro == o->accum - 1 ? t->sync : NULL};
+        float l = 0;
+        bool last = micro == o->accum - 1; /* its loss is read after the update: no wait before it */
+        step_cb cb = {tr, last ? t->sync : NULL};
         if (cb.sync) keel_grad_sync_begin(cb.sync);
         int rc = keel_step_write_batch(t->st, t->ids, t->tgt) || keel_step_write_positions(t->st, t->pos) ||
                  (tr && keel_tracer_begin(tr, t->be, t->st->g)) ||
                  t->be->compute(t->be, t->st->g, 0, t->end_fb, cb.tr || cb.sync ? on_node : NULL, &cb) ||
-                 (cb.sync && keel_grad_sync_finish(cb.sync)) || keel_tensor_read(t->be, t->st->out.loss, &l, KEEL_F32);
+                 (cb.sync && keel_grad_sync_finish(cb.sync)) ||
+                 (!last && keel_tensor_read(t->be, t->st->out.loss, &l, KEEL_F32));
         if (tr && !rc) {
             if (keel_trace_write(tr, o->trace))
                 rc = 1;
@@ -475,22 +473,26 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
         if (rc) return -1;
         loss += l;
     }
+    /* the norm, the clip factor and the update on the device (the update skipped there when the
+     * norm is not finite), then the last micro-batch's loss and the norm read back */
+    double lr = lr_at(o, step);
+    keel_adamw_set(t->st->opt.adamw, step, lr);
+    float sumsq = NAN, l = NAN;
+    if (t->be->compute(t->be, t->st->g, t->end_fb, t->st->g->n_nodes, NULL, NULL) ||
+        keel_tensor_read(t->be, t->st->out.loss, &l, KEEL_F32) ||
+        keel_tensor_read(t->be, t->st->opt.sumsq, &sumsq, KEEL_F32))
+        return -1;
+    loss += l;
     if (t->world > 1 && keel_coll_allreduce_sum_f64(t->coll, &loss, 1)) return -1;
     loss /= (double)(o->accum * t->world);
-    float sumsq = NAN;
-    if (t->be->compute(t->be, t->st->g, t->end_fb, t->end_norm, NULL, NULL) ||
-        keel_tensor_read(t->be, t->sumsq, &sumsq, KEEL_F32))
-        return -1;
     double norm = sqrt((double)sumsq) / (double)(o->accum * t->world);
     if (!isfinite(loss) || !isfinite(norm)) {
         const char *bad = first_nonfinite(t);
-        return keel_fail("step %lld: the loss is %g and the gradient norm %g; first non-finite gradient: %s (no "
+        return keel_fail("step %lld: the loss is %g and the gradient norm %g; first non-finite gradient: %s (%s; no "
                          "checkpoint written for this step)",
-                         (long long)step, loss, norm, bad ? bad : "(none: the loss itself)");
+                         (long long)step, loss, norm, bad ? bad : "(none: the loss itself)",
+                         isfinite(norm) ? "the weights were updated" : "the update was skipped");
     }
-    double clip_f = o->clip > 0 && norm > o->clip ? o->clip / norm : 1.0, lr = lr_at(o, step);
-    keel_adamw_set(t->st->opt, t->n_train, step, lr, clip_f / (double)(o->accum * t->world));
-    if (t->be->compute(t->be, t->st->g, t->end_norm, t->st->g->n_nodes, NULL, NULL)) return -1;
     t->step = step;
     t->tokens += o->window * o->batch * o->accum * t->world;
     *loss_out = loss, *norm_out = norm, *lr_out = lr;

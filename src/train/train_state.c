@@ -27,7 +27,7 @@ static int write_state(const char *tmp_dir, void *ud) {
     void **bufs = calloc((size_t)(2 * t->n_train), sizeof *bufs);
     int rc = 0;
     for (int i = 0; i < 2 * t->n_train && !rc; i++) {
-        keel_tensor *mv = t->st->mom[i];
+        keel_tensor *mv = t->st->opt.mom[i];
         size_t bytes = (size_t)keel_nelements(mv) * 4;
         bufs[i] = malloc(bytes);
         names[i] = malloc(KEEL_NAME_MAX + 8);
@@ -166,11 +166,11 @@ int keel_trainer_read_state(trainer *t, const char *dir) {
         char nm[KEEL_NAME_MAX + 8];
         snprintf(nm, sizeof nm, "%s.%s", i % 2 ? "v" : "m", t->train_p[i / 2]->name);
         const keel_st_tensor *x = keel_st_find(st, nm);
-        if (!x || strcmp(x->dtype, "F32") || x->nbytes != (size_t)keel_nelements(t->st->mom[i]) * 4)
+        if (!x || strcmp(x->dtype, "F32") || x->nbytes != (size_t)keel_nelements(t->st->opt.mom[i]) * 4)
             rc = keel_fail("%s: optimizer state '%s' missing or of the wrong size (--freeze must match the run)", path,
                            nm);
         else
-            rc = t->be->write(t->be, t->st->mom[i]->data, x->data, x->nbytes);
+            rc = t->be->write(t->be, t->st->opt.mom[i]->data, x->data, x->nbytes);
     }
     keel_st_close(st);
     if (rc || !t->st->m->lora) return rc;

@@ -18,10 +18,9 @@ typedef struct {
     const keel_train_opts *o;
     keel_step *st; /* the model, its step graph and session, AdamW (keel_step) */
     keel_backend *be;
-    keel_tensor *sumsq;                            /* the squared gradient norm */
     keel_tensor **train_p, **grad, **acc, **acc_w; /* per trainable parameter (acc_w: the ACC into acc) */
     int n_train;
-    int64_t end_fb, end_norm; /* node ranges: [0,end_fb) forward+backward(+accumulate), then the norm, then AdamW */
+    int64_t end_fb; /* node ranges: [0,end_fb) forward+backward(+accumulate), then the norm and AdamW */
     int64_t step, position, tokens;
     int64_t trained; /* of the tokens seen, the targets the loss counted */
     keel_checkpoint *src;

@@ -61,7 +61,7 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
                          .precision = precision};
     keel_step *st = be ? keel_step_build(&so) : NULL;
     int rc = -1;
-    if (!st || keel_step_adamw(st, NULL, NULL, 0, 1e-2, 0.01) || keel_step_place(st, be)) goto done;
+    if (!st || keel_step_adamw(st, NULL, NULL, 0, 1e-2, 0.01, 0, 1) || keel_step_place(st, be)) goto done;
     const keel_qwen35 *m = st->m;
     o->clones = st->clones;
     o->planned = st->s->plan->total_bytes;
@@ -85,7 +85,7 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
             int64_t t = i % T;
             pv[i] = (int32_t)(!packed ? t : t == 0 || (t * 5 + step * 3 + i / T) % 9 == 0 ? 0 : pv[i - 1] + 1);
         }
-        keel_adamw_set(st->opt, st->n_opt, step + 1, 1e-2, 1.0);
+        keel_adamw_set(st->opt.adamw, step + 1, 1e-2);
         if (keel_step_write_positions(st, pv) || keel_step_run(st, iv, tv, NULL, NULL)) goto done;
         o->loss[step] = hash_tensor(0xcbf29ce484222325ull, be, st->out.loss);
         uint64_t h = 0xcbf29ce484222325ull;

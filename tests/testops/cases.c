@@ -205,6 +205,25 @@ static keel_tensor *build_lce_bf16(keel_ctx *ctx, const op_case *c, keel_tensor 
                                      c->ip[0]);
 }
 
+/* SUM_SQ of all but the first element: a contiguous start 4 bytes past a 16-byte boundary */
+static keel_tensor *build_sum_sq_unaligned(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    (void)c;
+    int64_t es = (int64_t)keel_type_size(x[0]->type);
+    return keel_sum_sq(ctx, keel_view_1d(ctx, x[0], keel_nelements(x[0]) - 1, es));
+}
+
+/* ADAMW as training builds it: s is the SUM_SQ of the gradients themselves (inputs p, g, m, v) */
+static keel_tensor *build_adamw_own_norm(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    keel_tensor *src[5] = {x[0], x[1], x[2], x[3], keel_sum_sq(ctx, x[1])};
+    return src[4] ? keel_op_new(ctx, KEEL_OP_ADAMW, src, 5, c->ip, c->n_ip, c->fp, c->n_fp) : NULL;
+}
+
+/* ADAMW whose s is not finite: the SUM_SQ of LOG of values with exact zeros (inputs p, g, m, v, x) */
+static keel_tensor *build_adamw_nonfinite(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    keel_tensor *src[5] = {x[0], x[1], x[2], x[3], keel_sum_sq(ctx, keel_log(ctx, x[4]))};
+    return src[4] ? keel_op_new(ctx, KEEL_OP_ADAMW, src, 5, c->ip, c->n_ip, c->fp, c->n_fp) : NULL;
+}
+
 /* FLASH_ATTN_BACK on the forward's own packed output (its o and lse are what the backward reads):
  * inputs q, k, v, positions, dy */
 static keel_tensor *build_fa_back(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
@@ -789,15 +808,43 @@ int keel_cases_all(op_case **out) {
                 }
             break;
         }
-        case KEEL_OP_ADAMW:
-            for (int w = 0; w < N_WIDTHS; w += 2) {
+        case KEEL_OP_SUM_SQ: /* two blocks and a tail; a width's rows; an unaligned start (the scalar path) */
+            for (int k = 0; k < 4; k++) {
+                static const int64_t shape[4][2] = {{1031, 130}, {7, 3}, {4099, 17}, {1031, 130}};
                 c = C(&l, op);
-                I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
-                I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
-                I(c, KEEL_F32, WIDTHS[w], 3, 1, 1)->scale = 0.1;
-                I(c, KEEL_F32, WIDTHS[w], 3, 1, 1)->dom = DOM_SMALL;
-                P(c, 1, (int64_t[]){3}, 6, (double[]){1e-3, 0.9, 0.999, 1e-8, 0.1, w == 0 ? 1.0 : 0.37});
+                I(c, KEEL_F32, shape[k][0], shape[k][1], 1, 1)->scale = k == 2 ? 1e3 : 1.0;
+                c->tol = 1e-13; /* a float64 sum rounded once to float32 */
+                if (k == 3) c->build = build_sum_sq_unaligned, c->name = "SUM_SQ(1031 x 130 from element 1)";
             }
+            for (int w = 0; w < N_WIDTHS; w += 3) {
+                c = C(&l, op);
+                I(c, KEEL_F32, WIDTHS[w], 2, 1, 1);
+                c->tol = 1e-13;
+            }
+            break;
+        case KEEL_OP_ADAMW:
+            /* k 0: the norm given, no clipping, every element decayed; 1: the gradients' own SUM_SQ,
+             * clipped to 0.5 (their norm is larger), a divisor of 2, a decay of lr x wd = 5e-3 on the
+             * first half only (large enough that decaying the rest fails the tolerance);
+             * 2: a non-finite norm (SUM_SQ of LOG(0)): nothing may change */
+            for (int w = 0; w < N_WIDTHS; w += 2)
+                for (int k = 0; k < 3; k++) {
+                    int64_t n = WIDTHS[w] * 3;
+                    c = C(&l, op);
+                    I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
+                    I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
+                    I(c, KEEL_F32, WIDTHS[w], 3, 1, 1)->scale = 0.1;
+                    I(c, KEEL_F32, WIDTHS[w], 3, 1, 1)->dom = DOM_SMALL;
+                    if (k == 0) I(c, KEEL_F32, 1, 1, 1, 1)->dom = DOM_POSITIVE;
+                    if (k == 2) I(c, KEEL_F32, 64, 1, 1, 1)->dom = DOM_UNIT_EDGES;
+                    P(c, 3, (int64_t[]){3, k == 1 ? 2 : 1, k == 1 ? n / 2 + 1 : n}, 6,
+                      (double[]){k == 1 ? 1e-2 : 1e-3, 0.9, 0.999, 1e-8, k == 1 ? 0.5 : 0.1, k == 1 ? 0.5 : 0.0});
+                    c->tol = 1e-9; /* float32 arithmetic on values of about 1 */
+                    if (k) c->build = k == 1 ? build_adamw_own_norm : build_adamw_nonfinite;
+                    if (k)
+                        c->name = k == 1 ? "ADAMW(s = SUM_SQ(g), clip 0.5, divisor 2, decay on the first half)"
+                                         : "ADAMW(s = SUM_SQ(LOG(0 ...)): not finite, nothing changes)";
+                }
             break;
         default:
             break;

@@ -161,6 +161,7 @@ static void inst_free(inst *x) {
 static bool case_has_grad(const op_case *c) {
     if (c->keep_types || c->op == KEEL_OP_FILL) return false;
     if (keel_op_get(c->op)->flags & OPF_BACKWARD) return false; /* its gradient: a second derivative */
+    if (!keel_op_get(c->op)->grad_srcs && keel_op_get(c->op)->nograd) return false; /* none by design (ADAMW) */
     if (c->build) return true;
     return keel_op_get(c->op)->grad_srcs != 0;
 }

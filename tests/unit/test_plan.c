@@ -96,11 +96,60 @@ static void inplace_aliases(void **st) {
     keel_ctx_free(ctx);
 }
 
+/* A group: its members back to back at 256-byte boundaries inside the flat tensor's block, which
+ * a node reads as one array (the gaps zero: the session fills them), and a member written after
+ * the group is read is refused. */
+static void groups_back_to_back(void **st) {
+    (void)st;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_tensor *p1 = keel_set_flags(keel_new_1d(ctx, KEEL_F32, 5), KEEL_FLAG_INPUT);
+    keel_tensor *x1 = keel_set_flags(keel_new_1d(ctx, KEEL_F32, 70), KEEL_FLAG_INPUT);
+    keel_tensor *x2 = keel_set_flags(keel_new_2d(ctx, KEEL_F32, 3, 2), KEEL_FLAG_INPUT);
+    keel_tensor *g1 = keel_sqr(ctx, x1), *g2 = keel_scale(ctx, x2, 2.0, 0.0);
+    keel_graph *g = keel_graph_build(ctx, (keel_tensor *[]){g1, g2}, 2);
+    keel_tensor *flat = keel_graph_group(g, (keel_tensor *[]){p1, g1, g2}, 3, "grp");
+    assert_non_null(flat);
+    assert_int_equal(keel_nelements(flat), (768 + 24) / 4); /* 0: 20 bytes, 256: 280 bytes, 768: 24 bytes */
+    assert_null(keel_graph_group(g, (keel_tensor *[]){g2}, 1, "again")); /* g2 is in grp already */
+    keel_tensor *s = keel_sum_sq(ctx, flat);
+    assert_int_equal(keel_graph_expand(g, s), 0);
+    s->flags |= KEEL_FLAG_OUTPUT;
+    keel_plan *p = keel_plan_make(g, NULL);
+    assert_non_null(p);
+    size_t f = p->offset[flat->id];
+    assert_int_equal(p->offset[p1->id], f);
+    assert_int_equal(p->offset[g1->id], f + 256);
+    assert_int_equal(p->offset[g2->id], f + 768);
+    keel_plan_free(p);
+    double v1[5], vx1[70], vx2[6], want = 0;
+    for (int i = 0; i < 5; i++) v1[i] = 0.5 * i - 1, want += v1[i] * v1[i];
+    for (int i = 0; i < 70; i++) vx1[i] = 0.03 * i, want += pow(vx1[i] * vx1[i], 2);
+    for (int i = 0; i < 6; i++) vx2[i] = 1 - 0.25 * i, want += 4 * vx2[i] * vx2[i];
+    double *r = run_graph("cpu", g, (keel_tensor *[]){p1, x1, x2}, (double *[]){v1, vx1, vx2}, 3, s);
+    assert_true(fabs(r[0] - want) <= 1e-6 * want);
+    free(r);
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+
+    ctx = keel_ctx_new(); /* a member written after a node read the group */
+    keel_tensor *x = keel_set_flags(keel_new_1d(ctx, KEEL_F32, 4), KEEL_FLAG_INPUT), *y = keel_sqr(ctx, x);
+    g = keel_graph_build(ctx, &y, 1);
+    flat = keel_graph_group(g, &y, 1, "late");
+    s = keel_sum_sq(ctx, flat);
+    keel_tensor *late = keel_acc(ctx, y, s, y->nb[1], y->nb[2], y->nb[3], 0, true);
+    assert_int_equal(keel_graph_expand(g, late), 0);
+    assert_null(keel_plan_make(g, NULL));
+    assert_non_null(strstr(keel_last_error(), "writes a member after"));
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(no_live_overlap),
         cmocka_unit_test(chain_reuses),
         cmocka_unit_test(inplace_aliases),
+        cmocka_unit_test(groups_back_to_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

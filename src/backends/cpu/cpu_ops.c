@@ -8,6 +8,7 @@
 #include "backends/cpu/gemm.h"
 #include "ops/ops.h"
 #include "ops/dropout_mask.h"
+#include "ops/optimizer_step.h"
 #include "ops/scalar_f32.h"
 #include "backends/cpu/vec_math.h"
 #include "util/error.h"
@@ -16,7 +17,7 @@ typedef struct {
     keel_backend *be;
     const keel_tensor *t;
     double *partial; /* per-row results reduced serially afterwards */
-    double ce_div;   /* CROSS_ENTROPY_LOSS(_BACK): the loss's divisor */
+    double ce_div;   /* CROSS_ENTROPY_LOSS(_BACK): the loss's divisor; ADAMW: the gradients' factor */
     int64_t *csr_start, *csr_items;
     float *wt;   /* CONV1D, GDN_CONV: the weight as [K][C] */
     float *rows; /* GDN_CONV: 2 C floats a thread (the conv's output and its SiLU); QK_NORM_ROPE: a row a thread */
@@ -535,16 +536,37 @@ static void adamw_task(void *arg, int64_t b, int64_t e, int th) {
     float *p = t->data;
     const float *g = t->src[1]->data;
     float *m = t->src[2]->data, *v = t->src[3]->data;
-    float lr = (float)t->fp[0], b1 = (float)t->fp[1], b2 = (float)t->fp[2], eps = (float)t->fp[3], gs = (float)t->fp[5];
-    float decay = (float)(1.0 - t->fp[0] * t->fp[4]);
+    float lr = (float)t->fp[0], b1 = (float)t->fp[1], b2 = (float)t->fp[2], eps = (float)t->fp[3],
+          gs = (float)c->ce_div;
     float bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])), bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
-    for (int64_t i = b; i < e; i++) {
-        float gi = g[i] * gs;
-        float mi = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    for (int seg = 0; seg < 2; seg++) { /* the decayed elements [0, ip2), then the rest */
+        float decay = seg ? 1.0f : (float)(1.0 - t->fp[0] * t->fp[4]);
+        int64_t lo = seg ? (b > t->ip[2] ? b : t->ip[2]) : b, hi = seg ? e : (e < t->ip[2] ? e : t->ip[2]);
+        for (int64_t i = lo; i < hi; i++) {
+            float gi = g[i] * gs;
+            float mi = b1 * m[i] + (1.0f - b1) * gi;
+            float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+        }
+    }
+}
+
+/* SUM_SQ's first level: block j's float64 sum of squares (four running sums, then their sum: a
+ * fixed order for any thread count). */
+static void sum_sq_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const float *x = c->t->src[0]->data;
+    int64_t n = keel_nelements(c->t->src[0]);
+    for (int64_t j = b; j < e; j++) {
+        int64_t lo = j * KEEL_SUM_SQ_BLOCK, hi = lo + KEEL_SUM_SQ_BLOCK < n ? lo + KEEL_SUM_SQ_BLOCK : n, i = lo;
+        double s[4] = {0, 0, 0, 0};
+        for (; i + 4 <= hi; i += 4)
+            for (int k = 0; k < 4; k++) s[k] += (double)x[i + k] * x[i + k];
+        for (; i < hi; i++) s[0] += (double)x[i] * x[i];
+        c->partial[j] = (s[0] + s[1]) + (s[2] + s[3]);
     }
 }
 
@@ -745,8 +767,20 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_FLASH_ATTN:
     case KEEL_OP_FLASH_ATTN_BACK:
         return cpu_flash_attn(be, t);
+    case KEEL_OP_SUM_SQ: {
+        int64_t R = (keel_nelements(a) + KEEL_SUM_SQ_BLOCK - 1) / KEEL_SUM_SQ_BLOCK;
+        c.partial = malloc((size_t)(R ? R : 1) * sizeof(double));
+        if (!c.partial) return keel_fail("cpu: out of memory in '%s'", t->name);
+        keel_pool_for(pool, R, sum_sq_task, &c);
+        double s = 0;
+        for (int64_t r = 0; r < R; r++) s += c.partial[r]; /* the second level: block order */
+        free(c.partial);
+        W(t->data) = (float)s;
+        return 0;
+    }
     case KEEL_OP_ADAMW:
-        keel_pool_for(pool, keel_nelements(t), adamw_task, &c);
+        if (keel_adamw_factor(F(t->src[4]->data), t->fp[5], t->ip[1], &c.ce_div))
+            keel_pool_for(pool, keel_nelements(t), adamw_task, &c);
         return 0;
     default:
         return keel_fail("cpu: no kernel for %s", keel_op_get(t->op)->name);

@@ -132,26 +132,6 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
     cuda_impl *im = cuda_im(be);
     for (int64_t i = from; i < to; i++) {
         const keel_tensor *t = g->nodes[i];
-        int64_t run = 1; /* a run of ADAMW nodes (the optimizer step) goes to the GPU as one launch */
-        while (t->op == KEEL_OP_ADAMW && !im->adamw_per_node && i + run < to && g->nodes[i + run]->op == KEEL_OP_ADAMW)
-            run++;
-        if (run > 1) {
-            if (im->profile) cudaEventRecord(im->ev0, im->stream);
-            if (cuda_adamw_nodes(be, g->nodes + i, run) || cuda_check(cudaGetLastError(), "kernel launch", t))
-                return -1;
-            if (im->profile) { /* the launch's time on its first node: the op's total is right */
-                float ms = 0;
-                cudaEventRecord(im->ev1, im->stream);
-                if (cuda_check(cudaEventSynchronize(im->ev1), "kernel", t)) return -1;
-                cudaEventElapsedTime(&ms, im->ev0, im->ev1);
-                for (int64_t k = 0; k < run; k++) keel_op_profile_add(im->profile, g->nodes[i + k], k ? 0.0 : ms);
-            }
-            if (im->sync_each_node && cuda_check(cudaStreamSynchronize(im->stream), "kernel", t)) return -1;
-            for (int64_t k = 0; k < run && cb; k++)
-                if (cb(be, g->nodes[i + k], i + k, ud)) return keel_backend_callback_failed(g->nodes[i + k]);
-            i += run - 1;
-            continue;
-        }
         if (!(keel_op_get(t->op)->flags & OPF_VIEW)) {
             if (im->profile) cudaEventRecord(im->ev0, im->stream);
             if (cuda_node(be, t)) {
@@ -250,13 +230,6 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     be->impl = im;
     const char *sy = getenv("KEEL_CUDA_SYNC");
     im->sync_each_node = sy && *sy && strcmp(sy, "0") != 0;
-    const char *aw = getenv("KEEL_CUDA_ADAMW");
-    if (aw && *aw && strcmp(aw, "per-node") != 0 && strcmp(aw, "batched") != 0) {
-        keel_fail("KEEL_CUDA_ADAMW='%s': expected 'batched' (the default) or 'per-node'", aw);
-        free(im), free(be);
-        return NULL;
-    }
-    im->adamw_per_node = aw && strcmp(aw, "per-node") == 0;
     im->profile = keel_op_profile_from_env("KEEL_CUDA_PROFILE");
     if (keel_backend_read_fault(be) || cuda_check(cudaSetDevice(dev), "cudaSetDevice", NULL) ||
         cuda_check(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking), "stream creation", NULL) ||

@@ -108,7 +108,6 @@ typedef struct {
     void *scratch; /* per-node temporary space, grown on demand */
     size_t scratch_bytes;
     int sync_each_node; /* KEEL_CUDA_SYNC=1: wait after every node so an error names its node */
-    int adamw_per_node; /* KEEL_CUDA_ADAMW=per-node: a launch per ADAMW node, not one per run of them */
     /* KEEL_CUDA_PROFILE=1: GPU time per op, printed when the backend is freed (NULL: off) */
     keel_op_profile *profile;
     cudaEvent_t ev0, ev1;
@@ -147,7 +146,6 @@ int cuda_copy_rows(keel_backend *be, const keel_tensor *dst, const keel_tensor *
 
 int cuda_node(keel_backend *be, const keel_tensor *t);
 /* A run of ADAMW nodes in few launches (one per 360 nodes), the same bits as cuda_node on each. */
-int cuda_adamw_nodes(keel_backend *be, keel_tensor *const *nodes, int64_t count);
 int cuda_matmul(keel_backend *be, const keel_tensor *t);
 int cuda_out_prod(keel_backend *be, const keel_tensor *t);
 int cuda_gdn_forward(keel_backend *be, const keel_tensor *t);

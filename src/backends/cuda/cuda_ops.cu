@@ -8,6 +8,7 @@
 
 #include "backends/cuda/cuda_internal.h"
 #include "ops/dropout_mask.h"
+#include "ops/optimizer_step.h"
 #include "ops/scalar_f32.h"
 
 #define RT KEEL_CUDA_RT
@@ -673,102 +674,79 @@ __global__ void k_get_rows_back(kt t, kt dy, const int64_t *start, const int64_t
     }
 }
 
-/* One ADAMW node's scalars, as the op table gives them (fp0 lr, fp1 b1, fp2 b2, fp3 eps, fp4 weight
- * decay, fp5 gradient scale, ip0 step), the bias corrections and decay worked out in float64. */
+/* ADAMW's scalars, as the op table gives them (fp0 lr, fp1 b1, fp2 b2, fp3 eps, fp4 weight decay,
+ * ip0 step), the bias corrections and the decay worked out in float64; the gradients' factor comes
+ * from the SUM_SQ on the device (keel_adamw_factor). */
 typedef struct {
-    float lr, b1, b2, eps, gs, decay, bc1, bc2;
+    float lr, b1, b2, eps, decay, bc1, bc2;
 } adamw_hp;
 
 static adamw_hp adamw_hp_of(const keel_tensor *t) {
     adamw_hp h;
     h.lr = (float)t->fp[0], h.b1 = (float)t->fp[1], h.b2 = (float)t->fp[2], h.eps = (float)t->fp[3];
-    h.gs = (float)t->fp[5], h.decay = (float)(1.0 - t->fp[0] * t->fp[4]);
+    h.decay = (float)(1.0 - t->fp[0] * t->fp[4]);
     h.bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])), h.bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
     return h;
 }
 
-/* AdamW on one element. The per-node and the batched kernel both call it: the same bits either way
- * (each rounding is pinned by the _rn intrinsics, so no FMA contraction can differ). */
-__device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, const adamw_hp &h) {
-    float gi = g * h.gs;
+/* AdamW on one element, each rounding pinned by the _rn intrinsics (no FMA contraction), so the
+ * 16-byte and the scalar path give the same bits as the cpu's formula. */
+__device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, const adamw_hp &h, float gs,
+                                          float decay) {
+    float gi = g * gs;
     float mi = __fadd_rn(h.b1 * m, (1.0f - h.b1) * gi);
     float vi = __fadd_rn(h.b2 * v, __fmul_rn((1.0f - h.b2) * gi, gi));
     m = mi;
     v = vi;
-    p = __fsub_rn(p * h.decay, __fmul_rn(h.lr, mi / h.bc1) / (sqrtf(vi / h.bc2) + h.eps));
+    p = __fsub_rn(p * decay, __fmul_rn(h.lr, mi / h.bc1) / (sqrtf(vi / h.bc2) + h.eps));
 }
 
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, int64_t n, adamw_hp h) {
-    GRID_STRIDE(i, n) adamw_one(p[i], g[i], m[i], v[i], h);
-}
-
-/* The optimizer step of many parameters in one launch: a run of ADAMW nodes (the step's last
- * nodes) given to the kernel as its parameter, ADAMW_CHUNK elements a block, each block finding its
- * tensor by binary search over the first block of each. 16-byte loads where a tensor's four arrays
- * are aligned (the per-node kernel's one float a thread reached about half the memory bandwidth). */
-enum { ADAMW_CHUNK = 8192, ADAMW_BATCH = 360 }; /* 360 x 80 bytes: within the 32 KiB kernel parameter limit */
-typedef struct {
-    float *p;
-    const float *g;
-    float *m, *v;
-    int64_t n, blk0;
-    adamw_hp h;
-} adamw_item;
-typedef struct {
-    int n;
-    adamw_item it[ADAMW_BATCH];
-} adamw_batch;
-
-__global__ void k_adamw_batch(const __grid_constant__ adamw_batch b) {
-    int lo = 0, hi = b.n - 1;
-    int64_t blk = blockIdx.x;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (b.it[mid].blk0 <= blk)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const adamw_item &it = b.it[lo];
-    const adamw_hp h = it.h;
-    int64_t s = (blk - it.blk0) * ADAMW_CHUNK, e = min(s + (int64_t)ADAMW_CHUNK, it.n), e4 = s;
-    if ((((uintptr_t)it.p | (uintptr_t)it.g | (uintptr_t)it.m | (uintptr_t)it.v) & 15) == 0) {
-        e4 = s + (e - s) / 4 * 4;
-        for (int64_t i = s + 4 * (int64_t)threadIdx.x; i < e4; i += 4 * (int64_t)blockDim.x) {
-            float4 p4 = *(float4 *)(it.p + i), m4 = *(float4 *)(it.m + i), v4 = *(float4 *)(it.v + i);
-            const float4 g4 = *(const float4 *)(it.g + i);
-            adamw_one(p4.x, g4.x, m4.x, v4.x, h);
-            adamw_one(p4.y, g4.y, m4.y, v4.y, h);
-            adamw_one(p4.z, g4.z, m4.z, v4.z, h);
-            adamw_one(p4.w, g4.w, m4.w, v4.w, h);
-            *(float4 *)(it.p + i) = p4, *(float4 *)(it.m + i) = m4, *(float4 *)(it.v + i) = v4;
+/* The optimizer step in one launch: in training p, g, m, v are the groups' flat tensors, every
+ * trained parameter at once; elements [0, decay_end) take the weight decay. Every thread works out
+ * the factor from the sum of squares s and leaves everything as it was when the norm is not
+ * finite, so a bad step changes nothing without the host looking first. */
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, const float *s, int64_t n, int64_t decay_end,
+                        adamw_hp h, double clip, int64_t div, int vec) {
+    double f;
+    if (!keel_adamw_factor((double)*s, clip, div, &f)) return;
+    const float gs = (float)f;
+#define ADAMW_AT(i, P, G, M, V) adamw_one(P, G, M, V, h, gs, (i) < decay_end ? h.decay : 1.0f)
+    if (vec) {
+        VEC_LOOP(q, n) {
+            float4 p4 = ((float4 *)p)[q], m4 = ((float4 *)m)[q], v4 = ((float4 *)v)[q];
+            const float4 g4 = ((const float4 *)g)[q];
+            ADAMW_AT(4 * q, p4.x, g4.x, m4.x, v4.x);
+            ADAMW_AT(4 * q + 1, p4.y, g4.y, m4.y, v4.y);
+            ADAMW_AT(4 * q + 2, p4.z, g4.z, m4.z, v4.z);
+            ADAMW_AT(4 * q + 3, p4.w, g4.w, m4.w, v4.w);
+            ((float4 *)p)[q] = p4, ((float4 *)m)[q] = m4, ((float4 *)v)[q] = v4;
         }
+        VEC_TAIL(e, n) ADAMW_AT(e, p[e], g[e], m[e], v[e]);
+        return;
     }
-    for (int64_t i = e4 + threadIdx.x; i < e; i += blockDim.x) adamw_one(it.p[i], it.g[i], it.m[i], it.v[i], h);
+    GRID_STRIDE(e, n) ADAMW_AT(e, p[e], g[e], m[e], v[e]);
+#undef ADAMW_AT
 }
 
-int cuda_adamw_nodes(keel_backend *be, keel_tensor *const *nodes, int64_t count) {
-    adamw_batch *b = (adamw_batch *)malloc(sizeof *b); /* 29 KiB, off the stack; the launch copies it */
-    if (!b) return keel_fail("cuda: out of memory for an AdamW launch's table");
-    int rc = 0;
-    for (int64_t i0 = 0; i0 < count && !rc; i0 += ADAMW_BATCH) {
-        int64_t blocks = 0;
-        b->n = 0;
-        for (int64_t i = i0; i < count && i < i0 + ADAMW_BATCH; i++) {
-            const keel_tensor *t = nodes[i];
-            adamw_item *it = &b->it[b->n++];
-            it->p = (float *)t->data, it->g = (const float *)t->src[1]->data;
-            it->m = (float *)t->src[2]->data, it->v = (float *)t->src[3]->data;
-            it->n = keel_nelements(t), it->blk0 = blocks, it->h = adamw_hp_of(t);
-            blocks += (it->n + ADAMW_CHUNK - 1) / ADAMW_CHUNK;
+/* SUM_SQ's first level: a block per KEEL_SUM_SQ_BLOCK elements; thread i takes the runs of four
+ * elements at 4i, 4i + 4 RT, ... (one 16-byte load each where x allows: the same order either way),
+ * float64 sums, then the block's fixed tree (block_sum). */
+__global__ void k_sum_sq_blocks(const float *x, int64_t n, double *partial, int vec) {
+    __shared__ double sh[RT];
+    int64_t lo = (int64_t)blockIdx.x * KEEL_SUM_SQ_BLOCK, hi = min(lo + (int64_t)KEEL_SUM_SQ_BLOCK, n);
+    double acc = 0;
+    for (int64_t i = lo + 4 * (int64_t)threadIdx.x; i < hi; i += 4 * RT) {
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (vec && i + 4 <= hi) {
+            float4 q = *(const float4 *)(x + i);
+            a[0] = q.x, a[1] = q.y, a[2] = q.z, a[3] = q.w;
+        } else {
+            for (int k = 0; k < 4 && i + k < hi; k++) a[k] = x[i + k];
         }
-        if (blocks > 0x7fffffff)
-            rc = keel_fail("cuda: %lld AdamW blocks in one launch", (long long)blocks);
-        else if (blocks)
-            k_adamw_batch<<<(unsigned)blocks, 256, 0, st(be)>>>(*b);
+        for (int k = 0; k < 4; k++) acc += (double)a[k] * a[k];
     }
-    free(b);
-    return rc;
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
 /* ---------------------------------------------------------------- rows */
@@ -1200,10 +1178,22 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_FLASH_ATTN:
     case KEEL_OP_FLASH_ATTN_BACK:
         return cuda_flash_attn(be, t);
-    case KEEL_OP_ADAMW:
-        EW(k_adamw, n, (float *)t->data, (const float *)b->data, (float *)t->src[2]->data, (float *)t->src[3]->data, n,
-           adamw_hp_of(t));
+    case KEEL_OP_SUM_SQ: { /* the second level: k_finish_sum's fixed tree over the blocks' sums */
+        int64_t na = keel_nelements(a), R = (na + KEEL_SUM_SQ_BLOCK - 1) / KEEL_SUM_SQ_BLOCK;
+        double *partial = (double *)cuda_scratch(be, (size_t)(R ? R : 1) * sizeof(double), t);
+        if (!partial) return -1;
+        if (R) k_sum_sq_blocks<<<(unsigned)R, RT, 0, st(be)>>>((const float *)a->data, na, partial, vec_ok(a->data));
+        k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, 1.0);
         return 0;
+    }
+    case KEEL_OP_ADAMW: {
+        bool vec = vec_tensors(t, b, t->src[2]) && vec_tensors(t->src[3], NULL, NULL);
+        if (n > 0)
+            k_adamw<<<vec ? vec_blocks(n) : cuda_blocks(n, 256), 256, 0, st(be)>>>(
+                (float *)t->data, (const float *)b->data, (float *)t->src[2]->data, (float *)t->src[3]->data,
+                (const float *)t->src[4]->data, n, t->ip[2], adamw_hp_of(t), t->fp[5], t->ip[1], vec ? 1 : 0);
+        return 0;
+    }
     default:
         return keel_fail("cuda: no kernel for %s", keel_op_get(t->op)->name);
     }

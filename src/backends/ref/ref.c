@@ -796,12 +796,23 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS) put(t, 0, 0, 0, 0, total / D);
         return 0;
     }
+    case KEEL_OP_SUM_SQ: { /* float64 throughout: any order is the oracle's */
+        double s = 0;
+        FOR4(a) s += get(a, i0, i1, i2, i3) * get(a, i0, i1, i2, i3);
+        put(t, 0, 0, 0, 0, s);
+        return 0;
+    }
     case KEEL_OP_ADAMW: {
         const keel_tensor *gr = t->src[1], *m = t->src[2], *v = t->src[3];
-        double lr = t->fp[0], b1 = t->fp[1], b2 = t->fp[2], eps = t->fp[3], wd = t->fp[4];
+        double lr = t->fp[0], b1 = t->fp[1], b2 = t->fp[2], eps = t->fp[3], f;
         double bc1 = 1.0 - pow(b1, (double)t->ip[0]), bc2 = 1.0 - pow(b2, (double)t->ip[0]);
+        /* the op table's definition, stated again here (not optimizer_step.h's helper): the oracle */
+        double norm = sqrt(get(t->src[4], 0, 0, 0, 0)) / (double)t->ip[1], clip = t->fp[5];
+        if (isnan(norm) || isinf(norm)) return 0; /* nothing changes */
+        f = (clip > 0 && norm > clip ? clip / norm : 1.0) / (double)t->ip[1];
         FOR4(t) {
-            double gg = get(gr, i0, i1, i2, i3) * t->fp[5];
+            int64_t e = i0 + t->ne[0] * (i1 + t->ne[1] * (i2 + t->ne[2] * i3));
+            double gg = get(gr, i0, i1, i2, i3) * f, wd = e < t->ip[2] ? t->fp[4] : 0.0;
             double mm = b1 * get(m, i0, i1, i2, i3) + (1 - b1) * gg;
             double vv = b2 * get(v, i0, i1, i2, i3) + (1 - b2) * gg * gg;
             double p = get(a, i0, i1, i2, i3);
