@@ -76,22 +76,23 @@ static int arena_free(arena *a, size_t off, size_t size) {
 static bool is_root(const keel_tensor *t) { return t->view_src == NULL; }
 
 /* A group's flat tensor stands for its members' bytes: every node that writes a member (in place
- * too) must come before the first node that reads or writes the flat tensor. */
-static int group_order(const keel_graph *g, const keel_group *gr) {
+ * too) must come before the first node that reads or writes the flat tensor. mark: n_ids zeroed
+ * bytes, left zeroed. */
+static int group_order(const keel_graph *g, const keel_group *gr, uint8_t *mark) {
     int64_t first = -1, last_write = -1;
-    const keel_tensor *writer = NULL;
+    for (int i = 0; i < gr->n; i++) mark[gr->members[i]->id] = 1;
     for (int64_t i = 0; i < g->n_nodes; i++) {
         keel_tensor *t = g->nodes[i];
         int arity = keel_op_get(t->op)->arity;
         bool reads = keel_root(t) == gr->flat;
         for (int s = 0; s < arity; s++) reads = reads || keel_root(t->src[s]) == gr->flat;
         if (reads && first < 0) first = i;
-        for (int m = 0; m < gr->n; m++)
-            if (keel_root(t) == gr->members[m]) last_write = i, writer = t;
+        if (mark[keel_root(t)->id]) last_write = i;
     }
+    for (int i = 0; i < gr->n; i++) mark[gr->members[i]->id] = 0;
     if (first >= 0 && last_write > first)
         return keel_fail("group '%s': node '%s' writes a member after node '%s' reads the group", gr->flat->name,
-                         writer->name, g->nodes[first]->name);
+                         g->nodes[last_write]->name, g->nodes[first]->name);
     return 0;
 }
 
@@ -100,9 +101,9 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     int64_t n_ids = keel_ctx_count(g->ctx);
     keel_plan *p = calloc(1, sizeof *p);
     int64_t *last_use = malloc((size_t)n_ids * sizeof *last_use);
-    uint8_t *persist = calloc((size_t)n_ids, 1);
+    uint8_t *persist = calloc((size_t)n_ids, 1), *mark = calloc((size_t)n_ids, 1);
     arena ar = {0};
-    if (!p || !last_use || !persist) goto oom;
+    if (!p || !last_use || !persist || !mark) goto oom;
     p->offset = malloc((size_t)n_ids * sizeof *p->offset);
     if (!p->offset) goto oom;
     p->n_offset = n_ids;
@@ -130,7 +131,7 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     /* Groups first: one block each, the members at their offsets inside it (persistent). */
     for (int k = 0; k < g->n_groups; k++) {
         const keel_group *gr = &g->groups[k];
-        if (group_order(g, gr)) goto fail;
+        if (group_order(g, gr, mark)) goto fail;
         size_t at = arena_alloc(&ar, SIZE_OF(gr->flat)) + gb;
         p->offset[gr->flat->id] = at;
         for (int i = 0; i < gr->n; i++) p->offset[gr->members[i]->id] = at + (size_t)gr->offset[i];
@@ -176,6 +177,7 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     free(ar.free);
     free(last_use);
     free(persist);
+    free(mark);
     return p;
 oom:
     keel_fail("out of memory making the memory plan");
@@ -183,6 +185,7 @@ fail:
     free(ar.free);
     free(last_use);
     free(persist);
+    free(mark);
     keel_plan_free(p);
     return NULL;
 }
