@@ -242,7 +242,10 @@ int cmd_info(int argc, char **argv) {
     printf("\ntraining step, %s, batch %lld x window %lld, planned by keel's memory plan (AdamW moments: %.2f GiB "
            "more):\n",
            prec == KEEL_PRECISION_BF16 ? "bf16 mixed precision" : "float32", B, T, moments);
-    printf("%-12s %14s %22s %14s %16s\n", "recompute", "planned peak", "params+grads+moments", "activations", "total");
+    size_t scr = 0;
+    bool cuda = keel_backend_scratch_plan("cuda", NULL, &scr) == 0; /* built in: its scratch joins the plan */
+    printf("%-12s %14s %22s %14s %16s%s\n", "recompute", "planned peak", "params+grads+moments", "activations", "total",
+           cuda ? "     cuda scratch     cuda total" : "");
     const char *modes[] = {"off", "full", "every:2", "every:4", rmode};
     int n_modes =
         4 + (strcmp(rmode, "off") && strcmp(rmode, "full") && strcmp(rmode, "every:2") && strcmp(rmode, "every:4"));
@@ -268,8 +271,11 @@ int cmd_info(int argc, char **argv) {
         }
         keel_plan *pl = keel_plan_make(st->g, NULL);
         double planned = (double)pl->total_bytes / gib, act = (double)pl->peak_activation_bytes / gib;
-        printf("%-12s %10.2f GiB %18.2f GiB %10.2f GiB %12.2f GiB\n", modes[mi], planned,
+        printf("%-12s %10.2f GiB %18.2f GiB %10.2f GiB %12.2f GiB", modes[mi], planned,
                (double)pl->persistent_bytes / gib + moments, act, planned + moments);
+        if (cuda && keel_backend_scratch_plan("cuda", st->g, &scr) == 0)
+            printf(" %12.2f GiB %12.2f GiB", (double)scr / gib, planned + moments + (double)scr / gib);
+        printf("\n");
         keel_plan_free(pl);
         if (keep)
             kept = st;

@@ -50,6 +50,14 @@ keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_
         return NULL;
     }
     keel_plan_bind(s->plan, g, s->arena);
+    for (int64_t i = 0; be->scratch_bytes && i < g->n_nodes; i++) {
+        size_t n = be->scratch_bytes(be, g->nodes[i]);
+        if (n > s->scratch_bytes) s->scratch_bytes = n;
+    }
+    if (be->reserve_scratch && be->reserve_scratch(be, s->scratch_bytes)) {
+        keel_session_free(s);
+        return NULL;
+    }
     for (int k = 0; k < g->n_groups; k++) { /* kernels over a group's flat tensor read the gaps: zero */
         const keel_tensor *f = g->groups[k].flat;
         if (be->fill_bytes(be, (char *)s->arena + s->plan->offset[f->id], 0, keel_nbytes(f))) {

@@ -39,6 +39,11 @@ struct keel_backend {
     /* THE copy path: dst's strided region <- src's (same shape), with type conversion; accumulate
      * adds instead of assigning. Every op that copies calls this. */
     int (*copy)(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate);
+    /* The working memory its kernel of `node` takes beyond the node's result, from shapes, types and
+     * strides alone, and the reservation of the largest before a graph runs: sessions call both, so
+     * no step allocates. NULL both on backends whose kernels need none planned (ref, cpu). */
+    size_t (*scratch_bytes)(keel_backend *be, const keel_tensor *node);
+    int (*reserve_scratch)(keel_backend *be, size_t bytes);
     /* Run nodes [from, to) of a bound graph. */
     int (*compute)(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud);
     int (*set_threads)(keel_backend *be, int n);
@@ -50,6 +55,9 @@ struct keel_backend {
  * an error for an unknown name. */
 keel_backend *keel_backend_new(const char *name, int n_threads);
 void keel_backend_free(keel_backend *be);
+/* The scratch a session of g would reserve on the named backend (the largest node's: see
+ * scratch_bytes above; 0 on ref and cpu), without making one. -1 when the backend is not built. */
+int keel_backend_scratch_plan(const char *name, const keel_graph *g, size_t *bytes);
 /* Names of the backends built into this binary, e.g. "ref,cpu". */
 const char *keel_backend_list(void);
 /* Parse KEEL_FAULT into be->fault_row_limit (called by backends that honour it). -1 on a bad value. */
@@ -64,6 +72,7 @@ typedef struct {
     keel_graph *g;
     keel_plan *plan;
     void *arena;
+    size_t scratch_bytes; /* the largest scratch a node takes (be->scratch_bytes), reserved with the arena */
 } keel_session;
 
 keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_opts *opts);

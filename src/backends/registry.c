@@ -9,6 +9,7 @@
 keel_backend *keel_backend_ref_new(void);
 keel_backend *keel_backend_cpu_new(int n_threads);
 #ifdef KEEL_HAVE_CUDA
+#include "backends/cuda/cuda_api.h"
 keel_backend *keel_backend_cuda_new(void);
 #endif
 
@@ -48,4 +49,20 @@ keel_backend *keel_backend_new(const char *name, int n_threads) {
         if (strcmp(name, REGISTRY[i].name) == 0) return REGISTRY[i].make(n_threads);
     keel_fail("unknown backend '%s' (this build has: %s)", name, keel_backend_list());
     return NULL;
+}
+
+int keel_backend_scratch_plan(const char *name, const keel_graph *g, size_t *bytes) {
+    *bytes = 0;
+#ifdef KEEL_HAVE_CUDA
+    if (strcmp(name, "cuda") == 0) {
+        for (int64_t i = 0; g && i < g->n_nodes; i++) {
+            size_t n = keel_cuda_scratch_bytes(g->nodes[i]);
+            if (n > *bytes) *bytes = n;
+        }
+        return 0;
+    }
+#else
+    (void)g;
+#endif
+    return strcmp(name, "ref") == 0 || strcmp(name, "cpu") == 0 ? 0 : -1;
 }

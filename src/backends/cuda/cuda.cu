@@ -92,21 +92,34 @@ static int cuda_fill_bytes(keel_backend *be, void *dst, int byte, size_t n) {
     return cuda_check(cudaMemsetAsync(dst, byte, n, cuda_im(be)->stream), "memset", NULL);
 }
 
-void *cuda_scratch(keel_backend *be, size_t n, const keel_tensor *t) {
+/* The one scratch buffer, grown (never shrunk) to what a session's largest node takes: sessions
+ * share it, so it holds the largest of them all. */
+static int cuda_reserve_scratch(keel_backend *be, size_t n) {
     cuda_impl *im = cuda_im(be);
-    if (n <= im->scratch_bytes) return im->scratch;
+    if (n <= im->scratch_bytes) return 0;
     if (im->scratch) cuda_free(be, im->scratch);
     im->scratch = NULL, im->scratch_bytes = 0;
-    size_t want = n + n / 4;
-    im->scratch = cuda_alloc(be, want);
-    if (!im->scratch) {
+    if (!(im->scratch = cuda_alloc(be, n))) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", keel_last_error());
-        keel_fail("%s (scratch for %s node '%s')", msg, keel_op_get(t->op)->name, t->name);
-        return NULL;
+        return keel_fail("%s (the planned scratch, %.1f MiB)", msg, (double)n / (1 << 20));
     }
-    im->scratch_bytes = want;
-    return im->scratch;
+    im->scratch_bytes = n;
+    return 0;
+}
+
+static size_t cuda_node_scratch_bytes(keel_backend *be, const keel_tensor *t) {
+    (void)be;
+    return keel_cuda_scratch_bytes(t);
+}
+
+void *cuda_scratch(keel_backend *be, size_t n, const keel_tensor *t) {
+    cuda_impl *im = cuda_im(be);
+    if (n <= im->scratch_bytes && im->scratch) return im->scratch;
+    keel_fail("cuda: %s node '%s' asks for %zu bytes of scratch, %zu reserved (keel_cuda_scratch_bytes is wrong for "
+              "it)",
+              keel_op_get(t->op)->name, t->name, n, im->scratch_bytes);
+    return NULL;
 }
 
 static bool cuda_supports(keel_backend *be, const keel_tensor *t) {
@@ -249,6 +262,7 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
         return NULL;
     }
     be->supports = cuda_supports;
+    be->scratch_bytes = cuda_node_scratch_bytes, be->reserve_scratch = cuda_reserve_scratch;
     be->alloc = cuda_alloc;
     be->free = cuda_free;
     be->write = cuda_write;

@@ -13,6 +13,10 @@ extern "C" {
 void *keel_cuda_stream(keel_backend *be);
 /* The most device memory the backend had allocated at once, in bytes. */
 size_t keel_cuda_peak_bytes(keel_backend *be);
+/* The scratch (working memory beyond its result) the kernel of node takes on this backend, from
+ * shapes, types and strides alone: sessions reserve the largest of their graph's before running it,
+ * and `keel info` adds it to the plan. */
+size_t keel_cuda_scratch_bytes(const keel_tensor *node);
 #ifdef __cplusplus
 }
 #endif

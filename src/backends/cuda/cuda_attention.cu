@@ -699,6 +699,22 @@ static int widen(keel_backend *be, const keel_tensor *t, float *scr, keel_tensor
     return 0;
 }
 
+/* Floats of scratch: widened copies of bf16 q, k, v for the float32 tiles; in the backward, delta
+ * a row (rounded up to 4) and, for the tensor-core kernels, dO as bf16 in floats' room. */
+static void scratch_parts(const keel_tensor *t, size_t *wide, size_t *back_floats) {
+    const keel_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
+    bool back = t->op == KEEL_OP_FLASH_ATTN_BACK, tc = tc_fits(t);
+    size_t rows = (size_t)(q->ne[1] * q->ne[2] * q->ne[3]), no = (size_t)v->ne[0] * rows;
+    *wide = q->type == KEEL_F32 || tc ? 0 : (size_t)(keel_nelements(q) + keel_nelements(k) + keel_nelements(v));
+    *back_floats = back ? (rows + 3) / 4 * 4 + (tc ? (no + 1) / 2 : 0) : 0;
+}
+
+size_t cuda_flash_attn_scratch(const keel_tensor *t) {
+    size_t wide, bf;
+    scratch_parts(t, &wide, &bf);
+    return t->src[0]->ne[1] * t->src[0]->ne[2] * t->src[0]->ne[3] == 0 ? 0 : (wide + bf) * sizeof(float);
+}
+
 int cuda_flash_attn(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
     bool back = t->op == KEEL_OP_FLASH_ATTN_BACK;
@@ -709,11 +725,11 @@ int cuda_flash_attn(keel_backend *be, const keel_tensor *t) {
     int64_t rows = A.H * A.Tq * A.B;
     if (rows == 0) return 0;
     bool tc = tc_fits(t);
-    size_t wide = q->type == KEEL_F32 || tc ? 0 : (size_t)(keel_nelements(q) + keel_nelements(k) + keel_nelements(v));
+    size_t wide, back_floats;
+    scratch_parts(t, &wide, &back_floats);
     float *scr = NULL;
     if (wide || back) {
-        size_t d16 = back && tc ? (size_t)(A.no + 1) / 2 : 0; /* do as bf16, in floats' room */
-        scr = (float *)cuda_scratch(be, (wide + (back ? (size_t)(rows + 3) / 4 * 4 + d16 : 0)) * sizeof(float), t);
+        scr = (float *)cuda_scratch(be, (wide + back_floats) * sizeof(float), t);
         if (!scr) return -1;
     }
     keel_tensor w[3];

@@ -29,12 +29,12 @@
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_tile.cuh"
 
-#define CH 64 /* steps in a chunk */
-#define JB 32 /* value columns per block of the sequential passes */
-#define JO 64 /* value columns per block of the per-chunk output passes */
-#define LDO       PAD_LD(JO)
-#define LDC       PAD_LD(CH)
-#define LDJ       PAD_LD(JB)
+#define CH  64 /* steps in a chunk */
+#define JB  32 /* value columns per block of the sequential passes */
+#define JO  64 /* value columns per block of the per-chunk output passes */
+#define LDO PAD_LD(JO)
+#define LDC PAD_LD(CH)
+#define LDJ PAD_LD(JB)
 
 typedef struct {
     kt q, k, v, g, beta, pos, dO, s0;
@@ -587,15 +587,27 @@ static gdn_args args_of(const keel_tensor *t) {
     return A;
 }
 
+/* The floats of the scratch: the forward's arrays, and with bwd the backward's too. */
+static size_t scratch_floats(const gdn_args &A, bool bwd) {
+    size_t nc = (size_t)((A.T + CH - 1) / CH);
+    size_t nlc = (size_t)(A.B * A.Hv) * nc, rk = nlc * CH * (size_t)A.Dk, rv = nlc * CH * (size_t)A.Dv,
+           rc = nlc * CH * CH, st = nlc * (size_t)(A.Dk * A.Dv);
+    size_t n = 3 * rk + 2 * rv + rc + nlc + st;                             /* W Qg Kc, U0 Uc, Pm, GamC, Sc */
+    if (bwd) n += 2 * rk + rc + st + rv + 3 * rk + 2 * rc + nlc * CH + nlc; /* Kb Ac, Am, dSc, dR, dQa dKa dKb, ... */
+    return n;
+}
+
+size_t cuda_gdn_scratch(const keel_tensor *t) {
+    return scratch_floats(args_of(t), t->op == KEEL_OP_GATED_DELTA_NET_BACK) * sizeof(float);
+}
+
 /* Carve the scratch: the forward's arrays, and with bwd the backward's too. */
 static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A, bool bwd, gdn_scr *P) {
     memset(P, 0, sizeof *P);
     P->nc = (A.T + CH - 1) / CH;
     size_t nlc = (size_t)(A.B * A.Hv * P->nc), rk = nlc * CH * (size_t)A.Dk, rv = nlc * CH * (size_t)A.Dv,
            rc = nlc * CH * CH, st = nlc * (size_t)(A.Dk * A.Dv);
-    size_t n = 3 * rk + 2 * rv + rc + nlc + st;                             /* W Qg Kc, U0 Uc, Pm, GamC, Sc */
-    if (bwd) n += 2 * rk + rc + st + rv + 3 * rk + 2 * rc + nlc * CH + nlc; /* Kb Ac, Am, dSc, dR, dQa dKa dKb, ... */
-    float *p = (float *)cuda_scratch(be, n * sizeof(float), t);
+    float *p = (float *)cuda_scratch(be, scratch_floats(A, bwd) * sizeof(float), t);
     if (!p) return -1;
     P->W = p, P->Qg = p + rk, P->Kc = p + 2 * rk, P->U0 = p + 3 * rk, P->Uc = P->U0 + rv, P->Pm = P->Uc + rv,
     P->GamC = P->Pm + rc, P->Sc = P->GamC + nlc;

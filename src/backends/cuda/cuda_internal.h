@@ -134,8 +134,16 @@ static inline unsigned vec_blocks(int64_t n) { return cuda_blocks(n / 4 > 0 ? n 
 /* A failed CUDA call or launch: an error naming what and where; -1. */
 int cuda_check(cudaError_t e, const char *what, const keel_tensor *t);
 int cublas_check(cublasStatus_t s, const char *what, const keel_tensor *t);
-/* Per-node scratch of at least n bytes (valid until the next call). NULL with an error. */
+/* Per-node scratch of n bytes (valid until the next call), out of the space the session reserved
+ * from keel_cuda_scratch_bytes; more than that is an error naming the node (a size rule below is
+ * wrong), never a cudaMalloc in the middle of a step. NULL with an error. */
 void *cuda_scratch(keel_backend *be, size_t n, const keel_tensor *t);
+/* The scratch bytes of the nodes whose kernels live in other files (the sizes their kernels ask
+ * for: one formula each, used by both) */
+size_t cuda_matmul_scratch(const keel_tensor *t);
+size_t cuda_linear_ce_scratch(const keel_tensor *t);
+size_t cuda_gdn_scratch(const keel_tensor *t);
+size_t cuda_flash_attn_scratch(const keel_tensor *t);
 /* Host -> device bytes on the backend's stream (host memory may be reused on return). */
 int cuda_upload(keel_backend *be, void *dst, const void *host, size_t n, const keel_tensor *t);
 
@@ -145,7 +153,6 @@ int cuda_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, 
 int cuda_copy_rows(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, const keel_tensor *ids);
 
 int cuda_node(keel_backend *be, const keel_tensor *t);
-/* A run of ADAMW nodes in few launches (one per 360 nodes), the same bits as cuda_node on each. */
 int cuda_matmul(keel_backend *be, const keel_tensor *t);
 int cuda_out_prod(keel_backend *be, const keel_tensor *t);
 int cuda_gdn_forward(keel_backend *be, const keel_tensor *t);

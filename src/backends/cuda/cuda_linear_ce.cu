@@ -74,6 +74,17 @@ static bool needs_copy(const keel_tensor *s) {
            (s->ne[2] > 1 && s->nb[2] != s->ne[1] * s->nb[1]);
 }
 
+/* One chunk's float32 logits (and with bf16 operands, in the backward, their gradient as two bf16
+ * parts), the forward's per-token loss terms, contiguous copies of x and W where needed. */
+size_t cuda_linear_ce_scratch(const keel_tensor *t) {
+    bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK, bf = t->src[0]->type == KEEL_BF16;
+    const keel_tensor *x = t->src[0], *w = t->src[1];
+    int64_t N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N;
+    return round_up((size_t)(V * (C ? C : 1)) * 4) + (bf && back ? 2 * round_up((size_t)(V * (C ? C : 1)) * 2) : 0) +
+           (back ? 0 : round_up((size_t)(N ? N : 1) * 8)) + (needs_copy(x) ? round_up(keel_nbytes(x)) : 0) +
+           (needs_copy(w) ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
+}
+
 int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
     const keel_tensor *x = t->src[0], *w = t->src[1], *tg = t->src[2];
@@ -87,11 +98,7 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     float dl = 0.0f;
     if (back && keel_tensor_read(be, t->src[3], &dl, KEEL_F32)) return -1;
     bool cx = needs_copy(x), cw = needs_copy(w);
-    size_t need = round_up((size_t)(V * (C ? C : 1)) * 4) +
-                  (bf && back ? 2 * round_up((size_t)(V * (C ? C : 1)) * 2) : 0) +
-                  (back ? 0 : round_up((size_t)(N ? N : 1) * 8)) + (cx ? round_up(keel_nbytes(x)) : 0) +
-                  (cw ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
-    char *base = (char *)cuda_scratch(be, need, t);
+    char *base = (char *)cuda_scratch(be, cuda_linear_ce_scratch(t), t);
     if (!base) return -1;
     size_t at = 0;
     float *L = (float *)base;

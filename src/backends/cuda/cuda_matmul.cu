@@ -53,16 +53,36 @@ static const keel_tensor *contiguous(keel_backend *be, const keel_tensor *t, kee
 static size_t round_up(size_t n) { return (n + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN; }
 static size_t bytes_contig(const keel_tensor *t) { return (size_t)keel_nelements(t) * keel_type_size(t->type); }
 
+/* OUT_PROD's bf16 result summed over a group: float32 sums, rounded once */
+static bool f32_sum_of(const keel_tensor *t) {
+    const keel_tensor *a = t->src[0];
+    return t->op == KEEL_OP_OUT_PROD && t->type == KEEL_BF16 && (a->ne[2] != t->ne[2] || a->ne[3] != t->ne[3]);
+}
+
+/* Which of a, b and the result cuBLAS can take as they are, and the scratch the others take. */
+static size_t layout(const keel_tensor *t, mat *ma, mat *mb, mat *mc, bool *oka, bool *okb, bool *okc) {
+    const keel_tensor *a = t->src[0], *b = t->src[1];
+    bool f32_sum = f32_sum_of(t);
+    *oka = describe(a, ma), *okb = describe(b, mb);
+    *okc = describe(t, mc) && !mc->transposed && !f32_sum;
+    return (*oka ? 0 : round_up(bytes_contig(a))) + (*okb ? 0 : round_up(bytes_contig(b))) +
+           (*okc ? 0 : round_up((size_t)keel_nelements(t) * (f32_sum ? 4 : keel_type_size(t->type))));
+}
+
+size_t cuda_matmul_scratch(const keel_tensor *t) {
+    mat ma, mb, mc;
+    bool oka, okb, okc;
+    return layout(t, &ma, &mb, &mc, &oka, &okb, &okc);
+}
+
 /* Operands (and the result when it is not plain, or when f32_sum asks for float32 sums of a bf16
  * result: then a float32 scratch result, converted once at the end) as cuBLAS can take them. */
 static int prepare(keel_backend *be, const keel_tensor *t, const keel_tensor **a, const keel_tensor **b,
                    keel_tensor *ta, keel_tensor *tb, keel_tensor *tc, bool *c_tmp, mat *ma, mat *mb, mat *mc,
                    bool f32_sum) {
-    bool oka = describe(*a, ma), okb = describe(*b, mb);
-    bool okc = describe(t, mc) && !mc->transposed && !f32_sum;
+    bool oka, okb, okc;
+    size_t need = layout(t, ma, mb, mc, &oka, &okb, &okc);
     *c_tmp = !okc;
-    size_t need = (oka ? 0 : round_up(bytes_contig(*a))) + (okb ? 0 : round_up(bytes_contig(*b))) +
-                  (okc ? 0 : round_up((size_t)keel_nelements(t) * (f32_sum ? 4 : keel_type_size(t->type))));
     if (!need) return 0;
     char *base = (char *)cuda_scratch(be, need, t);
     if (!base) return -1;
@@ -157,8 +177,7 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
     keel_tensor ta, tb, tc;
     mat ma, mb, mc;
     bool c_tmp;
-    /* a bf16 result summed over a group: float32 sums, rounded once */
-    bool f32_sum = t->type == KEEL_BF16 && (a->ne[2] != t->ne[2] || a->ne[3] != t->ne[3]);
+    bool f32_sum = f32_sum_of(t);
     if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc, f32_sum)) return -1;
     int64_t I = t->ne[0], J = t->ne[1], K = a->ne[1], r2 = a->ne[2] / t->ne[2], r3 = a->ne[3] / t->ne[3];
     char *c0 = (char *)(c_tmp ? tc.data : t->data);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_api.h"
 #include "ops/dropout_mask.h"
 #include "ops/optimizer_step.h"
 #include "ops/scalar_f32.h"
@@ -885,6 +886,63 @@ __global__ void k_finish_sum(float *out, const double *partial, int64_t R, doubl
 
 /* ---------------------------------------------------------------- dispatch */
 
+/* REPEAT_BACK and CONV1D_BACK_WEIGHT: the terms summed into each result element */
+static int64_t terms_of(const keel_tensor *t) {
+    const keel_tensor *a = t->src[0];
+    int64_t n = keel_nelements(t);
+    return t->op == KEEL_OP_REPEAT_BACK ? keel_nelements(a) / (n ? n : 1) : a->ne[1] * a->ne[2];
+}
+
+/* The scratch each node's kernel asks cuda_scratch for (keel_cuda_scratch_bytes): one formula per
+ * kind of node, which its kernel uses too. */
+static size_t node_scratch(const keel_tensor *t) {
+    const keel_tensor *a = t->src[0];
+    switch (t->op) {
+    case KEEL_OP_GET_ROWS_BACK: /* the rows' CSR lists, built on the host */
+        return (size_t)(t->ne[1] + 1 + keel_nelements(t->src[1])) * sizeof(int64_t);
+    case KEEL_OP_SUM: /* a float64 partial a row */
+    case KEEL_OP_CROSS_ENTROPY_LOSS:
+        return (size_t)(keel_nrows(a) ? keel_nrows(a) : 1) * sizeof(double);
+    case KEEL_OP_SUM_SQ: { /* a float64 partial a block */
+        int64_t R = (keel_nelements(a) + KEEL_SUM_SQ_BLOCK - 1) / KEEL_SUM_SQ_BLOCK;
+        return (size_t)(R ? R : 1) * sizeof(double);
+    }
+    case KEEL_OP_ROPE: /* the n_rot / 2 frequencies */
+    case KEEL_OP_ROPE_BACK:
+    case KEEL_OP_QK_NORM_ROPE:
+    case KEEL_OP_QK_NORM_ROPE_BACK: {
+        int64_t h = (t->op == KEEL_OP_ROPE || t->op == KEEL_OP_ROPE_BACK ? t->ip[0] : t->ip[1]) / 2;
+        return (size_t)(h ? h : 1) * sizeof(double);
+    }
+    case KEEL_OP_REPEAT_BACK: /* a float64 partial per result element and chunk of terms */
+    case KEEL_OP_CONV1D_BACK_WEIGHT: {
+        int64_t n_out = keel_nelements(t), n_terms = terms_of(t);
+        if (n_out == 0 || n_terms == 0) return 0;
+        int64_t per = chunk_terms(n_out, n_terms);
+        return (size_t)(n_out * ((n_terms + per - 1) / per)) * sizeof(double);
+    }
+    case KEEL_OP_MUL_MAT:
+    case KEEL_OP_OUT_PROD:
+        return cuda_matmul_scratch(t);
+    case KEEL_OP_GATED_DELTA_NET:
+    case KEEL_OP_GATED_DELTA_NET_BACK:
+    case KEEL_OP_GATED_DELTA_NET_STATE:
+        return cuda_gdn_scratch(t);
+    case KEEL_OP_LINEAR_CROSS_ENTROPY:
+    case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK:
+        return cuda_linear_ce_scratch(t);
+    case KEEL_OP_FLASH_ATTN:
+    case KEEL_OP_FLASH_ATTN_BACK:
+        return cuda_flash_attn_scratch(t);
+    default:
+        return 0;
+    }
+}
+
+extern "C" size_t keel_cuda_scratch_bytes(const keel_tensor *t) {
+    return keel_op_get(t->op)->flags & OPF_VIEW ? 0 : node_scratch(t);
+}
+
 static int get_rows_back(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *dy = t->src[0], *ids = t->src[1];
     /* ids are checked and grouped on the host, so a bad id is an error naming it, not a wild read */
@@ -898,7 +956,7 @@ static int get_rows_back(keel_backend *be, const keel_tensor *t) {
     }
     keel_rows_by_id(idv, N, R, h, h + R + 1);
     free(idv);
-    int64_t *dev = (int64_t *)cuda_scratch(be, (size_t)(R + 1 + N) * sizeof(int64_t), t);
+    int64_t *dev = (int64_t *)cuda_scratch(be, node_scratch(t), t);
     int rc = !dev || cuda_upload(be, dev, h, (size_t)(R + 1 + N) * sizeof(int64_t), t);
     free(h);
     if (rc) return -1;
@@ -932,7 +990,7 @@ static int reduce_all(keel_backend *be, const keel_tensor *t) {
     int64_t R = keel_nrows(a);
     double div = 1.0;
     if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_ce_divisor(be, t, &div)) return -1;
-    double *partial = (double *)cuda_scratch(be, (size_t)(R ? R : 1) * sizeof(double), t);
+    double *partial = (double *)cuda_scratch(be, node_scratch(t), t);
     if (!partial || rows(be, t, partial, div)) return -1;
     k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, div);
     return 0;
@@ -947,7 +1005,7 @@ static const double *rope_freqs(keel_backend *be, const keel_tensor *t, int64_t 
         return NULL;
     }
     for (int64_t f = 0; f < h; f++) freq[f] = keel_rope_freq(theta, nr, f);
-    double *dev = (double *)cuda_scratch(be, (size_t)(h ? h : 1) * sizeof(double), t);
+    double *dev = (double *)cuda_scratch(be, node_scratch(t), t);
     int rc = !dev || cuda_upload(be, dev, freq, (size_t)h * sizeof(double), t);
     free(freq);
     return rc ? NULL : dev;
@@ -970,7 +1028,7 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     if (n_out == 0) return 0;
     if (n_terms == 0) return cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), st(be)), "memset", t);
     int64_t per = chunk_terms(n_out, n_terms), n_chunks = (n_terms + per - 1) / per;
-    double *part = (double *)cuda_scratch(be, (size_t)(n_out * n_chunks) * sizeof(double), t);
+    double *part = (double *)cuda_scratch(be, node_scratch(t), t);
     if (!part) return -1;
     bool conv = t->op == KEEL_OP_CONV1D_BACK_WEIGHT;
     const keel_tensor *x = t->src[0], *dy = t->src[1];
@@ -1051,7 +1109,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         EW(k_repeat, n, kt_of(t), kt_of(a));
         return 0;
     case KEEL_OP_REPEAT_BACK:
-        return reduce_terms(be, t, keel_nelements(a) / (n ? n : 1));
+        return reduce_terms(be, t, terms_of(t));
     case KEEL_OP_DROPOUT:
         EW(k_dropout, n, kt_of(t), kt_of(a),
            keel_dropout_key((uint64_t)t->ip[0], (uint64_t)t->ip[1], (uint64_t)t->ip[2]), (uint64_t)t->ip[3],
@@ -1118,7 +1176,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         }
         return 0;
     case KEEL_OP_CONV1D_BACK_WEIGHT:
-        return reduce_terms(be, t, a->ne[1] * a->ne[2]);
+        return reduce_terms(be, t, terms_of(t));
     case KEEL_OP_RMS_NORM_W:
     case KEEL_OP_RMS_NORM_W_BACK:
     case KEEL_OP_GATED_RMS_NORM:
@@ -1180,7 +1238,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return cuda_flash_attn(be, t);
     case KEEL_OP_SUM_SQ: { /* the second level: k_finish_sum's fixed tree over the blocks' sums */
         int64_t na = keel_nelements(a), R = (na + KEEL_SUM_SQ_BLOCK - 1) / KEEL_SUM_SQ_BLOCK;
-        double *partial = (double *)cuda_scratch(be, (size_t)(R ? R : 1) * sizeof(double), t);
+        double *partial = (double *)cuda_scratch(be, node_scratch(t), t);
         if (!partial) return -1;
         if (R) k_sum_sq_blocks<<<(unsigned)R, RT, 0, st(be)>>>((const float *)a->data, na, partial, vec_ok(a->data));
         k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, 1.0);
