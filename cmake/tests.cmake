@@ -130,6 +130,8 @@ foreach(bad
   list(GET parts 0 name)
   list(GET parts 1 args)
   list(GET parts 2 msg)
+  # an --out folder each: in parallel (ctest -j) two runs on one folder meet its lock instead
+  string(REPLACE "${CMAKE_BINARY_DIR}/tb" "${CMAKE_BINARY_DIR}/tb-${name}" args "${args}")
   separate_arguments(args)
   add_test(NAME train_bad_${name} COMMAND ${CMAKE_SOURCE_DIR}/scripts/expect-failure.sh "${msg}" $<TARGET_FILE:keel> train ${args})
 endforeach()
