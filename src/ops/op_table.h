@@ -131,7 +131,7 @@
       "two bf16 parts on every backend); ip0 chunk, fp0 D; the logits made again a chunk at a time")                  \
     X(SUM_SQ, OWN, 1, 0, 0, 0,                                                                                  \
       "contiguous float32 x -> [1]: the sum of squares in a fixed two-level order, float64 sums of blocks of "         \
-      "KEEL_SUM_SQ_BLOCK elements, then of the blocks' sums in block order (the optimizer's gradient norm)")          \
+      "KEEL_SUM_SQ_BLOCK elements, then of the blocks' sums (each level in its backend's fixed order)")              \
     X(ADAMW, OWN, 5, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0, 0,                                                             \
       "p,g,m,v (contiguous float32, one shape), s [1] = SUM_SQ of the gradients; fp0 lr fp1 beta1 fp2 beta2 fp3 eps "  \
       "fp4 wd fp5 clip (0: none); ip0 step (1-based), ip1 divisor d, ip2 decay end (elements [0, ip2) decay): "        \
