@@ -162,10 +162,26 @@ static long peak_rss_kib(void) {
     return ru.ru_maxrss;
 }
 
+/* keel info --peak: what the activations at the plan's peak are */
+static void peak_table(const keel_graph *g, const keel_plan *pl, const char *mode) {
+    enum { TOP = 12 };
+    const keel_tensor *top[TOP];
+    int64_t n = keel_plan_live_at(g, pl->peak_node, top, TOP), all = n < 0 ? 0 : n;
+    if (n < 0) return;
+    const keel_tensor *at = g->nodes[pl->peak_node];
+    printf("  recompute %s peaks at node %lld of %lld ('%s', %s): %lld activations live, the largest:\n", mode,
+           (long long)pl->peak_node, (long long)g->n_nodes, at->name, keel_op_get(at->op)->name, (long long)all);
+    for (int64_t i = 0; i < n && i < TOP; i++) {
+        char shape[64];
+        printf("    %9.1f MiB  %-40s %-26s %s\n", (double)keel_nbytes(top[i]) / (1 << 20), top[i]->name,
+               keel_op_get(top[i]->op)->name, keel_shape_str(top[i]->ne, shape, sizeof shape));
+    }
+}
+
 int cmd_info(int argc, char **argv) {
     const char *dir = NULL, *dump = NULL, *rmode = "off", *adapter_dir = NULL, *prec_s = "f32";
     long long B = 1, T = 1024, threads = 2;
-    bool run = false;
+    bool run = false, peak = false;
     const cli_flag flags[] = {
         {NULL, CLI_STR, &dir, .meta = "CHECKPOINT", .help = "a checkpoint folder", .required = true},
         {"--batch", CLI_INT, &B, 1, 1 << 20, .meta = "B", .help = "batch of the planned training step (default 1)"},
@@ -174,6 +190,8 @@ int cmd_info(int argc, char **argv) {
         {"--recompute", CLI_STR, &rmode, .meta = "MODE", .help = "the mode --run uses (default off)"},
         {"--precision", CLI_STR, &prec_s, .meta = "f32|bf16", .help = "of the planned training step (default f32)"},
         {"--run", CLI_BOOL, &run, .help = "time one forward + backward on the cpu and report the peak RSS"},
+        {"--peak", CLI_BOOL, &peak,
+         .help = "the activations live at the planned peak of the --recompute mode's step, largest first"},
         {"--dump-logits", CLI_STR, &dump, .meta = "FILE", .help = "with --run: input ids and logits (safetensors)"},
         {"--adapter", CLI_STR, &adapter_dir, .meta = "DIR",
          .help = "a PEFT LoRA adapter beside the weights: the plans train only its factors"},
@@ -276,6 +294,7 @@ int cmd_info(int argc, char **argv) {
         if (cuda && keel_backend_scratch_plan("cuda", st->g, &scr) == 0)
             printf(" %12.2f GiB %12.2f GiB", (double)scr / gib, planned + moments + (double)scr / gib);
         printf("\n");
+        if (peak && strcmp(modes[mi], rmode) == 0 && !kept) peak_table(st->g, pl, modes[mi]);
         keel_plan_free(pl);
         if (keep)
             kept = st;

@@ -131,12 +131,27 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
             goto fail;
         }
     }
-    /* Name and keep parameter gradients; a parameter the loss does not reach gets none. */
+    /* Name and keep parameter gradients; a parameter the loss does not reach gets none. A gradient
+     * gets a copy of its own (CONT) unless it is already one: a contiguous tensor the backward made
+     * (the accumulator's, or a rule's result that is no view and no other parameter's gradient).
+     * A rule's result kept as it is costs no copy, and no life from its rule to the copy at the
+     * end of the graph (with recompute, 3 GiB of weight gradients at the 0.8B shape's peak). */
+    uint8_t *shared = calloc((size_t)acc.cap, 1);
+    if (!shared) {
+        keel_fail("out of memory");
+        goto fail;
+    }
+    for (int64_t i = 0; i < g->n_leafs; i++)
+        if ((g->leafs[i]->flags & KEEL_FLAG_PARAM) && g->grads[g->leafs[i]->id]) {
+            uint8_t *c = &shared[g->grads[g->leafs[i]->id]->id];
+            *c = *c < 2 ? *c + 1 : 2;
+        }
     for (int64_t i = 0; i < g->n_leafs; i++) {
         keel_tensor *p = g->leafs[i];
         if (!(p->flags & KEEL_FLAG_PARAM) || !g->grads[p->id]) continue;
         keel_tensor *gr = g->grads[p->id];
-        if (!acc.owned[gr->id] || !keel_is_contiguous(gr)) { /* its own tensor, so the name is its alone */
+        bool own = acc.owned[gr->id] || (gr->id >= first_new && !gr->view_src && shared[gr->id] == 1);
+        if (!own || !keel_is_contiguous(gr)) { /* its own tensor, so the name is its alone */
             gr = keel_cont(g->ctx, gr);
             if (!gr || grow(&acc)) goto fail;
             g->grads[p->id] = gr;
@@ -144,6 +159,7 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
         keel_set_name(gr, "grad.%s", p->name);
         gr->flags |= KEEL_FLAG_OUTPUT;
     }
+    free(shared);
     /* Append what the parameter gradients need, in creation order: a valid topological order
      * that runs the backward pass from the last layer to the first. */
     int64_t n_ids = keel_ctx_count(g->ctx);

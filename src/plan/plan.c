@@ -96,6 +96,25 @@ static int group_order(const keel_graph *g, const keel_group *gr, uint8_t *mark)
     return 0;
 }
 
+/* Persistent roots (leaves, group members, the roots of anything flagged to survive the run) and
+ * each root's last use: the last node that reads it or writes into it (last_use: -1 first). */
+static void lifetimes(const keel_graph *g, uint8_t *persist, int64_t *last_use) {
+    for (int64_t i = 0; i < g->n_leafs; i++) persist[g->leafs[i]->id] = 1;
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        keel_tensor *t = g->nodes[i];
+        if (t->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_PARAM | KEEL_FLAG_LOSS | KEEL_FLAG_INPUT))
+            persist[keel_root(t)->id] = 1;
+    }
+    for (int k = 0; k < g->n_groups; k++)
+        for (int i = 0; i < g->groups[k].n; i++) persist[g->groups[k].members[i]->id] = 1;
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        keel_tensor *t = g->nodes[i];
+        int arity = keel_op_get(t->op)->arity;
+        for (int s = 0; s < arity; s++) last_use[keel_root(t->src[s])->id] = i;
+        last_use[keel_root(t)->id] = i;
+    }
+}
+
 keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     keel_plan_opts o = opts ? *opts : (keel_plan_opts){0};
     int64_t n_ids = keel_ctx_count(g->ctx);
@@ -110,22 +129,7 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     p->guard_bytes = align_up(o.guard_bytes);
     for (int64_t i = 0; i < n_ids; i++) p->offset[i] = SIZE_MAX, last_use[i] = -1;
 
-    /* Persistent roots: leaves, and the roots of anything flagged to survive the run. */
-    for (int64_t i = 0; i < g->n_leafs; i++) persist[g->leafs[i]->id] = 1;
-    for (int64_t i = 0; i < g->n_nodes; i++) {
-        keel_tensor *t = g->nodes[i];
-        if (t->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_PARAM | KEEL_FLAG_LOSS | KEEL_FLAG_INPUT))
-            persist[keel_root(t)->id] = 1;
-    }
-    for (int k = 0; k < g->n_groups; k++)
-        for (int i = 0; i < g->groups[k].n; i++) persist[g->groups[k].members[i]->id] = 1;
-    /* Last use of each root: the last node that reads it or writes into it. */
-    for (int64_t i = 0; i < g->n_nodes; i++) {
-        keel_tensor *t = g->nodes[i];
-        int arity = keel_op_get(t->op)->arity;
-        for (int s = 0; s < arity; s++) last_use[keel_root(t->src[s])->id] = i;
-        last_use[keel_root(t)->id] = i;
-    }
+    lifetimes(g, persist, last_use);
     size_t gb = p->guard_bytes;
 #define SIZE_OF(t) (align_up(keel_nbytes(t)) + 2 * gb)
     /* Groups first: one block each, the members at their offsets inside it (persistent). */
@@ -161,7 +165,7 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
             p->offset[t->id] = arena_alloc(&ar, SIZE_OF(t)) + gb;
             p->n_roots++;
         }
-        if (ar.top - base_top > p->peak_activation_bytes) p->peak_activation_bytes = ar.top - base_top;
+        if (ar.top - base_top > p->peak_activation_bytes) p->peak_activation_bytes = ar.top - base_top, p->peak_node = i;
         if (o.no_reuse) continue;
         /* free what node i was the last to touch (its sources, and itself if nothing reads it) */
         int arity = keel_op_get(t->op)->arity;
@@ -213,4 +217,30 @@ void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base) {
         keel_tensor *t = g->nodes[i];
         if (!is_root(t)) t->data = (char *)t->view_src->data + t->view_offs;
     }
+}
+
+static int by_size_desc(const void *a, const void *b) {
+    size_t x = keel_nbytes(*(const keel_tensor *const *)a), y = keel_nbytes(*(const keel_tensor *const *)b);
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int64_t keel_plan_live_at(const keel_graph *g, int64_t at, const keel_tensor **out, int64_t max) {
+    int64_t n_ids = keel_ctx_count(g->ctx), n = 0;
+    uint8_t *persist = calloc((size_t)n_ids, 1);
+    int64_t *last_use = malloc((size_t)n_ids * sizeof *last_use);
+    const keel_tensor **live = malloc((size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *live);
+    if (!persist || !last_use || !live) {
+        free(persist), free(last_use), free(live);
+        return keel_fail("out of memory");
+    }
+    for (int64_t i = 0; i < n_ids; i++) last_use[i] = -1;
+    lifetimes(g, persist, last_use);
+    for (int64_t i = 0; i <= at && i < g->n_nodes; i++) { /* made at or before `at`, used at or after it */
+        const keel_tensor *t = g->nodes[i];
+        if (is_root(t) && !persist[t->id] && last_use[t->id] >= at) live[n++] = t;
+    }
+    qsort(live, (size_t)n, sizeof *live, by_size_desc);
+    for (int64_t i = 0; i < n && i < max; i++) out[i] = live[i];
+    free(persist), free(last_use), free(live);
+    return n;
 }

@@ -17,12 +17,17 @@ typedef struct {
     size_t total_bytes;      /* arena size: the planned peak */
     size_t persistent_bytes; /* leaves and outputs (parameters, gradients, optimizer state, inputs) */
     size_t peak_activation_bytes;
+    int64_t peak_node; /* the node during which the activations reach their peak */
     size_t guard_bytes;
     int64_t n_roots;
 } keel_plan;
 
 keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts);
 void keel_plan_free(keel_plan *p);
+/* The activations (non-persistent roots) live while node `at` runs, largest first: up to max of
+ * them in out; returns how many there are (-1 with an error). With at = the plan's peak_node: what
+ * makes the peak. */
+int64_t keel_plan_live_at(const keel_graph *g, int64_t at, const keel_tensor **out, int64_t max);
 /* Set t->data for every tensor of the graph from the arena's base address. */
 void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base);
 
