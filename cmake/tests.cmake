@@ -138,6 +138,11 @@ endforeach()
 # prompt/completion data: the masked loss over the global batch (accumulation and ranks agree).
 add_test(NAME train_masked_loss COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-masked-loss.sh $<TARGET_FILE:keel> ${KEEL_TINY} ${CMAKE_BINARY_DIR}/train-masked)
 set_tests_properties(train_masked_loss PROPERTIES LABELS "train")
+# keel info: each recompute mode's plan, and --peak names what makes the --recompute mode's peak
+add_test(NAME info_plan_peak COMMAND keel info ${KEEL_TINY}/causal-f32-sharded --batch 2 --window 64 --precision bf16
+         --recompute full --peak)
+set_tests_properties(info_plan_peak PROPERTIES LABELS "train" PASS_REGULAR_EXPRESSION
+  "full +[0-9.]+ GiB[^\n]*\n  recompute full peaks at node [0-9]+ of [0-9]+ \\('[^']+', [A-Z_]+\\): [0-9]+ activations live, the largest:\n +[0-9.]+ MiB  ")
 # A step whose gradients are NaN: exit 1 naming the step and the gradient, the update skipped on the
 # device, the previous checkpoint whole.
 add_test(NAME train_nonfinite_step COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-nonfinite-step.sh $<TARGET_FILE:keel>

@@ -46,8 +46,8 @@ static const command COMMANDS[] = {
     {"init", cmd_init, true, "init (--preset tiny|small|0.8b | --config CONFIG.json) OUT [--seed N] [--dtype f32|bf16]",
      "a Qwen3.5-family checkpoint with random weights"},
     {"info", cmd_info, true,
-     "info CHECKPOINT [--adapter DIR] [--batch B] [--window T] [--recompute MODE] [--precision f32|bf16] [--run]\n"
-     "                 [--dump-logits FILE] [--threads N]",
+     "info CHECKPOINT [--adapter DIR] [--batch B] [--window T] [--recompute MODE] [--precision f32|bf16] [--peak]\n"
+     "                 [--run] [--dump-logits FILE] [--threads N]",
      "layers, parameters, training memory per recompute mode; --run times one forward + backward"},
     {"tokenize", cmd_tokenize, true,
      "tokenize --tokenizer FILE [--ids | --tokens] [TEXT | --file PATH | --cases JSON --expect NAME]\n"

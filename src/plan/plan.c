@@ -165,7 +165,8 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
             p->offset[t->id] = arena_alloc(&ar, SIZE_OF(t)) + gb;
             p->n_roots++;
         }
-        if (ar.top - base_top > p->peak_activation_bytes) p->peak_activation_bytes = ar.top - base_top, p->peak_node = i;
+        if (ar.top - base_top > p->peak_activation_bytes)
+            p->peak_activation_bytes = ar.top - base_top, p->peak_node = i;
         if (o.no_reuse) continue;
         /* free what node i was the last to touch (its sources, and itself if nothing reads it) */
         int arity = keel_op_get(t->op)->arity;

@@ -144,12 +144,34 @@ static void groups_back_to_back(void **st) {
     keel_ctx_free(ctx);
 }
 
+/* keel_plan_live_at: the activations made at or before a node and used at or after it, largest
+ * first; persistent tensors (inputs, outputs) are not activations. */
+static void live_at_node(void **st) {
+    (void)st;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_tensor *x = keel_set_flags(keel_new_1d(ctx, KEEL_F32, 1000), KEEL_FLAG_INPUT);
+    keel_tensor *a = keel_sqr(ctx, x), *b = keel_scale(ctx, keel_view_1d(ctx, a, 10, 0), 2.0, 0.0);
+    keel_tensor *c = keel_add(ctx, keel_view_1d(ctx, a, 10, 40), b), *out = keel_sum(ctx, c);
+    keel_graph *g = keel_graph_build(ctx, &out, 1);
+    out->flags |= KEEL_FLAG_OUTPUT;
+    int64_t at = -1; /* the ADD's node */
+    for (int64_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i] == c) at = i;
+    assert_true(at >= 0);
+    const keel_tensor *live[8];
+    int64_t n = keel_plan_live_at(g, at, live, 8);
+    assert_int_equal(n, 3); /* a (read by the ADD's view), b and c; not x, not out */
+    assert_ptr_equal(live[0], a);
+    assert_true((live[1] == b && live[2] == c) || (live[1] == c && live[2] == b));
+    assert_int_equal(keel_plan_live_at(g, g->n_nodes - 1, live, 8), 1); /* the SUM: c only */
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(no_live_overlap),
-        cmocka_unit_test(chain_reuses),
-        cmocka_unit_test(inplace_aliases),
-        cmocka_unit_test(groups_back_to_back),
+        cmocka_unit_test(no_live_overlap),     cmocka_unit_test(chain_reuses), cmocka_unit_test(inplace_aliases),
+        cmocka_unit_test(groups_back_to_back), cmocka_unit_test(live_at_node),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
