@@ -153,7 +153,10 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
         bool own = acc.owned[gr->id] || (gr->id >= first_new && !gr->view_src && shared[gr->id] == 1);
         if (!own || !keel_is_contiguous(gr)) { /* its own tensor, so the name is its alone */
             gr = keel_cont(g->ctx, gr);
-            if (!gr || grow(&acc)) goto fail;
+            if (!gr || grow(&acc)) {
+                free(shared);
+                goto fail;
+            }
             g->grads[p->id] = gr;
         }
         keel_set_name(gr, "grad.%s", p->name);
