@@ -187,7 +187,7 @@ int cmd_info(int argc, char **argv) {
         {"--batch", CLI_INT, &B, 1, 1 << 20, .meta = "B", .help = "batch of the planned training step (default 1)"},
         {"--window", CLI_INT, &T, 1, 1 << 24, .meta = "T",
          .help = "window of the planned training step (default 1024)"},
-        {"--recompute", CLI_STR, &rmode, .meta = "MODE", .help = "the mode --run uses (default off)"},
+        {"--recompute", CLI_STR, &rmode, .meta = "MODE", .help = "the mode --run and --peak use (default off)"},
         {"--precision", CLI_STR, &prec_s, .meta = "f32|bf16", .help = "of the planned training step (default f32)"},
         {"--run", CLI_BOOL, &run, .help = "time one forward + backward on the cpu and report the peak RSS"},
         {"--peak", CLI_BOOL, &peak,
