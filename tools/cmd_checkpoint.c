@@ -261,7 +261,7 @@ int cmd_info(int argc, char **argv) {
            "more):\n",
            prec == KEEL_PRECISION_BF16 ? "bf16 mixed precision" : "float32", B, T, moments);
     size_t scr = 0;
-    bool cuda = keel_backend_scratch_plan("cuda", NULL, &scr) == 0; /* built in: its scratch joins the plan */
+    bool cuda = keel_backend_scratch_plan("cuda", NULL, &scr, NULL) == 0; /* built in: its scratch joins the plan */
     printf("%-12s %14s %22s %14s %16s%s\n", "recompute", "planned peak", "params+grads+moments", "activations", "total",
            cuda ? "     cuda scratch     cuda total" : "");
     const char *modes[] = {"off", "full", "every:2", "every:4", rmode};
@@ -291,10 +291,16 @@ int cmd_info(int argc, char **argv) {
         double planned = (double)pl->total_bytes / gib, act = (double)pl->peak_activation_bytes / gib;
         printf("%-12s %10.2f GiB %18.2f GiB %10.2f GiB %12.2f GiB", modes[mi], planned,
                (double)pl->persistent_bytes / gib + moments, act, planned + moments);
-        if (cuda && keel_backend_scratch_plan("cuda", st->g, &scr) == 0)
+        const keel_tensor *big = NULL;
+        if (cuda && keel_backend_scratch_plan("cuda", st->g, &scr, &big) == 0)
             printf(" %12.2f GiB %12.2f GiB", (double)scr / gib, planned + moments + (double)scr / gib);
         printf("\n");
-        if (peak && strcmp(modes[mi], rmode) == 0 && !kept) peak_table(st->g, pl, modes[mi]);
+        if (peak && strcmp(modes[mi], rmode) == 0 && !kept) {
+            peak_table(st->g, pl, modes[mi]);
+            if (big) /* the scratch a session reserves: the largest node's */
+                printf("  cuda scratch: %.1f MiB, for '%s' (%s)\n", (double)scr / (1 << 20), big->name,
+                       keel_op_get(big->op)->name);
+        }
         keel_plan_free(pl);
         if (keep)
             kept = st;

@@ -56,8 +56,9 @@ struct keel_backend {
 keel_backend *keel_backend_new(const char *name, int n_threads);
 void keel_backend_free(keel_backend *be);
 /* The scratch a session of g would reserve on the named backend (the largest node's: see
- * scratch_bytes above; 0 on ref and cpu), without making one. -1 when the backend is not built. */
-int keel_backend_scratch_plan(const char *name, const keel_graph *g, size_t *bytes);
+ * scratch_bytes above; 0 on ref and cpu), without making one, and (largest non-NULL) that node.
+ * -1 when the backend is not built. */
+int keel_backend_scratch_plan(const char *name, const keel_graph *g, size_t *bytes, const keel_tensor **largest);
 /* Names of the backends built into this binary, e.g. "ref,cpu". */
 const char *keel_backend_list(void);
 /* Parse KEEL_FAULT into be->fault_row_limit (called by backends that honour it). -1 on a bad value. */

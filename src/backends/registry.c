@@ -51,13 +51,17 @@ keel_backend *keel_backend_new(const char *name, int n_threads) {
     return NULL;
 }
 
-int keel_backend_scratch_plan(const char *name, const keel_graph *g, size_t *bytes) {
+int keel_backend_scratch_plan(const char *name, const keel_graph *g, size_t *bytes, const keel_tensor **largest) {
     *bytes = 0;
+    if (largest) *largest = NULL;
 #ifdef KEEL_HAVE_CUDA
     if (strcmp(name, "cuda") == 0) {
         for (int64_t i = 0; g && i < g->n_nodes; i++) {
             size_t n = keel_cuda_scratch_bytes(g->nodes[i]);
-            if (n > *bytes) *bytes = n;
+            if (n > *bytes) {
+                *bytes = n;
+                if (largest) *largest = g->nodes[i];
+            }
         }
         return 0;
     }
