@@ -17,7 +17,8 @@ typedef struct {
     keel_backend *be;
     const keel_tensor *t;
     double *partial; /* per-row results reduced serially afterwards */
-    double ce_div;   /* CROSS_ENTROPY_LOSS(_BACK): the loss's divisor; ADAMW: the gradients' factor */
+    double ce_div;   /* CROSS_ENTROPY_LOSS(_BACK): the loss's divisor */
+    double adamw_f;  /* ADAMW: the gradients' factor (keel_adamw_factor) */
     int64_t *csr_start, *csr_items;
     float *wt;   /* CONV1D, GDN_CONV: the weight as [K][C] */
     float *rows; /* GDN_CONV: 2 C floats a thread (the conv's output and its SiLU); QK_NORM_ROPE: a row a thread */
@@ -537,7 +538,7 @@ static void adamw_task(void *arg, int64_t b, int64_t e, int th) {
     const float *g = t->src[1]->data;
     float *m = t->src[2]->data, *v = t->src[3]->data;
     float lr = (float)t->fp[0], b1 = (float)t->fp[1], b2 = (float)t->fp[2], eps = (float)t->fp[3],
-          gs = (float)c->ce_div;
+          gs = (float)c->adamw_f;
     float bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])), bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
     for (int seg = 0; seg < 2; seg++) { /* the decayed elements [0, ip2), then the rest */
         float decay = seg ? 1.0f : (float)(1.0 - t->fp[0] * t->fp[4]);
@@ -779,7 +780,7 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     }
     case KEEL_OP_ADAMW:
-        if (keel_adamw_factor(F(t->src[4]->data), t->fp[5], t->ip[1], &c.ce_div))
+        if (keel_adamw_factor(F(t->src[4]->data), t->fp[5], t->ip[1], &c.adamw_f))
             keel_pool_for(pool, keel_nelements(t), adamw_task, &c);
         return 0;
     default:
