@@ -8,7 +8,8 @@
 # Stages: ops grad fault reference recompute model bf16 adamw hf lora chat cross bench, gdn (the delta rule's
 # cases, gradients and GPU time alone: a quick first look), gdn-ncu (its kernels' time, issue slots
 # and stall reasons under ncu), attn (flash attention's cases, gradients, and its kernels' time under
-# ncu at the 0.8B shape, batch 8), and multi (needs 2 GPUs) and profile
+# ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full),
+# and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step) and profile16 (the bf16 batch-8 step: wall
 # time, then GPU time per op), which are not in the default list
 set -uo pipefail
@@ -175,6 +176,14 @@ if want adamw; then # the optimizer step: its cases, a NaN step on the device, i
     run "a NaN step on cuda: stopped, update skipped" adamw-nan.log scripts/test-nonfinite-step.sh $keel .gpu-data/moby-dick.txt /tmp/keel-nonfinite cuda
     run "AdamW + SUM_SQ GPU time, bf16 batch 8" adamw-prof.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 3
     grep -E '^  (ADAMW|SUM_SQ) |^cuda +[0-9]' "$out/adamw-prof.log"
+fi
+if want memory; then # the plan against the device: keel info's cuda total and bench's measured peak, recompute off and full
+    for rc in off full; do
+        run "bench train bf16 batch 8, recompute $rc: planned vs measured" mem-$rc.log $keel bench train --backend cuda --precision bf16 --batch 8 --recompute $rc --no-torch --steps 3
+        grep -E "^cuda +[0-9]|planned before" "$out/mem-$rc.log"
+    done
+    run "keel info --precision bf16 --batch 8 (0.8B, cuda column)" mem-info.log bash -c "$keel init /tmp/keel-c08 --preset 0.8b >/dev/null && $keel info /tmp/keel-c08 --precision bf16 --batch 8 --recompute full --peak"
+    grep -E "^(off|full) |cuda scratch:" "$out/mem-info.log"
 fi
 if want hf; then
     run "transformers loads keel's checkpoints" hf.log python3 scripts/hf_load_check.py .gpu-data
