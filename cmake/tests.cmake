@@ -124,8 +124,7 @@ foreach(bad
     "empty_data|--preset small --data ${CMAKE_BINARY_DIR}/empty.txt --out ${CMAKE_BINARY_DIR}/tb|no text \\(the files are empty\\)"
     "window_too_long|--preset small --data ${CMAKE_BINARY_DIR}/short.txt --out ${CMAKE_BINARY_DIR}/tb --window 64|--window 64 is longer than the training data"
     "two_models|--preset small --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_BINARY_DIR}/short.txt --out ${CMAKE_BINARY_DIR}/tb|give exactly one of"
-    "bad_recompute|--preset small --data ${KEEL_ASSETS}/moby-dick.txt --out ${CMAKE_BINARY_DIR}/tb --recompute sometimes|--recompute 'sometimes'"
-    "nan_loss|--preset small --data ${KEEL_ASSETS}/moby-dick.txt --out ${CMAKE_BINARY_DIR}/tb-nan --steps 5 --window 32 --batch 2 --lr 1e9 --clip 0 --warmup 0|first non-finite gradient: model\\.")
+    "bad_recompute|--preset small --data ${KEEL_ASSETS}/moby-dick.txt --out ${CMAKE_BINARY_DIR}/tb --recompute sometimes|--recompute 'sometimes'")
   string(REPLACE "|" ";" parts "${bad}")
   list(GET parts 0 name)
   list(GET parts 1 args)

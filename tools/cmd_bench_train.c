@@ -37,6 +37,7 @@ typedef struct {
 typedef struct {
     double step_s, tokens_per_s, peak_bytes, first_loss, last_loss;
     double planned_bytes; /* keel: the plan's arena and the backend's planned scratch */
+    bool device_peak;     /* peak_bytes is the backend's own count (device memory), which the plan predicts */
     const char *peak_what;
 } bench_result;
 
@@ -103,7 +104,9 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, long lon
     qsort(times + o->warmup, (size_t)o->steps, sizeof *times, bench_cmp_d);
     r->step_s = times[o->warmup + o->steps / 2];
     r->tokens_per_s = (double)(T * B) / r->step_s;
-    if (be->peak_bytes) r->peak_bytes = (double)be->peak_bytes(be), r->peak_what = "device memory keel allocated";
+    if (be->peak_bytes)
+        r->peak_bytes = (double)be->peak_bytes(be), r->peak_what = "device memory keel allocated",
+        r->device_peak = true;
     if (!r->peak_what) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
@@ -263,7 +266,7 @@ int cmd_bench_train(int argc, char **argv) {
     char lbl[96];
     snprintf(lbl, sizeof lbl, "%s%s", o.backend, o.lora_rank ? " full fine-tuning" : "");
     printf("%-34s %10.3f %12.0f %12.2f  %s\n", lbl, k.step_s, k.tokens_per_s, k.peak_bytes / (1 << 30), k.peak_what);
-    if (strcmp(k.peak_what, "process peak RSS") != 0)
+    if (k.device_peak)
         printf("%-34s %36.2f  planned before the run (arena + scratch); measured / planned %.3f\n", "",
                k.planned_bytes / (1 << 30), k.peak_bytes / k.planned_bytes);
     if (o.lora_rank) {

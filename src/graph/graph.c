@@ -39,6 +39,8 @@ keel_tensor *keel_graph_group(keel_graph *g, keel_tensor *const *members, int n,
         for (int k = 0; !bad && k < g->n_groups; k++)
             for (int j = 0; j < g->groups[k].n; j++)
                 if (g->groups[k].members[j] == t) bad = "is in another group";
+        for (int j = 0; !bad && j < i; j++)
+            if (members[j] == t) bad = "is in this group twice";
         if (bad) {
             keel_fail("group '%s': member '%s' %s", name, t->name, bad);
             return NULL;

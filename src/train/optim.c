@@ -30,11 +30,13 @@ int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, 
     }
     keel_tensor *flat[4];
     static const char *const names[4] = {"adamw.params", "adamw.grads", "adamw.m", "adamw.v"};
-    for (int s = 0; s < 4; s++)
+    int64_t decay_end = 0; /* where the first parameter without decay starts (the four groups are laid out alike) */
+    for (int s = 0; s < 4; s++) {
         if (!(flat[s] = keel_graph_group(g, by + (size_t)s * n, n, names[s]))) goto done;
-    /* the decay ends where the first parameter without it starts */
-    int64_t decay_end = keel_nelements(flat[0]);
-    if (n_decay < n) decay_end = g->groups[g->n_groups - 4].offset[n_decay] / (int64_t)sizeof(float);
+        if (s == 0)
+            decay_end = n_decay < n ? g->groups[g->n_groups - 1].offset[n_decay] / (int64_t)sizeof(float)
+                                    : keel_nelements(flat[0]);
+    }
     out->sumsq = keel_sum_sq(ctx, flat[1]);
     out->adamw = out->sumsq ? keel_adamw(ctx, flat[0], flat[1], flat[2], flat[3], out->sumsq, lr, 0.9, 0.95, 1e-8,
                                          weight_decay, clip, 1, divisor, decay_end)

@@ -111,6 +111,8 @@ static void groups_back_to_back(void **st) {
     assert_non_null(flat);
     assert_int_equal(keel_nelements(flat), (768 + 24) / 4); /* 0: 20 bytes, 256: 280 bytes, 768: 24 bytes */
     assert_null(keel_graph_group(g, (keel_tensor *[]){g2}, 1, "again")); /* g2 is in grp already */
+    assert_null(keel_graph_group(g, (keel_tensor *[]){x1, x2, x1}, 3, "twice"));
+    assert_non_null(strstr(keel_last_error(), "'twice'"));
     keel_tensor *s = keel_sum_sq(ctx, flat);
     assert_int_equal(keel_graph_expand(g, s), 0);
     s->flags |= KEEL_FLAG_OUTPUT;
