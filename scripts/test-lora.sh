@@ -25,7 +25,8 @@ done
 [ ! -e "$ck/model.safetensors" ] || { echo "FAIL: a LoRA run wrote the full weights"; fail=1; }
 grep -q '"peft_type":[[:space:]]*"LORA"' "$ck/adapter_config.json" && grep -q '"r":[[:space:]]*4,' "$ck/adapter_config.json" \
   && grep -q '"lora_alpha":[[:space:]]*8,' "$ck/adapter_config.json" || { echo "FAIL: adapter_config.json: $(cat "$ck/adapter_config.json")"; fail=1; }
-head -c 20000 "$ck/adapter_model.safetensors" | grep -aq '"base_model.model.model.layers.0.linear_attn.in_proj_qkv.lora_A.weight"' \
+# (not `head | grep -q` under pipefail: grep's early exit can kill head with SIGPIPE, a failure now and then)
+grep -aq '"base_model.model.model.layers.0.linear_attn.in_proj_qkv.lora_A.weight"' <(head -c 20000 "$ck/adapter_model.safetensors") \
   || { echo "FAIL: PEFT's tensor names are not in adapter_model.safetensors"; fail=1; }
 for f in adapter_model.safetensors optimizer.safetensors; do
   cmp "$ck/$f" "$work/c/checkpoint/$f" || { echo "FAIL: resumed $f differs"; fail=1; }
