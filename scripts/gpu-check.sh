@@ -183,7 +183,7 @@ if want memory; then # the plan against the device: keel info's cuda total and b
         grep -E "^cuda +[0-9]|planned before" "$out/mem-$rc.log"
     done
     run "keel info --precision bf16 --batch 8 (0.8B, cuda column)" mem-info.log bash -c "$keel init /tmp/keel-c08 --preset 0.8b >/dev/null && $keel info /tmp/keel-c08 --precision bf16 --batch 8 --recompute full --peak"
-    grep -E "^(off|full) |cuda scratch:" "$out/mem-info.log"
+    grep -E "^(off|full) |cuda scratch at|peaks at node" "$out/mem-info.log"
 fi
 if want hf; then
     run "transformers loads keel's checkpoints" hf.log python3 scripts/hf_load_check.py .gpu-data

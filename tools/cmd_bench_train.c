@@ -36,7 +36,7 @@ typedef struct {
 
 typedef struct {
     double step_s, tokens_per_s, peak_bytes, first_loss, last_loss;
-    double planned_bytes; /* keel: the plan's arena and the backend's planned scratch */
+    double planned_bytes; /* keel: the plan's arena, the nodes' scratch in it */
     bool device_peak;     /* peak_bytes is the backend's own count (device memory), which the plan predicts */
     const char *peak_what;
 } bench_result;
@@ -68,11 +68,11 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, long lon
     if (n_tp < 0 || keel_step_adamw(sp, tp, NULL, n_tp, 1e-4, 0.1, 0, 1) || keel_step_place(sp, be)) goto done;
     int64_t n_trained = 0;
     for (int i = 0; i < n_tp; i++) n_trained += keel_nelements(tp[i]);
-    r->planned_bytes = (double)(sp->s->plan->total_bytes + sp->s->scratch_bytes);
-    printf("keel%s: %d parameter tensors trained (%lld parameters), plan %.2f GiB (activations %.2f GiB) + scratch "
-           "%.2f GiB, initialising...\n",
+    r->planned_bytes = (double)sp->s->plan->total_bytes;
+    printf("keel%s: %d parameter tensors trained (%lld parameters), plan %.2f GiB (activations and node scratch %.2f "
+           "GiB; largest scratch %.2f GiB), initialising...\n",
            lora_rank ? " LoRA" : "", n_tp, (long long)n_trained, (double)sp->s->plan->total_bytes / (1 << 30),
-           (double)sp->s->plan->peak_activation_bytes / (1 << 30), (double)sp->s->scratch_bytes / (1 << 30));
+           (double)sp->s->plan->peak_activation_bytes / (1 << 30), (double)sp->s->plan->scratch_max / (1 << 30));
     fflush(stdout);
     if (keel_qwen35_init_weights(sp->m, be, 5) || keel_lora_init_weights(sp->m, be, 5)) goto done;
     iv = malloc((size_t)(T * B) * 4), tv = malloc((size_t)(T * B) * 4);
@@ -267,7 +267,7 @@ int cmd_bench_train(int argc, char **argv) {
     snprintf(lbl, sizeof lbl, "%s%s", o.backend, o.lora_rank ? " full fine-tuning" : "");
     printf("%-34s %10.3f %12.0f %12.2f  %s\n", lbl, k.step_s, k.tokens_per_s, k.peak_bytes / (1 << 30), k.peak_what);
     if (k.device_peak)
-        printf("%-34s %36.2f  planned before the run (arena + scratch); measured / planned %.3f\n", "",
+        printf("%-34s %36.2f  planned before the run (the arena, scratch in it); measured / planned %.3f\n", "",
                k.planned_bytes / (1 << 30), k.peak_bytes / k.planned_bytes);
     if (o.lora_rank) {
         snprintf(lbl, sizeof lbl, "%s LoRA rank %lld (base %s)", o.backend, o.lora_rank, o.base_dtype);

@@ -163,14 +163,14 @@ static long peak_rss_kib(void) {
 }
 
 /* keel info --peak: what the activations at the plan's peak are */
-static void peak_table(const keel_graph *g, const keel_plan *pl, const char *mode) {
+static void peak_table(const keel_graph *g, const keel_plan *pl, const char *mode, const char *which) {
     enum { TOP = 12 };
     const keel_tensor *top[TOP];
     int64_t n = keel_plan_live_at(g, pl->peak_node, top, TOP), all = n < 0 ? 0 : n;
     if (n < 0) return;
     const keel_tensor *at = g->nodes[pl->peak_node];
-    printf("  recompute %s peaks at node %lld of %lld ('%s', %s): %lld activations live, the largest:\n", mode,
-           (long long)pl->peak_node, (long long)g->n_nodes, at->name, keel_op_get(at->op)->name, (long long)all);
+    printf("  recompute %s: %s peaks at node %lld of %lld ('%s', %s): %lld activations live, the largest:\n", mode,
+           which, (long long)pl->peak_node, (long long)g->n_nodes, at->name, keel_op_get(at->op)->name, (long long)all);
     for (int64_t i = 0; i < n && i < TOP; i++) {
         char shape[64];
         printf("    %9.1f MiB  %-40s %-26s %s\n", (double)keel_nbytes(top[i]) / (1 << 20), top[i]->name,
@@ -260,10 +260,10 @@ int cmd_info(int argc, char **argv) {
     printf("\ntraining step, %s, batch %lld x window %lld, planned by keel's memory plan (AdamW moments: %.2f GiB "
            "more):\n",
            prec == KEEL_PRECISION_BF16 ? "bf16 mixed precision" : "float32", B, T, moments);
-    size_t scr = 0;
-    bool cuda = keel_backend_scratch_plan("cuda", NULL, &scr, NULL) == 0; /* built in: its scratch joins the plan */
+    keel_scratch_fn cuda_rule = NULL; /* built in: a second plan with its kernels' scratch in the arena */
+    bool cuda = keel_backend_scratch_rule("cuda", &cuda_rule) == 0;
     printf("%-12s %14s %22s %14s %16s%s\n", "recompute", "planned peak", "params+grads+moments", "activations", "total",
-           cuda ? "     cuda scratch     cuda total" : "");
+           cuda ? "  cuda largest scratch     cuda total" : "");
     const char *modes[] = {"off", "full", "every:2", "every:4", rmode};
     int n_modes =
         4 + (strcmp(rmode, "off") && strcmp(rmode, "full") && strcmp(rmode, "every:2") && strcmp(rmode, "every:4"));
@@ -287,21 +287,30 @@ int cmd_info(int argc, char **argv) {
             fprintf(stderr, "keel info: %s\n", keel_last_error());
             goto done;
         }
-        keel_plan *pl = keel_plan_make(st->g, NULL);
+        keel_plan *pl = keel_plan_make(st->g, NULL),
+                  *pc = cuda ? keel_plan_make(st->g, &(keel_plan_opts){.scratch_bytes = cuda_rule}) : NULL;
+        if (!pl || (cuda && !pc)) {
+            fprintf(stderr, "keel info: %s\n", keel_last_error());
+            keel_plan_free(pl), keel_step_free(st);
+            goto done;
+        }
         double planned = (double)pl->total_bytes / gib, act = (double)pl->peak_activation_bytes / gib;
         printf("%-12s %10.2f GiB %18.2f GiB %10.2f GiB %12.2f GiB", modes[mi], planned,
                (double)pl->persistent_bytes / gib + moments, act, planned + moments);
-        const keel_tensor *big = NULL;
-        if (cuda && keel_backend_scratch_plan("cuda", st->g, &scr, &big) == 0)
-            printf(" %12.2f GiB %12.2f GiB", (double)scr / gib, planned + moments + (double)scr / gib);
+        if (pc)
+            printf(" %17.2f GiB %10.2f GiB", (double)pc->scratch_max / gib, (double)pc->total_bytes / gib + moments);
         printf("\n");
         if (peak && strcmp(modes[mi], rmode) == 0 && !kept) {
-            peak_table(st->g, pl, modes[mi]);
-            if (big) /* the scratch a session reserves: the largest node's */
-                printf("  cuda scratch: %.1f MiB, for '%s' (%s)\n", (double)scr / (1 << 20), big->name,
-                       keel_op_get(big->op)->name);
+            peak_table(st->g, pc ? pc : pl, modes[mi], pc ? "the cuda plan" : "the plan");
+            if (pc) { /* a node's scratch lives while it runs: at the peak, and the largest anywhere */
+                const keel_tensor *at = st->g->nodes[pc->peak_node], *big = NULL;
+                if (pc->scratch_max_node >= 0) big = st->g->nodes[pc->scratch_max_node];
+                printf("  cuda scratch at that node: %.1f MiB; the largest: %.1f MiB, for '%s' (%s)\n",
+                       (double)pc->scratch_size[at->id] / (1 << 20), (double)pc->scratch_max / (1 << 20),
+                       big ? big->name : "-", big ? keel_op_get(big->op)->name : "-");
+            }
         }
-        keel_plan_free(pl);
+        keel_plan_free(pl), keel_plan_free(pc);
         if (keep)
             kept = st;
         else

@@ -20,6 +20,10 @@ int keel_backend_callback_failed(const keel_tensor *t) {
     return keel_fail("%s (in the node callback after '%s')", msg[0] ? msg : "run stopped", t->name);
 }
 
+static size_t node_scratch(void *be, const keel_tensor *node) {
+    return ((keel_backend *)be)->scratch_bytes((keel_backend *)be, node);
+}
+
 keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_opts *opts) {
     for (int64_t i = 0; i < g->n_nodes; i++) {
         const keel_tensor *t = g->nodes[i];
@@ -37,7 +41,9 @@ keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_
     }
     s->be = be;
     s->g = g;
-    s->plan = keel_plan_make(g, opts);
+    keel_plan_opts o = opts ? *opts : (keel_plan_opts){0};
+    if (be->scratch_bytes) o.scratch_bytes = node_scratch, o.scratch_ud = be;
+    s->plan = keel_plan_make(g, &o);
     if (!s->plan) {
         free(s);
         return NULL;
@@ -50,14 +56,6 @@ keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_
         return NULL;
     }
     keel_plan_bind(s->plan, g, s->arena);
-    for (int64_t i = 0; be->scratch_bytes && i < g->n_nodes; i++) {
-        size_t n = be->scratch_bytes(be, g->nodes[i]);
-        if (n > s->scratch_bytes) s->scratch_bytes = n;
-    }
-    if (be->reserve_scratch && be->reserve_scratch(be, s->scratch_bytes)) {
-        keel_session_free(s);
-        return NULL;
-    }
     for (int k = 0; k < g->n_groups; k++) { /* kernels over a group's flat tensor read the gaps: zero */
         const keel_tensor *f = g->groups[k].flat;
         if (be->fill_bytes(be, (char *)s->arena + s->plan->offset[f->id], 0, keel_nbytes(f))) {

@@ -40,10 +40,9 @@ struct keel_backend {
      * adds instead of assigning. Every op that copies calls this. */
     int (*copy)(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, bool accumulate);
     /* The working memory its kernel of `node` takes beyond the node's result, from shapes, types and
-     * strides alone, and the reservation of the largest before a graph runs: sessions call both, so
-     * no step allocates. NULL both on backends whose kernels need none planned (ref, cpu). */
+     * strides alone: sessions hand it to the memory plan, which places it in the arena for that node
+     * (node->scratch), so no step allocates. NULL on backends whose kernels need none planned (ref, cpu). */
     size_t (*scratch_bytes)(keel_backend *be, const keel_tensor *node);
-    int (*reserve_scratch)(keel_backend *be, size_t bytes);
     /* Run nodes [from, to) of a bound graph. */
     int (*compute)(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud);
     int (*set_threads)(keel_backend *be, int n);
@@ -55,10 +54,9 @@ struct keel_backend {
  * an error for an unknown name. */
 keel_backend *keel_backend_new(const char *name, int n_threads);
 void keel_backend_free(keel_backend *be);
-/* The scratch a session of g would reserve on the named backend (the largest node's: see
- * scratch_bytes above; 0 on ref and cpu), without making one, and (largest non-NULL) that node.
- * -1 when the backend is not built. */
-int keel_backend_scratch_plan(const char *name, const keel_graph *g, size_t *bytes, const keel_tensor **largest);
+/* The named backend's node scratch rule (scratch_bytes above) as a plan option, without making the
+ * backend: NULL for ref and cpu, whose kernels need none planned. -1 when the backend is not built. */
+int keel_backend_scratch_rule(const char *name, keel_scratch_fn *fn);
 /* Names of the backends built into this binary, e.g. "ref,cpu". */
 const char *keel_backend_list(void);
 /* Parse KEEL_FAULT into be->fault_row_limit (called by backends that honour it). -1 on a bad value. */
@@ -72,8 +70,7 @@ typedef struct {
     keel_backend *be;
     keel_graph *g;
     keel_plan *plan;
-    void *arena;
-    size_t scratch_bytes; /* the largest scratch a node takes (be->scratch_bytes), reserved with the arena */
+    void *arena; /* the plan's total_bytes: tensors and the nodes' scratch */
 } keel_session;
 
 keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_opts *opts);

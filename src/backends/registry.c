@@ -51,22 +51,20 @@ keel_backend *keel_backend_new(const char *name, int n_threads) {
     return NULL;
 }
 
-int keel_backend_scratch_plan(const char *name, const keel_graph *g, size_t *bytes, const keel_tensor **largest) {
-    *bytes = 0;
-    if (largest) *largest = NULL;
+#ifdef KEEL_HAVE_CUDA
+static size_t cuda_rule(void *ud, const keel_tensor *node) {
+    (void)ud;
+    return keel_cuda_scratch_bytes(node);
+}
+#endif
+
+int keel_backend_scratch_rule(const char *name, keel_scratch_fn *fn) {
+    *fn = NULL;
 #ifdef KEEL_HAVE_CUDA
     if (strcmp(name, "cuda") == 0) {
-        for (int64_t i = 0; g && i < g->n_nodes; i++) {
-            size_t n = keel_cuda_scratch_bytes(g->nodes[i]);
-            if (n > *bytes) {
-                *bytes = n;
-                if (largest) *largest = g->nodes[i];
-            }
-        }
+        *fn = cuda_rule;
         return 0;
     }
-#else
-    (void)g;
 #endif
     return strcmp(name, "ref") == 0 || strcmp(name, "cpu") == 0 ? 0 : -1;
 }

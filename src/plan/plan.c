@@ -124,10 +124,13 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     arena ar = {0};
     if (!p || !last_use || !persist || !mark) goto oom;
     p->offset = malloc((size_t)n_ids * sizeof *p->offset);
-    if (!p->offset) goto oom;
+    p->scratch_offset = malloc((size_t)n_ids * sizeof *p->scratch_offset);
+    p->scratch_size = calloc((size_t)n_ids, sizeof *p->scratch_size);
+    if (!p->offset || !p->scratch_offset || !p->scratch_size) goto oom;
     p->n_offset = n_ids;
     p->guard_bytes = align_up(o.guard_bytes);
-    for (int64_t i = 0; i < n_ids; i++) p->offset[i] = SIZE_MAX, last_use[i] = -1;
+    p->scratch_max_node = -1;
+    for (int64_t i = 0; i < n_ids; i++) p->offset[i] = p->scratch_offset[i] = SIZE_MAX, last_use[i] = -1;
 
     lifetimes(g, persist, last_use);
     size_t gb = p->guard_bytes;
@@ -165,9 +168,17 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
             p->offset[t->id] = arena_alloc(&ar, SIZE_OF(t)) + gb;
             p->n_roots++;
         }
+        /* the node's scratch: placed after its result, while its sources are live, freed with them */
+        size_t scr = o.scratch_bytes ? o.scratch_bytes(o.scratch_ud, t) : 0;
+        if (scr) {
+            p->scratch_size[t->id] = scr;
+            p->scratch_offset[t->id] = arena_alloc(&ar, align_up(scr) + 2 * gb) + gb;
+            if (scr > p->scratch_max) p->scratch_max = scr, p->scratch_max_node = i;
+        }
         if (ar.top - base_top > p->peak_activation_bytes)
             p->peak_activation_bytes = ar.top - base_top, p->peak_node = i;
         if (o.no_reuse) continue;
+        if (scr && arena_free(&ar, p->scratch_offset[t->id] - gb, align_up(scr) + 2 * gb)) goto fail;
         /* free what node i was the last to touch (its sources, and itself if nothing reads it) */
         int arity = keel_op_get(t->op)->arity;
         for (int s = -1; s < arity; s++) {
@@ -198,6 +209,8 @@ fail:
 void keel_plan_free(keel_plan *p) {
     if (!p) return;
     free(p->offset);
+    free(p->scratch_offset);
+    free(p->scratch_size);
     free(p);
 }
 
@@ -208,6 +221,8 @@ void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base) {
     for (int64_t i = 0; i < g->n_nodes; i++) {
         keel_tensor *t = g->nodes[i];
         if (is_root(t)) t->data = b + p->offset[t->id];
+        t->scratch_bytes = p->scratch_size[t->id];
+        t->scratch = t->scratch_bytes ? b + p->scratch_offset[t->id] : NULL;
     }
     for (int k = 0; k < g->n_groups; k++) { /* members no node reads but through the group (the moments) */
         g->groups[k].flat->data = b + p->offset[g->groups[k].flat->id];

@@ -1,14 +1,22 @@
 /* keel: the memory plan. One plan serves every backend: it places each root tensor (a tensor that
  * owns bytes) at an offset in one arena, reusing the space of activations after their last use.
- * Views and in-place results take their root's bytes. Every placement is 256-byte aligned. */
+ * Views and in-place results take their root's bytes. A node's working memory (the scratch its
+ * backend's kernel takes beyond the result) is one more block of the arena, live while that node
+ * runs only, so it shares the peak with what is live then rather than adding its largest to the
+ * whole step's. Every placement is 256-byte aligned. */
 #ifndef KEEL_PLAN_H
 #define KEEL_PLAN_H
 
 #include "graph/graph.h"
 
+/* The scratch bytes a backend's kernel of `node` takes (0: none), from shapes, types and strides alone. */
+typedef size_t (*keel_scratch_fn)(void *ud, const keel_tensor *node);
+
 typedef struct {
-    size_t guard_bytes; /* extra bytes before and after every tensor (tests fill and check them) */
-    int no_reuse;       /* never reuse freed space (debugging) */
+    size_t guard_bytes;            /* extra bytes before and after every tensor (tests fill and check them) */
+    int no_reuse;                  /* never reuse freed space (debugging) */
+    keel_scratch_fn scratch_bytes; /* NULL: the nodes need no scratch (ref, cpu) */
+    void *scratch_ud;
 } keel_plan_opts;
 
 typedef struct {
@@ -17,7 +25,10 @@ typedef struct {
     size_t total_bytes;      /* arena size: the planned peak */
     size_t persistent_bytes; /* leaves and outputs (parameters, gradients, optimizer state, inputs) */
     size_t peak_activation_bytes;
-    int64_t peak_node; /* the node during which the activations reach their peak */
+    int64_t peak_node; /* the node during which the activations (its scratch included) reach their peak */
+    size_t *scratch_offset, *scratch_size; /* by tensor id: a node's scratch block (size 0: none) */
+    size_t scratch_max;                    /* the largest node scratch, and its node (-1: none) */
+    int64_t scratch_max_node;
     size_t guard_bytes;
     int64_t n_roots;
 } keel_plan;
@@ -28,7 +39,8 @@ void keel_plan_free(keel_plan *p);
  * them in out; returns how many there are (-1 with an error). With at = the plan's peak_node: what
  * makes the peak. */
 int64_t keel_plan_live_at(const keel_graph *g, int64_t at, const keel_tensor **out, int64_t max);
-/* Set t->data for every tensor of the graph from the arena's base address. */
+/* Set t->data for every tensor of the graph, and t->scratch for nodes with scratch, from the
+ * arena's base address. */
 void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base);
 
 #endif

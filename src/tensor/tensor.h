@@ -48,6 +48,10 @@ typedef struct keel_tensor {
     uint32_t flags;
     char name[KEEL_NAME_MAX];
     void *data; /* address of element 0 in the backend's buffer, once allocated */
+    /* A node's working memory in the same buffer, planned for it alone (keel_plan_opts.scratch_bytes):
+     * valid while the node runs; NULL and 0 where the plan gave none. */
+    void *scratch;
+    size_t scratch_bytes;
     int64_t id; /* creation index in its context: stable across identical builds */
     keel_ctx *ctx;
 } keel_tensor;

@@ -51,6 +51,83 @@ static void no_live_overlap(void **st) {
     keel_ctx_free(ctx);
 }
 
+/* A scratch rule for the tests: nodes with an odd id take 300 + 8 id bytes. */
+static size_t odd_scratch(void *ud, const keel_tensor *t) {
+    (void)ud;
+    return t->id % 2 ? 300 + 8 * (size_t)t->id : 0;
+}
+
+/* A node's scratch is a block of the arena live while that node runs: it overlaps nothing live
+ * then (its sources, its result, what later nodes read), bind hands it to the node, and it is
+ * free again after, so a chain of nodes with scratch holds one scratch at a time. */
+static void scratch_per_node(void **st) {
+    (void)st;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_tensor *pool[48];
+    int n = 0;
+    for (int i = 0; i < 3; i++) pool[n++] = keel_set_flags(keel_new_2d(ctx, KEEL_F32, 40, 3), KEEL_FLAG_INPUT);
+    for (uint64_t s = 11; n < 48;) {
+        s = s * 6364136223846793005ull + 1;
+        keel_tensor *a = pool[n - 1 - (int)((s >> 33) % 2)], *b = pool[(s >> 45) % (uint64_t)n]; /* all reach the end */
+        pool[n++] = (s >> 20) % 3 ? keel_add(ctx, a, b) : keel_sqr(ctx, a);
+    }
+    keel_graph *g = keel_graph_build(ctx, &pool[n - 1], 1);
+    keel_plan_opts o = {.scratch_bytes = odd_scratch};
+    keel_plan *p = keel_plan_make(g, &o), *plain = keel_plan_make(g, NULL);
+    assert_non_null(p);
+    int64_t N = g->n_nodes, ids = keel_ctx_count(ctx), *first = malloc((size_t)ids * 8),
+            *last = malloc((size_t)ids * 8);
+    for (int64_t i = 0; i < ids; i++) first[i] = last[i] = -1;
+    for (int64_t i = 0; i < g->n_leafs; i++) first[g->leafs[i]->id] = 0, last[g->leafs[i]->id] = N;
+    for (int64_t i = 0; i < N; i++) {
+        keel_tensor *t = g->nodes[i];
+        if (first[t->id] < 0) first[t->id] = i;
+        if (last[t->id] < i) last[t->id] = i;
+        for (int k = 0; k < keel_op_get(t->op)->arity; k++)
+            if (last[t->src[k]->id] < i) last[t->src[k]->id] = i;
+    }
+    last[pool[n - 1]->id] = N;
+    int with = 0;
+    for (int64_t i = 0; i < N; i++) {
+        keel_tensor *t = g->nodes[i];
+        size_t sz = p->scratch_size[t->id], at = p->scratch_offset[t->id];
+        assert_int_equal(sz, odd_scratch(NULL, t));
+        if (!sz) continue;
+        with++;
+        assert_int_equal(at % KEEL_ALIGN, 0);
+        assert_true(at + sz <= p->total_bytes);
+        for (int64_t j = 0; j < ids; j++) /* every root live at node i keeps its bytes */
+            if (p->offset[j] != SIZE_MAX && first[j] <= i && i <= last[j])
+                assert_false(at < p->offset[j] + keel_nbytes(keel_ctx_tensor(ctx, j)) && p->offset[j] < at + sz);
+    }
+    assert_true(with > 10);
+    assert_true(p->scratch_max == 300 + 8 * (size_t)g->nodes[p->scratch_max_node]->id);
+    assert_true(p->total_bytes >= plain->total_bytes &&
+                p->total_bytes <= plain->total_bytes + 2 * p->scratch_max + 512);
+    char *base = malloc(p->total_bytes);
+    keel_plan_bind(p, g, base);
+    for (int64_t i = 0; i < N; i++) {
+        keel_tensor *t = g->nodes[i];
+        assert_int_equal(t->scratch_bytes, p->scratch_size[t->id]);
+        assert_ptr_equal(t->scratch, t->scratch_bytes ? base + p->scratch_offset[t->id] : NULL);
+    }
+    free(base), free(first), free(last);
+    keel_plan_free(p), keel_plan_free(plain);
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+
+    ctx = keel_ctx_new(); /* a chain: one node's scratch at a time, not fifty */
+    keel_tensor *y = keel_set_flags(keel_new_1d(ctx, KEEL_F32, 1000), KEEL_FLAG_INPUT);
+    for (int i = 0; i < 50; i++) y = keel_sqr(ctx, y);
+    g = keel_graph_build(ctx, &y, 1);
+    p = keel_plan_make(g, &o);
+    assert_true(p->total_bytes <= 4 * 4096 + 2 * 1024);
+    assert_true(p->peak_activation_bytes >= p->scratch_max);
+    keel_plan_free(p);
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+}
+
 /* A chain reuses memory: the peak holds a few activations, not the whole chain. */
 static void chain_reuses(void **st) {
     (void)st;
@@ -173,7 +250,7 @@ static void live_at_node(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(no_live_overlap),     cmocka_unit_test(chain_reuses), cmocka_unit_test(inplace_aliases),
-        cmocka_unit_test(groups_back_to_back), cmocka_unit_test(live_at_node),
+        cmocka_unit_test(groups_back_to_back), cmocka_unit_test(live_at_node), cmocka_unit_test(scratch_per_node),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

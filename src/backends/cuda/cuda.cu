@@ -92,33 +92,16 @@ static int cuda_fill_bytes(keel_backend *be, void *dst, int byte, size_t n) {
     return cuda_check(cudaMemsetAsync(dst, byte, n, cuda_im(be)->stream), "memset", NULL);
 }
 
-/* The one scratch buffer, grown (never shrunk) to what a session's largest node takes: sessions
- * share it, so it holds the largest of them all. */
-static int cuda_reserve_scratch(keel_backend *be, size_t n) {
-    cuda_impl *im = cuda_im(be);
-    if (n <= im->scratch_bytes) return 0;
-    if (im->scratch) cuda_free(be, im->scratch);
-    im->scratch = NULL, im->scratch_bytes = 0;
-    if (!(im->scratch = cuda_alloc(be, n))) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", keel_last_error());
-        return keel_fail("%s (the planned scratch, %.1f MiB)", msg, (double)n / (1 << 20));
-    }
-    im->scratch_bytes = n;
-    return 0;
-}
-
 static size_t cuda_node_scratch_bytes(keel_backend *be, const keel_tensor *t) {
     (void)be;
     return keel_cuda_scratch_bytes(t);
 }
 
 void *cuda_scratch(keel_backend *be, size_t n, const keel_tensor *t) {
-    cuda_impl *im = cuda_im(be);
-    if (n <= im->scratch_bytes && im->scratch) return im->scratch;
-    keel_fail("cuda: %s node '%s' asks for %zu bytes of scratch, %zu reserved (keel_cuda_scratch_bytes is wrong for "
-              "it)",
-              keel_op_get(t->op)->name, t->name, n, im->scratch_bytes);
+    (void)be;
+    if (t->scratch && n <= t->scratch_bytes) return t->scratch;
+    keel_fail("cuda: %s node '%s' asks for %zu bytes of scratch, %zu planned (keel_cuda_scratch_bytes is wrong for it)",
+              keel_op_get(t->op)->name, t->name, n, t->scratch_bytes);
     return NULL;
 }
 
@@ -193,9 +176,7 @@ static void cuda_destroy(keel_backend *be) {
         keel_op_profile_free(im->profile);
         cudaEventDestroy(im->ev0), cudaEventDestroy(im->ev1);
     }
-    if (im->scratch) cudaFree(im->scratch);
-    for (int64_t i = 0; i < im->n_live; i++)
-        if (im->live_p[i] != im->scratch) cudaFree(im->live_p[i]);
+    for (int64_t i = 0; i < im->n_live; i++) cudaFree(im->live_p[i]);
     if (im->blas) cublasDestroy(im->blas);
     if (im->stream) cudaStreamDestroy(im->stream);
     free(im->live_p), free(im->live_n);
@@ -262,7 +243,7 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
         return NULL;
     }
     be->supports = cuda_supports;
-    be->scratch_bytes = cuda_node_scratch_bytes, be->reserve_scratch = cuda_reserve_scratch;
+    be->scratch_bytes = cuda_node_scratch_bytes;
     be->alloc = cuda_alloc;
     be->free = cuda_free;
     be->write = cuda_write;

@@ -105,8 +105,6 @@ static inline bool vec_ok(const void *p) { return ((uintptr_t)p & 15) == 0; }
 typedef struct {
     cudaStream_t stream;
     cublasHandle_t blas;
-    void *scratch; /* per-node temporary space, grown on demand */
-    size_t scratch_bytes;
     int sync_each_node; /* KEEL_CUDA_SYNC=1: wait after every node so an error names its node */
     /* KEEL_CUDA_PROFILE=1: GPU time per op, printed when the backend is freed (NULL: off) */
     keel_op_profile *profile;
@@ -134,9 +132,9 @@ static inline unsigned vec_blocks(int64_t n) { return cuda_blocks(n / 4 > 0 ? n 
 /* A failed CUDA call or launch: an error naming what and where; -1. */
 int cuda_check(cudaError_t e, const char *what, const keel_tensor *t);
 int cublas_check(cublasStatus_t s, const char *what, const keel_tensor *t);
-/* Per-node scratch of n bytes (valid until the next call), out of the space the session reserved
- * from keel_cuda_scratch_bytes; more than that is an error naming the node (a size rule below is
- * wrong), never a cudaMalloc in the middle of a step. NULL with an error. */
+/* Node t's scratch of n bytes, the block the memory plan gave it in the session's arena from
+ * keel_cuda_scratch_bytes (valid while t runs); more than that is an error naming the node (a size
+ * rule below is wrong), never a cudaMalloc in the middle of a step. NULL with an error. */
 void *cuda_scratch(keel_backend *be, size_t n, const keel_tensor *t);
 /* The scratch bytes of the nodes whose kernels live in other files (the sizes their kernels ask
  * for: one formula each, used by both) */

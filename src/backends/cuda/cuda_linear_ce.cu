@@ -1,22 +1,25 @@
 /* keel: LINEAR_CROSS_ENTROPY and its backward on CUDA: the language-model head and its loss a chunk
- * of tokens at a time, so that only one chunk's float32 logits [V, chunk] exist (in scratch, never
- * in the graph). Per chunk: logits = W^T x_c by cuBLAS (float32 or bf16 operands, float32 sums),
- * then a block per token: the row's max and sum of exp in a fixed tree, its loss as a float64
- * partial (forward), or its row turned in place into g = (softmax - onehot) dloss / D (backward),
- * then dx_c = W g and dW (+)= x_c g^T by cuBLAS, the chunks in order (beta 0 for the first, 1
- * after). With bf16 operands g goes to the tensor cores as two bf16 parts, g = hi + lo (16 of its 24
- * bits): g in one bf16 moved a small model's eval loss by 1.2-1.9% from the float32 run's early in
- * training, where float32 g kept it within 0.9%; the second part costs two more products. The partials are summed by one block in
- * token order. No atomics: the same bits every run. */
+ * of tokens at a time, so that only one chunk's float32 logits [V, chunk] exist (in the node's
+ * planned scratch, never in the graph). Per chunk: logits = W^T x_c by cuBLAS (float32 or bf16
+ * operands, float32 sums), then a block per token: the row's max and sum of exp in a fixed tree, its
+ * loss as a float64 partial (forward), or its row turned into g = (softmax - onehot) dloss / D
+ * (backward), then dx_c = W g and dW (+)= x_c g^T by cuBLAS, the chunks in order (beta 0 for the
+ * first, 1 after). With bf16 operands g goes to the tensor cores as two bf16 parts, g = hi + lo (16
+ * of its 24 bits): g in one bf16 moved a small model's eval loss by 1.2-1.9% from the float32 run's
+ * early in training, where float32 g kept it within 0.9%. The parts of token j lie side by side
+ * (hi_j, lo_j: columns 2j and 2j+1 of one V x 2n matrix), so dW takes both in one product of depth
+ * 2n against x_c with every column twice: dW is read and written once a chunk, not once a part.
+ * The partials are summed by one block in token order. No atomics: the same bits every run. */
 #include <cuda_bf16.h>
 
 #include "backends/cuda/cuda_internal.h"
 
 #define LT KEEL_CUDA_RT /* threads of a token's row block */
 
-/* Token c0 + blockIdx.x: its logits row L[row], its loss partial or its gradient row. */
-__global__ void k_lce_rows(float *L, __nv_bfloat16 *g16, __nv_bfloat16 *lo16, kt tg, int64_t V, int64_t c0,
-                           double *partial, float k, int back) {
+/* Token c0 + blockIdx.x: its logits row L[row], its loss partial or its gradient row (in L, or with
+ * bf16 operands as its two parts in G at row * 2V: hi, then lo). */
+__global__ void k_lce_rows(float *L, __nv_bfloat16 *G, kt tg, int64_t V, int64_t c0, double *partial, float k,
+                           int back) {
     __shared__ double sh[LT];
     int64_t row = blockIdx.x, n = c0 + row;
     float *z = L + row * V;
@@ -27,7 +30,7 @@ __global__ void k_lce_rows(float *L, __nv_bfloat16 *g16, __nv_bfloat16 *lo16, kt
         if (!back && threadIdx.x == 0) partial[n] = 0.0;
         for (int64_t v = threadIdx.x; back && v < V; v += LT) {
             z[v] = 0.0f;
-            if (g16) g16[row * V + v] = lo16[row * V + v] = __float2bfloat16_rn(0.0f);
+            if (G) G[row * 2 * V + v] = G[row * 2 * V + V + v] = __float2bfloat16_rn(0.0f);
         }
         return;
     }
@@ -44,12 +47,12 @@ __global__ void k_lce_rows(float *L, __nv_bfloat16 *g16, __nv_bfloat16 *lo16, kt
     float inv = (float)(1.0 / s);
     for (int64_t v = threadIdx.x; v < V; v += LT) {
         float gv = __fmul_rn(__fsub_rn(__fmul_rn(expf(z[v] - mx), inv), v == y ? 1.0f : 0.0f), k);
-        z[v] = gv;
-        if (g16) {
+        if (G) {
             __nv_bfloat16 hi = __float2bfloat16_rn(gv);
-            g16[row * V + v] = hi;
-            lo16[row * V + v] = __float2bfloat16_rn(__fsub_rn(gv, __bfloat162float(hi)));
-        }
+            G[row * 2 * V + v] = hi;
+            G[row * 2 * V + V + v] = __float2bfloat16_rn(__fsub_rn(gv, __bfloat162float(hi)));
+        } else
+            z[v] = gv;
     }
 }
 
@@ -75,12 +78,14 @@ static bool needs_copy(const keel_tensor *s) {
 }
 
 /* One chunk's float32 logits (and with bf16 operands, in the backward, their gradient as two bf16
- * parts), the forward's per-token loss terms, contiguous copies of x and W where needed. */
+ * parts and the chunk's x with every column twice), the forward's per-token loss terms, contiguous
+ * copies of x and W where needed. */
 size_t cuda_linear_ce_scratch(const keel_tensor *t) {
     bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK, bf = t->src[0]->type == KEEL_BF16;
     const keel_tensor *x = t->src[0], *w = t->src[1];
-    int64_t N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N;
-    return round_up((size_t)(V * (C ? C : 1)) * 4) + (bf && back ? 2 * round_up((size_t)(V * (C ? C : 1)) * 2) : 0) +
+    int64_t D = x->ne[0], N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N, C1 = C ? C : 1;
+    return round_up((size_t)(V * C1) * 4) +
+           (bf && back ? round_up((size_t)(V * C1) * 4) + round_up((size_t)(D * C1) * 4) : 0) +
            (back ? 0 : round_up((size_t)(N ? N : 1) * 8)) + (needs_copy(x) ? round_up(keel_nbytes(x)) : 0) +
            (needs_copy(w) ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
 }
@@ -93,7 +98,7 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
     double div;
     if (keel_backend_ce_divisor(be, t, &div)) return -1; /* and the targets checked */
-    if (D > INT32_MAX || V > INT32_MAX || C > INT32_MAX)
+    if (D > INT32_MAX || 2 * V > INT32_MAX || 2 * C > INT32_MAX)
         return keel_fail("cuda: %s '%s': a dimension exceeds cuBLAS's 32-bit limit", keel_op_get(t->op)->name, t->name);
     float dl = 0.0f;
     if (back && keel_tensor_read(be, t->src[3], &dl, KEEL_F32)) return -1;
@@ -103,10 +108,10 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     size_t at = 0;
     float *L = (float *)base;
     at += round_up((size_t)(V * (C ? C : 1)) * 4);
-    __nv_bfloat16 *g16 = NULL, *lo16 = NULL;
+    __nv_bfloat16 *G = NULL, *x2 = NULL; /* bf16 backward: the parts (V x 2 nc), x_c's columns twice (D x 2 nc) */
     if (bf && back) {
-        g16 = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(V * (C ? C : 1)) * 2);
-        lo16 = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(V * (C ? C : 1)) * 2);
+        G = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(V * (C ? C : 1)) * 4);
+        x2 = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(D * (C ? C : 1)) * 4);
     }
     double *partial = NULL;
     if (!back) partial = (double *)(base + at), at += round_up((size_t)(N ? N : 1) * 8);
@@ -127,24 +132,42 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
                                       ldx, &zero, L, CUDA_R_32F, (int)V, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                          "cublasGemmEx (logits)", t))
             return -1;
-        k_lce_rows<<<nc, LT, 0, s>>>(L, g16, lo16, kt_of(tg), V, c0, partial, k, back ? 1 : 0);
+        k_lce_rows<<<nc, LT, 0, s>>>(L, G, kt_of(tg), V, c0, partial, k, back ? 1 : 0);
         if (cuda_check(cudaGetLastError(), "linear cross-entropy rows launch", t)) return -1;
         if (!back) continue;
-        /* dx_c (D x nc) = W (D x V) G (V x nc); dW (D x V) (+)= x_c (D x nc) G^T (nc x V); with bf16
-         * operands G = hi + lo, each part one product, hi first */
-        for (int part = 0; part < (bf ? 2 : 1); part++) {
-            const void *G = !bf ? (const void *)L : part ? (const void *)lo16 : (const void *)g16;
-            const float bx = part ? 1.0f : 0.0f, bw = part || c0 > 0 ? 1.0f : 0.0f;
-            if (cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, nc, (int)V, &one, w->data, dt, ldw, G,
-                                          dt, (int)V, &bx, out + c0 * D, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F,
+        const float bw = c0 > 0 ? 1.0f : 0.0f;
+        if (!bf) { /* dx_c (D x nc) = W (D x V) G (V x nc); dW (D x V) (+)= x_c (D x nc) G^T (nc x V) */
+            if (cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, nc, (int)V, &one, w->data, dt, ldw, L,
+                                          dt, (int)V, &zero, out + c0 * D, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT),
                              "cublasGemmEx (dx)", t) ||
-                cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)D, (int)V, nc, &one, xc, dt, ldx, G, dt,
+                cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)D, (int)V, nc, &one, xc, dt, ldx, L, dt,
                                           (int)V, &bw, out + N * D, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F,
                                           CUBLAS_GEMM_DEFAULT),
                              "cublasGemmEx (dW)", t))
                 return -1;
+            continue;
         }
+        /* dx_c = W hi + W lo (the parts: every other V-column of G, ld 2V); dW (+)= x2 G^T with
+         * x2 = [x_0 x_0 x_1 x_1 ...] (D x 2nc), one product of depth 2nc */
+        for (int part = 0; part < 2; part++) {
+            const float bx = part ? 1.0f : 0.0f;
+            if (cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, nc, (int)V, &one, w->data, dt, ldw,
+                                          G + part * V, dt, (int)(2 * V), &bx, out + c0 * D, CUDA_R_32F, (int)D,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                             "cublasGemmEx (dx)", t))
+                return -1;
+        }
+        for (int twice = 0; twice < 2; twice++)
+            if (cuda_check(cudaMemcpy2DAsync(x2 + twice * D, (size_t)(2 * D) * es, xc, (size_t)ldx * es, (size_t)D * es,
+                                             (size_t)nc, cudaMemcpyDeviceToDevice, s),
+                           "copy of x (dW)", t))
+                return -1;
+        if (cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)D, (int)V, 2 * nc, &one, x2, dt, (int)D, G, dt,
+                                      (int)V, &bw, out + N * D, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT),
+                         "cublasGemmEx (dW)", t))
+            return -1;
     }
     if (back && N == 0) return cuda_check(cudaMemsetAsync(out, 0, (size_t)(D * V) * 4, s), "memset", t);
     if (!back) {
