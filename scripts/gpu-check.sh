@@ -5,7 +5,7 @@
 # `scripts/gpu-prepare.sh`) and .gpu-data (the fixture and checkpoints, same script).
 #   scripts/gpu-check.sh            every stage
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
-# Stages: ops grad fault reference recompute model bf16 adamw hf lora chat cross bench, gdn (the delta rule's
+# Stages: ops grad fault reference recompute model bf16 adamw hf lora chat cross bench trace, gdn (the delta rule's
 # cases, gradients and GPU time alone: a quick first look), gdn-ncu (its kernels' time, issue slots
 # and stall reasons under ncu), attn (flash attention's cases, gradients, and its kernels' time under
 # ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full),
@@ -22,7 +22,7 @@ mkdir -p "$final"
 pack() { tar -czf "$final/gpu-logs.tar.gz" -C "$out" . 2>/dev/null && echo "logs: $final/gpu-logs.tar.gz"; }
 trap pack EXIT
 trap 'exit 143' TERM INT
-stages=${*:-ops grad fault reference recompute model bf16 adamw hf lora chat cross bench}
+stages=${*:-ops grad fault reference recompute trace model bf16 adamw hf lora chat cross bench}
 want() { [[ " $stages " == *" $1 "* ]]; }
 declare -a rows
 record() { rows+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")"); [ "$2" = PASS ] || status=1; }
@@ -149,6 +149,13 @@ if want reference; then
 fi
 if want recompute; then
     run "test-recompute --backend cuda (bitwise)" recompute.log $keel test-recompute --backend cuda --fixture $fx/causal-f32-sharded
+fi
+if want trace; then # the tracer on cuda: two runs agree node for node, and the trace names each product's algorithm
+    tdir=$(mktemp -d /tmp/keel-trace.XXXXXX)
+    run "tracer on cuda: two runs, keel diff finds no divergence" trace.log bash -c "$keel check-reference $fx --checkpoint causal-f32-sharded --backend cuda --precision bf16 --trace $tdir/a.bin >/dev/null && $keel check-reference $fx --checkpoint causal-f32-sharded --backend cuda --precision bf16 --trace $tdir/b.bin >/dev/null && $keel diff $tdir/a.bin $tdir/b.bin"
+    tail -2 "$out/trace.log"
+    run "the trace records cuBLASLt's algorithms" trace-algo.log bash -c "strings $tdir/a.bin | grep -m 4 'cublasLt algo'"
+    cat "$out/trace-algo.log"
 fi
 if want model; then # the layer pair (plain, LoRA) against finite differences, packed windows = examples alone
     run "test-model --backend cuda (pair, LoRA, packing)" model.log $keel test-model --backend cuda

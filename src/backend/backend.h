@@ -8,6 +8,8 @@
 
 typedef struct keel_backend keel_backend;
 
+#define KEEL_KERNEL_MAX 256 /* bytes of a backend's description of a node's kernels (last_kernel) */
+
 /* Called after each node runs (index into g->nodes). Return non-zero to stop the run. */
 typedef int (*keel_node_cb)(keel_backend *be, const keel_tensor *node, int64_t index, void *ud);
 
@@ -43,6 +45,9 @@ struct keel_backend {
      * strides alone: sessions hand it to the memory plan, which places it in the arena for that node
      * (node->scratch), so no step allocates. NULL on backends whose kernels need none planned (ref, cpu). */
     size_t (*scratch_bytes)(keel_backend *be, const keel_tensor *node);
+    /* What the kernels of the node that just ran chose at run time (cuBLASLt's algorithm for each
+     * product), for the tracer: "" when nothing was chosen; NULL on backends that choose nothing. */
+    const char *(*last_kernel)(keel_backend *be);
     /* Run nodes [from, to) of a bound graph. */
     int (*compute)(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud);
     int (*set_threads)(keel_backend *be, int n);

@@ -66,6 +66,7 @@ static int record(keel_tracer *tr, keel_backend *be, const keel_tensor *x, bool 
         snprintf(r->src_name[k], sizeof r->src_name[k], "%s", x->src[k]->name);
     }
     r->hash = XXH64(bytes, nb, 0);
+    if (!is_leaf && be->last_kernel) snprintf(r->kernel, sizeof r->kernel, "%s", be->last_kernel(be));
     int64_t n = keel_nelements(x);
     size_t es = keel_type_size(x->type);
     int64_t stride = tr->sample > 0 && n > tr->sample ? (n + tr->sample - 1) / tr->sample : 1,
@@ -130,7 +131,7 @@ int keel_trace_write(const keel_tracer *t, const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) return keel_fail("%s: cannot create", tmp);
-    fwrite("KEELTRC2", 1, 8, f);
+    fwrite("KEELTRC3", 1, 8, f);
     put_u64(f, (uint64_t)t->n);
     for (int64_t i = 0; i < t->n; i++) {
         const keel_trace_rec *r = &t->r[i];
@@ -141,6 +142,7 @@ int keel_trace_write(const keel_tracer *t, const char *path) {
         for (int k = 0; k < r->n_src; k++) put_u64(f, r->src_hash[k]), fwrite(r->src_name[k], 1, KEEL_NAME_MAX, f);
         put_u64(f, r->hash), put_u64(f, (uint64_t)r->nnz), put_f64(f, r->sumsq), put_f64(f, r->first),
             put_f64(f, r->last);
+        fwrite(r->kernel, 1, KEEL_KERNEL_MAX, f);
         put_u64(f, (uint64_t)(r->data ? r->n_data : 0)), put_u64(f, (uint64_t)(r->data ? r->data_stride : 1));
         for (int64_t j = 0; r->data && j < r->n_data; j++) put_f64(f, r->data[j]);
     }
@@ -164,17 +166,18 @@ keel_tracer *keel_trace_read(const char *path) {
     uint64_t size = fstat(fd, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     char magic[8];
     uint64_t n;
-    /* version 1 files have no data stride (every value kept). Every count read from the file is
-     * bounded by what the file's own size can hold before anything is allocated for it. */
-    bool v2 = false;
-    if (fread(magic, 1, 8, f) != 8 || (memcmp(magic, "KEELTRC1", 8) && memcmp(magic, "KEELTRC2", 8)) ||
+    /* version 1 files have no data stride (every value kept), versions 1 and 2 no kernel
+     * description. Every count read from the file is bounded by what the file's own size can hold
+     * before anything is allocated for it. */
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "KEELTRC", 7) || magic[7] < '1' || magic[7] > '3' ||
         get_u64(f, &n)) {
         fclose(f);
         keel_fail("%s: not a keel trace (bad magic)", path);
         return NULL;
     }
-    v2 = magic[7] == '2';
-    const uint64_t min_rec = KEEL_NAME_MAX + 3 * 8 + 8 * 8 + 2 * 8 + 3 * 8 + 8 + (v2 ? 8 : 0);
+    bool v2 = magic[7] >= '2', v3 = magic[7] >= '3';
+    const uint64_t min_rec =
+        KEEL_NAME_MAX + 3 * 8 + 8 * 8 + 2 * 8 + 3 * 8 + 8 + (v2 ? 8 : 0) + (v3 ? KEEL_KERNEL_MAX : 0);
     const uint64_t most = size > 16 ? (size - 16) / min_rec : 0;
     if (n > most) {
         fclose(f);
@@ -213,7 +216,9 @@ keel_tracer *keel_trace_read(const char *path) {
             r->src_name[k][KEEL_NAME_MAX - 1] = 0;
         }
         ok = ok && !get_u64(f, &r->hash) && !get_u64(f, &v) && !get_f64(f, &r->sumsq) && !get_f64(f, &r->first) &&
-             !get_f64(f, &r->last) && !get_u64(f, &nd) && (!v2 || (!get_u64(f, &stride) && stride >= 1));
+             !get_f64(f, &r->last) && (!v3 || fread(r->kernel, 1, KEEL_KERNEL_MAX, f) == KEEL_KERNEL_MAX) &&
+             !get_u64(f, &nd) && (!v2 || (!get_u64(f, &stride) && stride >= 1));
+        r->kernel[KEEL_KERNEL_MAX - 1] = 0;
         long at = ok ? ftell(f) : -1;
         if (ok && (at < 0 || nd > (size - (uint64_t)at) / sizeof(double))) {
             why = "more values than the file holds";
@@ -328,6 +333,9 @@ int keel_trace_diff(const keel_tracer *a, const keel_tracer *b, double tol, FILE
         for (int k = 0; k < rb->n_src; k++) fprintf(out, " '%s'", rb->src_name[k]);
         fprintf(out, "\n  output hash A %016llx, B %016llx\n", (unsigned long long)ra->hash,
                 (unsigned long long)rb->hash);
+        if (ra->kernel[0] || rb->kernel[0])
+            fprintf(out, "  kernels %s: A '%s', B '%s'\n",
+                    strcmp(ra->kernel, rb->kernel) ? "chosen differently" : "chosen alike", ra->kernel, rb->kernel);
         if (ra->data && rb->data && ra->n_data == rb->n_data && ra->data_stride == rb->data_stride) {
             int64_t first = -1;
             for (int64_t j = 0; j < ra->n_data && first < 0; j++)

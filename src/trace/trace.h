@@ -1,6 +1,7 @@
 /* keel: the tracer. Records, for every node a run executes (forward, backward and recomputed
  * clones), its name, op, type, shape, strides, an xxHash64 of each input's contents as read and
- * of its output, and summary numbers (non-zeros, sum of squares, first and last values); with
+ * of its output, summary numbers (non-zeros, sum of squares, first and last values) and what the
+ * backend's kernels chose at run time (cuBLASLt's algorithm for each product); with
  * data on, the output values too (bounded; or an evenly spaced sample of each node's values, so a
  * large model's trace stays small and still compares values within a tolerance). keel_trace_diff finds the first node, in B's order,
  * whose inputs equal A's but whose output does not. The file format is little-endian whatever
@@ -21,7 +22,8 @@ typedef struct {
     uint64_t hash;
     int64_t nnz;
     double sumsq, first, last;
-    double *data; /* output values at flat indices 0, s, 2s, ... (s = data_stride), or NULL */
+    char kernel[KEEL_KERNEL_MAX]; /* what the backend's kernels chose at run time (cuBLASLt's algorithms), or "" */
+    double *data;                 /* output values at flat indices 0, s, 2s, ... (s = data_stride), or NULL */
     int64_t n_data, data_stride;
 } keel_trace_rec;
 

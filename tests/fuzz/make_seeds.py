@@ -49,14 +49,15 @@ with open(os.path.join(root, "build/trace-off.bin"), "rb") as f:
     b = f.read()
 NAME = 112
 pos, recs = 16, []
-v2 = b[:8] == b"KEELTRC2"
+version = b[7] - ord("0")  # 2: a data stride; 3: and the kernels' description (256 bytes)
 for _ in range(4):
     start = pos
     pos += NAME
     op, ty, ns = struct.unpack_from("<QQQ", b, pos); pos += 24
     pos += 64 + ns * (8 + NAME) + 8 + 8 + 24
+    if version >= 3: pos += 256
     nd, = struct.unpack_from("<Q", b, pos); pos += 8
-    if v2: pos += 8
+    if version >= 2: pos += 8
     pos += 8 * nd
     recs.append(b[start:pos])
 put("trace", "first4", b[:8] + struct.pack("<Q", len(recs)) + b"".join(recs))

@@ -130,6 +130,7 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
         const keel_tensor *t = g->nodes[i];
         if (!(keel_op_get(t->op)->flags & OPF_VIEW)) {
             if (im->profile) cudaEventRecord(im->ev0, im->stream);
+            im->last_kernel[0] = 0;
             if (cuda_node(be, t)) {
                 char msg[1536];
                 snprintf(msg, sizeof msg, "%s", keel_last_error());
@@ -157,6 +158,8 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
     return 0;
 }
 
+static const char *cuda_last_kernel(keel_backend *be) { return cuda_im(be)->last_kernel; }
+
 static int cuda_set_threads(keel_backend *be, int n) {
     (void)be;
     if (n < 1) return keel_fail("thread count must be >= 1 (got %d)", n);
@@ -177,7 +180,7 @@ static void cuda_destroy(keel_backend *be) {
         cudaEventDestroy(im->ev0), cudaEventDestroy(im->ev1);
     }
     for (int64_t i = 0; i < im->n_live; i++) cudaFree(im->live_p[i]);
-    if (im->blas) cublasDestroy(im->blas);
+    cuda_lt_free(im);
     if (im->stream) cudaStreamDestroy(im->stream);
     free(im->live_p), free(im->live_n);
     free(im);
@@ -227,16 +230,12 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     im->profile = keel_op_profile_from_env("KEEL_CUDA_PROFILE");
     if (keel_backend_read_fault(be) || cuda_check(cudaSetDevice(dev), "cudaSetDevice", NULL) ||
         cuda_check(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking), "stream creation", NULL) ||
-        cublas_check(cublasCreate(&im->blas), "cublasCreate", NULL) ||
-        cublas_check(cublasSetStream(im->blas, im->stream), "cublasSetStream", NULL) ||
-        /* float32 products stay float32: the default math mode with CUBLAS_COMPUTE_32F (cuda_matmul.cu)
-         * uses no TF32 tensor cores */
-        cublas_check(cublasSetMathMode(im->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode", NULL) ||
-        /* cuBLAS's deterministic configuration (its default, said out loud): no atomics, one stream */
-        cublas_check(cublasSetAtomicsMode(im->blas, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode", NULL) ||
+        /* products through cuBLASLt (cuda_lt.cu): CUBLAS_COMPUTE_32F, so float32 products use no TF32
+         * tensor cores; one stream, one algorithm a shape */
+        cublas_check(cublasLtCreate(&im->lt), "cublasLtCreate", NULL) ||
         (im->profile && (cuda_check(cudaEventCreate(&im->ev0), "event", NULL) ||
                          cuda_check(cudaEventCreate(&im->ev1), "event", NULL)))) {
-        if (im->blas) cublasDestroy(im->blas);
+        cuda_lt_free(im);
         if (im->stream) cudaStreamDestroy(im->stream);
         keel_op_profile_free(im->profile);
         free(im), free(be);
@@ -244,6 +243,7 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     }
     be->supports = cuda_supports;
     be->scratch_bytes = cuda_node_scratch_bytes;
+    be->last_kernel = cuda_last_kernel;
     be->alloc = cuda_alloc;
     be->free = cuda_free;
     be->write = cuda_write;

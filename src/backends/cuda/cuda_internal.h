@@ -7,6 +7,7 @@
 #define KEEL_CUDA_INTERNAL_H
 
 #include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -102,10 +103,14 @@ __device__ static inline int64_t grid_threads() { return (int64_t)gridDim.x * bl
 #define VEC_TAIL(e, n) for (int64_t e = vec_tail_start(n); e < (n); e += grid_threads())
 static inline bool vec_ok(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+typedef struct cuda_lt_entry cuda_lt_entry;
+
 typedef struct {
     cudaStream_t stream;
-    cublasHandle_t blas;
-    int sync_each_node; /* KEEL_CUDA_SYNC=1: wait after every node so an error names its node */
+    cublasLtHandle_t lt;
+    cuda_lt_entry *lt_cache;           /* cuda_lt.cu: descriptors and algorithm by product shape */
+    char last_kernel[KEEL_KERNEL_MAX]; /* the algorithms the running node's products chose */
+    int sync_each_node;                /* KEEL_CUDA_SYNC=1: wait after every node so an error names its node */
     /* KEEL_CUDA_PROFILE=1: GPU time per op, printed when the backend is freed (NULL: off) */
     keel_op_profile *profile;
     cudaEvent_t ev0, ev1;
@@ -142,6 +147,24 @@ size_t cuda_matmul_scratch(const keel_tensor *t);
 size_t cuda_linear_ce_scratch(const keel_tensor *t);
 size_t cuda_gdn_scratch(const keel_tensor *t);
 size_t cuda_flash_attn_scratch(const keel_tensor *t);
+/* A product through cuBLASLt (cuda_lt.cu), column-major as cuBLAS sees it: D (m x n, ldd) = op(A)
+ * op(B) + beta C, op(A) m x k (ta: A stored k x m), op(B) k x n (tb: B stored n x k), float32
+ * sums; C NULL: C is D; batch > 1: strided batches (elements). */
+typedef struct {
+    bool ta, tb;
+    int64_t m, n, k;
+    const void *a, *b, *c;
+    void *d;
+    cudaDataType_t dta, dtb, dtc, dtd;
+    int64_t lda, ldb, ldc, ldd;
+    int64_t batch, sa, sb, sc, sd;
+    float beta;
+} cuda_gemm;
+/* Its workspace: KEEL_CUDA_LT_WORKSPACE bytes of the node's scratch (in every product node's rule). */
+#define KEEL_CUDA_LT_WORKSPACE ((size_t)32 << 20)
+int cuda_gemm_run(keel_backend *be, const cuda_gemm *g, void *workspace, const keel_tensor *t);
+void cuda_lt_free(cuda_impl *im);
+
 /* Host -> device bytes on the backend's stream (host memory may be reused on return). */
 int cuda_upload(keel_backend *be, void *dst, const void *host, size_t n, const keel_tensor *t);
 

@@ -84,10 +84,35 @@ size_t cuda_linear_ce_scratch(const keel_tensor *t) {
     bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK, bf = t->src[0]->type == KEEL_BF16;
     const keel_tensor *x = t->src[0], *w = t->src[1];
     int64_t D = x->ne[0], N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N, C1 = C ? C : 1;
-    return round_up((size_t)(V * C1) * 4) +
+    return KEEL_CUDA_LT_WORKSPACE + round_up((size_t)(V * C1) * 4) +
            (bf && back ? round_up((size_t)(V * C1) * 4) + round_up((size_t)(D * C1) * 4) : 0) +
            (back ? 0 : round_up((size_t)(N ? N : 1) * 8)) + (needs_copy(x) ? round_up(keel_nbytes(x)) : 0) +
            (needs_copy(w) ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
+}
+
+/* D (m x n, ldd, float32) = op(A) op(B) (+ D when beta is 1), A and B of type dt (x's and W's: the
+ * logits' float32 gradient meets them only with float32 x and W), by cuBLASLt */
+static int product(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                   const void *a, int64_t lda, const void *b, int64_t ldb, cudaDataType_t dt, float *d, int64_t ldd,
+                   float beta) {
+    cuda_gemm g = {};
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = a;
+    g.b = b;
+    g.d = d;
+    g.dta = dt;
+    g.dtb = dt;
+    g.dtd = CUDA_R_32F;
+    g.lda = lda;
+    g.ldb = ldb;
+    g.ldd = ldd;
+    g.batch = 1;
+    g.beta = beta;
+    return cuda_gemm_run(be, &g, ws, t);
 }
 
 int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
@@ -105,8 +130,9 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     bool cx = needs_copy(x), cw = needs_copy(w);
     char *base = (char *)cuda_scratch(be, cuda_linear_ce_scratch(t), t);
     if (!base) return -1;
-    size_t at = 0;
-    float *L = (float *)base;
+    void *ws = base; /* cuBLASLt's workspace, then the chunk's arrays */
+    size_t at = KEEL_CUDA_LT_WORKSPACE;
+    float *L = (float *)(base + at);
     at += round_up((size_t)(V * (C ? C : 1)) * 4);
     __nv_bfloat16 *G = NULL, *x2 = NULL; /* bf16 backward: the parts (V x 2 nc), x_c's columns twice (D x 2 nc) */
     if (bf && back) {
@@ -119,32 +145,21 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     if (!(x = plain(be, x, &xt, base, &at, cx)) || !(w = plain(be, w, &wt, base, &at, cw))) return -1;
     size_t es = keel_type_size(x->type);
     int ldx = (int)(x->nb[1] / (int64_t)es), ldw = (int)(w->nb[1] / (int64_t)es);
-    cublasHandle_t h = cuda_im(be)->blas;
     cudaStream_t s = cuda_im(be)->stream;
-    const float one = 1.0f, zero = 0.0f;
     float *out = (float *)t->data;
     float k = (float)((double)dl / div);
     for (int64_t c0 = 0; c0 < N; c0 += C) {
         int nc = (int)(N - c0 < C ? N - c0 : C);
         const char *xc = (const char *)x->data + c0 * x->nb[1]; /* tokens evenly spaced */
         /* L (V x nc) = W^T (V x D) x_c (D x nc) */
-        if (cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)V, nc, (int)D, &one, w->data, dt, ldw, xc, dt,
-                                      ldx, &zero, L, CUDA_R_32F, (int)V, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                         "cublasGemmEx (logits)", t))
-            return -1;
+        if (product(be, t, ws, true, false, V, nc, D, w->data, ldw, xc, ldx, dt, L, V, 0.0f)) return -1;
         k_lce_rows<<<nc, LT, 0, s>>>(L, G, kt_of(tg), V, c0, partial, k, back ? 1 : 0);
         if (cuda_check(cudaGetLastError(), "linear cross-entropy rows launch", t)) return -1;
         if (!back) continue;
         const float bw = c0 > 0 ? 1.0f : 0.0f;
         if (!bf) { /* dx_c (D x nc) = W (D x V) G (V x nc); dW (D x V) (+)= x_c (D x nc) G^T (nc x V) */
-            if (cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, nc, (int)V, &one, w->data, dt, ldw, L,
-                                          dt, (int)V, &zero, out + c0 * D, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT),
-                             "cublasGemmEx (dx)", t) ||
-                cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)D, (int)V, nc, &one, xc, dt, ldx, L, dt,
-                                          (int)V, &bw, out + N * D, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F,
-                                          CUBLAS_GEMM_DEFAULT),
-                             "cublasGemmEx (dW)", t))
+            if (product(be, t, ws, false, false, D, nc, V, w->data, ldw, L, V, dt, out + c0 * D, D, 0.0f) ||
+                product(be, t, ws, false, true, D, V, nc, xc, ldx, L, V, dt, out + N * D, D, bw))
                 return -1;
             continue;
         }
@@ -152,10 +167,7 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
          * x2 = [x_0 x_0 x_1 x_1 ...] (D x 2nc), one product of depth 2nc */
         for (int part = 0; part < 2; part++) {
             const float bx = part ? 1.0f : 0.0f;
-            if (cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)D, nc, (int)V, &one, w->data, dt, ldw,
-                                          G + part * V, dt, (int)(2 * V), &bx, out + c0 * D, CUDA_R_32F, (int)D,
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                             "cublasGemmEx (dx)", t))
+            if (product(be, t, ws, false, false, D, nc, V, w->data, ldw, G + part * V, 2 * V, dt, out + c0 * D, D, bx))
                 return -1;
         }
         for (int twice = 0; twice < 2; twice++)
@@ -163,11 +175,7 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
                                              (size_t)nc, cudaMemcpyDeviceToDevice, s),
                            "copy of x (dW)", t))
                 return -1;
-        if (cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)D, (int)V, 2 * nc, &one, x2, dt, (int)D, G, dt,
-                                      (int)V, &bw, out + N * D, CUDA_R_32F, (int)D, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT),
-                         "cublasGemmEx (dW)", t))
-            return -1;
+        if (product(be, t, ws, false, true, D, V, 2 * nc, x2, D, G, V, dt, out + N * D, D, bw)) return -1;
     }
     if (back && N == 0) return cuda_check(cudaMemsetAsync(out, 0, (size_t)(D * V) * 4, s), "memset", t);
     if (!back) {

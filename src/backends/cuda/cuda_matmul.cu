@@ -1,5 +1,5 @@
-/* keel: MUL_MAT and OUT_PROD through cuBLAS (cublasGemmEx / strided-batched, float32 or bf16
- * operands, CUBLAS_COMPUTE_32F: float32 sums, no TF32; the result float32, or bf16 when asked).
+/* keel: MUL_MAT and OUT_PROD through cuBLASLt (cuda_lt.cu: single or strided-batched, float32 or
+ * bf16 operands, CUBLAS_COMPUTE_32F: float32 sums, no TF32; the result float32, or bf16 when asked).
  * cuBLAS is column-major; keel's dim 0 is the fastest, so a keel matrix X(r, c) at r*nb0 + c*nb1
  * is a column-major r x c matrix when nb0 is the element size and the transpose of one when nb1
  * is. Operands with neither layout are first made contiguous by the copy path. With one stream and
@@ -59,13 +59,14 @@ static bool f32_sum_of(const keel_tensor *t) {
     return t->op == KEEL_OP_OUT_PROD && t->type == KEEL_BF16 && (a->ne[2] != t->ne[2] || a->ne[3] != t->ne[3]);
 }
 
-/* Which of a, b and the result cuBLAS can take as they are, and the scratch the others take. */
+/* Which of a, b and the result cuBLAS can take as they are, and the scratch: cuBLASLt's workspace,
+ * then copies of the others. */
 static size_t layout(const keel_tensor *t, mat *ma, mat *mb, mat *mc, bool *oka, bool *okb, bool *okc) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     bool f32_sum = f32_sum_of(t);
     *oka = describe(a, ma), *okb = describe(b, mb);
     *okc = describe(t, mc) && !mc->transposed && !f32_sum;
-    return (*oka ? 0 : round_up(bytes_contig(a))) + (*okb ? 0 : round_up(bytes_contig(b))) +
+    return KEEL_CUDA_LT_WORKSPACE + (*oka ? 0 : round_up(bytes_contig(a))) + (*okb ? 0 : round_up(bytes_contig(b))) +
            (*okc ? 0 : round_up((size_t)keel_nelements(t) * (f32_sum ? 4 : keel_type_size(t->type))));
 }
 
@@ -79,14 +80,14 @@ size_t cuda_matmul_scratch(const keel_tensor *t) {
  * result: then a float32 scratch result, converted once at the end) as cuBLAS can take them. */
 static int prepare(keel_backend *be, const keel_tensor *t, const keel_tensor **a, const keel_tensor **b,
                    keel_tensor *ta, keel_tensor *tb, keel_tensor *tc, bool *c_tmp, mat *ma, mat *mb, mat *mc,
-                   bool f32_sum) {
+                   bool f32_sum, void **ws) {
     bool oka, okb, okc;
     size_t need = layout(t, ma, mb, mc, &oka, &okb, &okc);
     *c_tmp = !okc;
-    if (!need) return 0;
     char *base = (char *)cuda_scratch(be, need, t);
     if (!base) return -1;
-    size_t at = 0;
+    *ws = base;
+    size_t at = KEEL_CUDA_LT_WORKSPACE;
     if (!oka) {
         if (!(*a = contiguous(be, *a, ta, base, at))) return -1;
         at += round_up(bytes_contig(ta));
@@ -110,22 +111,30 @@ static int prepare(keel_backend *be, const keel_tensor *t, const keel_tensor **a
 /* Element offset e of matrix data p with elements of es bytes. */
 static const char *at_el(const char *p, int64_t e, int64_t es) { return p + e * es; }
 
-static int gemm(keel_backend *be, const keel_tensor *t, cublasOperation_t ta, cublasOperation_t tb, int64_t m,
-                int64_t n, int64_t k, const mat *A, const char *pa, const mat *B, const char *pb, char *pc,
-                cudaDataType_t dc, int64_t ldc, float beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
-    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || A->ld > INT32_MAX || B->ld > INT32_MAX || ldc > INT32_MAX)
-        return keel_fail("cuda: %s '%s': a matrix dimension exceeds cuBLAS's 32-bit limit", keel_op_get(t->op)->name,
-                         t->name);
-    const float one = 1.0f;
-    cublasStatus_t s;
-    if (batch == 1)
-        s = cublasGemmEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, A->dt, (int)A->ld, pb, B->dt,
-                         (int)B->ld, &beta, pc, dc, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    else
-        s = cublasGemmStridedBatchedEx(cuda_im(be)->blas, ta, tb, (int)m, (int)n, (int)k, &one, pa, A->dt, (int)A->ld,
-                                       sa, pb, B->dt, (int)B->ld, sb, &beta, pc, dc, (int)ldc, sc, (int)batch,
-                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    return cublas_check(s, "cublasGemmEx", t);
+static int gemm(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                const mat *A, const char *pa, const mat *B, const char *pb, char *pc, cudaDataType_t dc, int64_t ldc,
+                float beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
+    cuda_gemm g = {};
+    g.ta = ta;
+    g.tb = tb;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.a = pa;
+    g.b = pb;
+    g.d = pc;
+    g.dta = A->dt;
+    g.dtb = B->dt;
+    g.dtd = dc;
+    g.lda = A->ld;
+    g.ldb = B->ld;
+    g.ldd = ldc;
+    g.batch = batch;
+    g.sa = sa;
+    g.sb = sb;
+    g.sd = sc;
+    g.beta = beta;
+    return cuda_gemm_run(be, &g, ws, t);
 }
 
 /* MUL_MAT: t(m, n) = sum_k a(k, m) b(k, n) for every matrix of b; a broadcast over b's dims 2, 3. */
@@ -134,18 +143,18 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
     keel_tensor ta, tb, tc;
     mat ma, mb, mc;
     bool c_tmp;
-    if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc, false)) return -1;
+    void *ws;
+    if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc, false, &ws)) return -1;
     int64_t M = t->ne[0], N = t->ne[1], K = a->ne[0], r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
     if (M == 0 || N == 0) return 0;
     if (K == 0) return keel_fail("cuda: MUL_MAT '%s' with K = 0", t->name);
     /* a(k, m) column-major K x M needs a transpose to be op(A) = M x K */
-    cublasOperation_t opa = ma.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
-    cublasOperation_t opb = mb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    bool opa = !ma.transposed, opb = mb.transposed;
     char *c0 = (char *)(c_tmp ? tc.data : t->data);
     if (a->ne[2] == 1 && a->ne[3] == 1 && merges(b, &mb) &&
         merges(c_tmp ? &tc : t, &mc)) /* one weight, every matrix of b */
-        return gemm(be, t, opa, opb, M, N * t->ne[2] * t->ne[3], K, &ma, ma.p, &mb, mb.p, c0, mc.dt, mc.ld, 0.0f, 1, 0,
-                    0, 0) ||
+        return gemm(be, t, ws, opa, opb, M, N * t->ne[2] * t->ne[3], K, &ma, ma.p, &mb, mb.p, c0, mc.dt, mc.ld, 0.0f, 1,
+                    0, 0, 0) ||
                        (c_tmp && cuda_copy(be, t, &tc, false))
                    ? -1
                    : 0;
@@ -153,7 +162,7 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
         const char *pa3 = at_el(ma.p, (i3 / r3) * ma.stride3, ma.es), *pb3 = at_el(mb.p, i3 * mb.stride3, mb.es);
         char *pc3 = c0 + i3 * mc.stride3 * mc.es;
         if (r2 == 1) {
-            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3, &mb, pb3, pc3, mc.dt, mc.ld, 0.0f, t->ne[2], ma.stride2,
+            if (gemm(be, t, ws, opa, opb, M, N, K, &ma, pa3, &mb, pb3, pc3, mc.dt, mc.ld, 0.0f, t->ne[2], ma.stride2,
                      mb.stride2, mc.stride2))
                 return -1;
             continue;
@@ -161,7 +170,7 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
         /* broadcast a (grouped-query attention): for each member g of a group, one batched call over
          * the groups, matrices i2 = h r2 + g of b and t against matrix h of a */
         for (int64_t g = 0; g < r2; g++)
-            if (gemm(be, t, opa, opb, M, N, K, &ma, pa3, &mb, at_el(pb3, g * mb.stride2, mb.es),
+            if (gemm(be, t, ws, opa, opb, M, N, K, &ma, pa3, &mb, at_el(pb3, g * mb.stride2, mb.es),
                      pc3 + g * mc.stride2 * mc.es, mc.dt, mc.ld, 0.0f, t->ne[2] / r2, ma.stride2, r2 * mb.stride2,
                      r2 * mc.stride2))
                 return -1;
@@ -178,7 +187,8 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
     mat ma, mb, mc;
     bool c_tmp;
     bool f32_sum = f32_sum_of(t);
-    if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc, f32_sum)) return -1;
+    void *ws;
+    if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc, f32_sum, &ws)) return -1;
     int64_t I = t->ne[0], J = t->ne[1], K = a->ne[1], r2 = a->ne[2] / t->ne[2], r3 = a->ne[3] / t->ne[3];
     char *c0 = (char *)(c_tmp ? tc.data : t->data);
     if (I == 0 || J == 0) return 0;
@@ -188,12 +198,11 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
                    ? -1
                    : 0;
     /* a(i, k) is column-major I x K (op N) unless stored transposed; b(j, k) must become K x J */
-    cublasOperation_t opa = ma.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasOperation_t opb = mb.transposed ? CUBLAS_OP_N : CUBLAS_OP_T;
+    bool opa = ma.transposed, opb = !mb.transposed;
     if (t->ne[2] == 1 && t->ne[3] == 1 && merges(a, &ma) &&
         merges(b, &mb)) /* one result: all of a and b's matrices are one long k */
-        return gemm(be, t, opa, opb, I, J, K * a->ne[2] * a->ne[3], &ma, ma.p, &mb, mb.p, c0, mc.dt, mc.ld, 0.0f, 1, 0,
-                    0, 0) ||
+        return gemm(be, t, ws, opa, opb, I, J, K * a->ne[2] * a->ne[3], &ma, ma.p, &mb, mb.p, c0, mc.dt, mc.ld, 0.0f, 1,
+                    0, 0, 0) ||
                        (c_tmp && cuda_copy(be, t, &tc, false))
                    ? -1
                    : 0;
@@ -205,7 +214,7 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
         for (int64_t g3 = 0; g3 < r3; g3++)
             for (int64_t g2 = 0; g2 < r2; g2++) {
                 int64_t s3 = i3 * r3 + g3;
-                if (gemm(be, t, opa, opb, I, J, K, &ma, at_el(ma.p, g2 * ma.stride2 + s3 * ma.stride3, ma.es), &mb,
+                if (gemm(be, t, ws, opa, opb, I, J, K, &ma, at_el(ma.p, g2 * ma.stride2 + s3 * ma.stride3, ma.es), &mb,
                          at_el(mb.p, g2 * mb.stride2 + s3 * mb.stride3, mb.es), pc, mc.dt, mc.ld, first ? 0.0f : 1.0f,
                          t->ne[2], r2 * ma.stride2, r2 * mb.stride2, mc.stride2))
                     return -1;

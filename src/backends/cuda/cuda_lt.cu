@@ -1,0 +1,176 @@
+/* keel: every matrix product of the CUDA backend through cuBLASLt. A product is described once per
+ * shape (operations, sizes, types, leading dimensions, batch and strides, and the alignment of
+ * each pointer, which the heuristic takes into account), its algorithm chosen then by cuBLASLt's
+ * heuristic (its first answer: never by timing at run time, so a shape gets the same algorithm in
+ * every run of a build) and kept in a cache with the descriptors. The workspace is the node's
+ * planned scratch, KEEL_CUDA_LT_WORKSPACE bytes. With one algorithm, one workspace and one stream
+ * cuBLASLt gives the same bits every run. The algorithm a node's products ran is what
+ * cuda_last_kernel reports to the tracer, so two traces show when two runs chose differently. */
+#include <stdio.h>
+#include <string.h>
+
+#include "backends/cuda/cuda_internal.h"
+
+enum { LT_KEY = 22, LT_SLOTS = 1024 };
+
+struct cuda_lt_entry {
+    int64_t key[LT_KEY];
+    bool used;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c, d;
+    cublasLtMatmulAlgo_t algo;
+    char what[96];
+};
+
+/* the largest power of two (up to 256) dividing the address */
+static int64_t align_of(const void *p) {
+    uintptr_t u = (uintptr_t)p;
+    int64_t a = 1;
+    while (a < 256 && !(u & (uintptr_t)a)) a <<= 1;
+    return a;
+}
+
+static uint64_t hash_key(const int64_t *k) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < LT_KEY; i++) h = (h ^ (uint64_t)k[i]) * 1099511628211ull;
+    return h;
+}
+
+static int layout(cublasLtMatrixLayout_t *l, cudaDataType_t dt, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                  int64_t stride, const keel_tensor *t) {
+    int32_t bc = (int32_t)batch;
+    return cublas_check(cublasLtMatrixLayoutCreate(l, dt, (uint64_t)rows, (uint64_t)cols, ld), "cublasLt layout", t) ||
+           (batch > 1 &&
+            (cublas_check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc),
+                          "cublasLt batch", t) ||
+             cublas_check(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                           sizeof stride),
+                          "cublasLt batch stride", t)));
+}
+
+static void describe_algo(const cublasLtMatmulAlgo_t *algo, char *out, size_t n) {
+    int32_t id = 0;
+    uint32_t tile = 0, stages = 0, splitk = 0, red = 0, swz = 0, custom = 0;
+    size_t w;
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof custom, &w);
+    snprintf(out, n, "cublasLt algo %d tile %u stages %u split-k %u reduction %u swizzle %u custom %u", (int)id, tile,
+             stages, splitk, red, swz, custom);
+}
+
+static void entry_destroy(cuda_lt_entry *e) {
+    if (e->op) cublasLtMatmulDescDestroy(e->op);
+    if (e->a) cublasLtMatrixLayoutDestroy(e->a);
+    if (e->b) cublasLtMatrixLayoutDestroy(e->b);
+    if (e->c) cublasLtMatrixLayoutDestroy(e->c);
+    if (e->d) cublasLtMatrixLayoutDestroy(e->d);
+    memset(e, 0, sizeof *e);
+}
+
+/* The cached descriptors and algorithm of a product, made on first use. */
+static cuda_lt_entry *lookup(keel_backend *be, const cuda_gemm *g, const keel_tensor *t) {
+    cuda_impl *im = cuda_im(be);
+    const void *c = g->c ? g->c : g->d;
+    int64_t k[LT_KEY] = {g->ta,          g->tb,          g->m,        g->n,          g->k,   g->dta,
+                         g->dtb,         g->dtd,         g->lda,      g->ldb,        g->ldd, g->batch,
+                         g->sa,          g->sb,          g->sd,       g->c != NULL,  g->ldc, g->sc,
+                         align_of(g->a), align_of(g->b), align_of(c), align_of(g->d)};
+    if (!im->lt_cache && !(im->lt_cache = (cuda_lt_entry *)calloc(LT_SLOTS, sizeof(cuda_lt_entry)))) {
+        keel_fail("out of memory (cuBLASLt cache)");
+        return NULL;
+    }
+    uint64_t h = hash_key(k);
+    cuda_lt_entry *e = NULL;
+    for (int probe = 0; probe < LT_SLOTS; probe++) {
+        cuda_lt_entry *s = &im->lt_cache[(h + (uint64_t)probe) % LT_SLOTS];
+        if (!s->used) {
+            e = s;
+            break;
+        }
+        if (!memcmp(s->key, k, sizeof k)) return s;
+    }
+    if (!e) { /* full: a graph with more than LT_SLOTS shapes; start again */
+        for (int i = 0; i < LT_SLOTS; i++) entry_destroy(&im->lt_cache[i]);
+        e = &im->lt_cache[h % LT_SLOTS];
+    }
+    memcpy(e->key, k, sizeof k);
+    cublasOperation_t ta = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cudaDataType_t dtc = g->c ? g->dtc : g->dtd;
+    cublasLtMatmulPreference_t pref = NULL;
+    size_t ws = KEEL_CUDA_LT_WORKSPACE;
+    uint32_t al[4] = {(uint32_t)k[18], (uint32_t)k[19], (uint32_t)k[20], (uint32_t)k[21]};
+    cublasLtMatmulHeuristicResult_t res;
+    int n_res = 0;
+    bool bad =
+        cublas_check(cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLt descriptor", t) ||
+        cublas_check(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "cublasLt",
+                     t) ||
+        cublas_check(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "cublasLt",
+                     t) ||
+        layout(&e->a, g->dta, g->ta ? g->k : g->m, g->ta ? g->m : g->k, g->lda, g->batch, g->sa, t) ||
+        layout(&e->b, g->dtb, g->tb ? g->n : g->k, g->tb ? g->k : g->n, g->ldb, g->batch, g->sb, t) ||
+        layout(&e->c, dtc, g->m, g->n, g->c ? g->ldc : g->ldd, g->batch, g->c ? g->sc : g->sd, t) ||
+        layout(&e->d, g->dtd, g->m, g->n, g->ldd, g->batch, g->sd, t) ||
+        cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLt preference", t) ||
+        cublas_check(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+            "cublasLt preference", t) ||
+        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0],
+                                                          sizeof al[0]),
+                     "cublasLt preference", t) ||
+        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1],
+                                                          sizeof al[1]),
+                     "cublasLt preference", t) ||
+        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2],
+                                                          sizeof al[2]),
+                     "cublasLt preference", t) ||
+        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3],
+                                                          sizeof al[3]),
+                     "cublasLt preference", t) ||
+        cublas_check(cublasLtMatmulAlgoGetHeuristic(im->lt, e->op, e->a, e->b, e->c, e->d, pref, 1, &res, &n_res),
+                     "cublasLtMatmulAlgoGetHeuristic", t);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!bad && (n_res < 1 || res.state != CUBLAS_STATUS_SUCCESS)) {
+        keel_fail("cuda: %s '%s': cuBLASLt has no algorithm for a %lld x %lld x %lld product (batch %lld)",
+                  keel_op_get(t->op)->name, t->name, (long long)g->m, (long long)g->n, (long long)g->k,
+                  (long long)g->batch);
+        bad = true;
+    }
+    if (bad) {
+        entry_destroy(e);
+        return NULL;
+    }
+    e->algo = res.algo;
+    describe_algo(&e->algo, e->what, sizeof e->what);
+    e->used = true;
+    return e;
+}
+
+int cuda_gemm_run(keel_backend *be, const cuda_gemm *g, void *workspace, const keel_tensor *t) {
+    if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX || g->batch > INT32_MAX)
+        return keel_fail("cuda: %s '%s': a product dimension exceeds cuBLASLt's 32-bit limit", keel_op_get(t->op)->name,
+                         t->name);
+    cuda_lt_entry *e = lookup(be, g, t);
+    if (!e) return -1;
+    cuda_impl *im = cuda_im(be);
+    size_t used = strlen(im->last_kernel);
+    if (!strstr(im->last_kernel, e->what) && used + strlen(e->what) + 3 < sizeof im->last_kernel)
+        snprintf(im->last_kernel + used, sizeof im->last_kernel - used, "%s%s", used ? "; " : "", e->what);
+    const float one = 1.0f;
+    return cublas_check(cublasLtMatmul(im->lt, e->op, &one, g->a, e->a, g->b, e->b, &g->beta, g->c ? g->c : g->d, e->c,
+                                       g->d, e->d, &e->algo, workspace, KEEL_CUDA_LT_WORKSPACE, im->stream),
+                        "cublasLtMatmul", t);
+}
+
+void cuda_lt_free(cuda_impl *im) {
+    for (int i = 0; im->lt_cache && i < LT_SLOTS; i++) entry_destroy(&im->lt_cache[i]);
+    free(im->lt_cache);
+    im->lt_cache = NULL;
+    if (im->lt) cublasLtDestroy(im->lt);
+    im->lt = NULL;
+}
