@@ -180,6 +180,12 @@ static int r_mul_mat(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_a
     if (WANT(1)) ADD(1, keel_mul_mat(ctx, keel_transpose(ctx, a), dy));
     return 0;
 }
+/* a b + c: the product's gradients, and c's is dy itself (as ADD's) */
+static int r_mul_mat_add(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    if (r_mul_mat(ctx, t, dy, acc)) return -1;
+    if (WANT(2)) ADD(2, dy);
+    return 0;
+}
 static int r_out_prod(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *a = t->src[0], *b = t->src[1];
     /* da[i,k] = sum_j dy[i,j] b[j,k];  db[j,k] = sum_i dy[i,j] a[i,k] */
@@ -340,6 +346,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_SUM_ROWS] = r_sum,
     [KEEL_OP_MEAN] = r_sum,
     [KEEL_OP_MUL_MAT] = r_mul_mat,
+    [KEEL_OP_MUL_MAT_ADD] = r_mul_mat_add,
     [KEEL_OP_LINEAR_CROSS_ENTROPY] = r_linear_ce,
     [KEEL_OP_OUT_PROD] = r_out_prod,
     [KEEL_OP_RMS_NORM] = r_norm,

@@ -93,6 +93,10 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
         if (t->src[0]->type == KEEL_BF16)
             return t->src[1]->type == KEEL_BF16 && (t->type == KEEL_F32 || t->type == KEEL_BF16);
         break;
+    case KEEL_OP_MUL_MAT_ADD: /* the same, the addend and the result float32 */
+        if (t->src[0]->type == KEEL_BF16)
+            return t->src[1]->type == KEEL_BF16 && t->src[2]->type == KEEL_F32 && t->type == KEEL_F32;
+        break;
     default:
         break;
     }

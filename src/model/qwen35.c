@@ -265,9 +265,19 @@ static keel_tensor *linear(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, 
     return m->lora ? keel_lora_linear(ctx, m, w, in.x, y) : y;
 }
 
-static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L, keel_tensor *h,
-                                    keel_tensor *pos, keel_tensor *kin, keel_tensor *vin, keel_tensor **kout,
-                                    keel_tensor **vout) {
+/* res + W x (plus W's LoRA term): a residual update, the addend added where the product is made
+ * (MUL_MAT_ADD: no separate product result, no separate pass to add it) */
+static keel_tensor *linear_add(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, operand in, keel_tensor *res) {
+    if (!in.x || !res) return NULL;
+    keel_tensor *y = m->operand_type == KEEL_BF16 ? keel_mul_mat_add(ctx, as_type(ctx, w, KEEL_BF16), in.op, res)
+                                                  : keel_mul_mat_add(ctx, as_type(ctx, w, in.x->type), in.x, res);
+    return m->lora ? keel_lora_linear(ctx, m, w, in.x, y) : y;
+}
+
+/* The layer's mixer (attention or DeltaNet) on h, its output projection added to the residual res */
+static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L, keel_tensor *res,
+                                    keel_tensor *h, keel_tensor *pos, keel_tensor *kin, keel_tensor *vin,
+                                    keel_tensor **kout, keel_tensor **vout) {
     const keel_qwen35_config *c = &m->cfg;
     int64_t hd = c->head_dim, H = c->heads, KV = c->kv_heads, T = h->ne[1], B = h->ne[2];
     int64_t es = (int64_t)keel_type_size(h->type);
@@ -293,12 +303,12 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
     int64_t os = (int64_t)keel_type_size(pk->type);
     keel_tensor *o = keel_view_4d(ctx, pk, hd, H, T, B, hd * os, hd * H * os, hd * H * T * os, 0); /* [hd, H, T, B] */
     o = keel_mul(ctx, o, keel_sigmoid(ctx, gate));
-    return linear(ctx, m, L->o, operand_of(ctx, m, keel_reshape_3d(ctx, o, hd * H, T, B)));
+    return linear_add(ctx, m, L->o, operand_of(ctx, m, keel_reshape_3d(ctx, o, hd * H, T, B)), res);
 }
 
-static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L, keel_tensor *h,
-                                   keel_tensor *pos, keel_tensor *S_in, keel_tensor *conv_in, keel_tensor *conv_pos,
-                                   keel_tensor **S_out, keel_tensor **conv_out) {
+static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const keel_qwen35_layer *L, keel_tensor *res,
+                                   keel_tensor *h, keel_tensor *pos, keel_tensor *S_in, keel_tensor *conv_in,
+                                   keel_tensor *conv_pos, keel_tensor **S_out, keel_tensor **conv_out) {
     const keel_qwen35_config *c = &m->cfg;
     int64_t Dk = c->lk_dim, Hk = c->lk_heads, Dv = c->lv_dim, Hv = c->lv_heads, T = h->ne[1], B = h->ne[2];
     int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(h->type), K = c->conv_kernel;
@@ -335,7 +345,7 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
     }
     keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, hin), Dv, Hv, T, B);
     o = keel_gated_rms_norm(ctx, o, L->norm, z, c->rms_eps); /* rms_norm(o) * norm * silu(z), one op */
-    return linear(ctx, m, L->out, operand_of(ctx, m, keel_reshape_3d(ctx, o, vd, T, B)));
+    return linear_add(ctx, m, L->out, operand_of(ctx, m, keel_reshape_3d(ctx, o, vd, T, B)), res);
 }
 
 static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_tensor *pos, keel_tensor *targets,
@@ -351,19 +361,16 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
         const keel_qwen35_layer *L = &m->layer[i];
         out->layers.first_id[i] = keel_ctx_count(ctx);
         keel_tensor *h = norm1p(ctx, x, L->in_norm, c->rms_eps);
-        keel_tensor *mix =
-            c->full_attention[i]
-                ? gated_attention(ctx, m, L, h, pos, cin ? cin->k[i] : NULL, cin ? cin->v[i] : NULL,
+        x = c->full_attention[i]
+                ? gated_attention(ctx, m, L, x, h, pos, cin ? cin->k[i] : NULL, cin ? cin->v[i] : NULL,
                                   cout ? &cout->k[i] : NULL, cout ? &cout->v[i] : NULL)
-                : gated_deltanet(ctx, m, L, h, pos, cin ? cin->S[i] : NULL, cin ? cin->conv[i] : NULL,
+                : gated_deltanet(ctx, m, L, x, h, pos, cin ? cin->S[i] : NULL, cin ? cin->conv[i] : NULL,
                                  cin ? cin->conv_pos : NULL, cout ? &cout->S[i] : NULL, cout ? &cout->conv[i] : NULL);
-        x = keel_add(ctx, x, mix);
         keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps);
         operand h2in = operand_of(ctx, m, h2);
         keel_tensor *gate = linear(ctx, m, L->gate, h2in); /* before up: the graph's node order */
         keel_tensor *up = linear(ctx, m, L->up, h2in);
-        keel_tensor *mlp = linear(ctx, m, L->down, operand_of(ctx, m, keel_swiglu(ctx, gate, up)));
-        x = keel_add(ctx, x, mlp);
+        x = linear_add(ctx, m, L->down, operand_of(ctx, m, keel_swiglu(ctx, gate, up)), x);
         keel_set_name(x, "hidden.%d", i + 1);
         out->hidden[i + 1] = x;
         out->layers.end_id[i] = keel_ctx_count(ctx);

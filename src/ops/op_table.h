@@ -53,6 +53,10 @@
     X(MUL_MAT, MATMUL, 2, 0, 3, 0,                                                                                     \
       "src0 [K,M,a2,a3], src1 [K,N,b2,b3] -> [M,N,b2,b3]; b2%a2 == 0, b3%a3 == 0; bf16 sources: ip0 the result's "     \
       "type (f32 or bf16; sums in float32)")                                                                           \
+    X(MUL_MAT_ADD, MATMUL, 3, 0, 7, 0,                                                                                 \
+      "src0 [K,M,a2,a3], src1 [K,N,b2,b3], src2 c [M,N,b2,b3] -> MUL_MAT(src0, src1) + c (a residual added where "    \
+      "the product is made: cuda through cuBLASLt's C input); c has the result's type; bf16 sources: ip0 the "      \
+      "result's type (f32)")                                                                                           \
     X(OUT_PROD, MATMUL, 2, 0, 3, 0,                                                                                    \
       "src0 [I,K,n2,n3], src1 [J,K,n2,n3] -> [I,J,ip0,ip1], summing groups of n2/ip0; bf16 sources: ip2 the "          \
       "result's type")                                                                                                 \

@@ -292,10 +292,11 @@ static int shape_rule(keel_tensor *t) {
         set_shape(t, a->type, 1, a->ne[1], a->ne[2], a->ne[3]);
         return 0;
     case KEEL_OP_MUL_MAT:
+    case KEEL_OP_MUL_MAT_ADD:
     case KEEL_OP_OUT_PROD: {
         REQ(a->type == b->type && keel_type_is_float(a->type), "the sources must have one real type");
         /* bf16 operands, float32 sums: the result in float32 or rounded to bf16 (the type parameter) */
-        int64_t rt = t->ip[op == KEEL_OP_MUL_MAT ? 0 : 2];
+        int64_t rt = t->ip[op == KEEL_OP_OUT_PROD ? 2 : 0];
         keel_type out = a->type;
         if (a->type == KEEL_BF16) {
             REQ(rt == KEEL_F32 || rt == KEEL_BF16 || rt == KEEL_F64,
@@ -304,11 +305,18 @@ static int shape_rule(keel_tensor *t) {
         } else {
             REQ(rt == 0, "a result type is given only for bf16 sources");
         }
-        if (op == KEEL_OP_MUL_MAT) {
+        if (op != KEEL_OP_OUT_PROD) {
             REQ(a->ne[0] == b->ne[0], "inner dimensions differ (%lld vs %lld)", (long long)a->ne[0],
                 (long long)b->ne[0]);
             REQ(b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0, "src0 dims 2,3 do not broadcast over src1's");
             set_shape(t, out, a->ne[1], b->ne[1], b->ne[2], b->ne[3]);
+            if (op == KEEL_OP_MUL_MAT_ADD) {
+                const keel_tensor *c = t->src[2];
+                REQ(out != KEEL_BF16, "the result of a product plus an addend is not bf16 (the residual stays wide)");
+                REQ(c->type == out && keel_same_shape(c, t),
+                    "the addend must be %s [%lld,%lld,%lld,%lld], the product's", keel_type_name(out),
+                    (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3]);
+            }
         } else {
             REQ(a->ne[1] == b->ne[1] && a->ne[2] == b->ne[2] && a->ne[3] == b->ne[3], "dims 1..3 differ");
             REQ(t->ip[0] > 0 && t->ip[1] > 0 && a->ne[2] % t->ip[0] == 0 && a->ne[3] % t->ip[1] == 0,
@@ -712,6 +720,10 @@ keel_tensor *keel_mul_mat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
 }
 keel_tensor *keel_mul_mat_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, keel_type out) {
     return OP(KEEL_OP_MUL_MAT, (a, b), IPS((int64_t)out), 1, NULL, 0);
+}
+keel_tensor *keel_mul_mat_add(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, keel_tensor *c) {
+    bool typed = a && c && a->type == KEEL_BF16; /* bf16 operands: the result in the addend's type */
+    return OP(KEEL_OP_MUL_MAT_ADD, (a, b, c), typed ? IPS((int64_t)c->type) : NULL, typed ? 1 : 0, NULL, 0);
 }
 keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3) {
     return OP(KEEL_OP_OUT_PROD, (a, b), IPS(ne2, ne3), 2, NULL, 0);

@@ -103,6 +103,10 @@ keel_tensor *keel_out_prod(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_
  * and residual updates stay float32 (mixed precision). */
 keel_tensor *keel_mul_mat_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, keel_type out);
 keel_tensor *keel_out_prod_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t ne2, int64_t ne3, keel_type out);
+/* a b + c: MUL_MAT with an addend of the result's shape and type (for bf16 operands the result
+ * takes c's type: float32, or float64 on the oracle), added where the product is made (a residual
+ * update in one pass: cuBLASLt's C input on cuda). */
+keel_tensor *keel_mul_mat_add(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, keel_tensor *c);
 keel_tensor *keel_rms_norm(keel_ctx *ctx, keel_tensor *a, double eps);
 keel_tensor *keel_l2_norm(keel_ctx *ctx, keel_tensor *a, double eps);
 keel_tensor *keel_soft_max(keel_ctx *ctx, keel_tensor *a, double scale);

@@ -592,6 +592,31 @@ int keel_cases_all(op_case **out) {
             }
             break;
         }
+        case KEEL_OP_MUL_MAT_ADD: {
+            /* a [K,M,a2,a3], b [K,N,b2,b3], c [M,N,b2,b3]: c laid out as the result (cuda: cuBLASLt's C
+             * input) or viewed (cuda: copied into the result first); a broadcast over b (grouped
+             * queries) and one weight against every matrix of b; bf16 operands with a float32 addend */
+            static const int64_t mm[][8] = {
+                {1, 3, 1, 1, 1, 2, 1, 1},        {31, 5, 1, 1, 31, 3, 1, 1}, {1025, 9, 1, 1, 1025, 3, 1, 1},
+                {300, 130, 1, 1, 300, 70, 1, 1}, {16, 8, 2, 2, 16, 5, 6, 2}, {64, 48, 1, 1, 64, 40, 3, 2},
+                {4, 3, 1, 1, 4, 65537, 1, 1},
+            };
+            for (int s = 0; s < 7; s++)
+                for (int bf = 0; bf < 2; bf++) {
+                    const int64_t *x = mm[s];
+                    if (bf && s % 2) continue;
+                    c = C(&l, op);
+                    keel_type ty = bf ? KEEL_BF16 : KEEL_F32;
+                    I(c, ty, x[0], x[1], x[2], x[3])->view = s == 3 ? VIEW_TRANSPOSED : VIEW_NONE;
+                    I(c, ty, x[4], x[5], x[6], x[7])->view = s == 4 ? VIEW_PERMUTED : VIEW_NONE;
+                    I(c, KEEL_F32, x[1], x[5], x[6], x[7])->view = s == 1 || s == 5 ? VIEW_STRIDED : VIEW_NONE;
+                    if (bf) {
+                        c->keep_types = true, c->tol = 1e-9;
+                        P(c, 1, (int64_t[]){KEEL_F32}, 0, NULL);
+                    }
+                }
+            break;
+        }
         case KEEL_OP_CONV1D:
         case KEEL_OP_CONV1D_BACK_INPUT:
         case KEEL_OP_CONV1D_BACK_WEIGHT: {

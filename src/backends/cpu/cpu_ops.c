@@ -571,7 +571,7 @@ static void sum_sq_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
-static int mul_mat(keel_backend *be, const keel_tensor *t) {
+static int mul_mat_into(keel_backend *be, const keel_tensor *t, bool accumulate) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
     for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
@@ -588,11 +588,19 @@ static int mul_mat(keel_backend *be, const keel_tensor *t) {
                                 .C = (float *)(void *)cpu_row(t, 0, i2, i3),
                                 .c_m = t->nb[0],
                                 .c_n = t->nb[1],
+                                .accumulate = accumulate,
                                 .a_bf16 = a->type == KEEL_BF16,
                                 .b_bf16 = b->type == KEEL_BF16};
             if (keel_cpu_gemm(cpu_pool(be), &g)) return -1;
         }
     return 0;
+}
+
+static int mul_mat(keel_backend *be, const keel_tensor *t) { return mul_mat_into(be, t, false); }
+
+/* MUL_MAT_ADD: the addend copied into the result, the product added to it */
+static int mul_mat_add(keel_backend *be, const keel_tensor *t) {
+    return cpu_copy(be, t, t->src[2], false) || mul_mat_into(be, t, true) ? -1 : 0;
 }
 
 /* OUT_PROD: r[i,j] = sum_k a[i,k] b[j,k], summed over the group of source matrices of each result
@@ -723,6 +731,8 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_MUL_MAT:
         return a->type == KEEL_BF16 ? product_bf16(be, t, mul_mat) : mul_mat(be, t);
+    case KEEL_OP_MUL_MAT_ADD: /* a float32 result (the shape rule) */
+        return mul_mat_add(be, t);
     case KEEL_OP_OUT_PROD:
         return a->type == KEEL_BF16 ? product_bf16(be, t, out_prod) : out_prod(be, t);
     case KEEL_OP_CONV1D:

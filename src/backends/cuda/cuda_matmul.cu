@@ -111,9 +111,10 @@ static int prepare(keel_backend *be, const keel_tensor *t, const keel_tensor **a
 /* Element offset e of matrix data p with elements of es bytes. */
 static const char *at_el(const char *p, int64_t e, int64_t es) { return p + e * es; }
 
+/* D at pc (C at pcc, laid out as D, when not NULL: D = op(A) op(B) + C) */
 static int gemm(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                const mat *A, const char *pa, const mat *B, const char *pb, char *pc, cudaDataType_t dc, int64_t ldc,
-                float beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
+                const mat *A, const char *pa, const mat *B, const char *pb, char *pc, const char *pcc,
+                cudaDataType_t dc, int64_t ldc, float beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
     cuda_gemm g = {};
     g.ta = ta;
     g.tb = tb;
@@ -122,7 +123,11 @@ static int gemm(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bool 
     g.k = k;
     g.a = pa;
     g.b = pb;
+    g.c = pcc;
     g.d = pc;
+    g.dtc = dc;
+    g.ldc = ldc;
+    g.sc = sc;
     g.dta = A->dt;
     g.dtb = B->dt;
     g.dtd = dc;
@@ -137,7 +142,9 @@ static int gemm(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bool 
     return cuda_gemm_run(be, &g, ws, t);
 }
 
-/* MUL_MAT: t(m, n) = sum_k a(k, m) b(k, n) for every matrix of b; a broadcast over b's dims 2, 3. */
+/* MUL_MAT: t(m, n) = sum_k a(k, m) b(k, n) for every matrix of b; a broadcast over b's dims 2, 3.
+ * MUL_MAT_ADD: plus c(m, n), cuBLASLt's C input when c is laid out as the result, else copied into
+ * the result first and added there (beta 1). */
 int cuda_matmul(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     keel_tensor ta, tb, tc;
@@ -147,14 +154,27 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
     if (prepare(be, t, &a, &b, &ta, &tb, &tc, &c_tmp, &ma, &mb, &mc, false, &ws)) return -1;
     int64_t M = t->ne[0], N = t->ne[1], K = a->ne[0], r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
     if (M == 0 || N == 0) return 0;
-    if (K == 0) return keel_fail("cuda: MUL_MAT '%s' with K = 0", t->name);
+    if (K == 0) return keel_fail("cuda: %s '%s' with K = 0", keel_op_get(t->op)->name, t->name);
     /* a(k, m) column-major K x M needs a transpose to be op(A) = M x K */
     bool opa = !ma.transposed, opb = mb.transposed;
     char *c0 = (char *)(c_tmp ? tc.data : t->data);
+    const char *add = NULL; /* the addend's matrices at the result's offsets from add */
+    float beta = 0.0f;
+    if (t->op == KEEL_OP_MUL_MAT_ADD) {
+        mat md;
+        const keel_tensor *d = t->src[2];
+        beta = 1.0f;
+        if (!c_tmp && describe(d, &md) && !md.transposed && md.ld == mc.ld && md.stride2 == mc.stride2 &&
+            md.stride3 == mc.stride3 && md.dt == mc.dt)
+            add = md.p;
+        else if (cuda_copy(be, c_tmp ? &tc : t, d, false))
+            return -1;
+    }
+#define ADDEND(pc) (add ? add + ((pc)-c0) : NULL)
     if (a->ne[2] == 1 && a->ne[3] == 1 && merges(b, &mb) &&
         merges(c_tmp ? &tc : t, &mc)) /* one weight, every matrix of b */
-        return gemm(be, t, ws, opa, opb, M, N * t->ne[2] * t->ne[3], K, &ma, ma.p, &mb, mb.p, c0, mc.dt, mc.ld, 0.0f, 1,
-                    0, 0, 0) ||
+        return gemm(be, t, ws, opa, opb, M, N * t->ne[2] * t->ne[3], K, &ma, ma.p, &mb, mb.p, c0, ADDEND(c0), mc.dt,
+                    mc.ld, beta, 1, 0, 0, 0) ||
                        (c_tmp && cuda_copy(be, t, &tc, false))
                    ? -1
                    : 0;
@@ -162,8 +182,8 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
         const char *pa3 = at_el(ma.p, (i3 / r3) * ma.stride3, ma.es), *pb3 = at_el(mb.p, i3 * mb.stride3, mb.es);
         char *pc3 = c0 + i3 * mc.stride3 * mc.es;
         if (r2 == 1) {
-            if (gemm(be, t, ws, opa, opb, M, N, K, &ma, pa3, &mb, pb3, pc3, mc.dt, mc.ld, 0.0f, t->ne[2], ma.stride2,
-                     mb.stride2, mc.stride2))
+            if (gemm(be, t, ws, opa, opb, M, N, K, &ma, pa3, &mb, pb3, pc3, ADDEND(pc3), mc.dt, mc.ld, beta, t->ne[2],
+                     ma.stride2, mb.stride2, mc.stride2))
                 return -1;
             continue;
         }
@@ -171,10 +191,11 @@ int cuda_matmul(keel_backend *be, const keel_tensor *t) {
          * the groups, matrices i2 = h r2 + g of b and t against matrix h of a */
         for (int64_t g = 0; g < r2; g++)
             if (gemm(be, t, ws, opa, opb, M, N, K, &ma, pa3, &mb, at_el(pb3, g * mb.stride2, mb.es),
-                     pc3 + g * mc.stride2 * mc.es, mc.dt, mc.ld, 0.0f, t->ne[2] / r2, ma.stride2, r2 * mb.stride2,
-                     r2 * mc.stride2))
+                     pc3 + g * mc.stride2 * mc.es, ADDEND(pc3 + g * mc.stride2 * mc.es), mc.dt, mc.ld, beta,
+                     t->ne[2] / r2, ma.stride2, r2 * mb.stride2, r2 * mc.stride2))
                 return -1;
     }
+#undef ADDEND
     return c_tmp ? cuda_copy(be, t, &tc, false) : 0;
 }
 
@@ -201,8 +222,8 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
     bool opa = ma.transposed, opb = !mb.transposed;
     if (t->ne[2] == 1 && t->ne[3] == 1 && merges(a, &ma) &&
         merges(b, &mb)) /* one result: all of a and b's matrices are one long k */
-        return gemm(be, t, ws, opa, opb, I, J, K * a->ne[2] * a->ne[3], &ma, ma.p, &mb, mb.p, c0, mc.dt, mc.ld, 0.0f, 1,
-                    0, 0, 0) ||
+        return gemm(be, t, ws, opa, opb, I, J, K * a->ne[2] * a->ne[3], &ma, ma.p, &mb, mb.p, c0, NULL, mc.dt, mc.ld,
+                    0.0f, 1, 0, 0, 0) ||
                        (c_tmp && cuda_copy(be, t, &tc, false))
                    ? -1
                    : 0;
@@ -215,8 +236,8 @@ int cuda_out_prod(keel_backend *be, const keel_tensor *t) {
             for (int64_t g2 = 0; g2 < r2; g2++) {
                 int64_t s3 = i3 * r3 + g3;
                 if (gemm(be, t, ws, opa, opb, I, J, K, &ma, at_el(ma.p, g2 * ma.stride2 + s3 * ma.stride3, ma.es), &mb,
-                         at_el(mb.p, g2 * mb.stride2 + s3 * mb.stride3, mb.es), pc, mc.dt, mc.ld, first ? 0.0f : 1.0f,
-                         t->ne[2], r2 * ma.stride2, r2 * mb.stride2, mc.stride2))
+                         at_el(mb.p, g2 * mb.stride2 + s3 * mb.stride3, mb.es), pc, NULL, mc.dt, mc.ld,
+                         first ? 0.0f : 1.0f, t->ne[2], r2 * ma.stride2, r2 * mb.stride2, mc.stride2))
                     return -1;
                 first = false;
             }

@@ -922,6 +922,7 @@ static size_t node_scratch(const keel_tensor *t) {
         return (size_t)(n_out * ((n_terms + per - 1) / per)) * sizeof(double);
     }
     case KEEL_OP_MUL_MAT:
+    case KEEL_OP_MUL_MAT_ADD:
     case KEEL_OP_OUT_PROD:
         return cuda_matmul_scratch(t);
     case KEEL_OP_GATED_DELTA_NET:
@@ -1159,6 +1160,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_ROPE_BACK:
         return rope(be, t);
     case KEEL_OP_MUL_MAT:
+    case KEEL_OP_MUL_MAT_ADD:
         return cuda_matmul(be, t);
     case KEEL_OP_OUT_PROD:
         return cuda_out_prod(be, t);

@@ -674,11 +674,13 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
                     }
                 }
         return 0;
-    case KEEL_OP_MUL_MAT: {
+    case KEEL_OP_MUL_MAT:
+    case KEEL_OP_MUL_MAT_ADD: {
         int64_t r2 = b->ne[2] / a->ne[2], r3 = b->ne[3] / a->ne[3];
         FOR4(t) {
             double s = 0;
             for (int64_t k = 0; k < a->ne[0]; k++) s += get(a, k, i0, i2 / r2, i3 / r3) * get(b, k, i1, i2, i3);
+            if (t->op == KEEL_OP_MUL_MAT_ADD) s += get(t->src[2], i0, i1, i2, i3);
             put(t, i0, i1, i2, i3, s);
         }
         return 0;
