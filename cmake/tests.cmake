@@ -93,7 +93,7 @@ add_test(NAME diff_recompute_none COMMAND keel diff --model ${KEEL_TINY}/causal-
 add_test(NAME diff_threads_none COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --a threads=1 --b threads=2,recompute=every:2)
 add_test(NAME diff_backends_within_tolerance COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --a backend=ref --b backend=cpu --tolerance 1e-8)
 add_test(NAME diff_finds_flipped_node COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --a recompute=off --b recompute=full,fault=flip:hidden.2)
-set_tests_properties(diff_finds_flipped_node PROPERTIES PASS_REGULAR_EXPRESSION "first divergence: node 'hidden.2' \\(ADD[^\n]*\n  its 2 input\\(s\\) are byte-identical")
+set_tests_properties(diff_finds_flipped_node PROPERTIES PASS_REGULAR_EXPRESSION "first divergence: node 'hidden.2' \\(MUL_MAT_ADD[^\n]*\n  its 3 input\\(s\\) are byte-identical")
 add_test(NAME diff_finds_faulty_acc COMMAND keel diff --case acc --a threads=1 --b fault=copy-row-limit:1024)
 set_tests_properties(diff_finds_faulty_acc PROPERTIES PASS_REGULAR_EXPRESSION "first divergence: node 'acc#[0-9]+' \\(ACC[^\n]*\n  its 2 input\\(s\\) are byte-identical[^\n]*\n[^\n]*\n  first differing flat index: 1024 ")
 add_test(NAME diff_finds_faulty_copy_in_model COMMAND keel diff --model ${KEEL_TINY}/multimodal-bf16 --data ${CMAKE_SOURCE_DIR}/README.md --a recompute=off --b fault=copy-row-limit:16)
