@@ -55,7 +55,12 @@ int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib) {
     if (grow(acc)) return -1;
     keel_tensor *cur = acc->g->grads[s->id], *sum = contrib;
     if (cur) {
-        sum = keel_add(acc->ctx, cur, contrib);
+        /* a product's contribution is added where the product is made (MUL_MAT_ADD: the sum so far
+         * as its addend), not by a pass of its own over a product result written just for it; the
+         * order stays the sum so far, then the contribution */
+        bool product = contrib->op == KEEL_OP_MUL_MAT && contrib->type == cur->type && contrib->type != KEEL_BF16;
+        sum = product ? keel_mul_mat_add(acc->ctx, contrib->src[0], contrib->src[1], cur)
+                      : keel_add(acc->ctx, cur, contrib);
         if (!sum || grow(acc)) return -1;
         acc->owned[sum->id] = 1;
     }

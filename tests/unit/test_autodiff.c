@@ -47,6 +47,42 @@ static void multiple_uses_sum(void **st) {
     keel_ctx_free(ctx);
 }
 
+/* Products of one input (a layer's q, k and v projections) give its gradient as one accumulation
+ * in the products themselves: the second contribution is MUL_MAT_ADD with the first as its addend,
+ * the third with the second's, no ADD. Values: dx = sum_i Wi^T 1 = (row sums of the Ws), exact. */
+static void products_accumulate_in_place(void **st) {
+    (void)st;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_tensor *x = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 4, 3), "x"), KEEL_FLAG_PARAM);
+    keel_tensor *w[3], *sum = NULL;
+    for (int i = 0; i < 3; i++) {
+        w[i] = keel_set_flags(keel_new_2d(ctx, KEEL_F32, 4, 2 + i), KEEL_FLAG_INPUT);
+        keel_tensor *y = keel_sum(ctx, keel_mul_mat(ctx, w[i], x));
+        sum = sum ? keel_add(ctx, sum, y) : y;
+    }
+    keel_graph *g = keel_graph_build(ctx, &sum, 1);
+    assert_int_equal(keel_build_backward(g, sum), 0);
+    keel_tensor *gx = keel_graph_grad(g, x);
+    int fused = 0;
+    for (keel_tensor *t = gx; t && t->op == KEEL_OP_MUL_MAT_ADD; t = t->src[2]) fused++;
+    assert_int_equal(fused, 2);
+    for (int64_t i = 0; i < g->n_nodes; i++) /* the backward adds no ADD of a product's result */
+        if (g->nodes[i]->op == KEEL_OP_ADD) assert_true(g->nodes[i]->src[1]->op != KEEL_OP_MUL_MAT);
+    double xv[12], wv[3][16], want[4] = {0};
+    for (int i = 0; i < 12; i++) xv[i] = 0.25 * i - 1;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4 * (2 + i); j++) wv[i][j] = 0.5 * ((j * 7 + i) % 5) - 1, want[j % 4] += wv[i][j];
+    double *vals[4] = {xv, wv[0], wv[1], wv[2]};
+    keel_tensor *leaves[4] = {x, w[0], w[1], w[2]};
+    for (int b = 0; b < 2; b++) {
+        double *r = run_graph(b ? "ref" : "cpu", g, leaves, vals, 4, gx);
+        for (int i = 0; i < 12; i++) assert_true(r[i] == want[i % 4]);
+        free(r);
+    }
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+}
+
 static void errors(void **st) {
     (void)st;
     keel_ctx *ctx = keel_ctx_new();
@@ -72,6 +108,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(view_gradient_is_fill_plus_acc),
         cmocka_unit_test(multiple_uses_sum),
+        cmocka_unit_test(products_accumulate_in_place),
         cmocka_unit_test(errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
