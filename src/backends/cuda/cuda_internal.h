@@ -160,6 +160,18 @@ typedef struct {
     int64_t batch, sa, sb, sc, sd;
     float beta;
 } cuda_gemm;
+/* A product without an addend or batches: D (m x n, ldd) = op(A) op(B) (+ beta D). */
+static inline cuda_gemm cuda_gemm_plain(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
+                                        cudaDataType_t dta, int64_t lda, const void *b, cudaDataType_t dtb, int64_t ldb,
+                                        void *d, cudaDataType_t dtd, int64_t ldd, float beta) {
+    cuda_gemm g = {};
+    g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k;
+    g.a = a, g.dta = dta, g.lda = lda;
+    g.b = b, g.dtb = dtb, g.ldb = ldb;
+    g.d = d, g.dtd = dtd, g.ldd = ldd;
+    g.batch = 1, g.beta = beta;
+    return g;
+}
 /* Its workspace: KEEL_CUDA_LT_WORKSPACE bytes of the node's scratch (in every product node's rule). */
 #define KEEL_CUDA_LT_WORKSPACE ((size_t)32 << 20)
 int cuda_gemm_run(keel_backend *be, const cuda_gemm *g, void *workspace, const keel_tensor *t);

@@ -95,23 +95,7 @@ size_t cuda_linear_ce_scratch(const keel_tensor *t) {
 static int product(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                    const void *a, int64_t lda, const void *b, int64_t ldb, cudaDataType_t dt, float *d, int64_t ldd,
                    float beta) {
-    cuda_gemm g = {};
-    g.ta = ta;
-    g.tb = tb;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.a = a;
-    g.b = b;
-    g.d = d;
-    g.dta = dt;
-    g.dtb = dt;
-    g.dtd = CUDA_R_32F;
-    g.lda = lda;
-    g.ldb = ldb;
-    g.ldd = ldd;
-    g.batch = 1;
-    g.beta = beta;
+    cuda_gemm g = cuda_gemm_plain(ta, tb, m, n, k, a, dt, lda, b, dt, ldb, d, CUDA_R_32F, ldd, beta);
     return cuda_gemm_run(be, &g, ws, t);
 }
 

@@ -103,7 +103,9 @@ static cuda_lt_entry *lookup(keel_backend *be, const cuda_gemm *g, const keel_te
     cudaDataType_t dtc = g->c ? g->dtc : g->dtd;
     cublasLtMatmulPreference_t pref = NULL;
     size_t ws = KEEL_CUDA_LT_WORKSPACE;
-    uint32_t al[4] = {(uint32_t)k[18], (uint32_t)k[19], (uint32_t)k[20], (uint32_t)k[21]};
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     cublasLtMatmulHeuristicResult_t res;
     int n_res = 0;
     bool bad =
@@ -119,21 +121,15 @@ static cuda_lt_entry *lookup(keel_backend *be, const cuda_gemm *g, const keel_te
         cublas_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLt preference", t) ||
         cublas_check(
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-            "cublasLt preference", t) ||
-        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0],
-                                                          sizeof al[0]),
-                     "cublasLt preference", t) ||
-        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1],
-                                                          sizeof al[1]),
-                     "cublasLt preference", t) ||
-        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2],
-                                                          sizeof al[2]),
-                     "cublasLt preference", t) ||
-        cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3],
-                                                          sizeof al[3]),
-                     "cublasLt preference", t) ||
-        cublas_check(cublasLtMatmulAlgoGetHeuristic(im->lt, e->op, e->a, e->b, e->c, e->d, pref, 1, &res, &n_res),
-                     "cublasLtMatmulAlgoGetHeuristic", t);
+            "cublasLt preference", t);
+    for (int i = 0; i < 4 && !bad; i++) { /* the pointers' alignments: the key's last four */
+        uint32_t al = (uint32_t)k[LT_KEY - 4 + i];
+        bad = cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &al, sizeof al),
+                           "cublasLt preference", t);
+    }
+    bad = bad ||
+          cublas_check(cublasLtMatmulAlgoGetHeuristic(im->lt, e->op, e->a, e->b, e->c, e->d, pref, 1, &res, &n_res),
+                       "cublasLtMatmulAlgoGetHeuristic", t);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (!bad && (n_res < 1 || res.state != CUBLAS_STATUS_SUCCESS)) {
         keel_fail("cuda: %s '%s': cuBLASLt has no algorithm for a %lld x %lld x %lld product (batch %lld)",

@@ -115,30 +115,9 @@ static const char *at_el(const char *p, int64_t e, int64_t es) { return p + e * 
 static int gemm(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                 const mat *A, const char *pa, const mat *B, const char *pb, char *pc, const char *pcc,
                 cudaDataType_t dc, int64_t ldc, float beta, int64_t batch, int64_t sa, int64_t sb, int64_t sc) {
-    cuda_gemm g = {};
-    g.ta = ta;
-    g.tb = tb;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.a = pa;
-    g.b = pb;
-    g.c = pcc;
-    g.d = pc;
-    g.dtc = dc;
-    g.ldc = ldc;
-    g.sc = sc;
-    g.dta = A->dt;
-    g.dtb = B->dt;
-    g.dtd = dc;
-    g.lda = A->ld;
-    g.ldb = B->ld;
-    g.ldd = ldc;
-    g.batch = batch;
-    g.sa = sa;
-    g.sb = sb;
-    g.sd = sc;
-    g.beta = beta;
+    cuda_gemm g = cuda_gemm_plain(ta, tb, m, n, k, pa, A->dt, A->ld, pb, B->dt, B->ld, pc, dc, ldc, beta);
+    g.c = pcc, g.dtc = dc, g.ldc = ldc, g.sc = sc; /* the addend laid out as the result */
+    g.batch = batch, g.sa = sa, g.sb = sb, g.sd = sc;
     return cuda_gemm_run(be, &g, ws, t);
 }
 
