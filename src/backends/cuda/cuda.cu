@@ -128,9 +128,9 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
     cuda_impl *im = cuda_im(be);
     for (int64_t i = from; i < to; i++) {
         const keel_tensor *t = g->nodes[i];
+        im->last_kernel[0] = 0; /* a view runs no kernel: it reports none */
         if (!(keel_op_get(t->op)->flags & OPF_VIEW)) {
             if (im->profile) cudaEventRecord(im->ev0, im->stream);
-            im->last_kernel[0] = 0;
             if (cuda_node(be, t)) {
                 char msg[1536];
                 snprintf(msg, sizeof msg, "%s", keel_last_error());
