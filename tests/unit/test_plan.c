@@ -1,5 +1,25 @@
 #include "unit.h"
 
+/* The test's own liveness (an oracle for the plan's): first[id] the node that makes a root (0 for
+ * leaves), last[id] the last node that reads or writes it (N for leaves and the graph's output).
+ * Caller frees both. */
+static void lifetimes_of(const keel_graph *g, const keel_tensor *out, int64_t **first, int64_t **last) {
+    int64_t N = g->n_nodes, ids = keel_ctx_count(g->ctx);
+    int64_t *f = malloc((size_t)ids * sizeof *f), *l = malloc((size_t)ids * sizeof *l);
+    assert_true(f && l);
+    for (int64_t i = 0; i < ids; i++) f[i] = l[i] = -1;
+    for (int64_t i = 0; i < g->n_leafs; i++) f[g->leafs[i]->id] = 0, l[g->leafs[i]->id] = N;
+    for (int64_t i = 0; i < N; i++) {
+        keel_tensor *t = g->nodes[i];
+        if (f[t->id] < 0) f[t->id] = i;
+        if (l[t->id] < i) l[t->id] = i;
+        for (int k = 0; k < keel_op_get(t->op)->arity; k++)
+            if (l[t->src[k]->id] < i) l[t->src[k]->id] = i;
+    }
+    l[out->id] = N;
+    *first = f, *last = l;
+}
+
 /* Roots whose lifetimes overlap must not share bytes; every placement is 256-byte aligned. */
 static void no_live_overlap(void **st) {
     (void)st;
@@ -19,19 +39,8 @@ static void no_live_overlap(void **st) {
     keel_graph *g = keel_graph_build(ctx, &pool[n - 1], 1);
     keel_plan *p = keel_plan_make(g, NULL);
     assert_non_null(p);
-    int64_t N = g->n_nodes;
-    int64_t *first = calloc((size_t)keel_ctx_count(ctx), sizeof(int64_t)),
-            *last = calloc((size_t)keel_ctx_count(ctx), sizeof(int64_t));
-    for (int64_t i = 0; i < keel_ctx_count(ctx); i++) first[i] = -1, last[i] = -1;
-    for (int64_t i = 0; i < g->n_leafs; i++) first[g->leafs[i]->id] = 0, last[g->leafs[i]->id] = N;
-    for (int64_t i = 0; i < N; i++) {
-        keel_tensor *t = g->nodes[i];
-        if (first[t->id] < 0) first[t->id] = i;
-        last[t->id] = i;
-        for (int k = 0; k < keel_op_get(t->op)->arity; k++)
-            if (last[t->src[k]->id] < i) last[t->src[k]->id] = i;
-    }
-    last[pool[n - 1]->id] = N;
+    int64_t *first, *last;
+    lifetimes_of(g, pool[n - 1], &first, &last);
     for (int64_t i = 0; i < keel_ctx_count(ctx); i++) {
         if (p->offset[i] == SIZE_MAX) continue;
         assert_int_equal(p->offset[i] % KEEL_ALIGN, 0);
@@ -75,18 +84,8 @@ static void scratch_per_node(void **st) {
     keel_plan_opts o = {.scratch_bytes = odd_scratch};
     keel_plan *p = keel_plan_make(g, &o), *plain = keel_plan_make(g, NULL);
     assert_non_null(p);
-    int64_t N = g->n_nodes, ids = keel_ctx_count(ctx), *first = malloc((size_t)ids * 8),
-            *last = malloc((size_t)ids * 8);
-    for (int64_t i = 0; i < ids; i++) first[i] = last[i] = -1;
-    for (int64_t i = 0; i < g->n_leafs; i++) first[g->leafs[i]->id] = 0, last[g->leafs[i]->id] = N;
-    for (int64_t i = 0; i < N; i++) {
-        keel_tensor *t = g->nodes[i];
-        if (first[t->id] < 0) first[t->id] = i;
-        if (last[t->id] < i) last[t->id] = i;
-        for (int k = 0; k < keel_op_get(t->op)->arity; k++)
-            if (last[t->src[k]->id] < i) last[t->src[k]->id] = i;
-    }
-    last[pool[n - 1]->id] = N;
+    int64_t N = g->n_nodes, ids = keel_ctx_count(ctx), *first, *last;
+    lifetimes_of(g, pool[n - 1], &first, &last);
     int with = 0;
     for (int64_t i = 0; i < N; i++) {
         keel_tensor *t = g->nodes[i];
