@@ -124,11 +124,17 @@ fi
 if want attn; then # flash attention alone: its cases, its gradients, its kernels at bf16 batch 8
     run "test-ops FLASH_ATTN* (cuda)" attn-ops.log $keel test-ops --backend ref,cuda --op FLASH_ATTN,FLASH_ATTN_BACK
     grep "^cuda:\|FAIL" "$out/attn-ops.log" | head -20
+    # the backward's dS form in slabs (300000 bytes: the 3-example bf16 case in slabs of 2 and 1) and not at all
+    for ds in 300000 0; do
+        run "test-ops FLASH_ATTN_BACK, dS budget $ds (cuda)" attn-ds$ds.log env KEEL_CUDA_FA_DS_BYTES=$ds $keel test-ops --backend ref,cuda --op FLASH_ATTN_BACK
+        grep "^cuda:\|FAIL" "$out/attn-ds$ds.log" | head -20
+    done
     run "test-ops --grad FLASH_ATTN (cuda)" attn-grad.log $keel test-ops --grad --backend cuda --op FLASH_ATTN
     grep "^cuda:\|FAIL\|worst" "$out/attn-grad.log" | head -20
     # a layer's four kernels (the 6th forward, then the first backward's delta, dq, dk dv)
-    run "ncu: attention's kernels (bf16 batch 8)" attn-ncu.log ncu --clock-control none -k regex:k_fa --launch-skip 5 --launch-count 4 --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1
-    grep -E '^  (void )?k_fa|duration|hmma' "$out/attn-ncu.log"
+    ncu_a='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum'
+    run "ncu: attention's kernels (bf16 batch 8)" attn-ncu.log ncu --clock-control none -k regex:k_fa --launch-skip 5 --launch-count 4 --metrics "$ncu_a" $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1
+    grep -E '^  (void )?k_fa|duration|hmma|issue_active|warps_active|wavefronts' "$out/attn-ncu.log"
 fi
 if want gdn-ncu; then # the delta rule's kernels under ncu: the last forward layer's three, the first backward's six
     ncu_m='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,smsp__inst_executed.sum,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active'

@@ -464,7 +464,8 @@ int keel_cases_all(op_case **out) {
              * 1 bf16 q, k, v as they are, 2 bf16 by CAST (the model's; its gradient), 3 q a
              * permuted view. One example a column and packed ones; more keys than queries (a
              * cache); GQA groups of 1, 2 and 4; heads of 256 (the model's) and odd sizes; lengths
-             * around the cuda kernels' 64-row tiles. float32: within 1e-10 of float64 (NMSE);
+             * around the cuda kernels' 64-row tiles; bf16 cases of 2 and 3 examples (cuda's backward
+             * in slabs of examples: gpu-check's attn stage sets KEEL_CUDA_FA_DS_BYTES to split them). float32: within 1e-10 of float64 (NMSE);
              * bf16 operands: 1e-4 (the plan's tier for a bf16 intermediate, P for P.V) */
             static const int64_t sh[][10] = {
                 {4, 1, 1, 5, 5, 1, 4, 5, 4, 0},          {16, 4, 2, 33, 33, 2, 16, 10, 4, 0},
@@ -473,8 +474,9 @@ int keel_cases_all(op_case **out) {
                 {256, 4, 1, 130, 130, 2, 256, 77, 4, 0}, {64, 4, 2, 65, 80, 1, 64, 1000, 4, 0},
                 {24, 2, 1, 9, 9, 2, 24, 4, 4, 1},        {256, 4, 1, 70, 70, 1, 256, 40, 4, 1},
                 {64, 2, 1, 129, 129, 1, 64, 1000, 4, 1}, {256, 4, 1, 66, 66, 1, 256, 30, 4, 2},
-                {16, 2, 1, 20, 20, 2, 16, 7, 4, 2},      {128, 4, 2, 40, 100, 2, 128, 30, 6, 1}};
-            for (int s = 0; s < 14; s++) {
+                {16, 2, 1, 20, 20, 2, 16, 7, 4, 2},      {128, 4, 2, 40, 100, 2, 128, 30, 6, 1},
+                {64, 4, 2, 65, 65, 3, 64, 40, 4, 1}};
+            for (int s = 0; s < 15; s++) {
                 const int64_t *x = sh[s];
                 bool bf = x[9] == 1, cast = x[9] == 2;
                 if (cast && op == KEEL_OP_FLASH_ATTN_BACK) continue;
@@ -494,7 +496,7 @@ int keel_cases_all(op_case **out) {
                 if (cast) c->build = build_fa_bf16, c->no_fd = "bf16 rounding of q, k and v";
                 if (x[3] * x[4] * x[0] > 400000)
                     c->no_fd = "large: each backend against ref's backward, proven on the small cases";
-                static char names[2][14][128]; /* built cases name themselves */
+                static char names[2][15][128]; /* built cases name themselves */
                 if (c->build) {
                     char *nm = names[op == KEEL_OP_FLASH_ATTN_BACK][s];
                     snprintf(nm, 128, "%s(D=%lld,H=%lld,KV=%lld,Tq=%lld,Tk=%lld,B=%lld,Dv=%lld,scale=%g%s)",

@@ -29,9 +29,11 @@
 
 typedef struct {
     kt q, k, v, pos;
-    const float *o, *dO; /* backward: the forward's packed output [o | lse] and its gradient [do | dlse] */
-    float *delta;        /* backward: do.o - dlse a query row */
-    kt do16;             /* backward, tensor cores: do rounded to bf16, [Dv,H,Tq,B] */
+    const float *o, *dO;  /* backward: the forward's packed output [o | lse] and its gradient [do | dlse] */
+    float *delta;         /* backward: do.o - dlse a query row */
+    kt do16;              /* backward, tensor cores: do rounded to bf16, [Dv,H,Tq,B] */
+    void *ds;             /* backward, tensor cores: dS^T of a slab of examples, bf16 [example][H][ldk][ldq], or NULL */
+    int64_t ldk, ldq, b0; /* Tk and Tq rounded up to 64; the slab's first example */
     int64_t D, H, Tq, B, KV, Tk, Dv, no; /* no: elements of o (lse follows) */
     float scale;
 } fa_args;
@@ -299,28 +301,45 @@ __device__ static inline void mma_abt(float (*acc)[4], const bf16 *X, int row0, 
         }
     }
 }
-/* Two such products in one loop, acc += X Y^T and acc2 += X2 Y2^T (same rows and columns): twice
- * the independent tensor-core work in flight a step */
+/* one 16-deep step of two products (below) */
+template <int D, int NTL>
+__device__ static inline void mma_abt2_step(float (*acc)[4], const bf16 *X, const bf16 *Y, float (*acc2)[4],
+                                            const bf16 *X2, const bf16 *Y2, int row0, int n0, int kk, int lane) {
+    const int LD = D + 8;
+    uint32_t a[4], a2[4];
+    frag_a(a, X, LD, row0, kk, lane);
+    frag_a(a2, X2, LD, row0, kk, lane);
+#pragma unroll
+    for (int nt = 0; nt < NTL; nt += 2) {
+        uint32_t b[4], b2[4];
+        frag_bt2(b, Y, LD, n0 + nt * 8, kk, lane);
+        frag_bt2(b2, Y2, LD, n0 + nt * 8, kk, lane);
+        mma_bf16(acc[nt], a, b[0], b[1]);
+        mma_bf16(acc[nt + 1], a, b[2], b[3]);
+        mma_bf16(acc2[nt], a2, b2[0], b2[1]);
+        mma_bf16(acc2[nt + 1], a2, b2[2], b2[3]);
+    }
+}
+/* Two such products in one loop, acc += X Y^T and acc2 += X2 Y2^T (same rows and columns). The
+ * depth's 16-wide steps alternate between acc and a second set of sums added at the end: twice the
+ * independent tensor-core work in flight (a product of few columns is a chain of D / 16 dependent
+ * steps otherwise; the sum's order is still fixed by the shapes). D: a multiple of 32. */
 template <int D, int NTL>
 __device__ static inline void mma_abt2(float (*acc)[4], const bf16 *X, const bf16 *Y, float (*acc2)[4], const bf16 *X2,
                                        const bf16 *Y2, int row0, int n0, int lane) {
-    const int LD = D + 8;
-#pragma unroll 2
-    for (int kk = 0; kk < D; kk += 16) {
-        uint32_t a[4], a2[4];
-        frag_a(a, X, LD, row0, kk, lane);
-        frag_a(a2, X2, LD, row0, kk, lane);
+    float o1[NTL][4], o2[NTL][4];
 #pragma unroll
-        for (int nt = 0; nt < NTL; nt += 2) {
-            uint32_t b[4], b2[4];
-            frag_bt2(b, Y, LD, n0 + nt * 8, kk, lane);
-            frag_bt2(b2, Y2, LD, n0 + nt * 8, kk, lane);
-            mma_bf16(acc[nt], a, b[0], b[1]);
-            mma_bf16(acc[nt + 1], a, b[2], b[3]);
-            mma_bf16(acc2[nt], a2, b2[0], b2[1]);
-            mma_bf16(acc2[nt + 1], a2, b2[2], b2[3]);
-        }
+    for (int i = 0; i < NTL; i++)
+        o1[i][0] = o1[i][1] = o1[i][2] = o1[i][3] = o2[i][0] = o2[i][1] = o2[i][2] = o2[i][3] = 0.0f;
+#pragma unroll 2
+    for (int kk = 0; kk < D; kk += 32) {
+        mma_abt2_step<D, NTL>(acc, X, Y, acc2, X2, Y2, row0, n0, kk, lane);
+        mma_abt2_step<D, NTL>(o1, X, Y, o2, X2, Y2, row0, n0, kk + 16, lane);
     }
+#pragma unroll
+    for (int i = 0; i < NTL; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][e] += o1[i][e], acc2[i][e] += o2[i][e];
 }
 /* acc[dt] (16 x 8 d-tiles from d0, ND of them) += A Y for one k-step: A's fragment a (16 x 16),
  * Y's rows yr .. yr + 15 of a row-major tile, read transposed by ldmatrix */
@@ -381,7 +400,7 @@ __device__ static inline float quad_sum(float x) {
 
 #define TC_Q 64 /* query rows a forward or dq block (4 warps of 16) */
 #define TC_K 64 /* keys a forward tile, and a dk dv block (4 warps of 16 keys, each D in two halves) */
-#define TC_B 32 /* keys a dq tile, queries a dk dv tile */
+#define TC_B 32 /* keys a tile of the dq kernel that recomputes S and dP */
 
 template <int D> __global__ void __launch_bounds__(128) k_fa_fwd_tc(fa_args A, float *out) {
     extern __shared__ __align__(16) unsigned char sraw[];
@@ -515,12 +534,85 @@ template <int D> __global__ void __launch_bounds__(128) k_fa_dq_tc(fa_args A, fl
     }
 }
 
-/* dk, dv: a block per 64 keys; warp w takes keys 16 (w % 4) .. + 16 and, of each 32-query tile,
- * queries 16 (w / 4) .. + 16 for S^T and dP^T, then (P^T and dS^T exchanged through shared
- * memory) head columns (w / 4) D/2 .. + D/2 of dV += P^T dO and dK += dS^T Q. The next query tile
+/* dq from dS (the dk dv kernel's, bf16 in scratch as dS^T: keys the rows): a block per (64 query
+ * rows, query head, example of the slab), dQ += dS K over the 64-key tiles its rows see, the next
+ * tile's keys and dS in flight during this one's products. dS is masked as its fragments are
+ * loaded (entries a row does not see are 0 whatever the buffer holds: the dk dv kernel skips tiles
+ * no row of which sees its keys). The same bf16 dS operands as the recomputing kernel above, a
+ * fifth of its products. */
+#define LDSD (TC_Q + 8)
+template <int D>
+__device__ static void dq_ds_fetch(const fa_args &A, bf16 *Ks, bf16 *Ss, const bf16 *ds, int64_t kh, int64_t j0,
+                                   int64_t b) {
+    tc_fetch<D>(Ks, A.k, kh, j0, b, (int)min((int64_t)TC_K, A.Tk - j0), TC_K);
+    for (int e = threadIdx.x; e < TC_K * (TC_Q / 8); e += blockDim.x) {
+        int r = e / (TC_Q / 8), c = (e - r * (TC_Q / 8)) * 8;
+        __pipeline_memcpy_async(Ss + r * LDSD + c, ds + (j0 + r) * A.ldq + c, 16);
+    }
+}
+
+template <int D> __global__ void __launch_bounds__(128) k_fa_dq_ds_tc(fa_args A, float *out) {
+    extern __shared__ __align__(16) unsigned char sraw[];
+    const int LD = D + 8;
+    bf16 *Kb = (bf16 *)sraw, *Sb = Kb + 2 * TC_K * LD;
+    int *lo = (int *)(Sb + 2 * TC_K * LDSD);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    int64_t t0 = (int64_t)blockIdx.x * TC_Q, h = blockIdx.y, b = A.b0 + blockIdx.z, kh = h / (A.H / A.KV),
+            off = A.Tk - A.Tq;
+    int n = (int)min((int64_t)TC_Q, A.Tq - t0);
+    const bf16 *ds = (const bf16 *)A.ds + (blockIdx.z * A.H + h) * A.ldk * A.ldq + t0;
+    int64_t kmin = tile_lo(A, lo, t0, n, b, TC_Q), kmax = t0 + n - 1 + off, j0 = kmin / TC_K * TC_K;
+    int r0 = warp * 16 + g, lor[2] = {lo[r0], lo[r0 + 8]};
+    int64_t hir[2] = {t0 + r0 + off, t0 + r0 + 8 + off};
+    float dq[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+    dq_ds_fetch<D>(A, Kb, Sb, ds, kh, j0, b);
+    fetch_commit();
+    for (int i = 0; j0 <= kmax; j0 += TC_K, i++) {
+        int bi = i & 1;
+        if (j0 + TC_K <= kmax)
+            dq_ds_fetch<D>(A, Kb + (bi ^ 1) * TC_K * LD, Sb + (bi ^ 1) * TC_K * LDSD, ds, kh, j0 + TC_K, b);
+        fetch_commit();
+        fetch_wait(1); /* this tile in; the next on its way */
+        __syncthreads();
+        const bf16 *Ks = Kb + bi * TC_K * LD, *Ss = Sb + bi * TC_K * LDSD;
+#pragma unroll
+        for (int ks = 0; ks < TC_K / 16; ks++) {
+            uint32_t a[4]; /* rows: queries, depth: keys, from the transposed tile (matrix m = lane / 8:
+                            * keys + 8 (m / 2), queries + 8 (m % 2)) */
+            ldsm_x4_t(a, Ss + (ks * 16 + ((lane >> 4) << 3) + (lane & 7)) * LDSD + warp * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int f = 0; f < 4; f++) { /* a[f]: row r0 + 8 (f & 1), keys j, j + 1 */
+                int64_t j = j0 + ks * 16 + 8 * (f >> 1) + 2 * c;
+                int ri = f & 1;
+                uint32_t m = (j >= lor[ri] && j <= hir[ri] ? 0xffffu : 0u) |
+                             (j + 1 >= lor[ri] && j + 1 <= hir[ri] ? 0xffff0000u : 0u);
+                a[f] &= m;
+            }
+            mma_ay_step<D, D / 8>(dq, a, Ks, ks * 16, 0, lane);
+        }
+        __syncthreads(); /* every warp is done with this tile's buffers */
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (r0 + 8 * i >= n) continue;
+        int64_t row = row_of(A, t0 + r0 + 8 * i, h, b);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++)
+            *(float2 *)(out + row * D + dt * 8 + 2 * c) =
+                make_float2(A.scale * dq[dt][2 * i], A.scale * dq[dt][2 * i + 1]);
+    }
+}
+
+/* dk, dv: a block per 64 keys; warp w takes keys 16 (w % 4) .. + 16 and, of each 64-query tile,
+ * queries 32 (w / 4) .. + 32 for S^T and dP^T (8 independent sums in flight a warp), then (P^T and
+ * dS^T exchanged through shared memory) head columns (w / 4) D/2 .. + D/2 of dV += P^T dO and
+ * dK += dS^T Q. The next query tile
  * is fetched while this one is worked on; tiles no query of which sees the block's keys (another
  * packed example) are skipped, known from each tile's smallest first key (tmin). */
-#define LDP (TC_B + 8)
+#define TC_BQ 64 /* queries a dk dv tile */
+#define LDP   (TC_BQ + 8)
 
 /* the query tile after tile `it` (it = head in the group * nqt + query tile) that sees keys up to
  * jlast, or -1 */
@@ -537,11 +629,11 @@ __device__ static int next_tile(int it, int n_it, int nqt, int qfirst, const int
 template <int D>
 __device__ static void dkv_fetch(const fa_args &A, int it, int nqt, int64_t h0, int64_t b, bf16 *Qs, bf16 *dOs,
                                  float *ls, float *dl, int *ps) {
-    int64_t h = h0 + it / nqt, t0 = (int64_t)(it % nqt) * TC_B;
-    int n = (int)min((int64_t)TC_B, A.Tq - t0);
-    tc_fetch<D>(Qs, A.q, h, t0, b, n, TC_B);
-    tc_fetch<D>(dOs, A.do16, h, t0, b, n, TC_B);
-    for (int r = threadIdx.x; r < TC_B; r += blockDim.x) {
+    int64_t h = h0 + it / nqt, t0 = (int64_t)(it % nqt) * TC_BQ;
+    int n = (int)min((int64_t)TC_BQ, A.Tq - t0);
+    tc_fetch<D>(Qs, A.q, h, t0, b, n, TC_BQ);
+    tc_fetch<D>(dOs, A.do16, h, t0, b, n, TC_BQ);
+    for (int r = threadIdx.x; r < TC_BQ; r += blockDim.x) {
         if (r >= n) {
             ls[r] = dl[r] = 0.0f, ps[r] = 0;
             continue;
@@ -556,23 +648,23 @@ __device__ static void dkv_fetch(const fa_args &A, int it, int nqt, int64_t h0, 
 template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, float *out) {
     extern __shared__ __align__(16) unsigned char sraw[];
     const int LD = D + 8, DH = D / 2;
-    bf16 *Ks = (bf16 *)sraw, *Vs = Ks + TC_K * LD, *Qb = Vs + TC_K * LD, *dOb = Qb + 2 * TC_B * LD;
-    bf16 *Pt = dOb + 2 * TC_B * LD, *dSt = Pt + TC_K * LDP;
-    float *lsb = (float *)(dSt + TC_K * LDP), *dlb = lsb + 2 * TC_B; /* a tile's lse, delta, positions */
-    int *psb = (int *)(dlb + 2 * TC_B), *tmin = psb + 2 * TC_B;
+    bf16 *Ks = (bf16 *)sraw, *Vs = Ks + TC_K * LD, *Qb = Vs + TC_K * LD, *dOb = Qb + 2 * TC_BQ * LD;
+    bf16 *Pt = dOb + 2 * TC_BQ * LD, *dSt = Pt + TC_K * LDP;
+    float *lsb = (float *)(dSt + TC_K * LDP), *dlb = lsb + 2 * TC_BQ; /* a tile's lse, delta, positions */
+    int *psb = (int *)(dlb + 2 * TC_BQ), *tmin = psb + 2 * TC_BQ;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     int kr = (warp & 3) * 16, qh = warp >> 2, d0 = qh * DH;
-    int64_t j0 = (int64_t)blockIdx.x * TC_K, kh = blockIdx.y, b = blockIdx.z, off = A.Tk - A.Tq, G = A.H / A.KV;
-    int nk = (int)min((int64_t)TC_K, A.Tk - j0), nqt = (int)((A.Tq + TC_B - 1) / TC_B);
+    int64_t j0 = (int64_t)blockIdx.x * TC_K, kh = blockIdx.y, b = A.b0 + blockIdx.z, off = A.Tk - A.Tq, G = A.H / A.KV;
+    int nk = (int)min((int64_t)TC_K, A.Tk - j0), nqt = (int)((A.Tq + TC_BQ - 1) / TC_BQ);
     int64_t jlast = j0 + nk - 1, jr[2] = {j0 + kr + g, j0 + kr + g + 8};
     tc_fetch<D>(Ks, A.k, kh, j0, b, nk, TC_K);
     tc_fetch<D>(Vs, A.v, kh, j0, b, nk, TC_K);
     fetch_commit();
     for (int qt = threadIdx.x; qt < nqt; qt += blockDim.x) tmin[qt] = 0x7fffffff;
     __syncthreads();
-    for (int64_t r = threadIdx.x; r < A.Tq; r += blockDim.x) atomicMin(&tmin[r / TC_B], (int)fa_lo(A, r, b));
+    for (int64_t r = threadIdx.x; r < A.Tq; r += blockDim.x) atomicMin(&tmin[r / TC_BQ], (int)fa_lo(A, r, b));
     __syncthreads();
-    int qfirst = (int)((j0 - off < 0 ? 0 : j0 - off) / TC_B), n_it = (int)G * nqt;
+    int qfirst = (int)((j0 - off < 0 ? 0 : j0 - off) / TC_BQ), n_it = (int)G * nqt;
     float dk[DH / 8][4], dv[DH / 8][4];
 #pragma unroll
     for (int i = 0; i < DH / 8; i++)
@@ -583,41 +675,47 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
     for (int i = 0; cur >= 0; i++) {
         int nx = next_tile(cur, n_it, nqt, qfirst, tmin, jlast), bi = i & 1;
         if (nx >= 0) /* the next tile into the other buffers */
-            dkv_fetch<D>(A, nx, nqt, kh * G, b, Qb + (bi ^ 1) * TC_B * LD, dOb + (bi ^ 1) * TC_B * LD,
-                         lsb + (bi ^ 1) * TC_B, dlb + (bi ^ 1) * TC_B, psb + (bi ^ 1) * TC_B);
+            dkv_fetch<D>(A, nx, nqt, kh * G, b, Qb + (bi ^ 1) * TC_BQ * LD, dOb + (bi ^ 1) * TC_BQ * LD,
+                         lsb + (bi ^ 1) * TC_BQ, dlb + (bi ^ 1) * TC_BQ, psb + (bi ^ 1) * TC_BQ);
         fetch_commit();
         fetch_wait(1); /* this tile in */
         __syncthreads();
-        const bf16 *Qs = Qb + bi * TC_B * LD, *dOs = dOb + bi * TC_B * LD;
-        const float *ls = lsb + bi * TC_B, *dl = dlb + bi * TC_B;
-        const int *ps = psb + bi * TC_B;
-        int64_t t0 = (int64_t)(cur % nqt) * TC_B;
-        int n = (int)min((int64_t)TC_B, A.Tq - t0);
-        float s[2][4], dp[2][4]; /* S^T and dP^T: 16 keys x 16 queries */
+        const bf16 *Qs = Qb + bi * TC_BQ * LD, *dOs = dOb + bi * TC_BQ * LD;
+        const float *ls = lsb + bi * TC_BQ, *dl = dlb + bi * TC_BQ;
+        const int *ps = psb + bi * TC_BQ;
+        int64_t t0 = (int64_t)(cur % nqt) * TC_BQ;
+        int n = (int)min((int64_t)TC_BQ, A.Tq - t0);
+        float s[4][4], dp[4][4]; /* S^T and dP^T: 16 keys x 32 queries */
 #pragma unroll
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 4; k++)
             s[k][0] = s[k][1] = s[k][2] = s[k][3] = dp[k][0] = dp[k][1] = dp[k][2] = dp[k][3] = 0.0f;
-        mma_abt2<D, 2>(s, Ks, Qs, dp, Vs, dOs, kr, 16 * qh, lane);
+        mma_abt2<D, 4>(s, Ks, Qs, dp, Vs, dOs, kr, 32 * qh, lane);
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
+        for (int nt = 0; nt < 4; nt++) {
             float pv[4], dv4[4];
 #pragma unroll
             for (int e = 0; e < 4; e++) { /* key jr[e / 2], query q */
-                int q = 16 * qh + nt * 8 + 2 * c + (e & 1);
+                int q = 32 * qh + nt * 8 + 2 * c + (e & 1);
                 int64_t j = jr[e >> 1], tq = t0 + q;
                 bool in = q < n && j >= tq + off - ps[q] && j <= tq + off; /* fa_lo's mask */
                 float p = in ? expf(s[nt][e] * A.scale - ls[q]) : 0.0f;
                 pv[e] = p, dv4[e] = in ? p * (dp[nt][e] - dl[q]) : 0.0f;
             }
-            int col = 16 * qh + nt * 8 + 2 * c;
+            int col = 32 * qh + nt * 8 + 2 * c;
             *(uint32_t *)(Pt + (kr + g) * LDP + col) = pack_bf16(pv[0], pv[1]);
             *(uint32_t *)(Pt + (kr + g + 8) * LDP + col) = pack_bf16(pv[2], pv[3]);
             *(uint32_t *)(dSt + (kr + g) * LDP + col) = pack_bf16(dv4[0], dv4[1]);
             *(uint32_t *)(dSt + (kr + g + 8) * LDP + col) = pack_bf16(dv4[2], dv4[3]);
         }
         __syncthreads();
-        mma_xy<D, TC_B / 16, DH / 8>(dv, Pt, LDP, kr, dOs, d0, lane);
-        mma_xy<D, TC_B / 16, DH / 8>(dk, dSt, LDP, kr, Qs, d0, lane);
+        if (A.ds) /* dS^T for the dq pass: the tile's 64 keys x 64 queries, 16 bytes a copy */
+            for (int e = threadIdx.x; e < TC_K * TC_BQ / 8; e += blockDim.x) {
+                int r = e / (TC_BQ / 8), q8 = (e % (TC_BQ / 8)) * 8;
+                bf16 *dst = (bf16 *)A.ds + ((blockIdx.z * A.H + kh * G + cur / nqt) * A.ldk + j0 + r) * A.ldq + t0 + q8;
+                *(uint4 *)dst = *(const uint4 *)(dSt + r * LDP + q8);
+            }
+        mma_xy<D, TC_BQ / 16, DH / 8>(dv, Pt, LDP, kr, dOs, d0, lane);
+        mma_xy<D, TC_BQ / 16, DH / 8>(dk, dSt, LDP, kr, Qs, d0, lane);
         __syncthreads(); /* every warp is done with this tile's buffers */
         cur = nx;
     }
@@ -635,7 +733,8 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
     }
 }
 
-template <int D> static int tc_run(keel_backend *be, const keel_tensor *t, const fa_args &A, float *out, bool back) {
+template <int D>
+static int tc_run(keel_backend *be, const keel_tensor *t, fa_args &A, float *out, bool back, int64_t nb) {
     size_t row = (D + 8) * sizeof(bf16);
     if (!back) {
         dim3 grid((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, (unsigned)A.B);
@@ -643,13 +742,26 @@ template <int D> static int tc_run(keel_backend *be, const keel_tensor *t, const
         TC_LAUNCH(k_fa_fwd_tc<D>, grid, 128, shm, "attention forward (tensor cores) launch", A, out);
         return 0;
     }
-    dim3 gq((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, (unsigned)A.B);
-    size_t sq = (2 * TC_Q + 2 * TC_B) * row + 3 * TC_Q * sizeof(float);
-    TC_LAUNCH(k_fa_dq_tc<D>, gq, 128, sq, "attention dq (tensor cores) launch", A, out);
-    dim3 gk((unsigned)((A.Tk + TC_K - 1) / TC_K), (unsigned)A.KV, (unsigned)A.B);
-    size_t sk = (2 * TC_K + 4 * TC_B) * row + 2 * TC_K * LDP * sizeof(bf16) + 6 * TC_B * sizeof(float) +
-                ((A.Tq + TC_B - 1) / TC_B) * sizeof(int);
-    TC_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv (tensor cores) launch", A, out);
+    size_t sk = (2 * TC_K + 4 * TC_BQ) * row + 2 * TC_K * LDP * sizeof(bf16) + 6 * TC_BQ * sizeof(float) +
+                ((A.Tq + TC_BQ - 1) / TC_BQ) * sizeof(int);
+    if (!nb) { /* dq recomputes S and dP */
+        dim3 gq((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, (unsigned)A.B);
+        size_t sq = (2 * TC_Q + 2 * TC_B) * row + 3 * TC_Q * sizeof(float);
+        TC_LAUNCH(k_fa_dq_tc<D>, gq, 128, sq, "attention dq (tensor cores) launch", A, out);
+        dim3 gk((unsigned)((A.Tk + TC_K - 1) / TC_K), (unsigned)A.KV, (unsigned)A.B);
+        TC_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv (tensor cores) launch", A, out);
+        return 0;
+    }
+    /* a slab of nb examples at a time: dk dv (writing dS), then dq from dS */
+    size_t sq = 2 * TC_K * row + 2 * TC_K * LDSD * sizeof(bf16) + TC_Q * sizeof(int);
+    for (A.b0 = 0; A.b0 < A.B; A.b0 += nb) {
+        unsigned z = (unsigned)(A.B - A.b0 < nb ? A.B - A.b0 : nb);
+        dim3 gk((unsigned)((A.Tk + TC_K - 1) / TC_K), (unsigned)A.KV, z);
+        TC_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv, dS (tensor cores) launch", A, out);
+        dim3 gq((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, z);
+        TC_LAUNCH(k_fa_dq_ds_tc<D>, gq, 128, sq, "attention dq from dS (tensor cores) launch", A, out);
+    }
+    A.b0 = 0;
     return 0;
 }
 
@@ -699,20 +811,36 @@ static int widen(keel_backend *be, const keel_tensor *t, float *scr, keel_tensor
     return 0;
 }
 
+/* The tensor-core backward's dS pass: examples a slab (as many as KEEL_CUDA_FA_DS_BYTES, default
+ * 256 MiB, holds of bf16 dS^T, [H][Tk][Tq] an example with both rounded up to 64), or 0 where not
+ * even one fits (long windows: dq then recomputes S and dP itself). */
+static int64_t ds_slab(const keel_tensor *t, int64_t *ldk, int64_t *ldq) {
+    const keel_tensor *q = t->src[0];
+    *ldk = (t->src[1]->ne[2] + TC_K - 1) / TC_K * TC_K, *ldq = (q->ne[2] + TC_Q - 1) / TC_Q * TC_Q;
+    const char *env = getenv("KEEL_CUDA_FA_DS_BYTES");
+    double budget = env && *env ? strtod(env, NULL) : 256.0 * 1024 * 1024;
+    double per = (double)q->ne[1] * (double)*ldk * (double)*ldq * sizeof(bf16);
+    int64_t nb = per > 0 ? (int64_t)(budget / per) : 0;
+    return nb < q->ne[3] ? nb : q->ne[3];
+}
+
 /* Floats of scratch: widened copies of bf16 q, k, v for the float32 tiles; in the backward, delta
- * a row (rounded up to 4) and, for the tensor-core kernels, dO as bf16 in floats' room. */
-static void scratch_parts(const keel_tensor *t, size_t *wide, size_t *back_floats) {
+ * a row (rounded up to 4) and, for the tensor-core kernels, dO as bf16 in floats' room, then a
+ * slab's dS (in floats' room, 16-byte aligned). */
+static void scratch_parts(const keel_tensor *t, size_t *wide, size_t *back_floats, size_t *ds_floats) {
     const keel_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2];
     bool back = t->op == KEEL_OP_FLASH_ATTN_BACK, tc = tc_fits(t);
     size_t rows = (size_t)(q->ne[1] * q->ne[2] * q->ne[3]), no = (size_t)v->ne[0] * rows;
     *wide = q->type == KEEL_F32 || tc ? 0 : (size_t)(keel_nelements(q) + keel_nelements(k) + keel_nelements(v));
-    *back_floats = back ? (rows + 3) / 4 * 4 + (tc ? (no + 1) / 2 : 0) : 0;
+    *back_floats = back ? (rows + 3) / 4 * 4 + (tc ? (no + 7) / 8 * 4 : 0) : 0;
+    int64_t ldk, ldq, nb = back && tc ? ds_slab(t, &ldk, &ldq) : 0;
+    *ds_floats = nb ? (size_t)(nb * q->ne[1] * ldk * ldq / 2) : 0;
 }
 
 size_t cuda_flash_attn_scratch(const keel_tensor *t) {
-    size_t wide, bf;
-    scratch_parts(t, &wide, &bf);
-    return t->src[0]->ne[1] * t->src[0]->ne[2] * t->src[0]->ne[3] == 0 ? 0 : (wide + bf) * sizeof(float);
+    size_t wide, bf, dsf;
+    scratch_parts(t, &wide, &bf, &dsf);
+    return t->src[0]->ne[1] * t->src[0]->ne[2] * t->src[0]->ne[3] == 0 ? 0 : (wide + bf + dsf) * sizeof(float);
 }
 
 int cuda_flash_attn(keel_backend *be, const keel_tensor *t) {
@@ -725,13 +853,15 @@ int cuda_flash_attn(keel_backend *be, const keel_tensor *t) {
     int64_t rows = A.H * A.Tq * A.B;
     if (rows == 0) return 0;
     bool tc = tc_fits(t);
-    size_t wide, back_floats;
-    scratch_parts(t, &wide, &back_floats);
+    size_t wide, back_floats, ds_floats;
+    scratch_parts(t, &wide, &back_floats, &ds_floats);
     float *scr = NULL;
     if (wide || back) {
-        scr = (float *)cuda_scratch(be, (wide + back_floats) * sizeof(float), t);
+        scr = (float *)cuda_scratch(be, (wide + back_floats + ds_floats) * sizeof(float), t);
         if (!scr) return -1;
     }
+    int64_t nb = 0;
+    if (ds_floats) nb = ds_slab(t, &A.ldk, &A.ldq), A.ds = scr + wide + back_floats;
     keel_tensor w[3];
     if (!tc && widen(be, t, scr, w)) return -1;
     A.q = kt_of(tc ? q : &w[0]), A.k = kt_of(tc ? k : &w[1]), A.v = kt_of(tc ? v : &w[2]), A.pos = kt_of(t->src[3]);
@@ -750,9 +880,9 @@ int cuda_flash_attn(keel_backend *be, const keel_tensor *t) {
         if (cuda_check(cudaGetLastError(), "attention backward's row sums launch", t)) return -1;
     }
     if (tc)
-        return A.D == 256   ? tc_run<256>(be, t, A, out, back)
-               : A.D == 128 ? tc_run<128>(be, t, A, out, back)
-                            : tc_run<64>(be, t, A, out, back);
+        return A.D == 256   ? tc_run<256>(be, t, A, out, back, nb)
+               : A.D == 128 ? tc_run<128>(be, t, A, out, back, nb)
+                            : tc_run<64>(be, t, A, out, back, nb);
     if (!back) {
         dim3 grid((unsigned)((A.Tq + FA_QT - 1) / FA_QT), (unsigned)A.H, (unsigned)A.B);
         TC_LAUNCH(k_fa_fwd, grid, NT, fwd_smem(A), "attention forward launch", A, out);
