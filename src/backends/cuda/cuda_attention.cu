@@ -408,7 +408,8 @@ template <int D> __global__ void __launch_bounds__(128) k_fa_fwd_tc(fa_args A, f
     bf16 *Qs = (bf16 *)sraw, *Ks = Qs + TC_Q * LD, *Vs = Ks + TC_K * LD;
     int *lo = (int *)(Vs + TC_K * LD);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    int64_t t0 = (int64_t)blockIdx.x * TC_Q, h = blockIdx.y, b = blockIdx.z, kh = h / (A.H / A.KV), off = A.Tk - A.Tq;
+    int64_t t0 = (int64_t)(gridDim.z - 1 - blockIdx.z) * TC_Q, h = blockIdx.x, b = blockIdx.y, kh = h / (A.H / A.KV),
+            off = A.Tk - A.Tq; /* the last query tiles (the most keys) first: see tc_run */
     int n = (int)min((int64_t)TC_Q, A.Tq - t0);
     tc_fetch<D>(Qs, A.q, h, t0, b, n, TC_Q);
     fetch_commit();
@@ -557,10 +558,10 @@ template <int D> __global__ void __launch_bounds__(128) k_fa_dq_ds_tc(fa_args A,
     bf16 *Kb = (bf16 *)sraw, *Sb = Kb + 2 * TC_K * LD;
     int *lo = (int *)(Sb + 2 * TC_K * LDSD);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    int64_t t0 = (int64_t)blockIdx.x * TC_Q, h = blockIdx.y, b = A.b0 + blockIdx.z, kh = h / (A.H / A.KV),
-            off = A.Tk - A.Tq;
+    int64_t t0 = (int64_t)(gridDim.z - 1 - blockIdx.z) * TC_Q, h = blockIdx.x, zb = blockIdx.y, b = A.b0 + zb,
+            kh = h / (A.H / A.KV), off = A.Tk - A.Tq;
     int n = (int)min((int64_t)TC_Q, A.Tq - t0);
-    const bf16 *ds = (const bf16 *)A.ds + (blockIdx.z * A.H + h) * A.ldk * A.ldq + t0;
+    const bf16 *ds = (const bf16 *)A.ds + (zb * A.H + h) * A.ldk * A.ldq + t0;
     int64_t kmin = tile_lo(A, lo, t0, n, b, TC_Q), kmax = t0 + n - 1 + off, j0 = kmin / TC_K * TC_K;
     int r0 = warp * 16 + g, lor[2] = {lo[r0], lo[r0 + 8]};
     int64_t hir[2] = {t0 + r0 + off, t0 + r0 + 8 + off};
@@ -654,7 +655,8 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
     int *psb = (int *)(dlb + 2 * TC_BQ), *tmin = psb + 2 * TC_BQ;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     int kr = (warp & 3) * 16, qh = warp >> 2, d0 = qh * DH;
-    int64_t j0 = (int64_t)blockIdx.x * TC_K, kh = blockIdx.y, b = A.b0 + blockIdx.z, off = A.Tk - A.Tq, G = A.H / A.KV;
+    int64_t j0 = (int64_t)blockIdx.z * TC_K, kh = blockIdx.x, zb = blockIdx.y, b = A.b0 + zb, off = A.Tk - A.Tq,
+            G = A.H / A.KV; /* the first keys (seen by the most queries) first: see tc_run */
     int nk = (int)min((int64_t)TC_K, A.Tk - j0), nqt = (int)((A.Tq + TC_BQ - 1) / TC_BQ);
     int64_t jlast = j0 + nk - 1, jr[2] = {j0 + kr + g, j0 + kr + g + 8};
     tc_fetch<D>(Ks, A.k, kh, j0, b, nk, TC_K);
@@ -711,7 +713,7 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
         if (A.ds) /* dS^T for the dq pass: the tile's 64 keys x 64 queries, 16 bytes a copy */
             for (int e = threadIdx.x; e < TC_K * TC_BQ / 8; e += blockDim.x) {
                 int r = e / (TC_BQ / 8), q8 = (e % (TC_BQ / 8)) * 8;
-                bf16 *dst = (bf16 *)A.ds + ((blockIdx.z * A.H + kh * G + cur / nqt) * A.ldk + j0 + r) * A.ldq + t0 + q8;
+                bf16 *dst = (bf16 *)A.ds + ((zb * A.H + kh * G + cur / nqt) * A.ldk + j0 + r) * A.ldq + t0 + q8;
                 *(uint4 *)dst = *(const uint4 *)(dSt + r * LDP + q8);
             }
         mma_xy<D, TC_BQ / 16, DH / 8>(dv, Pt, LDP, kr, dOs, d0, lane);
@@ -733,11 +735,15 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
     }
 }
 
+/* Grids put the tile index last (blockIdx.z), heads and examples first, and the kernels number
+ * tiles so the ones with the most causal work start first: blocks are handed out in order, and a
+ * long block started last would run alone at the end. Which block owns which tile, and so every
+ * sum, does not depend on the order. */
 template <int D>
 static int tc_run(keel_backend *be, const keel_tensor *t, fa_args &A, float *out, bool back, int64_t nb) {
     size_t row = (D + 8) * sizeof(bf16);
     if (!back) {
-        dim3 grid((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, (unsigned)A.B);
+        dim3 grid((unsigned)A.H, (unsigned)A.B, (unsigned)((A.Tq + TC_Q - 1) / TC_Q));
         size_t shm = (TC_Q + 2 * TC_K) * row + TC_Q * sizeof(int);
         TC_LAUNCH(k_fa_fwd_tc<D>, grid, 128, shm, "attention forward (tensor cores) launch", A, out);
         return 0;
@@ -748,7 +754,7 @@ static int tc_run(keel_backend *be, const keel_tensor *t, fa_args &A, float *out
         dim3 gq((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, (unsigned)A.B);
         size_t sq = (2 * TC_Q + 2 * TC_B) * row + 3 * TC_Q * sizeof(float);
         TC_LAUNCH(k_fa_dq_tc<D>, gq, 128, sq, "attention dq (tensor cores) launch", A, out);
-        dim3 gk((unsigned)((A.Tk + TC_K - 1) / TC_K), (unsigned)A.KV, (unsigned)A.B);
+        dim3 gk((unsigned)A.KV, (unsigned)A.B, (unsigned)((A.Tk + TC_K - 1) / TC_K));
         TC_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv (tensor cores) launch", A, out);
         return 0;
     }
@@ -756,9 +762,9 @@ static int tc_run(keel_backend *be, const keel_tensor *t, fa_args &A, float *out
     size_t sq = 2 * TC_K * row + 2 * TC_K * LDSD * sizeof(bf16) + TC_Q * sizeof(int);
     for (A.b0 = 0; A.b0 < A.B; A.b0 += nb) {
         unsigned z = (unsigned)(A.B - A.b0 < nb ? A.B - A.b0 : nb);
-        dim3 gk((unsigned)((A.Tk + TC_K - 1) / TC_K), (unsigned)A.KV, z);
+        dim3 gk((unsigned)A.KV, z, (unsigned)((A.Tk + TC_K - 1) / TC_K));
         TC_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv, dS (tensor cores) launch", A, out);
-        dim3 gq((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, z);
+        dim3 gq((unsigned)A.H, z, (unsigned)((A.Tq + TC_Q - 1) / TC_Q));
         TC_LAUNCH(k_fa_dq_ds_tc<D>, gq, 128, sq, "attention dq from dS (tensor cores) launch", A, out);
     }
     A.b0 = 0;
@@ -793,7 +799,7 @@ static size_t dkv_smem(const fa_args &A) {
 bool cuda_flash_attn_supports(const keel_tensor *t) {
     const keel_tensor *q = t->src[0], *v = t->src[2];
     return q->ne[0] <= FA_MAXD && v->ne[0] <= FA_MAXD && q->ne[1] <= 65535 && q->ne[3] <= 65535 &&
-           t->src[1]->ne[1] <= 65535;
+           t->src[1]->ne[1] <= 65535 && q->ne[2] / TC_Q < 65535 && t->src[1]->ne[2] / TC_K < 65535;
 }
 
 /* q, k, v as float32 tensors the kernels read: themselves, or widened copies in scratch */

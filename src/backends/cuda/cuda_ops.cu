@@ -236,6 +236,62 @@ __global__ void k_conv_back_w_part_dense(const float *x, const float *dy, kt pos
     }
 }
 
+/* The same for 4 channels a thread (C a multiple of 4, x and dy on 16-byte boundaries): a 16-byte
+ * load of each a row, each channel's partials summed as above (the same bits), the index and
+ * position arithmetic once for 4 channels: the one-channel kernel is bound by that arithmetic. */
+__global__ void k_conv_back_w_part_dense4(const float *x, const float *dy, kt pos, int64_t C, int64_t T, int64_t B,
+                                          int K, int64_t per, int64_t n_chunks, double *part) {
+    int64_t n_out = (int64_t)K * C, n_terms = T * B, C4 = C / 4;
+    GRID_STRIDE(e, C4 * n_chunks) {
+        int64_t ch = (e % C4) * 4, c = e / C4;
+        double acc[CONV_TAPS_MAX][4];
+        float4 win[CONV_TAPS_MAX];
+        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int j = 0; j < CONV_TAPS_MAX; j++) {
+            win[j] = zero;
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[j][i] = 0;
+        }
+        int64_t q = c * per, q1 = q + per < n_terms ? q + per : n_terms;
+        int64_t tt = q % T, bb = q / T;
+        bool fresh = true;
+        for (; q < q1; q++) {
+            if (fresh) {
+#pragma unroll
+                for (int j = 0; j < CONV_TAPS_MAX; j++)
+                    if (j < K - 1)
+                        win[j] = tt - (K - 1) + j >= 0 ? *(const float4 *)(x + (q - (K - 1) + j) * C + ch) : zero;
+                fresh = false;
+            } else {
+#pragma unroll
+                for (int j = 0; j < CONV_TAPS_MAX - 1; j++)
+                    if (j < K - 1) win[j] = win[j + 1];
+            }
+            float4 xn = *(const float4 *)(x + q * C + ch), d4 = *(const float4 *)(dy + q * C + ch);
+#pragma unroll
+            for (int j = 0; j < CONV_TAPS_MAX; j++)
+                if (j == K - 1) win[j] = xn;
+            double d[4] = {(double)d4.x, (double)d4.y, (double)d4.z, (double)d4.w};
+            int64_t p = pos_at(pos, tt, bb);
+#pragma unroll
+            for (int j = 0; j < CONV_TAPS_MAX; j++)
+                if (j < K && tt - (K - 1) + j >= 0 && K - 1 - j <= p) {
+                    acc[j][0] += d[0] * win[j].x;
+                    acc[j][1] += d[1] * win[j].y;
+                    acc[j][2] += d[2] * win[j].z;
+                    acc[j][3] += d[3] * win[j].w;
+                }
+            if (++tt == T) tt = 0, bb++, fresh = true;
+        }
+#pragma unroll
+        for (int j = 0; j < CONV_TAPS_MAX; j++)
+            if (j < K)
+#pragma unroll
+                for (int i = 0; i < 4; i++) part[c * n_out + (int64_t)j * C + ch + i] = acc[j][i];
+    }
+}
+
 /* Pass 2: element o of the result (REPEAT_BACK: t's flat order; conv: o = j*C + ch in dw [K, C]
  * stored at (j, ch)) is the sum of its chunks: with many chunks (few result elements) by a block
  * per element, each thread taking chunks tid, tid + RT, ... in order and the block's fixed tree
@@ -1033,7 +1089,12 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     if (!part) return -1;
     bool conv = t->op == KEEL_OP_CONV1D_BACK_WEIGHT;
     const keel_tensor *x = t->src[0], *dy = t->src[1];
-    if (conv && t->ne[0] <= CONV_TAPS_MAX && keel_is_contiguous(x) && keel_is_contiguous(dy))
+    bool dense = conv && t->ne[0] <= CONV_TAPS_MAX && keel_is_contiguous(x) && keel_is_contiguous(dy);
+    if (dense && x->ne[0] % 4 == 0 && vec_ok(x->data) && vec_ok(dy->data))
+        k_conv_back_w_part_dense4<<<cuda_blocks(x->ne[0] / 4 * n_chunks, 256), 256, 0, st(be)>>>(
+            (const float *)x->data, (const float *)dy->data, kt_of(t->src[2]), x->ne[0], x->ne[1], x->ne[2],
+            (int)t->ne[0], per, n_chunks, part);
+    else if (dense)
         k_conv_back_w_part_dense<<<cuda_blocks(x->ne[0] * n_chunks, 256), 256, 0, st(be)>>>(
             (const float *)x->data, (const float *)dy->data, kt_of(t->src[2]), x->ne[0], x->ne[1], x->ne[2],
             (int)t->ne[0], per, n_chunks, part);
