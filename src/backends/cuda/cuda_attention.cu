@@ -244,7 +244,9 @@ __global__ void __launch_bounds__(NT) k_fa_dkv(fa_args A, float *out) {
  * For bf16 q, k, v with heads of 64, 128 or 256 whose rows start on 16-byte boundaries. The same
  * passes as above, with P and dS rounded to bf16 as operands of their products (the float32
  * statistics, lse and delta are not) and do rounded to bf16 as it is staged; the sums of a product
- * run in the tensor cores' fixed order. Tiles live in shared memory as bf16 rows of D + 8 (a row
+ * run in the tensor cores' fixed order. The backward runs dk dv first, which also writes dS (bf16)
+ * to scratch, then dq = dS K from it, a slab of examples at a time (ds_slab); where not even one
+ * example's dS fits, dq recomputes S and dP itself (k_fa_dq_tc). Tiles live in shared memory as bf16 rows of D + 8 (a row
  * 16 bytes past a multiple of 128: the 32-bit fragment loads and ldmatrix rows of a warp fall in
  * distinct banks). A warp's accumulator fragment holds rows g and g + 8 (g = lane / 4) and columns
  * 2c, 2c + 1 (c = lane % 4) of each 8-column tile; a row's max and sum over a tile are a quad's
@@ -477,6 +479,21 @@ template <int D> __global__ void __launch_bounds__(128) k_fa_fwd_tc(fa_args A, f
     }
 }
 
+/* a dq block's result: rows r0 and r0 + 8 of the warp's 16 (accumulator layout), scaled */
+template <int D>
+__device__ static inline void store_dq(const fa_args &A, const float (*dq)[4], float *out, int64_t t0, int r0, int n,
+                                       int64_t h, int64_t b, int c) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (r0 + 8 * i >= n) continue;
+        int64_t row = row_of(A, t0 + r0 + 8 * i, h, b);
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++)
+            *(float2 *)(out + row * D + dt * 8 + 2 * c) =
+                make_float2(A.scale * dq[dt][2 * i], A.scale * dq[dt][2 * i + 1]);
+    }
+}
+
 template <int D> __global__ void __launch_bounds__(128) k_fa_dq_tc(fa_args A, float *out) {
     extern __shared__ __align__(16) unsigned char sraw[];
     const int LD = D + 8;
@@ -524,15 +541,7 @@ template <int D> __global__ void __launch_bounds__(128) k_fa_dq_tc(fa_args A, fl
         mma_py<D, TC_B / 16, D / 8>(dq, s, Ks, 0, lane);
         __syncthreads(); /* every warp is done with K and V */
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (r0 + 8 * i >= n) continue;
-        int64_t row = row_of(A, t0 + r0 + 8 * i, h, b);
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++)
-            *(float2 *)(out + row * D + dt * 8 + 2 * c) =
-                make_float2(A.scale * dq[dt][2 * i], A.scale * dq[dt][2 * i + 1]);
-    }
+    store_dq<D>(A, dq, out, t0, r0, n, h, b, c);
 }
 
 /* dq from dS (the dk dv kernel's, bf16 in scratch as dS^T: keys the rows): a block per (64 query
@@ -595,15 +604,7 @@ template <int D> __global__ void __launch_bounds__(128) k_fa_dq_ds_tc(fa_args A,
         }
         __syncthreads(); /* every warp is done with this tile's buffers */
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (r0 + 8 * i >= n) continue;
-        int64_t row = row_of(A, t0 + r0 + 8 * i, h, b);
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++)
-            *(float2 *)(out + row * D + dt * 8 + 2 * c) =
-                make_float2(A.scale * dq[dt][2 * i], A.scale * dq[dt][2 * i + 1]);
-    }
+    store_dq<D>(A, dq, out, t0, r0, n, h, b, c);
 }
 
 /* dk, dv: a block per 64 keys; warp w takes keys 16 (w % 4) .. + 16 and, of each 64-query tile,
