@@ -736,6 +736,14 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
     }
 }
 
+/* The dk dv kernel's shared memory: K, V, two tiles of q and do, P^T and dS^T, a tile's statistics,
+ * and each query tile's first key (so it grows with Tq) */
+static size_t dkv_tc_smem(int64_t D, int64_t Tq) {
+    return (2 * TC_K + 4 * TC_BQ) * (D + 8) * sizeof(bf16) + 2 * TC_K * LDP * sizeof(bf16) + 6 * TC_BQ * sizeof(float) +
+           (size_t)((Tq + TC_BQ - 1) / TC_BQ) * sizeof(int);
+}
+#define TC_SMEM_MAX (227 * 1024) /* the most shared memory a block may opt in to on sm_90 */
+
 /* Grids put the tile index last (blockIdx.z), heads and examples first, and the kernels number
  * tiles so the ones with the most causal work start first: blocks are handed out in order, and a
  * long block started last would run alone at the end. Which block owns which tile, and so every
@@ -749,8 +757,7 @@ static int tc_run(keel_backend *be, const keel_tensor *t, fa_args &A, float *out
         TC_LAUNCH(k_fa_fwd_tc<D>, grid, 128, shm, "attention forward (tensor cores) launch", A, out);
         return 0;
     }
-    size_t sk = (2 * TC_K + 4 * TC_BQ) * row + 2 * TC_K * LDP * sizeof(bf16) + 6 * TC_BQ * sizeof(float) +
-                ((A.Tq + TC_BQ - 1) / TC_BQ) * sizeof(int);
+    size_t sk = dkv_tc_smem(D, A.Tq);
     if (!nb) { /* dq recomputes S and dP */
         dim3 gq((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, (unsigned)A.B);
         size_t sq = (2 * TC_Q + 2 * TC_B) * row + 3 * TC_Q * sizeof(float);
@@ -772,11 +779,13 @@ static int tc_run(keel_backend *be, const keel_tensor *t, fa_args &A, float *out
     return 0;
 }
 
-/* The tensor-core form reads q, k, v rows by 16-byte copies */
+/* The tensor-core form reads q, k, v rows by 16-byte copies; its backward's dk dv block holds a word
+ * per query tile (windows past about 150k queries at heads of 256 take the float32 tiles) */
 static bool tc_fits(const keel_tensor *t) {
     const keel_tensor *q = t->src[0];
     if (q->type != KEEL_BF16 || q->ne[0] != t->src[2]->ne[0] || (q->ne[0] != 64 && q->ne[0] != 128 && q->ne[0] != 256))
         return false;
+    if (t->op == KEEL_OP_FLASH_ATTN_BACK && dkv_tc_smem(q->ne[0], q->ne[2]) > TC_SMEM_MAX) return false;
     for (int i = 0; i < 3; i++) {
         const keel_tensor *x = t->src[i];
         if (x->nb[0] != 2 || ((uintptr_t)x->data & 15) || (x->nb[1] | x->nb[2] | x->nb[3]) & 15) return false;
@@ -827,7 +836,7 @@ static int64_t ds_slab(const keel_tensor *t, int64_t *ldk, int64_t *ldq) {
     const char *env = getenv("KEEL_CUDA_FA_DS_BYTES");
     double budget = env && *env ? strtod(env, NULL) : 256.0 * 1024 * 1024;
     double per = (double)q->ne[1] * (double)*ldk * (double)*ldq * sizeof(bf16);
-    int64_t nb = per > 0 ? (int64_t)(budget / per) : 0;
+    int64_t nb = per > 0 && budget > 0 ? (int64_t)(budget / per) : 0; /* (a negative or NaN budget: 0) */
     return nb < q->ne[3] ? nb : q->ne[3];
 }
 
