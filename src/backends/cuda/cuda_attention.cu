@@ -230,16 +230,6 @@ __global__ void __launch_bounds__(NT) k_fa_dkv(fa_args A, float *out) {
     }
 }
 
-/* Launch fn with `threads` threads and its shared memory (opting in above 48 KiB); an error names the node */
-#define TC_LAUNCH(fn, grid, threads, shm, what, ...)                                                                   \
-    do {                                                                                                               \
-        if (cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(shm)),              \
-                       "shared memory for attention's tiles", t))                                                      \
-            return -1;                                                                                                 \
-        fn<<<grid, threads, shm, cuda_im(be)->stream>>>(__VA_ARGS__);                                                  \
-        if (cuda_check(cudaGetLastError(), what, t)) return -1;                                                        \
-    } while (0)
-
 /* ---- The bf16 form on tensor cores (mma.sync m16n8k16: bf16 operands, float32 sums) ----
  * For bf16 q, k, v with heads of 64, 128 or 256 whose rows start on 16-byte boundaries. The same
  * passes as above, with P and dS rounded to bf16 as operands of their products (the float32
@@ -754,16 +744,16 @@ static int tc_run(keel_backend *be, const keel_tensor *t, fa_args &A, float *out
     if (!back) {
         dim3 grid((unsigned)A.H, (unsigned)A.B, (unsigned)((A.Tq + TC_Q - 1) / TC_Q));
         size_t shm = (TC_Q + 2 * TC_K) * row + TC_Q * sizeof(int);
-        TC_LAUNCH(k_fa_fwd_tc<D>, grid, 128, shm, "attention forward (tensor cores) launch", A, out);
+        TILE_LAUNCH(k_fa_fwd_tc<D>, grid, 128, shm, "attention forward (tensor cores) launch", A, out);
         return 0;
     }
     size_t sk = dkv_tc_smem(D, A.Tq);
     if (!nb) { /* dq recomputes S and dP */
         dim3 gq((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, (unsigned)A.B);
         size_t sq = (2 * TC_Q + 2 * TC_B) * row + 3 * TC_Q * sizeof(float);
-        TC_LAUNCH(k_fa_dq_tc<D>, gq, 128, sq, "attention dq (tensor cores) launch", A, out);
+        TILE_LAUNCH(k_fa_dq_tc<D>, gq, 128, sq, "attention dq (tensor cores) launch", A, out);
         dim3 gk((unsigned)A.KV, (unsigned)A.B, (unsigned)((A.Tk + TC_K - 1) / TC_K));
-        TC_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv (tensor cores) launch", A, out);
+        TILE_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv (tensor cores) launch", A, out);
         return 0;
     }
     /* a slab of nb examples at a time: dk dv (writing dS), then dq from dS */
@@ -771,9 +761,9 @@ static int tc_run(keel_backend *be, const keel_tensor *t, fa_args &A, float *out
     for (A.b0 = 0; A.b0 < A.B; A.b0 += nb) {
         unsigned z = (unsigned)(A.B - A.b0 < nb ? A.B - A.b0 : nb);
         dim3 gk((unsigned)A.KV, z, (unsigned)((A.Tk + TC_K - 1) / TC_K));
-        TC_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv, dS (tensor cores) launch", A, out);
+        TILE_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv, dS (tensor cores) launch", A, out);
         dim3 gq((unsigned)A.H, z, (unsigned)((A.Tq + TC_Q - 1) / TC_Q));
-        TC_LAUNCH(k_fa_dq_ds_tc<D>, gq, 128, sq, "attention dq from dS (tensor cores) launch", A, out);
+        TILE_LAUNCH(k_fa_dq_ds_tc<D>, gq, 128, sq, "attention dq from dS (tensor cores) launch", A, out);
     }
     A.b0 = 0;
     return 0;
@@ -901,12 +891,12 @@ int cuda_flash_attn(keel_backend *be, const keel_tensor *t) {
                             : tc_run<64>(be, t, A, out, back, nb);
     if (!back) {
         dim3 grid((unsigned)((A.Tq + FA_QT - 1) / FA_QT), (unsigned)A.H, (unsigned)A.B);
-        TC_LAUNCH(k_fa_fwd, grid, NT, fwd_smem(A), "attention forward launch", A, out);
+        TILE_LAUNCH(k_fa_fwd, grid, NT, fwd_smem(A), "attention forward launch", A, out);
         return 0;
     }
     dim3 gq((unsigned)((A.Tq + FA_BT - 1) / FA_BT), (unsigned)A.H, (unsigned)A.B);
-    TC_LAUNCH(k_fa_dq, gq, NT, dq_smem(A), "attention dq launch", A, out);
+    TILE_LAUNCH(k_fa_dq, gq, NT, dq_smem(A), "attention dq launch", A, out);
     dim3 gk((unsigned)((A.Tk + FA_KT - 1) / FA_KT), (unsigned)A.KV, (unsigned)A.B);
-    TC_LAUNCH(k_fa_dkv, gk, NT, dkv_smem(A), "attention dk, dv launch", A, out);
+    TILE_LAUNCH(k_fa_dkv, gk, NT, dkv_smem(A), "attention dk, dv launch", A, out);
     return 0;
 }

@@ -619,23 +619,13 @@ static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A,
     return 0;
 }
 
-/* Launch fn with its shared memory (opting in above 48 KiB); an error names the op's node. */
-#define LAUNCH(fn, grid, shm, what, ...)                                                                               \
-    do {                                                                                                               \
-        if (cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(shm)),              \
-                       "shared memory for a chunk of the gated delta rule", t))                                        \
-            return -1;                                                                                                 \
-        fn<<<grid, NT, shm, cuda_im(be)->stream>>>(__VA_ARGS__);                                                       \
-        if (cuda_check(cudaGetLastError(), what, t)) return -1;                                                        \
-    } while (0)
-
 /* The forward, and the backward's first half: prep, the state pass (S and U of every chunk). */
 static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd,
                           float *packed) {
     dim3 chunks((unsigned)P.nc, (unsigned)(A.B * A.Hv)),
         lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
-    LAUNCH(k_gdn_prep, chunks, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
-    LAUNCH(k_gdn_state, lanes, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
+    TILE_LAUNCH(k_gdn_prep, chunks, NT, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
+    TILE_LAUNCH(k_gdn_state, lanes, NT, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
     return 0;
 }
 
@@ -654,7 +644,7 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     bool st = t->op == KEEL_OP_GATED_DELTA_NET_STATE;
     if (forward_states(be, t, A, P, 0, st ? (float *)t->data : NULL)) return -1;
     dim3 outs((unsigned)P.nc, (unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JO - 1) / JO));
-    LAUNCH(k_gdn_out, outs, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
+    TILE_LAUNCH(k_gdn_out, outs, NT, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
     return 0;
 }
 
@@ -671,9 +661,10 @@ int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     if (forward_states(be, t, A, P, 1, NULL)) return -1;
     dim3 outs((unsigned)P.nc, (unsigned)L, (unsigned)((A.Dv + JO - 1) / JO)), chunks((unsigned)P.nc, (unsigned)L),
         parts((unsigned)P.nc, (unsigned)L, 3), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
-    LAUNCH(k_gdn_pre_back, outs, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
-    LAUNCH(k_gdn_state_back, lanes, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
-    LAUNCH(k_gdn_contract, parts, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
-    LAUNCH(k_gdn_grads, chunks, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
+    TILE_LAUNCH(k_gdn_pre_back, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
+    TILE_LAUNCH(k_gdn_state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P,
+                out);
+    TILE_LAUNCH(k_gdn_contract, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
+    TILE_LAUNCH(k_gdn_grads, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
     return 0;
 }

@@ -14,6 +14,16 @@
 #define PAD_LD(x) ((((x) + 7) & ~7) + 4)
 #define NT        256 /* threads per block (= KEEL_CUDA_RT: block_sum) */
 
+/* Launch fn with `threads` threads and `shm` bytes of dynamic shared memory (opting in above 48 KiB),
+ * from a backend function that has `be` and the node `t` in scope: an error names what and the node */
+#define TILE_LAUNCH(fn, grid, threads, shm, what, ...)                                                                 \
+    do {                                                                                                               \
+        if (cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(shm)), what, t))    \
+            return -1;                                                                                                 \
+        fn<<<grid, threads, shm, cuda_im(be)->stream>>>(__VA_ARGS__);                                                  \
+        if (cuda_check(cudaGetLastError(), what, t)) return -1;                                                        \
+    } while (0)
+
 __device__ static inline float warp_sum(float x) {
     for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
     return x;
