@@ -88,15 +88,21 @@ int keel_decoder_run(keel_decoder *d, const int32_t *ids, int64_t n, float *last
         goto done;
     }
     float *all = malloc((size_t)keel_nelements(logits) * sizeof *all);
-    rc = keel_tensor_read(d->be, logits, all, KEEL_F32);
-    memcpy(last_logits, all + (n - 1) * c->vocab, (size_t)c->vocab * sizeof *all);
+    rc = all ? keel_tensor_read(d->be, logits, all, KEEL_F32)
+             : keel_fail("out of memory for %lld logits", (long long)keel_nelements(logits));
+    if (!rc) memcpy(last_logits, all + (n - 1) * c->vocab, (size_t)c->vocab * sizeof *all);
     free(all);
     for (int i = 0; i < c->layers && !rc; i++) { /* the new state, back to the host */
         keel_tensor *x[4] = {out.k[i], out.v[i], out.S[i], out.conv[i]};
         float **dst[4] = {&d->k[i], &d->v[i], &d->S[i], &d->conv[i]};
         for (int j = 0; j < 4 && !rc; j++) {
             if (!x[j]) continue;
-            *dst[j] = realloc(*dst[j], (size_t)keel_nelements(x[j]) * sizeof(float));
+            float *grown = realloc(*dst[j], (size_t)keel_nelements(x[j]) * sizeof(float));
+            if (!grown) { /* the old state stays the decoder's, freed with it */
+                rc = keel_fail("out of memory for layer %d's decoding state", i);
+                break;
+            }
+            *dst[j] = grown;
             rc = keel_tensor_read(d->be, x[j], *dst[j], KEEL_F32);
         }
     }
