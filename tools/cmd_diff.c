@@ -114,6 +114,10 @@ static keel_tracer *run_one(const job *j, const run_config *c) {
         /* values in the tensors' own type: a raw transfer, not the (possibly faulted) copy path */
         size_t es = keel_type_size(type);
         unsigned char *v = malloc(4096 * 17 * es);
+        if (!v) {
+            keel_fail("out of memory for the flip check's values");
+            goto done;
+        }
         uint64_t rs = 99;
         for (int i = 0; i < 4096 * 17; i++) {
             rs = rs * 6364136223846793005ull + 1442695040888963407ull;

@@ -18,6 +18,18 @@ typedef struct {
     int nt, ne;
 } series;
 
+/* Room for more points (*cap doubled, or `first`): 0, or -1 with a message and *p unchanged */
+static int grow(pt **p, int *cap, int first) {
+    int c = *cap ? 2 * *cap : first;
+    pt *q = realloc(*p, (size_t)c * sizeof *q);
+    if (!q) {
+        fprintf(stderr, "keel plot: out of memory for %d points\n", c);
+        return -1;
+    }
+    *p = q, *cap = c;
+    return 0;
+}
+
 /* One metrics.jsonl: its train and eval loss records. 0, or 2 with a message. */
 static int read_series(series *s) {
     FILE *f = fopen(s->path, "r");
@@ -39,11 +51,19 @@ static int read_series(series *s) {
                     *l = cJSON_GetObjectItemCaseSensitive(j, "loss"),
                     *e = cJSON_GetObjectItemCaseSensitive(j, "eval_loss");
         if (cJSON_IsNumber(tok) && cJSON_IsNumber(l)) {
-            if (s->nt == ct) ct = ct ? 2 * ct : 256, s->tr = realloc(s->tr, (size_t)ct * sizeof *s->tr);
+            if (s->nt == ct && grow(&s->tr, &ct, 256)) {
+                cJSON_Delete(j);
+                fclose(f);
+                return 2;
+            }
             s->tr[s->nt++] = (pt){tok->valuedouble, l->valuedouble};
         }
         if (cJSON_IsNumber(tok) && cJSON_IsNumber(e)) {
-            if (s->ne == ce) ce = ce ? 2 * ce : 64, s->ev = realloc(s->ev, (size_t)ce * sizeof *s->ev);
+            if (s->ne == ce && grow(&s->ev, &ce, 64)) {
+                cJSON_Delete(j);
+                fclose(f);
+                return 2;
+            }
             s->ev[s->ne++] = (pt){tok->valuedouble, e->valuedouble};
         }
         cJSON_Delete(j);

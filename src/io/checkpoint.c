@@ -501,6 +501,10 @@ static int fill_checkpoint(const char *tmp, void *ud) {
         }
         const char *nm = t->name;
         char *full = malloc(strlen(nm) + 32);
+        if (!full) {
+            rc = keel_fail("out of memory saving '%s'", nm);
+            break;
+        }
         if (multimodal && strncmp(nm, "model.", 6) == 0)
             sprintf(full, "model.language_model.%s", nm + 6);
         else

@@ -161,11 +161,13 @@ float *keel_decoder_full_logits(keel_decoder *d, const int32_t *ids, int64_t T) 
     keel_session *s = g ? keel_session_new(d->be, g, NULL) : NULL;
     float *lg = NULL;
     int32_t *pv = malloc((size_t)T * sizeof *pv);
-    for (int64_t i = 0; i < T; i++) pv[i] = (int32_t)i;
-    if (s && !keel_tensor_write(d->be, ti, ids, KEEL_I32) && !keel_tensor_write(d->be, tp, pv, KEEL_I32) &&
+    if (!pv) keel_fail("out of memory for %lld positions", (long long)T);
+    for (int64_t i = 0; pv && i < T; i++) pv[i] = (int32_t)i;
+    if (s && pv && !keel_tensor_write(d->be, ti, ids, KEEL_I32) && !keel_tensor_write(d->be, tp, pv, KEEL_I32) &&
         !keel_session_run(s, NULL, NULL)) {
         lg = malloc((size_t)keel_nelements(out.logits) * sizeof *lg);
-        if (keel_tensor_read(d->be, out.logits, lg, KEEL_F32)) free(lg), lg = NULL;
+        if (!lg) keel_fail("out of memory for %lld logits", (long long)keel_nelements(out.logits));
+        if (lg && keel_tensor_read(d->be, out.logits, lg, KEEL_F32)) free(lg), lg = NULL;
     }
     free(pv);
     keel_session_free(s);
