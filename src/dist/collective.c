@@ -77,8 +77,12 @@ keel_coll *keel_coll_from_env(double timeout_s, int *failed) {
         return NULL;
     }
     keel_coll *c = calloc(1, sizeof *c);
+    if (!c || !(c->peer = calloc((size_t)size, sizeof *c->peer))) {
+        free(c);
+        keel_fail("out of memory for %d ranks' connections", size);
+        return NULL;
+    }
     c->rank = rank, c->size = size, c->timeout_s = timeout_s;
-    c->peer = calloc((size_t)size, sizeof *c->peer);
     for (int i = 0; i < size; i++) c->peer[i] = -1;
     if (rank == 0) {
         int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;

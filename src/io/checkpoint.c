@@ -158,6 +158,12 @@ keel_checkpoint *keel_checkpoint_open(const char *dir) {
         }
         int n = cJSON_GetArraySize(wm), nf = 0;
         char **names = calloc((size_t)n, sizeof *names);
+        if (!names) {
+            keel_fail("%s: out of memory for %d weight_map entries", path, n);
+            cJSON_Delete(idx);
+            keel_checkpoint_close(c);
+            return NULL;
+        }
         for (const cJSON *e = wm->child; e; e = e->next) { /* the distinct shard files, in first-seen order */
             if (!cJSON_IsString(e) || !e->valuestring[0] || strchr(e->valuestring, '/') ||
                 !strcmp(e->valuestring, "..")) {

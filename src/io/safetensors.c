@@ -145,8 +145,9 @@ int keel_st_parse(const void *buf, size_t size, const char *label, keel_st_file 
     }
     if (!rc && out->n > 1) { /* no two tensors may share bytes */
         keel_st_tensor **by = malloc((size_t)out->n * sizeof *by);
-        for (int i = 0; i < out->n; i++) by[i] = &out->t[i];
-        qsort(by, (size_t)out->n, sizeof *by, cmp_offset);
+        if (!by) rc = keel_fail("%s: out of memory checking %d tensors' offsets", label, out->n);
+        for (int i = 0; by && i < out->n; i++) by[i] = &out->t[i];
+        if (by) qsort(by, (size_t)out->n, sizeof *by, cmp_offset);
         for (int i = 1; i < out->n && !rc; i++) {
             const char *prev_end = (const char *)by[i - 1]->data + by[i - 1]->nbytes;
             if (by[i - 1]->nbytes && by[i]->nbytes && (const char *)by[i]->data < prev_end)

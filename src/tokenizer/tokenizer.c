@@ -450,6 +450,10 @@ keel_tokenizer *keel_tokenizer_load_gpt2(const char *encoder_json, const char *v
             goto fail;
     }
     t->added = calloc(1, sizeof *t->added);
+    if (!t->added) {
+        keel_fail("out of memory");
+        goto fail;
+    }
     if (finish_bytes(t, encoder_json)) goto fail;
     int32_t rank = 0;
     for (char *line = bpe, *next; line && *line; line = next) {

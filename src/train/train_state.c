@@ -25,13 +25,17 @@ static int write_state(const char *tmp_dir, void *ud) {
     keel_st_entry *e = calloc((size_t)(2 * t->n_train), sizeof *e);
     char **names = calloc((size_t)(2 * t->n_train), sizeof *names);
     void **bufs = calloc((size_t)(2 * t->n_train), sizeof *bufs);
-    int rc = 0;
+    int rc = e && names && bufs ? 0 : keel_fail("out of memory saving the optimizer state");
     for (int i = 0; i < 2 * t->n_train && !rc; i++) {
         keel_tensor *mv = t->st->opt.mom[i];
         size_t bytes = (size_t)keel_nelements(mv) * 4;
         bufs[i] = malloc(bytes);
         names[i] = malloc(KEEL_NAME_MAX + 8);
-        if (!bufs[i] || !names[i] || keel_tensor_read(t->be, mv, bufs[i], KEEL_F32)) {
+        if (!bufs[i] || !names[i]) {
+            rc = keel_fail("out of memory saving the optimizer state of '%s'", t->train_p[i / 2]->name);
+            break;
+        }
+        if (keel_tensor_read(t->be, mv, bufs[i], KEEL_F32)) {
             rc = -1;
             break;
         }
@@ -41,7 +45,7 @@ static int write_state(const char *tmp_dir, void *ud) {
     }
     snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp_dir);
     if (!rc) rc = keel_st_write(path, e, 2 * t->n_train);
-    for (int i = 0; i < 2 * t->n_train; i++) free(bufs[i]), free(names[i]);
+    for (int i = 0; i < 2 * t->n_train && bufs && names; i++) free(bufs[i]), free(names[i]);
     free(e), free(names), free(bufs);
     if (rc) return rc;
     cJSON *j = cJSON_CreateObject();
