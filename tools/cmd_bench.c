@@ -404,6 +404,10 @@ static int bench_matmul(const long long *sizes, int n_sizes, int threads, int re
         }
         float *ha = malloc((size_t)(n * n) * 4), *hb = malloc((size_t)(n * n) * 4), *hc = malloc((size_t)(n * n) * 4),
               *oc = malloc((size_t)(n * n) * 4);
+        if (!ha || !hb || !hc || !oc) {
+            fprintf(stderr, "keel bench: out of memory for %lld x %lld matrices\n", (long long)n, (long long)n);
+            return 1;
+        }
         uint64_t st = 42;
         for (int64_t i = 0; i < n * n; i++) {
             st = st * 6364136223846793005ull + 1442695040888963407ull;
@@ -485,6 +489,7 @@ static int recompute_child(const char *mode, int64_t T, int threads, int layers,
     if (keel_qwen35_init_weights(st->m, be, 5))
         return -1; /* one parameter's values at a time: they count in the peak RSS */
     int32_t *iv = malloc((size_t)T * 4);
+    if (!iv) return -1;
     for (int64_t i = 0; i < T; i++) iv[i] = (int32_t)((i * 2654435761u) % 4096);
     if (keel_step_write_batch(st, iv, iv)) return -1;
     double best = 1e30;
@@ -559,8 +564,10 @@ static int bench_tokenize(const char *tok_path, const char *text_path, int reps)
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)n + 1);
-    if (fread(text, 1, (size_t)n, f) != (size_t)n) {
+    char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "keel bench tokenize: cannot read %s\n", text_path);
+        free(text);
         fclose(f);
         return 1;
     }

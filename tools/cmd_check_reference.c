@@ -160,9 +160,9 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
     const keel_qwen35_out out = st->out;
     {
         int32_t *iv = malloc((size_t)(B * T) * 4), *tv = malloc((size_t)(B * T) * 4);
-        for (int64_t i = 0; i < B * T; i++)
+        for (int64_t i = 0; iv && tv && i < B * T; i++)
             iv[i] = (int32_t)keel_st_get(ids_t, i), tv[i] = (int32_t)keel_st_get(tgt_t, i);
-        int w = keel_step_write_batch(st, iv, tv);
+        int w = iv && tv ? keel_step_write_batch(st, iv, tv) : keel_fail("out of memory for the fixture's batch");
         free(iv), free(tv);
         keel_tracer *tr = to->path ? keel_tracer_new(to->data, to->max_bytes) : NULL;
         if (w || (tr && keel_tracer_begin(tr, be, st->g)) ||

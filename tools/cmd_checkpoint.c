@@ -326,8 +326,8 @@ int cmd_info(int argc, char **argv) {
         }
         double planned = (double)kept->s->plan->total_bytes / gib;
         int32_t *iv = malloc((size_t)(B * T) * 4);
-        for (long long i = 0; i < B * T; i++) iv[i] = (int32_t)((i * 2654435761u) % (uint64_t)c->vocab);
-        int r = keel_step_write_batch(kept, iv, iv);
+        for (long long i = 0; iv && i < B * T; i++) iv[i] = (int32_t)((i * 2654435761u) % (uint64_t)c->vocab);
+        int r = iv ? keel_step_write_batch(kept, iv, iv) : keel_fail("out of memory for a batch of %lld x %lld", B, T);
         double t0 = keel_now_s();
         r = r || keel_session_run(kept->s, NULL, NULL);
         double secs = keel_now_s() - t0;
@@ -340,11 +340,12 @@ int cmd_info(int argc, char **argv) {
                (double)peak_rss_kib() / (1024.0 * 1024), planned, (double)n_par * 4 / gib);
         if (dump && !r) { /* input ids [B,T] and logits [B,T,V], as a transformers run would name them */
             double *lg = keel_tensor_read_f64(be, kept->out.logits), *idd = malloc((size_t)(B * T) * sizeof(double));
-            for (long long i = 0; i < B * T; i++) idd[i] = iv[i];
+            for (long long i = 0; idd && i < B * T; i++) idd[i] = iv[i];
             keel_st_entry e[2] = {
                 {.name = "input_ids", .type = KEEL_I32, .n_dims = 2, .shape = {B, T}, .values = idd},
                 {.name = "logits", .type = KEEL_F32, .n_dims = 3, .shape = {B, T, c->vocab}, .values = lg}};
-            if (!lg || keel_st_write(dump, e, 2))
+            if (!idd) keel_fail("out of memory for %lld input ids", B * T);
+            if (!lg || !idd || keel_st_write(dump, e, 2))
                 fprintf(stderr, "keel info: %s\n", keel_last_error()), r = -1;
             else
                 printf("wrote input ids and logits to %s\n", dump);

@@ -89,6 +89,11 @@ int cmd_eval(int argc, char **argv) {
     keel_step_opts so = {.cfg = &ck->cfg, .type = KEEL_F32, .batch = B, .window = T, .adapter = ad, .precision = prec};
     if (!(st = keel_step_build(&so)) || keel_step_place(st, be) || keel_step_load(st, ck)) goto done;
     int32_t *iv = malloc((size_t)(T * B) * 4), *tv = malloc((size_t)(T * B) * 4), *pv = malloc((size_t)(T * B) * 4);
+    if (!iv || !tv || !pv) {
+        free(iv), free(tv), free(pv);
+        keel_fail("out of memory for a batch of %lld x %lld tokens", (long long)B, (long long)T);
+        goto done;
+    }
     double sum = 0;
     int64_t nb = 0, counted = 0;
     for (int64_t w = 0; w + B <= W; w += B, nb++) { /* every whole batch of consecutive windows */

@@ -215,10 +215,21 @@ int cmd_generate(int argc, char **argv) {
     } else {
         np = strlen(prompt);
         pids = malloc((np + 1) * sizeof *pids);
-        for (size_t i = 0; i < np; i++) pids[i] = (unsigned char)prompt[i];
+        for (size_t i = 0; pids && i < np; i++) pids[i] = (unsigned char)prompt[i];
     }
     if (np == 0) {
-        pids = realloc(pids, sizeof *pids), pids[0] = tok ? keel_tokenizer_added_id(tok, "<|endoftext|>") : 0, np = 1;
+        int32_t *one = realloc(pids, sizeof *pids);
+        if (one)
+            pids = one, pids[0] = tok ? keel_tokenizer_added_id(tok, "<|endoftext|>") : 0, np = 1;
+        else
+            free(pids), pids = NULL;
+    }
+    if (!pids) {
+        fprintf(stderr, "keel generate: out of memory for the prompt's %zu tokens\n", np);
+        keel_tokenizer_free(tok);
+        keel_adapter_close(ad);
+        keel_checkpoint_close(ck);
+        return 1;
     }
     int64_t V = ck->cfg.vocab, T = (int64_t)np + max_tokens;
     for (size_t i = 0; i < np; i++)
