@@ -216,6 +216,10 @@ int cmd_diff(int argc, char **argv) {
             return 2;
         }
         ids = malloc((size_t)T * 4), tgt = malloc((size_t)T * 4);
+        if (!ids || !tgt) {
+            fprintf(stderr, "keel diff: out of memory for a window of %lld tokens\n", (long long)T);
+            return 2;
+        }
         unsigned char *text = NULL;
         size_t n = 0;
         if (data) {
@@ -225,8 +229,12 @@ int cmd_diff(int argc, char **argv) {
                 return 2;
             }
             text = malloc(1 << 20);
-            n = fread(text, 1, 1 << 20, f);
+            n = text ? fread(text, 1, 1 << 20, f) : 0;
             fclose(f);
+            if (!text) {
+                fprintf(stderr, "keel diff: out of memory reading %s\n", data);
+                return 2;
+            }
         }
         int32_t *tk = NULL;
         size_t nt = 0;

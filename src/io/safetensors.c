@@ -88,6 +88,10 @@ int keel_st_parse(const void *buf, size_t size, const char *label, keel_st_file 
         const char *nm = it->string;
         t->name = strdup(nm);
         out->n++;
+        if (!t->name) {
+            rc = keel_fail("%s: out of memory for tensor names", label);
+            break;
+        }
         cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype"), *sh = cJSON_GetObjectItemCaseSensitive(it, "shape"),
               *of = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
         if (!cJSON_IsObject(it) || !cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(of)) {
@@ -184,9 +188,13 @@ keel_st_file *keel_st_open(const char *path) {
         free(f);
         return NULL;
     }
-    f->path = strdup(path);
     f->map = map;
     f->size = size;
+    if (!(f->path = strdup(path))) {
+        keel_st_close(f);
+        keel_fail("%s: out of memory", path);
+        return NULL;
+    }
     return f;
 }
 

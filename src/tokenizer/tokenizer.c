@@ -377,6 +377,10 @@ keel_tokenizer *keel_tokenizer_load(const char *path) {
         if (add_token(t, path, e->string, strlen(e->string), e->valuedouble, limit)) goto fail;
     }
     t->added = calloc((size_t)(cJSON_GetArraySize(added) + 1), sizeof *t->added);
+    if (!t->added) {
+        keel_fail("%s: out of memory for the added tokens", path);
+        goto fail;
+    }
     for (const cJSON *e = added ? added->child : NULL; e; e = e->next) {
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content"),
                     *id = cJSON_GetObjectItemCaseSensitive(e, "id");
@@ -385,7 +389,10 @@ keel_tokenizer *keel_tokenizer_load(const char *path) {
             goto fail;
         }
         if (add_token(t, path, c->valuestring, strlen(c->valuestring), id->valuedouble, limit)) goto fail;
-        t->added[t->n_added].s = strdup(c->valuestring);
+        if (!(t->added[t->n_added].s = strdup(c->valuestring))) {
+            keel_fail("%s: out of memory for the added tokens", path);
+            goto fail;
+        }
         t->added[t->n_added].len = (uint32_t)strlen(c->valuestring);
         t->added[t->n_added].id = (int32_t)id->valuedouble;
         t->n_added++;

@@ -30,7 +30,8 @@ static int add_path(file_list *l, const char *p) {
         if (!np) return keel_fail("out of memory");
         l->path = np;
     }
-    l->path[l->n++] = strdup(p);
+    if (!(l->path[l->n] = strdup(p))) return keel_fail("out of memory listing '%s'", p);
+    l->n++;
     return 0;
 }
 

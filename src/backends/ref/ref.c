@@ -298,20 +298,19 @@ static int ref_gdn_conv(const keel_tensor *t) {
     return 0;
 }
 
-/* Gated delta rule, one (batch, value head) lane, forward; states[c] receives S before step
- * c*chunk when states != NULL. */
 /* The state's decay before step t: exp(g), or 0 where an example starts (position <= 0), which
  * resets the state: S = 0 S + k d^T, and the backward's dS flowing into the past is 0 too. */
 static double gdn_decay(const keel_tensor *g, const keel_tensor *pos, int64_t hv, int64_t t, int64_t b) {
     return get(pos, t, b, 0, 0) <= 0 ? 0.0 : exp(get(g, hv, t, b, 0));
 }
 
+/* Gated delta rule, one (batch, value head) lane, forward: S (Dk x Dv) from s0 (or 0) to the final
+ * state, o_out [T][Dv] the outputs; u a work row of Dv */
 static void gdn_lane_forward(const keel_tensor *q, const keel_tensor *k, const keel_tensor *v, const keel_tensor *g,
                              const keel_tensor *beta, const keel_tensor *pos, const keel_tensor *s0, int64_t b,
-                             int64_t hv, double *S, double *o_out) {
+                             int64_t hv, double *S, double *o_out, double *u) {
     int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], Dv = v->ne[0], Hv = v->ne[1];
     int64_t hk = hv / (Hv / Hk);
-    double *u = malloc((size_t)Dv * sizeof *u);
     for (int64_t i = 0; i < Dk; i++)
         for (int64_t j = 0; j < Dv; j++) S[i * Dv + j] = s0 ? get(s0, j, i, hv, b) : 0.0;
     for (int64_t t = 0; t < T; t++) {
@@ -332,22 +331,23 @@ static void gdn_lane_forward(const keel_tensor *q, const keel_tensor *k, const k
             o_out[t * Dv + j] = s;
         }
     }
-    free(u);
 }
 
 static int ref_gdn(const keel_tensor *t) {
     const keel_tensor *q = t->src[0], *k = t->src[1], *v = t->src[2], *g = t->src[3], *beta = t->src[4];
     int64_t Dk = q->ne[0], T = q->ne[2], B = q->ne[3], Dv = v->ne[0], Hv = v->ne[1];
-    double *S = malloc((size_t)(Dk * Dv) * sizeof *S), *o = malloc((size_t)(T * Dv) * sizeof *o);
+    /* S, then u (a step's Dv update) */
+    double *S = malloc((size_t)(Dk * Dv + Dv) * sizeof *S), *o = malloc((size_t)(T * Dv) * sizeof *o);
     if (!S || !o) {
         free(S);
         free(o);
         return keel_fail("ref: out of memory in '%s'", t->name);
     }
+    double *u = S + Dk * Dv;
     for (int64_t b = 0; b < B; b++)
         for (int64_t hv = 0; hv < Hv; hv++) {
             if (t->op == KEEL_OP_GATED_DELTA_NET_STATE) { /* packed: o, then the final state */
-                gdn_lane_forward(q, k, v, g, beta, t->src[5], t->src[6], b, hv, S, o);
+                gdn_lane_forward(q, k, v, g, beta, t->src[5], t->src[6], b, hv, S, o, u);
                 for (int64_t tt = 0; tt < T; tt++)
                     for (int64_t j = 0; j < Dv; j++) putf(t, ((b * T + tt) * Hv + hv) * Dv + j, o[tt * Dv + j]);
                 for (int64_t i = 0; i < Dk; i++)
@@ -355,7 +355,7 @@ static int ref_gdn(const keel_tensor *t) {
                         putf(t, Dv * Hv * T * B + ((b * Hv + hv) * Dk + i) * Dv + j, S[i * Dv + j]);
                 continue;
             }
-            gdn_lane_forward(q, k, v, g, beta, t->src[5], NULL, b, hv, S, o);
+            gdn_lane_forward(q, k, v, g, beta, t->src[5], NULL, b, hv, S, o, u);
             for (int64_t tt = 0; tt < T; tt++)
                 for (int64_t j = 0; j < Dv; j++) put(t, j, hv, tt, b, o[tt * Dv + j]);
         }
