@@ -105,9 +105,18 @@ finish_cross() {
     grep -E "^step|worst|largest|divergence" "$out/cross.log" | head -12
 }
 
+# attention's backward with its dS in slabs (300000 bytes: the 3-example bf16 case in slabs of 2
+# and 1) and without dS (0: dq recomputes the scores), beside the default (every example at once)
+attn_ds_paths() {
+    for ds in 300000 0; do
+        run "test-ops FLASH_ATTN_BACK, dS budget $ds (cuda)" attn-ds$ds.log env KEEL_CUDA_FA_DS_BYTES=$ds $keel test-ops --backend ref,cuda --op FLASH_ATTN_BACK
+        grep "^cuda:\|FAIL" "$out/attn-ds$ds.log" | head -20
+    done
+}
 if want ops; then
     run "test-ops --backend cuda (forward)" ops.log $keel test-ops --backend ref,cuda
     grep "^cuda:" "$out/ops.log"
+    want attn || attn_ds_paths
     run "fused ops = the ops they replace (bitwise)" fused.log ./build-gpu/test_fused
     grep "^cuda" "$out/fused.log"
 fi
@@ -124,14 +133,10 @@ fi
 if want attn; then # flash attention alone: its cases, its gradients, its kernels at bf16 batch 8
     run "test-ops FLASH_ATTN* (cuda)" attn-ops.log $keel test-ops --backend ref,cuda --op FLASH_ATTN,FLASH_ATTN_BACK
     grep "^cuda:\|FAIL" "$out/attn-ops.log" | head -20
-    # the backward's dS form in slabs (300000 bytes: the 3-example bf16 case in slabs of 2 and 1) and not at all
-    for ds in 300000 0; do
-        run "test-ops FLASH_ATTN_BACK, dS budget $ds (cuda)" attn-ds$ds.log env KEEL_CUDA_FA_DS_BYTES=$ds $keel test-ops --backend ref,cuda --op FLASH_ATTN_BACK
-        grep "^cuda:\|FAIL" "$out/attn-ds$ds.log" | head -20
-    done
+    attn_ds_paths
     run "test-ops --grad FLASH_ATTN (cuda)" attn-grad.log $keel test-ops --grad --backend cuda --op FLASH_ATTN
     grep "^cuda:\|FAIL\|worst" "$out/attn-grad.log" | head -20
-    # a layer's four kernels (the 6th forward, then the first backward's delta, dq, dk dv)
+    # a layer's four kernels (the 6th forward, then the first backward's delta, dk dv, dq)
     ncu_a='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum'
     run "ncu: attention's kernels (bf16 batch 8)" attn-ncu.log ncu --clock-control none -k regex:k_fa --launch-skip 5 --launch-count 4 --metrics "$ncu_a" $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1
     grep -E '^  (void )?k_fa|duration|hmma|issue_active|warps_active|wavefronts' "$out/attn-ncu.log"
