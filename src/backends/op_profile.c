@@ -68,10 +68,12 @@ void keel_op_profile_print(const keel_op_profile *p, FILE *f, const char *title,
     for (int i = 0; i < n; i++)
         fprintf(f, "  %-26s %10.2f ms %6.1f%% %8lld nodes\n", keel_op_get(order[i])->name, p->ms[order[i]],
                 100.0 * p->ms[order[i]] / (total > 0 ? total : 1), (long long)p->n[order[i]]);
-    /* the 30 groups with the most time, by selection: the list is short */
+    /* the groups with the most time, by selection (the list is short): 30, or KEEL_PROFILE_GROUPS */
+    const char *env = getenv("KEEL_PROFILE_GROUPS");
+    long n_show = env && *env ? strtol(env, NULL, 10) : 30;
     fprintf(f, "the (op, operand shapes) groups with the most %s ('*': a strided operand):\n", what);
     bool shown[N_KINDS] = {false};
-    for (int r = 0; r < 30; r++) {
+    for (long r = 0; r < n_show; r++) {
         int best = -1;
         for (int i = 0; i < p->n_kind; i++)
             if (!shown[i] && (best < 0 || p->kind[i].ms > p->kind[best].ms)) best = i;
