@@ -360,6 +360,8 @@ int keel_cases_all(op_case **out) {
             }
             c = C(&l, op);
             P(c, 4, (int64_t[]){2, 65537, 1, 1}, 1, (double[]){0.5});
+            c = C(&l, op); /* zeros: the cuda backend's memset */
+            P(c, 4, (int64_t[]){6144, 33, 2, 1}, 1, (double[]){0.0});
             break;
         case KEEL_OP_REPEAT:
         case KEEL_OP_REPEAT_BACK: {
@@ -626,19 +628,22 @@ int keel_cases_all(op_case **out) {
              * last four dense with C % 4 == 0, the cuda backend's 4-channels-a-thread kernels; the
              * last one large enough that the weight gradient's chunks of terms (3 each) hold several
              * positions and an example column's end (301) falls inside one */
-            static const int64_t sh[][4] = {{1, 5, 1, 5},   {31, 9, 2, 3},      {4097, 3, 1, 3},
-                                            {8, 70, 2, 6},  {3, 1, 1, 1},       {16, 40, 3, 100},
-                                            {64, 37, 2, 9}, {12, 300, 2, 1000}, {1024, 301, 2, 40}};
-            for (int s = 0; s < 9; s++) {
+            /* then, dense too, taps of 3 and 6 (the cuda kernels keep 4 or 8 taps' window in registers,
+             * the first unused where K is fewer) over tiles of 16 rows that split examples */
+            static const int64_t sh[][5] = {{1, 5, 1, 5, 4},    {31, 9, 2, 3, 4},      {4097, 3, 1, 3, 4},
+                                            {8, 70, 2, 6, 4},   {3, 1, 1, 1, 4},       {16, 40, 3, 100, 4},
+                                            {64, 37, 2, 9, 4},  {12, 300, 2, 1000, 4}, {1024, 301, 2, 40, 4},
+                                            {64, 50, 2, 20, 3}, {32, 45, 1, 45, 6}};
+            for (int s = 0; s < 11; s++) {
                 c = C(&l, op);
                 if (s == 8) c->no_fd = "large: each backend against ref's backward, proven on the small cases";
                 I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], 1)->view = s == 3 ? VIEW_STRIDED : VIEW_NONE;
                 if (op == KEEL_OP_CONV1D_BACK_WEIGHT) {
                     I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], 1);
                     SEG(c, sh[s][1], sh[s][2], sh[s][3]);
-                    P(c, 1, (int64_t[]){4}, 0, NULL);
+                    P(c, 1, (int64_t[]){sh[s][4]}, 0, NULL);
                 } else {
-                    I(c, KEEL_F32, 4, sh[s][0], 1, 1)->view = s == 1 ? VIEW_TRANSPOSED : VIEW_NONE;
+                    I(c, KEEL_F32, sh[s][4], sh[s][0], 1, 1)->view = s == 1 ? VIEW_TRANSPOSED : VIEW_NONE;
                     SEG(c, sh[s][1], sh[s][2], sh[s][3]);
                 }
             }
@@ -650,11 +655,12 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_GATED_RMS_NORM_BACK: {
             /* row length, rows (3 dims), eps (1e-6 x): the DeltaNet's heads of 128 and the fixture's 24;
              * short, odd and wide rows (1025: past a warp's row on cuda); x and z viewed; eps large;
-             * RMS_NORM_W with w and with 1 + w, alternately */
-            static const int64_t sh[][5] = {{4, 3, 1, 1, 1},    {128, 16, 5, 2, 1}, {24, 4, 7, 2, 1},
-                                            {33, 7, 2, 1, 1},   {1025, 3, 1, 1, 1}, {16, 5, 3, 1, 1000000},
-                                            {2, 65537, 1, 1, 1}};
-            for (int s = 0; s < 7; s++) {
+             * RMS_NORM_W with w and with 1 + w, alternately; rows of 200, 300 and 1024 (the 0.8B's
+             * hidden size): cuda's variants that keep up to 8, 16 and 32 elements a lane in registers */
+            static const int64_t sh[][5] = {
+                {4, 3, 1, 1, 1},        {128, 16, 5, 2, 1},  {24, 4, 7, 2, 1},  {33, 7, 2, 1, 1},  {1025, 3, 1, 1, 1},
+                {16, 5, 3, 1, 1000000}, {2, 65537, 1, 1, 1}, {200, 3, 2, 1, 1}, {300, 7, 1, 1, 1}, {1024, 5, 2, 1, 1}};
+            for (int s = 0; s < 10; s++) {
                 const int64_t *x = sh[s];
                 c = C(&l, op);
                 if (x[1] > 60000)
@@ -701,15 +707,16 @@ int keel_cases_all(op_case **out) {
              * (x 1/8): q, k and v; no v (2n = C); no q or k (n 0); the fixture's (16-channel heads,
              * 32 + 32 + 96) packed and not; the 0.8B model's heads of 128 (dense, C % 4 == 0: the
              * cuda backend's dense path, as are heads of 32 and 64); eps large against the squares; a
-             * row of 4097 channels.
+             * row of 4097 channels; dense with taps of 3 and 6 (cuda's windows of 4 and 8 taps).
              * The input viewed strided, the weight transposed. */
             static const int64_t sh[][9] = {{14, 5, 1, 4, 4, 2, 5, 1, 8},         {40, 9, 2, 4, 16, 8, 4, 1, 3},
                                             {12, 6, 3, 3, 6, 6, 6, 1, 8},         {3, 7, 1, 2, 0, 1, 2, 1, 8},
                                             {160, 70, 2, 4, 32, 16, 30, 1, 2},    {160, 65, 1, 4, 32, 16, 1000, 1, 2},
                                             {768, 33, 2, 4, 256, 128, 9, 1, 1},   {24, 10, 2, 4, 8, 4, 10, 1000000, 8},
                                             {4097, 3, 1, 4, 2048, 1024, 3, 1, 1}, {200, 40, 3, 4, 64, 32, 7, 1, 8},
-                                            {256, 20, 2, 4, 64, 64, 1000, 1, 3}};
-            for (int s = 0; s < 11; s++) {
+                                            {256, 20, 2, 4, 64, 64, 1000, 1, 3},  {256, 40, 2, 3, 64, 32, 13, 1, 8},
+                                            {192, 37, 2, 6, 64, 64, 1000, 1, 8}};
+            for (int s = 0; s < 13; s++) {
                 const int64_t *x = sh[s];
                 c = C(&l, op);
                 if (x[0] > 1000) c->no_fd = "large: each backend against ref's backward, proven on the small cases";

@@ -172,6 +172,27 @@ __global__ void k_repeat_back_part(kt t, kt a, int64_t per, int64_t n_chunks, do
     }
 }
 
+/* The same where t is a's leading dimensions (both contiguous; t.ne[d] is a.ne[d] up to some d and 1
+ * after, as a norm weight's gradient [n] from [n, T, B]): tile q is a's block q of n_out elements,
+ * so the terms and their order are k_repeat_back_part's without its index arithmetic, and a thread
+ * has 8 loads in flight (that kernel's loop waits on one load at a time). */
+__global__ void k_repeat_back_part_lead(const float *a, int64_t n_out, int64_t n_tiles, int64_t per, int64_t n_chunks,
+                                        double *part) {
+    GRID_STRIDE(e, n_out * n_chunks) {
+        int64_t o = e % n_out, c = e / n_out, q = c * per, q1 = q + per < n_tiles ? q + per : n_tiles;
+        double acc = 0;
+        for (; q < q1; q += 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = q + u < q1 ? a[(q + u) * n_out + o] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (q + u < q1) acc += v[u];
+        }
+        part[c * n_out + o] = acc;
+    }
+}
+
 /* The conv weight gradient, pass 1: dw[j, ch] = sum over (b, t) of dy[ch, t, b] x[ch, t-(K-1)+j, b]. */
 __global__ void k_conv_back_w_part(kt t, kt x, kt dy, kt pos, int64_t per, int64_t n_chunks, double *part) {
     int64_t K = t.ne[0], C = t.ne[1], T = x.ne[1], n_out = K * C, n_terms = T * x.ne[2];
@@ -190,65 +211,28 @@ __global__ void k_conv_back_w_part(kt t, kt x, kt dy, kt pos, int64_t per, int64
     }
 }
 
-/* CONV1D_BACK_WEIGHT's pass 1 on dense float32 x and dy: a thread a (channel, chunk) computes the
- * partials of all K taps, reading dy once and x through a window of the last K positions kept in
- * registers (the generic kernel, a thread a (tap, channel, chunk), read both K times). Each
- * partial is the same float64 sum over the chunk's terms in the same order: the same bits. */
-enum { CONV_TAPS_MAX = 8 };
-__global__ void k_conv_back_w_part_dense(const float *x, const float *dy, kt pos, int64_t C, int64_t T, int64_t B,
-                                         int K, int64_t per, int64_t n_chunks, double *part) {
-    int64_t n_out = (int64_t)K * C, n_terms = T * B;
-    GRID_STRIDE(e, C * n_chunks) {
-        int64_t ch = e % C, c = e / C;
-        /* fixed-size arrays indexed by constants only (unrolled loops; taps past K unused): registers */
-        double acc[CONV_TAPS_MAX];
-        float win[CONV_TAPS_MAX]; /* win[j] = x(ch, tt - (K - 1) + j, bb) */
-#pragma unroll
-        for (int j = 0; j < CONV_TAPS_MAX; j++) acc[j] = 0, win[j] = 0;
-        int64_t q = c * per, q1 = q + per < n_terms ? q + per : n_terms;
-        int64_t tt = q % T, bb = q / T;
-        bool fresh = true;
-        for (; q < q1; q++) { /* row q = bb * T + tt */
-            if (fresh) {      /* the chunk's or an example column's first position: the window from memory */
-#pragma unroll
-                for (int j = 0; j < CONV_TAPS_MAX; j++)
-                    if (j < K - 1) win[j] = tt - (K - 1) + j >= 0 ? x[(q - (K - 1) + j) * C + ch] : 0.0f;
-                fresh = false;
-            } else {
-#pragma unroll
-                for (int j = 0; j < CONV_TAPS_MAX - 1; j++)
-                    if (j < K - 1) win[j] = win[j + 1];
-            }
-            float xn = x[q * C + ch];
-#pragma unroll
-            for (int j = 0; j < CONV_TAPS_MAX; j++)
-                if (j == K - 1) win[j] = xn;
-            double d = (double)dy[q * C + ch];
-            int64_t p = pos_at(pos, tt, bb);
-#pragma unroll
-            for (int j = 0; j < CONV_TAPS_MAX; j++)
-                if (j < K && tt - (K - 1) + j >= 0 && K - 1 - j <= p) acc[j] += d * win[j];
-            if (++tt == T) tt = 0, bb++, fresh = true;
-        }
-#pragma unroll
-        for (int j = 0; j < CONV_TAPS_MAX; j++)
-            if (j < K) part[c * n_out + (int64_t)j * C + ch] = acc[j];
-    }
-}
-
-/* The same for 4 channels a thread (C a multiple of 4, x and dy on 16-byte boundaries): a 16-byte
- * load of each a row, each channel's partials summed as above (the same bits), the index and
- * position arithmetic once for 4 channels: the one-channel kernel is bound by that arithmetic. */
+/* CONV1D_BACK_WEIGHT's pass 1 on dense float32 x and dy, 4 channels a thread (C a multiple of 4, x
+ * and dy on 16-byte boundaries): a thread a (4 channels, chunk) computes the partials of all K taps,
+ * reading dy once and x through a window of the last K positions kept in registers (the generic
+ * kernel, a thread a (tap, channel, chunk), reads both K times, with the index and position
+ * arithmetic per channel). The rows of x and dy go 4 at a time, all 8 loads issued before the
+ * first is used. Each channel's partials are the generic kernel's float64 sums over the chunk's
+ * terms in the same order: the same bits. */
+enum { CONV_TAPS_MAX = 8, BW_ROWS = 4 };
+/* KM: the taps' array size (K <= KM), known at compile time so the window and sums stay in
+ * registers; tap j of K is slot j + KM - K, the first KM - K slots unused */
+template <int KM>
 __global__ void k_conv_back_w_part_dense4(const float *x, const float *dy, kt pos, int64_t C, int64_t T, int64_t B,
                                           int K, int64_t per, int64_t n_chunks, double *part) {
     int64_t n_out = (int64_t)K * C, n_terms = T * B, C4 = C / 4;
+    int jlo = KM - K;
     GRID_STRIDE(e, C4 * n_chunks) {
         int64_t ch = (e % C4) * 4, c = e / C4;
-        double acc[CONV_TAPS_MAX][4];
-        float4 win[CONV_TAPS_MAX];
+        double acc[KM][4];
+        float4 win[KM]; /* win[j] = x(ch .. ch + 3, tt - (KM - 1) + j, bb) */
         const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-        for (int j = 0; j < CONV_TAPS_MAX; j++) {
+        for (int j = 0; j < KM; j++) {
             win[j] = zero;
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[j][i] = 0;
@@ -256,39 +240,47 @@ __global__ void k_conv_back_w_part_dense4(const float *x, const float *dy, kt po
         int64_t q = c * per, q1 = q + per < n_terms ? q + per : n_terms;
         int64_t tt = q % T, bb = q / T;
         bool fresh = true;
-        for (; q < q1; q++) {
-            if (fresh) {
+        for (; q < q1; q += BW_ROWS) { /* rows q .. q + 3, row q = bb * T + tt */
+            float4 xs[BW_ROWS], ds[BW_ROWS];
 #pragma unroll
-                for (int j = 0; j < CONV_TAPS_MAX; j++)
-                    if (j < K - 1)
-                        win[j] = tt - (K - 1) + j >= 0 ? *(const float4 *)(x + (q - (K - 1) + j) * C + ch) : zero;
-                fresh = false;
-            } else {
+            for (int u = 0; u < BW_ROWS; u++)
+                if (q + u < q1)
+                    xs[u] = *(const float4 *)(x + (q + u) * C + ch), ds[u] = *(const float4 *)(dy + (q + u) * C + ch);
 #pragma unroll
-                for (int j = 0; j < CONV_TAPS_MAX - 1; j++)
-                    if (j < K - 1) win[j] = win[j + 1];
-            }
-            float4 xn = *(const float4 *)(x + q * C + ch), d4 = *(const float4 *)(dy + q * C + ch);
+            for (int u = 0; u < BW_ROWS; u++) {
+                if (q + u >= q1) break;
+                if (fresh) { /* the chunk's or an example column's first position: the window from memory */
 #pragma unroll
-            for (int j = 0; j < CONV_TAPS_MAX; j++)
-                if (j == K - 1) win[j] = xn;
-            double d[4] = {(double)d4.x, (double)d4.y, (double)d4.z, (double)d4.w};
-            int64_t p = pos_at(pos, tt, bb);
+                    for (int j = 0; j < KM - 1; j++) {
+                        int64_t d = KM - 1 - j;
+                        win[j] = j >= jlo && tt - d >= 0 ? *(const float4 *)(x + (q + u - d) * C + ch) : zero;
+                    }
+                    fresh = false;
+                } else {
 #pragma unroll
-            for (int j = 0; j < CONV_TAPS_MAX; j++)
-                if (j < K && tt - (K - 1) + j >= 0 && K - 1 - j <= p) {
-                    acc[j][0] += d[0] * win[j].x;
-                    acc[j][1] += d[1] * win[j].y;
-                    acc[j][2] += d[2] * win[j].z;
-                    acc[j][3] += d[3] * win[j].w;
+                    for (int j = 0; j < KM - 1; j++) win[j] = win[j + 1];
                 }
-            if (++tt == T) tt = 0, bb++, fresh = true;
+                win[KM - 1] = xs[u];
+                double d4[4] = {(double)ds[u].x, (double)ds[u].y, (double)ds[u].z, (double)ds[u].w};
+                int64_t p = pos_at(pos, tt, bb);
+#pragma unroll
+                for (int j = 0; j < KM; j++) {
+                    int64_t d = KM - 1 - j;
+                    if (j >= jlo && tt - d >= 0 && d <= p) {
+                        acc[j][0] += d4[0] * win[j].x;
+                        acc[j][1] += d4[1] * win[j].y;
+                        acc[j][2] += d4[2] * win[j].z;
+                        acc[j][3] += d4[3] * win[j].w;
+                    }
+                }
+                if (++tt == T) tt = 0, bb++, fresh = true;
+            }
         }
 #pragma unroll
-        for (int j = 0; j < CONV_TAPS_MAX; j++)
-            if (j < K)
+        for (int j = 0; j < KM; j++)
+            if (j >= jlo)
 #pragma unroll
-                for (int i = 0; i < 4; i++) part[c * n_out + (int64_t)j * C + ch + i] = acc[j][i];
+                for (int i = 0; i < 4; i++) part[c * n_out + (int64_t)(j - jlo) * C + ch + i] = acc[j][i];
     }
 }
 
@@ -370,7 +362,9 @@ typedef struct {
 } norm_w_args;
 
 __device__ static inline float norm_w_weight(const norm_w_args &A, int64_t i) {
-    float w = ldf(kt_at(A.w, i, 0, 0, 0));
+    /* through the read-only path: the weight is an input of the node, never written while it runs,
+     * so its loads need not wait for the stores before them */
+    float w = __ldg((const float *)kt_at(A.w, i, 0, 0, 0));
     return A.one ? keel_unary_f32(KEEL_OP_SCALE, w, 1.0f, 1.0f) : w;
 }
 
@@ -393,22 +387,41 @@ __device__ static inline float rope_elem(const norm_w_args &A, const char *row, 
     return i < h ? __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)) : __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
 }
 
-__global__ void k_norm_w(norm_w_args A) {
+/* PM > 0: rows of at most 32 PM elements, without the rotation; a lane loads its elements of x,
+ * z and dy into registers before the first sum (all its loads in flight at once) and the
+ * second pass reads them there. PM = 0: every element from memory in both passes (a load waits
+ * for the stores before it: the pointers may alias). The same terms in the same order either way. */
+template <int PM> __global__ void k_norm_w(norm_w_args A) {
     int64_t n = A.x.ne[0], R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3], N = n * R;
-    int lane = threadIdx.x & 31;
+    int lane = threadIdx.x & 31, kn = PM ? PM : (int)((n + 31) / 32);
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t r = w0; r < R; r += ws) {
         int64_t i1 = r % A.x.ne[1], i2 = (r / A.x.ne[1]) % A.x.ne[2], i3 = r / (A.x.ne[1] * A.x.ne[2]);
         const char *xs = kt_at(A.x, 0, i1, i2, i3), *zs = A.gated ? kt_at(A.z, 0, i1, i2, i3) : NULL;
         const char *gs = A.back ? kt_at(A.dy, 0, i1, i2, i3) : NULL;
-        int64_t p = A.rope ? pos_at(A.pos, i2, i3) : 0;
+        const bool rope = PM == 0 && A.rope; /* known false at compile time in the register variants */
+        int64_t p = rope ? pos_at(A.pos, i2, i3) : 0;
+        float xr[PM ? PM : 1], zr[PM ? PM : 1], gr[PM ? PM : 1];
+#pragma unroll
+        for (int k = 0; k < PM; k++) {
+            int64_t i = lane + 32 * k;
+            if (i < n) {
+                xr[k] = ldf(xs + i * A.x.nb[0]);
+                if (A.gated) zr[k] = ldf(zs + i * A.z.nb[0]);
+                if (A.back) gr[k] = ldf(gs + i * A.dy.nb[0]);
+            }
+        }
         double ss = 0, sd = 0;
-        for (int64_t i = lane; i < n; i += 32) {
-            double xv = ldf(xs + i * A.x.nb[0]);
+#pragma unroll
+        for (int k = 0; k < kn; k++) {
+            int64_t i = lane + 32 * k;
+            if (i >= n) break;
+            double xv = PM ? xr[k] : ldf(xs + i * A.x.nb[0]);
             ss += xv * xv;
-            if (A.back) {
-                float db = rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false); /* QK_NORM_ROPE: ROPE_BACK's g */
-                if (A.gated) db = __fmul_rn(db, keel_unary_f32(KEEL_OP_SILU, ldf(zs + i * A.z.nb[0]), 0.0f, 0.0f));
+            if (A.back) { /* QK_NORM_ROPE: ROPE_A.back's g */
+                float db = PM ? gr[k] : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false);
+                if (A.gated)
+                    db = __fmul_rn(db, keel_unary_f32(KEEL_OP_SILU, PM ? zr[k] : ldf(zs + i * A.z.nb[0]), 0.0f, 0.0f));
                 sd += xv * __fmul_rn(db, norm_w_weight(A, i));
             }
         }
@@ -417,17 +430,21 @@ __global__ void k_norm_w(norm_w_args A) {
             for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
         float sc = (float)(1.0 / sqrt(ss / (double)n + A.eps));
         double sb = 1.0 / sqrt(ss / (double)n + A.eps), f2 = sb * sb * sb * sd / (double)n;
-        for (int64_t i = lane; i < n; i += 32) {
-            float xv = ldf(xs + i * A.x.nb[0]), wv = norm_w_weight(A, i), a = __fmul_rn(xv, sc);
-            float zv = A.gated ? ldf(zs + i * A.z.nb[0]) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < kn; k++) {
+            int64_t i = lane + 32 * k;
+            if (i >= n) break;
+            float xv = PM ? xr[k] : ldf(xs + i * A.x.nb[0]), wv = norm_w_weight(A, i), a = __fmul_rn(xv, sc);
+            float zv = A.gated ? (PM ? zr[k] : ldf(zs + i * A.z.nb[0])) : 0.0f;
             float sg = A.gated ? keel_unary_f32(KEEL_OP_SILU, zv, 0.0f, 0.0f) : 1.0f;
             if (!A.back) {
                 float y = __fmul_rn(a, wv);
-                if (A.rope) y = rope_elem(A, xs, A.x.nb[0], i, p, 1.0, sc, true); /* the normed row, rotated */
+                if (rope) y = rope_elem(A, xs, A.x.nb[0], i, p, 1.0, sc, true); /* the normed row, rotated */
                 stf(kt_at(A.t, i, i1, i2, i3), A.gated ? __fmul_rn(y, sg) : y);
                 continue;
             }
-            float g = rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false), db = A.gated ? __fmul_rn(g, sg) : g;
+            float g = PM ? gr[k] : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false),
+                  db = A.gated ? __fmul_rn(g, sg) : g;
             float *o = (float *)A.t.p + r * n + i;
             o[0] = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
             if (A.gated) o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
@@ -521,82 +538,136 @@ typedef struct {
     int back;
 } gconv_dense;
 
-__device__ static inline float gconv_dense_u(const gconv_dense &A, const float *xr, int64_t ch, int64_t tt, int64_t p) {
-    float acc = 0.0f;
-    for (int j = 0; j < A.K; j++) {
-        int64_t d = A.K - 1 - j;
-        if (tt - d >= 0 && d <= p) acc += __fmul_rn(A.w[ch * A.K + j], xr[ch - d * A.C]);
-    }
-    return acc;
-}
-
-__global__ void k_gconv_heads_dense(gconv_dense A) {
-    int64_t H = 2 * A.n / A.hd, tasks = A.T * A.B * H;
-    int lane = threadIdx.x & 31, per = A.hd / 32;
+/* A warp (heads) or a thread (values) takes CONV_TILE consecutive rows of its channels and slides
+ * a window of the last K rows of x along them in registers, so each x element is read about once
+ * (a kernel a row read it K times, 0.50 ms and 0.61 ms for the 0.8B's forward and backward at
+ * batch 8; tiled 0.27 and 0.36) and the weights once a tile; the next row's loads are issued before
+ * this row's sums. The sums are the row kernels': the same bits. The taps
+ * are counted from the end of KM (an array size known at compile time, so the window stays in
+ * registers): tap j of K is j + KM - K, the first KM - K unused. */
+#define CONV_TILE 16
+template <int KM> __global__ void k_gconv_heads_tiled(gconv_dense A) {
+    int64_t H = 2 * A.n / A.hd, R = A.T * A.B, nt = (R + CONV_TILE - 1) / CONV_TILE, tasks = nt * H;
+    int lane = threadIdx.x & 31, per = A.hd / 32, K = A.K, jlo = KM - K;
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t wi = w0; wi < tasks; wi += ws) {
-        int64_t r = wi / H, h0 = (wi % H) * A.hd, tt = r % A.T, p = pos_at(A.pos, tt, r / A.T);
-        const float *xr = A.x + r * A.C;
+        int64_t h0 = (wi % H) * A.hd, r0 = (wi / H) * CONV_TILE, r1 = r0 + CONV_TILE < R ? r0 + CONV_TILE : R;
+        int64_t tt = r0 % A.T, bb = r0 / A.T;
         bool q = h0 < A.n;
-        float u[4], sv[4], g[4];
-        double ss = 0, sd = 0;
+        float wv[4][KM], win[4][KM], nx[4], nd[4];
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             if (m >= per) continue;
             int64_t ch = h0 + lane + 32 * m;
-            u[m] = gconv_dense_u(A, xr, ch, tt, p);
-            sv[m] = keel_unary_f32(KEEL_OP_SILU, u[m], 0.0f, 0.0f);
-            double x = sv[m];
-            ss += x * x;
-            if (A.back) {
-                float d = A.dy[r * A.C + ch];
-                g[m] = q ? keel_unary_f32(KEEL_OP_SCALE, d, A.a, 0.0f) : d;
-                sd += x * g[m];
+#pragma unroll
+            for (int j = 0; j < KM; j++) { /* the window as the row before r0 left it (see below) */
+                int64_t d = KM - j;
+                wv[m][j] = j >= jlo ? A.w[ch * K + j - jlo] : 0.0f;
+                win[m][j] = j > jlo && r0 - d >= 0 ? A.x[(r0 - d) * A.C + ch] : 0.0f;
             }
+            nx[m] = A.x[r0 * A.C + ch];
+            nd[m] = A.back ? A.dy[r0 * A.C + ch] : 0.0f;
         }
-        for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-        if (A.back)
-            for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
-        float scf = (float)(1.0 / sqrt(ss + A.eps));
-        double sc = 1.0 / sqrt(ss / 1.0 + A.eps), f2 = sc * sc * sc * sd / 1.0;
+        for (int64_t r = r0; r < r1; r++) {
+            int64_t p = pos_at(A.pos, tt, bb);
+            float u[4], sv[4], g[4];
+            double ss = 0, sd = 0;
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-            if (m >= per) continue;
-            int64_t ch = h0 + lane + 32 * m;
-            float v = A.back ? silu_back1(u[m], (float)(sc * g[m] - f2 * sv[m]))
-                             : (q ? keel_unary_f32(KEEL_OP_SCALE, sv[m] * scf, A.a, 0.0f) : sv[m] * scf);
-            A.y[r * A.C + ch] = v;
+            for (int m = 0; m < 4; m++) {
+                if (m >= per) continue;
+                int64_t ch = h0 + lane + 32 * m;
+                float xn = nx[m], dn = nd[m];
+                if (r + 1 < r1) {
+                    nx[m] = A.x[(r + 1) * A.C + ch];
+                    if (A.back) nd[m] = A.dy[(r + 1) * A.C + ch];
+                }
+#pragma unroll
+                for (int j = 0; j < KM - 1; j++) win[m][j] = win[m][j + 1];
+                win[m][KM - 1] = xn;
+                float acc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < KM; j++) {
+                    int64_t d = KM - 1 - j;
+                    if (j >= jlo && tt - d >= 0 && d <= p) acc += __fmul_rn(wv[m][j], win[m][j]);
+                }
+                u[m] = acc;
+                sv[m] = keel_unary_f32(KEEL_OP_SILU, u[m], 0.0f, 0.0f);
+                double x = sv[m];
+                ss += x * x;
+                if (A.back) {
+                    g[m] = q ? keel_unary_f32(KEEL_OP_SCALE, dn, A.a, 0.0f) : dn;
+                    sd += x * g[m];
+                }
+            }
+            for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+            if (A.back)
+                for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
+            float scf = (float)(1.0 / sqrt(ss + A.eps));
+            double sc = 1.0 / sqrt(ss / 1.0 + A.eps), f2 = sc * sc * sc * sd / 1.0;
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                if (m >= per) continue;
+                int64_t ch = h0 + lane + 32 * m;
+                float v = A.back ? silu_back1(u[m], (float)(sc * g[m] - f2 * sv[m]))
+                                 : (q ? keel_unary_f32(KEEL_OP_SCALE, sv[m] * scf, A.a, 0.0f) : sv[m] * scf);
+                A.y[r * A.C + ch] = v;
+            }
+            if (++tt == A.T) tt = 0, bb++;
         }
     }
 }
 
-__global__ void k_gconv_values_dense(gconv_dense A) {
-    int64_t c0 = 2 * A.n, nv4 = (A.C - c0) / 4;
-    GRID_STRIDE(e, nv4 * A.T * A.B) {
-        int64_t r = e / nv4, ch = c0 + (e % nv4) * 4, tt = r % A.T, p = pos_at(A.pos, tt, r / A.T);
-        const float *xr = A.x + r * A.C;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int j = 0; j < A.K; j++) { /* k_conv4's sums */
-            int64_t d = A.K - 1 - j;
-            if (tt - d >= 0 && d <= p) {
-                float4 xv = *(const float4 *)(xr + ch - d * A.C);
-                acc.x += __fmul_rn(A.w[ch * A.K + j], xv.x);
-                acc.y += __fmul_rn(A.w[(ch + 1) * A.K + j], xv.y);
-                acc.z += __fmul_rn(A.w[(ch + 2) * A.K + j], xv.z);
-                acc.w += __fmul_rn(A.w[(ch + 3) * A.K + j], xv.w);
+template <int KM> __global__ void k_gconv_values_tiled(gconv_dense A) {
+    int64_t c0 = 2 * A.n, nv4 = (A.C - c0) / 4, R = A.T * A.B, nt = (R + CONV_TILE - 1) / CONV_TILE;
+    int K = A.K, jlo = KM - K;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    GRID_STRIDE(e, nv4 * nt) {
+        int64_t ch = c0 + (e % nv4) * 4, r0 = (e / nv4) * CONV_TILE, r1 = r0 + CONV_TILE < R ? r0 + CONV_TILE : R;
+        int64_t tt = r0 % A.T, bb = r0 / A.T;
+        float4 wv[KM], win[KM];
+#pragma unroll
+        for (int j = 0; j < KM; j++) {
+            int64_t d = KM - j, i = j - jlo; /* the window as the row before r0 left it */
+            wv[j] = j >= jlo ? make_float4(A.w[ch * K + i], A.w[(ch + 1) * K + i], A.w[(ch + 2) * K + i],
+                                           A.w[(ch + 3) * K + i])
+                             : zero;
+            win[j] = j > jlo && r0 - d >= 0 ? *(const float4 *)(A.x + (r0 - d) * A.C + ch) : zero;
+        }
+        float4 nx = *(const float4 *)(A.x + r0 * A.C + ch),
+               nd = A.back ? *(const float4 *)(A.dy + r0 * A.C + ch) : zero;
+        for (int64_t r = r0; r < r1; r++) {
+            float4 xn = nx, dn = nd;
+            if (r + 1 < r1) {
+                nx = *(const float4 *)(A.x + (r + 1) * A.C + ch);
+                if (A.back) nd = *(const float4 *)(A.dy + (r + 1) * A.C + ch);
             }
+#pragma unroll
+            for (int j = 0; j < KM - 1; j++) win[j] = win[j + 1];
+            win[KM - 1] = xn;
+            int64_t p = pos_at(A.pos, tt, bb);
+            float4 acc = zero;
+#pragma unroll
+            for (int j = 0; j < KM; j++) { /* k_conv4's sums */
+                int64_t d = KM - 1 - j;
+                if (j >= jlo && tt - d >= 0 && d <= p) {
+                    acc.x += __fmul_rn(wv[j].x, win[j].x);
+                    acc.y += __fmul_rn(wv[j].y, win[j].y);
+                    acc.z += __fmul_rn(wv[j].z, win[j].z);
+                    acc.w += __fmul_rn(wv[j].w, win[j].w);
+                }
+            }
+            float4 o;
+            if (A.back) {
+                o = make_float4(silu_back1(acc.x, dn.x), silu_back1(acc.y, dn.y), silu_back1(acc.z, dn.z),
+                                silu_back1(acc.w, dn.w));
+            } else {
+                o = make_float4(
+                    keel_unary_f32(KEEL_OP_SILU, acc.x, 0.0f, 0.0f), keel_unary_f32(KEEL_OP_SILU, acc.y, 0.0f, 0.0f),
+                    keel_unary_f32(KEEL_OP_SILU, acc.z, 0.0f, 0.0f), keel_unary_f32(KEEL_OP_SILU, acc.w, 0.0f, 0.0f));
+            }
+            *(float4 *)(A.y + r * A.C + ch) = o;
+            if (++tt == A.T) tt = 0, bb++;
         }
-        float4 o;
-        if (A.back) {
-            float4 d = *(const float4 *)(A.dy + r * A.C + ch);
-            o = make_float4(silu_back1(acc.x, d.x), silu_back1(acc.y, d.y), silu_back1(acc.z, d.z),
-                            silu_back1(acc.w, d.w));
-        } else {
-            o = make_float4(
-                keel_unary_f32(KEEL_OP_SILU, acc.x, 0.0f, 0.0f), keel_unary_f32(KEEL_OP_SILU, acc.y, 0.0f, 0.0f),
-                keel_unary_f32(KEEL_OP_SILU, acc.z, 0.0f, 0.0f), keel_unary_f32(KEEL_OP_SILU, acc.w, 0.0f, 0.0f));
-        }
-        *(float4 *)(A.y + r * A.C + ch) = o;
     }
 }
 
@@ -692,28 +763,59 @@ __global__ void k_conv(kt t, kt x, kt w, kt pos, int fwd) {
 /* The same on dense float32 x, result and w with C % 4 == 0 (the DeltaNet's [6144, T, B]): 4
  * channels a thread through 16-byte loads and stores, each channel's sum the same float32 sum in
  * j order (the generic kernel's index arithmetic and 4-byte accesses ran at a fifth of the memory
- * bandwidth). */
-__global__ void k_conv4(float *y, const float *x, const float *w, kt pos, int64_t C, int64_t T, int64_t B, int K,
-                        int fwd) {
-    /* a row (position, example) per block row of the grid, channels across threads: no 64-bit
-     * division per element */
-    int64_t C4 = C / 4, c4 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+ * bandwidth). A thread takes CONV_TILE consecutive rows (upward for CONV1D, downward for the
+ * input gradient, whose taps reach forward) and slides a window of the rows the taps read in
+ * registers: each element read about once, the weights once (a thread a row: 0.46 ms for the
+ * 0.8B's input gradient at batch 8; tiled 0.17). The taps counted from the end of KM, as in
+ * k_gconv_heads_tiled. */
+template <int KM>
+__global__ void k_conv4_tiled(float *y, const float *x, const float *w, kt pos, int64_t C, int64_t T, int64_t B, int K,
+                              int fwd) {
+    int64_t C4 = C / 4, c4 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, R = T * B,
+            nt = (R + CONV_TILE - 1) / CONV_TILE, s = fwd ? -1 : 1; /* a tap d steps away reads row r + s d */
+    int jlo = KM - K;
     if (c4 >= C4) return;
     const float *wc = w + 4 * c4 * K; /* w(j, ch) at ch * K + j */
-    for (int64_t r = blockIdx.y; r < T * B; r += gridDim.y) {
-        int64_t tt = r % T, bb = r / T;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int j = 0; j < K; j++) {
-            int64_t ts = fwd ? tt - (K - 1) + j : tt + (K - 1) - j;
-            if (ts >= 0 && ts < T && K - 1 - j <= pos_at(pos, fwd ? tt : ts, bb)) {
-                float4 xv = ((const float4 *)(x + (bb * T + ts) * C))[c4];
-                acc.x += __fmul_rn(wc[j], xv.x);
-                acc.y += __fmul_rn(wc[K + j], xv.y);
-                acc.z += __fmul_rn(wc[2 * K + j], xv.z);
-                acc.w += __fmul_rn(wc[3 * K + j], xv.w);
-            }
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 wv[KM];
+#pragma unroll
+    for (int j = 0; j < KM; j++) {
+        int i = j - jlo;
+        wv[j] = j >= jlo ? make_float4(wc[i], wc[K + i], wc[2 * K + i], wc[3 * K + i]) : zero;
+    }
+    for (int64_t tile = blockIdx.y; tile < nt; tile += gridDim.y) {
+        int64_t r0 = tile * CONV_TILE, r1 = r0 + CONV_TILE < R ? r0 + CONV_TILE : R, n = r1 - r0;
+        int64_t rs = fwd ? r0 : r1 - 1, tt = rs % T, bb = rs / T;
+        float4 win[KM]; /* win[j]: row r + s (KM - 1 - j), once row r is shifted in; first as the row
+                         * before rs left it */
+#pragma unroll
+        for (int j = 0; j < KM; j++) {
+            int64_t rr = rs + s * (KM - j);
+            win[j] = j > jlo && rr >= 0 && rr < R ? ((const float4 *)(x + rr * C))[c4] : zero;
         }
-        ((float4 *)(y + r * C))[c4] = acc;
+        float4 nx = ((const float4 *)(x + rs * C))[c4];
+        for (int64_t k = 0; k < n; k++) {
+            int64_t r = rs - s * k;
+            float4 xn = nx;
+            if (k + 1 < n) nx = ((const float4 *)(x + (r - s) * C))[c4];
+#pragma unroll
+            for (int j = 0; j < KM - 1; j++) win[j] = win[j + 1];
+            win[KM - 1] = xn;
+            float4 acc = zero;
+#pragma unroll
+            for (int j = 0; j < KM; j++) {
+                int64_t d = KM - 1 - j, ts = tt + s * d;
+                if (j >= jlo && ts >= 0 && ts < T && d <= pos_at(pos, fwd ? tt : ts, bb)) {
+                    acc.x += __fmul_rn(wv[j].x, win[j].x);
+                    acc.y += __fmul_rn(wv[j].y, win[j].y);
+                    acc.z += __fmul_rn(wv[j].z, win[j].z);
+                    acc.w += __fmul_rn(wv[j].w, win[j].w);
+                }
+            }
+            ((float4 *)(y + r * C))[c4] = acc;
+            if (fwd && ++tt == T) tt = 0, bb++;
+            if (!fwd && --tt < 0) tt = T - 1, bb--;
+        }
     }
 }
 
@@ -1079,6 +1181,25 @@ static int rope(keel_backend *be, const keel_tensor *t) {
     return 0;
 }
 
+/* Whether the 16-byte (4 elements a thread) path can take these tensors: each contiguous and on a
+ * 16-byte boundary (NULL ones left out). */
+static bool vec_tensors(const keel_tensor *x, const keel_tensor *y, const keel_tensor *z) {
+    const keel_tensor *ts[3] = {x, y, z};
+    for (int i = 0; i < 3; i++)
+        if (ts[i] && !(keel_is_contiguous(ts[i]) && vec_ok(ts[i]->data))) return false;
+    return true;
+}
+
+/* Whether t is a's leading dimensions (both contiguous; t.ne[d] is a.ne[d] up to some d and 1 after). */
+static bool leading_dims(const keel_tensor *t, const keel_tensor *a) {
+    if (!keel_is_contiguous(t) || !keel_is_contiguous(a)) return false;
+    int d = 0;
+    while (d < 4 && t->ne[d] == a->ne[d]) d++;
+    for (; d < 4; d++)
+        if (t->ne[d] != 1) return false;
+    return true;
+}
+
 /* REPEAT_BACK and CONV1D_BACK_WEIGHT: n_terms summed into each result element, in two passes. */
 static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms) {
     int64_t n_out = keel_nelements(t);
@@ -1089,18 +1210,21 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     if (!part) return -1;
     bool conv = t->op == KEEL_OP_CONV1D_BACK_WEIGHT;
     const keel_tensor *x = t->src[0], *dy = t->src[1];
-    bool dense = conv && t->ne[0] <= CONV_TAPS_MAX && keel_is_contiguous(x) && keel_is_contiguous(dy);
-    if (dense && x->ne[0] % 4 == 0 && vec_ok(x->data) && vec_ok(dy->data))
-        k_conv_back_w_part_dense4<<<cuda_blocks(x->ne[0] / 4 * n_chunks, 256), 256, 0, st(be)>>>(
+    bool dense4 = conv && t->ne[0] <= CONV_TAPS_MAX && x->ne[0] % 4 == 0 && vec_tensors(x, dy, NULL);
+    if (dense4 && t->ne[0] <= 4)
+        k_conv_back_w_part_dense4<4><<<cuda_blocks(x->ne[0] / 4 * n_chunks, 256), 256, 0, st(be)>>>(
             (const float *)x->data, (const float *)dy->data, kt_of(t->src[2]), x->ne[0], x->ne[1], x->ne[2],
             (int)t->ne[0], per, n_chunks, part);
-    else if (dense)
-        k_conv_back_w_part_dense<<<cuda_blocks(x->ne[0] * n_chunks, 256), 256, 0, st(be)>>>(
+    else if (dense4)
+        k_conv_back_w_part_dense4<CONV_TAPS_MAX><<<cuda_blocks(x->ne[0] / 4 * n_chunks, 256), 256, 0, st(be)>>>(
             (const float *)x->data, (const float *)dy->data, kt_of(t->src[2]), x->ne[0], x->ne[1], x->ne[2],
             (int)t->ne[0], per, n_chunks, part);
     else if (conv)
         k_conv_back_w_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(
             kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), kt_of(t->src[2]), per, n_chunks, part);
+    else if (leading_dims(t, x))
+        k_repeat_back_part_lead<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>((const float *)x->data, n_out,
+                                                                                        n_terms, per, n_chunks, part);
     else
         k_repeat_back_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), per,
                                                                                    n_chunks, part);
@@ -1116,15 +1240,6 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     do {                                                                                                               \
         if ((n) > 0) kernel<<<cuda_blocks((n), 256), 256, 0, st(be)>>>(__VA_ARGS__);                                   \
     } while (0)
-
-/* Whether the 16-byte (4 elements a thread) path can take these tensors: each contiguous and on a
- * 16-byte boundary (NULL ones left out). */
-static bool vec_tensors(const keel_tensor *x, const keel_tensor *y, const keel_tensor *z) {
-    const keel_tensor *ts[3] = {x, y, z};
-    for (int i = 0; i < 3; i++)
-        if (ts[i] && !(keel_is_contiguous(ts[i]) && vec_ok(ts[i]->data))) return false;
-    return true;
-}
 
 int cuda_node(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
@@ -1164,9 +1279,16 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return cuda_copy_rows(be, t, a, b);
     case KEEL_OP_GET_ROWS_BACK:
         return get_rows_back(be, t);
-    case KEEL_OP_FILL:
-        EW(k_fill, n, kt_of(t), (float)t->fp[0]);
+    case KEEL_OP_FILL: { /* zeros (a gradient's start) by the driver's memset: k_fill's 4-byte stores
+                          * took 0.18 ms for the DeltaNet's 201 MB conv gradient, a quarter of the bandwidth */
+        float v = (float)t->fp[0];
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        if (bits == 0 && keel_is_contiguous(t))
+            return cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), st(be)), "memset", t);
+        EW(k_fill, n, kt_of(t), v);
         return 0;
+    }
     case KEEL_OP_REPEAT:
         EW(k_repeat, n, kt_of(t), kt_of(a));
         return 0;
@@ -1227,13 +1349,19 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return cuda_out_prod(be, t);
     case KEEL_OP_CONV1D:
     case KEEL_OP_CONV1D_BACK_INPUT:
-        if (a->ne[0] % 4 == 0 && vec_tensors(t, a, NULL) && keel_is_contiguous(b)) {
+        if (a->ne[0] % 4 == 0 && b->ne[0] <= CONV_TAPS_MAX && vec_tensors(t, a, NULL) && keel_is_contiguous(b)) {
             int64_t rows = a->ne[1] * a->ne[2];
-            dim3 grid((unsigned)((a->ne[0] / 4 + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
-            if (n > 0)
-                k_conv4<<<grid, 256, 0, st(be)>>>((float *)t->data, (const float *)a->data, (const float *)b->data,
-                                                  kt_of(t->src[2]), a->ne[0], a->ne[1], a->ne[2], (int)b->ne[0],
-                                                  t->op == KEEL_OP_CONV1D ? 1 : 0);
+            int64_t nt = (rows + CONV_TILE - 1) / CONV_TILE; /* tiles of rows, looped past 65535 */
+            dim3 tgrid((unsigned)((a->ne[0] / 4 + 255) / 256), (unsigned)(nt < 65535 ? nt : 65535));
+            int fwd = t->op == KEEL_OP_CONV1D ? 1 : 0, K = (int)b->ne[0];
+            if (n > 0 && K <= 4)
+                k_conv4_tiled<4><<<tgrid, 256, 0, st(be)>>>((float *)t->data, (const float *)a->data,
+                                                            (const float *)b->data, kt_of(t->src[2]), a->ne[0],
+                                                            a->ne[1], a->ne[2], K, fwd);
+            else if (n > 0)
+                k_conv4_tiled<CONV_TAPS_MAX><<<tgrid, 256, 0, st(be)>>>((float *)t->data, (const float *)a->data,
+                                                                        (const float *)b->data, kt_of(t->src[2]),
+                                                                        a->ne[0], a->ne[1], a->ne[2], K, fwd);
         } else {
             EW(k_conv, n, kt_of(t), kt_of(a), kt_of(b), kt_of(t->src[2]), t->op == KEEL_OP_CONV1D ? 1 : 0);
         }
@@ -1260,8 +1388,21 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
             A.freq = rope_freqs(be, t, t->ip[1], t->fp[1]);
             if (!A.freq) return -1;
         }
-        int64_t R = keel_nrows(a);
-        if (R > 0) k_norm_w<<<cuda_blocks(R * 32, 256), 256, 0, st(be)>>>(A);
+        /* the register variants of long rows take ~170 registers a thread: blocks of 128 threads,
+         * so that a multiprocessor holds three of them rather than one of 256 */
+        int64_t R = keel_nrows(a), w = a->ne[0];
+        unsigned blocks = cuda_blocks(R * 32, 256), half = cuda_blocks(R * 32, 128);
+        if (R == 0) return 0;
+        if (A.rope || w > 32 * 32)
+            k_norm_w<0><<<blocks, 256, 0, st(be)>>>(A);
+        else if (w <= 32 * 4)
+            k_norm_w<4><<<blocks, 256, 0, st(be)>>>(A);
+        else if (w <= 32 * 8)
+            k_norm_w<8><<<blocks, 256, 0, st(be)>>>(A);
+        else if (w <= 32 * 16)
+            k_norm_w<16><<<half, 128, 0, st(be)>>>(A);
+        else
+            k_norm_w<32><<<half, 128, 0, st(be)>>>(A);
         return 0;
     }
     case KEEL_OP_GDN_CONV:
@@ -1275,13 +1416,21 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         int64_t R = a->ne[1] * a->ne[2], heads = R * (2 * A.n / A.hd);
         const keel_tensor *w = b, *dy = A.back ? t->src[3] : NULL;
         bool wdense = w->nb[0] == (int64_t)sizeof(float) && w->nb[1] == w->ne[0] * (int64_t)sizeof(float);
-        if (vec_tensors(a, t, dy) && wdense && A.hd % 32 == 0 && A.hd <= 128 && A.n % 4 == 0 && a->ne[0] % 4 == 0) {
+        if (vec_tensors(a, t, dy) && wdense && w->ne[0] <= CONV_TAPS_MAX && A.hd % 32 == 0 && A.hd <= 128 &&
+            A.n % 4 == 0 && a->ne[0] % 4 == 0) {
             gconv_dense D;
             D.x = (const float *)a->data, D.w = (const float *)w->data, D.dy = dy ? (const float *)dy->data : NULL;
             D.y = (float *)t->data, D.pos = A.pos, D.C = a->ne[0], D.T = a->ne[1], D.B = a->ne[2], D.n = A.n;
             D.K = (int)w->ne[0], D.hd = (int)A.hd, D.eps = A.eps, D.a = A.a, D.back = A.back;
-            if (heads > 0) k_gconv_heads_dense<<<cuda_blocks(heads * 32, 256), 256, 0, st(be)>>>(D);
-            EW(k_gconv_values_dense, (D.C - 2 * D.n) / 4 * R, D);
+            int64_t nt = (R + CONV_TILE - 1) / CONV_TILE, nv4 = (D.C - 2 * D.n) / 4;
+            if (D.K <= 4) {
+                if (heads > 0) k_gconv_heads_tiled<4><<<cuda_blocks(nt * (heads / R) * 32, 256), 256, 0, st(be)>>>(D);
+                EW(k_gconv_values_tiled<4>, nv4 * nt, D);
+            } else {
+                if (heads > 0)
+                    k_gconv_heads_tiled<CONV_TAPS_MAX><<<cuda_blocks(nt * (heads / R) * 32, 256), 256, 0, st(be)>>>(D);
+                EW(k_gconv_values_tiled<CONV_TAPS_MAX>, nv4 * nt, D);
+            }
             return 0;
         }
         if (heads > 0) k_gconv_heads<<<cuda_blocks(heads * 32, 256), 256, 0, st(be)>>>(A);
