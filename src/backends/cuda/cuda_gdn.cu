@@ -149,6 +149,14 @@ __host__ __device__ static inline int prep_q_floats(int Dk) {
     return CH * PAD_LD(Dk) > 2 * CH * CH ? CH * PAD_LD(Dk) : 2 * CH * CH;
 }
 
+/* The columns of V a block of prep can hold in `room` floats of shared memory: all Dv, or the most
+ * (a multiple of 4) whose CH rows fit. */
+__device__ static int v_cols(int room, int Dv) {
+    int vb = Dv;
+    while (vb > 4 && CH * PAD_LD(vb) > room) vb = (vb - 1) / 4 * 4 > 4 ? (vb - 1) / 4 * 4 : 4;
+    return vb;
+}
+
 /* Per chunk (grid: chunks x lanes): decays, A, W, U0, the scaled rows; the backward's A, Kb, A^T Kc. */
 __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd) {
     extern __shared__ double smd[];
@@ -157,7 +165,7 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
     int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk);
     chunk_decay d = decay_at(smd);
     float *Q = (float *)((char *)smd + DECAY_BYTES), *K = Q + prep_q_floats(Dk) + 2 * PREP_T, *M = K + CH * ldk,
-          *Pm = M + CH * LDC, *Vt = M; /* V's tiles take M's space once W and A^T Kc are made */
+          *Pm = M + CH * LDC, *Vt = Q; /* V's columns take Q's space (and on, see below) */
     double *Ad = (double *)Q, *T = (double *)(Q + prep_q_floats(Dk)); /* A in float64 takes Q's space */
     fetch_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
     fetch_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
@@ -191,11 +199,23 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
         M[t * LDC + s] = a;
         Pm[t * LDC + s] = (float)(Ad[t * CH + s] * (double)d.bt[s]);
     }
-    __syncthreads(); /* Ad is read: Q's space takes Kc */
+    /* V for U0 = A diag(beta) V, as many columns at a time as fit (all of them at the 0.8B's
+     * shape, one fetch and one product that keeps every thread busy): the forward puts them in
+     * Q's and T's space, free once Ad is read, so they are in flight during the W product; the
+     * backward also needs Q (Kc, for A^T Kc), so there they wait for both products and take
+     * everything up to Pm. The same sums (each element's over the chunk in order) either way. */
+    int vb = v_cols(bwd ? prep_q_floats(Dk) + 2 * PREP_T + CH * ldk + CH * LDC : prep_q_floats(Dk) + 2 * PREP_T, Dv),
+        ldv = PAD_LD(vb);
+    __syncthreads(); /* Ad is read: Q's space takes Kc (backward) or V (forward) */
+    if (!bwd) {
+        fetch_rows(Vt, ldv, A.v, hv, t0, b, n, 0, vb);
+        fetch_commit();
+    }
     for (int e = threadIdx.x; e < n * Dk; e += NT) {
         int t = e / Dk, i = e - t * Dk;
         float kc = d.DC[t] * K[t * ldk + i], kb = d.bt[t] * d.Gam[t] * K[t * ldk + i];
-        P.Kc[rk + e] = kc, Q[t * ldk + i] = kc;
+        P.Kc[rk + e] = kc;
+        if (bwd) Q[t * ldk + i] = kc;
         K[t * ldk + i] = kb;
         if (bwd) P.Kb[rk + e] = kb;
     }
@@ -203,14 +223,16 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
     __syncthreads();
     bmm<false, false>(P.W + rk, Dk, M, LDC, K, ldk, n, Dk, n, 1.0f, 0.0f, false);
     if (bwd) bmm<true, false>(P.Ac + rk, Dk, M, LDC, Q, ldk, n, Dk, n, 1.0f, 0.0f, false);
-    for (int j0 = 0; j0 < Dv; j0 += JB) {
-        int jw = Dv - j0 < JB ? Dv - j0 : JB;
-        __syncthreads(); /* the previous tile is consumed */
-        fetch_rows(Vt, LDJ, A.v, hv, t0, b, n, j0, jw);
-        fetch_commit();
+    for (int j0 = 0; j0 < Dv; j0 += vb) {
+        int jw = Dv - j0 < vb ? Dv - j0 : vb;
+        if (bwd || j0 > 0) {
+            __syncthreads(); /* the products before have read Q, K, M (or the previous columns) */
+            fetch_rows(Vt, ldv, A.v, hv, t0, b, n, j0, jw);
+            fetch_commit();
+        }
         fetch_wait(0);
         __syncthreads();
-        bmm<false, false>(P.U0 + lc * CH * (int64_t)Dv + j0, Dv, Pm, LDC, Vt, LDJ, n, jw, n, 1.0f, 0.0f, false);
+        bmm<false, false>(P.U0 + lc * CH * (int64_t)Dv + j0, Dv, Pm, LDC, Vt, ldv, n, jw, n, 1.0f, 0.0f, false);
     }
 }
 
@@ -287,12 +309,13 @@ __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o)
     fetch_commit();
     fetch_wait(1);
     __syncthreads();
-    float *out = o + ((b * A.T + c * CH) * A.Hv + hv) * A.Dv + j0;
+    float *out = o + ((b * A.T + c * CH) * A.Hv + hv) * A.Dv + j0, acc[1][4][4]; /* one turn: n, jw <= 64 */
     int64_t ld = A.Hv * A.Dv;
-    bmm<false, false>(out, ld, X, ldk, St, LDO, n, jw, Dk, 1.0f, 0.0f, false);
+    bmm_reg<false, false, 1>(acc, X, ldk, St, LDO, n, jw, Dk, 1.0f, 0.0f, false);
     fetch_wait(0);
     __syncthreads();
-    bmm<false, false>(out, ld, Pm, LDC, Ut, LDO, n, jw, n, 1.0f, 1.0f, true); /* same owners as the first */
+    bmm_reg<false, false, 1>(acc, Pm, LDC, Ut, LDO, n, jw, n, 1.0f, 1.0f, true); /* as bmm into out twice */
+    bmm_each<false, 1>(n, jw, [&](int u, int i, int j, int t, int x) { out[t * ld + x] = acc[u][i][j]; });
 }
 
 static size_t out_smem(int64_t Dk) {
@@ -461,7 +484,7 @@ static size_t contract_smem(int64_t Dk) {
  *   dbeta_t = r3_t - Gam_t k_t.dKb_t + sum_s<t dMm_ts D_ts k_t.k_s
  * and dG_t, the gradient of the summed gate G_t, from everything a decay multiplies; dg is the
  * sum of dG over the later steps of the same example in the chunk (0 where an example starts). */
-__global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *out) {
+template <int NB> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
@@ -544,30 +567,24 @@ __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *
             for (int t = u; t < n; t++) s += d.seg[t] == d.seg[u] ? dG[t] : 0.0f;
         out[off_dg + (b * A.T + t0 + u) * A.Hv + hv] = s;
     }
-    float *oq = out + ((b * A.T + t0) * A.Hv + hv) * A.Dk, *ok = oq + off_dk;
+    /* dq, then dk, in registers: each element's first terms, then the products added as bmm adds
+     * them to C (bmm_reg: the same sums in the same order), and one store; NB: the turns of a
+     * thread's blocks over n x Dk (2 up to Dk = 128, 4 up to 256) */
+    float *oq = out + ((b * A.T + t0) * A.Hv + hv) * A.Dk, *ok = oq + off_dk, acc[NB][4][4];
     int64_t ld = A.Hv * A.Dk;
-    for (int base = 0; base < n * Dk; base += NT * 4) { /* all loads of 4 elements, then their stores */
-        float a[4], ka[4], kb[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int e = base + u * NT + threadIdx.x;
-            if (e < n * Dk) a[u] = P.dQa[rk + e], ka[u] = P.dKa[rk + e], kb[u] = P.dKb[rk + e];
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int e = base + u * NT + threadIdx.x, t = e / Dk, i = e - t * Dk;
-            if (e < n * Dk) {
-                oq[t * ld + i] = d.Gam[t] * a[u];
-                ok[t * ld + i] = d.DC[t] * ka[u] - d.bt[t] * d.Gam[t] * kb[u];
-            }
-        }
-    }
+    const float *qa = P.dQa + rk, *ka = P.dKa + rk, *kb = P.dKb + rk;
+    bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) { acc[u][i][j] = d.Gam[t] * qa[t * Dk + c]; });
     fetch_wait(0);
-    __syncthreads(); /* the rows above are read back by other threads below, and Pd, E have landed */
-    bmm<false, false>(oq, ld, Pd, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
-    bmm<false, false>(ok, ld, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
-    bmm<true, false>(ok, ld, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
-    bmm<true, false>(ok, ld, Pd, LDC, Q, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    __syncthreads(); /* Pd and E have landed */
+    bmm_reg<false, false, NB>(acc, Pd, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) { oq[t * ld + c] = acc[u][i][j]; });
+    bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) {
+        acc[u][i][j] = d.DC[t] * ka[t * Dk + c] - d.bt[t] * d.Gam[t] * kb[t * Dk + c];
+    });
+    bmm_reg<false, false, NB>(acc, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm_reg<true, false, NB>(acc, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm_reg<true, false, NB>(acc, Pd, LDC, Q, ldk, n, Dk, n, 1.0f, 1.0f, true);
+    bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) { ok[t * ld + c] = acc[u][i][j]; });
 }
 
 static size_t grads_smem(int64_t Dk) {
@@ -665,6 +682,9 @@ int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     TILE_LAUNCH(k_gdn_state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P,
                 out);
     TILE_LAUNCH(k_gdn_contract, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
-    TILE_LAUNCH(k_gdn_grads, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
+    if (A.Dk <= 128)
+        TILE_LAUNCH(k_gdn_grads<2>, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
+    else
+        TILE_LAUNCH(k_gdn_grads<4>, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
     return 0;
 }

@@ -40,68 +40,92 @@ __device__ static inline float warp_sum(float x) {
  * the last k % 4 one at a time. Rows and columns
  * past the edge read padding or the last row and are not stored. The transpositions are template
  * parameters: each of the four forms compiles to its own loop. */
-template <bool TA, bool TB, int RB = 4>
-__device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k,
-                           float alpha, float beta, bool acc) {
-    int mr = (m + RB - 1) / RB, n4 = (n + 3) >> 2, k4 = k & ~3, wc = (n4 + 7) >> 3, lane = threadIdx.x & 31;
-    /* a warp takes 4 x 8 of the threads' blocks at a time (4 RB rows, 32 columns): its loads touch
-     * 4 RB rows of A and 8 column groups of B, a wavefront or two of shared memory each */
-    for (int wt = threadIdx.x >> 5; wt < ((mr + 3) >> 2) * wc; wt += NT / 32) {
-        int rg = (wt / wc) * 4 + (lane >> 3), cx = (wt % wc) * 8 + (lane & 7);
-        if (rg >= mr || cx >= n4) continue;
-        int r0 = rg * RB, cb = TB ? cx : 4 * cx, cs = TB ? n4 : 1;
-        const float *pa[RB], *pb[4];
-        float s[RB][4];
+
+/* The blocks a thread owns, in order: a warp takes 4 x 8 of the threads' blocks at a time (4 RB
+ * rows, 32 columns), so its loads touch 4 RB rows of A and 8 column groups of B, a wavefront or two
+ * of shared memory each. Block b of the thread (its b-th turn, counted whether or not the turn has
+ * a block) starts at row r0 and column cb, its columns cs apart; false past the edge. */
+template <bool TB, int RB> struct bmm_owner {
+    int mr, n4, wc, lane;
+    __device__ bmm_owner(int m, int n)
+        : mr((m + RB - 1) / RB), n4((n + 3) >> 2), wc((n4 + 7) >> 3), lane(threadIdx.x & 31) {}
+    __device__ int turns() const { return (((mr + 3) >> 2) * wc - (int)(threadIdx.x >> 5) + NT / 32 - 1) / (NT / 32); }
+    __device__ bool block(int b, int *r0, int *cb, int *cs) const {
+        int wt = (int)(threadIdx.x >> 5) + b * (NT / 32), rg = (wt / wc) * 4 + (lane >> 3),
+            cx = (wt % wc) * 8 + (lane & 7);
+        if (rg >= mr || cx >= n4) return false;
+        *r0 = rg * RB, *cb = TB ? cx : 4 * cx, *cs = TB ? n4 : 1;
+        return true;
+    }
+};
+
+/* The product's block at (r0, cb, cs), summed over the depth in order into s. */
+template <bool TA, bool TB, int RB>
+__device__ static inline void bmm_block(float s[RB][4], const float *A, int lda, const float *B, int ldb, int m, int n,
+                                        int k, int r0, int cb, int cs) {
+    int k4 = k & ~3;
+    const float *pa[RB], *pb[4];
 #pragma unroll
-        for (int i = 0; i < RB; i++) {
-            int r = min(r0 + i, m - 1);
-            pa[i] = TA ? A + r : A + r * lda;
+    for (int i = 0; i < RB; i++) {
+        int r = min(r0 + i, m - 1);
+        pa[i] = TA ? A + r : A + r * lda;
 #pragma unroll
-            for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
-        }
+        for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
+    }
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int c = min(cb + i * cs, n - 1);
-            pb[i] = TB ? B + c * ldb : B + c;
-        }
-        for (int p = 0; p < k4; p += 4) {
-            float a[RB][4], b[4][4]; /* a[row][depth], b[depth][column] */
+    for (int i = 0; i < 4; i++) {
+        int c = min(cb + i * cs, n - 1);
+        pb[i] = TB ? B + c * ldb : B + c;
+    }
+    for (int p = 0; p < k4; p += 4) {
+        float a[RB][4], b[4][4]; /* a[row][depth], b[depth][column] */
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                if (TA && RB == 4) {
-                    float4 v = *(const float4 *)(A + (p + q) * lda + r0);
-                    a[0][q] = v.x, a[1][q] = v.y, a[2][q] = v.z, a[3 % RB][q] = v.w;
-                } else if (TA) {
-                    float2 v = *(const float2 *)(A + (p + q) * lda + r0);
-                    a[0][q] = v.x, a[1 % RB][q] = v.y;
-                } else if (q < RB) {
-                    float4 v = *(const float4 *)(pa[q] + p);
-                    a[q][0] = v.x, a[q][1] = v.y, a[q][2] = v.z, a[q][3] = v.w;
-                }
-                float4 w = TB ? *(const float4 *)(pb[q] + p) : *(const float4 *)(B + (p + q) * ldb + cb);
-                if (TB)
-                    b[0][q] = w.x, b[1][q] = w.y, b[2][q] = w.z, b[3][q] = w.w;
-                else
-                    b[q][0] = w.x, b[q][1] = w.y, b[q][2] = w.z, b[q][3] = w.w;
+        for (int q = 0; q < 4; q++) {
+            if (TA && RB == 4) {
+                float4 v = *(const float4 *)(A + (p + q) * lda + r0);
+                a[0][q] = v.x, a[1][q] = v.y, a[2][q] = v.z, a[3 % RB][q] = v.w;
+            } else if (TA) {
+                float2 v = *(const float2 *)(A + (p + q) * lda + r0);
+                a[0][q] = v.x, a[1 % RB][q] = v.y;
+            } else if (q < RB) {
+                float4 v = *(const float4 *)(pa[q] + p);
+                a[q][0] = v.x, a[q][1] = v.y, a[q][2] = v.z, a[q][3] = v.w;
             }
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-#pragma unroll
-                for (int i = 0; i < RB; i++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) s[i][j] = fmaf(a[i][q], b[q][j], s[i][j]);
+            float4 w = TB ? *(const float4 *)(pb[q] + p) : *(const float4 *)(B + (p + q) * ldb + cb);
+            if (TB)
+                b[0][q] = w.x, b[1][q] = w.y, b[2][q] = w.z, b[3][q] = w.w;
+            else
+                b[q][0] = w.x, b[q][1] = w.y, b[q][2] = w.z, b[q][3] = w.w;
         }
-        for (int p = k4; p < k; p++) {
-            float a[RB], b[4];
 #pragma unroll
-            for (int i = 0; i < RB; i++) a[i] = TA ? pa[i][p * lda] : pa[i][p];
-#pragma unroll
-            for (int j = 0; j < 4; j++) b[j] = TB ? pb[j][p] : pb[j][p * ldb];
+        for (int q = 0; q < 4; q++)
 #pragma unroll
             for (int i = 0; i < RB; i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) s[i][j] = fmaf(a[i], b[j], s[i][j]);
-        }
+                for (int j = 0; j < 4; j++) s[i][j] = fmaf(a[i][q], b[q][j], s[i][j]);
+    }
+    for (int p = k4; p < k; p++) {
+        float a[RB], b[4];
+#pragma unroll
+        for (int i = 0; i < RB; i++) a[i] = TA ? pa[i][p * lda] : pa[i][p];
+#pragma unroll
+        for (int j = 0; j < 4; j++) b[j] = TB ? pb[j][p] : pb[j][p * ldb];
+#pragma unroll
+        for (int i = 0; i < RB; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) s[i][j] = fmaf(a[i], b[j], s[i][j]);
+    }
+}
+
+template <bool TA, bool TB, int RB = 4>
+__device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k,
+                           float alpha, float beta, bool acc) {
+    bmm_owner<TB, RB> ow(m, n);
+    for (int b = 0, nb = ow.turns(); b < nb; b++) {
+        int r0, cb, cs;
+        if (!ow.block(b, &r0, &cb, &cs)) continue;
+        float s[RB][4];
+        bmm_block<TA, TB, RB>(s, A, lda, B, ldb, m, n, k, r0, cb, cs);
 #pragma unroll
         for (int i = 0; i < RB; i++)
 #pragma unroll
@@ -111,6 +135,46 @@ __device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const
                     float *p = C + r * ldc + c;
                     *p = acc ? beta * *p + alpha * s[i][j] : alpha * s[i][j];
                 }
+            }
+    }
+}
+
+/* The same product into registers: acc[b] holds the thread's block b (bmm_owner's turns; NB at
+ * least turns()), acc[b] = alpha s, or beta acc[b] + alpha s when add, as bmm does to C with acc,
+ * so several products into one C sum in registers with bmm's bits and C is written once (through
+ * bmm_each). RB 4. */
+template <bool TA, bool TB, int NB>
+__device__ static void bmm_reg(float acc[NB][4][4], const float *A, int lda, const float *B, int ldb, int m, int n,
+                               int k, float alpha, float beta, bool add) {
+    bmm_owner<TB, 4> ow(m, n);
+    int nb = ow.turns();
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        int r0, cb, cs;
+        if (b >= nb || !ow.block(b, &r0, &cb, &cs)) continue;
+        float s[4][4];
+        bmm_block<TA, TB, 4>(s, A, lda, B, ldb, m, n, k, r0, cb, cs);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[b][i][j] = add ? beta * acc[b][i][j] + alpha * s[i][j] : alpha * s[i][j];
+    }
+}
+/* Element (r, c) of each of the thread's blocks (as bmm_reg's with this m, n and TB): f(b, i, j, r, c)
+ * for the ones inside m x n. */
+template <bool TB, int NB, typename F> __device__ static void bmm_each(int m, int n, F f) {
+    bmm_owner<TB, 4> ow(m, n);
+    int nb = ow.turns();
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        int r0, cb, cs;
+        if (b >= nb || !ow.block(b, &r0, &cb, &cs)) continue;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int r = r0 + i, c = cb + j * cs;
+                if (r < m && c < n) f(b, i, j, r, c);
             }
     }
 }
