@@ -274,7 +274,7 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
             keel_view_4d(ctx, pk, Dk, Hv, T, B, Dk * es, Dk * Hv * es, Dk * Hv * T * es, which * nqk * es);
         keel_tensor *sum;
         if (r == 1) {
-            sum = keel_cont(ctx, per);
+            sum = per; /* a contiguous slice of the packed gradient: read where it lies, no copy */
         } else { /* value head hv = hk*r + j: [Dk, r, Hk, T*B] -> sum over j */
             keel_tensor *g4 = keel_reshape_4d(ctx, keel_cont(ctx, per), Dk, r, Hk, T * B);
             keel_tensor *rows = keel_sum_rows(ctx, keel_cont(ctx, keel_permute(ctx, g4, 1, 0, 2, 3)));
@@ -282,9 +282,7 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
         }
         ADD(which, sum);
     }
-    if (WANT(2))
-        ADD(2,
-            keel_cont(ctx, keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, Dv * Hv * es, Dv * Hv * T * es, 2 * nqk * es)));
+    if (WANT(2)) ADD(2, keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, Dv * Hv * es, Dv * Hv * T * es, 2 * nqk * es));
     if (WANT(3))
         ADD(3, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, (2 * nqk + nv) * es)));
     if (WANT(4))
