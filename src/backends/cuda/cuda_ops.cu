@@ -819,17 +819,21 @@ __global__ void k_conv4_tiled(float *y, const float *x, const float *w, kt pos, 
     }
 }
 
-/* GET_ROWS_BACK: result row r sums the dy rows whose id is r, in ascending item order (the CSR
- * lists built on the host), in float32 as on the cpu. */
-__global__ void k_get_rows_back(kt t, kt dy, const int64_t *start, const int64_t *items) {
-    GRID_STRIDE(e, t.ne[0] * t.ne[1]) {
-        int64_t i = e % t.ne[0], r = e / t.ne[0];
-        float acc = 0.0f;
-        for (int64_t k = start[r]; k < start[r + 1]; k++) {
-            int64_t n = items[k];
-            acc += ldf(kt_at(dy, i, n % dy.ne[1], n / dy.ne[1], 0));
+/* GET_ROWS_BACK: result row r sums the dy rows whose id is r, in ascending item order, in float32
+ * as on the cpu. The result is zeroed by a memset first, then a block takes each row some id names
+ * (rows[u], its items' dy rows at byte offsets offs[start[u] .. start[u + 1]), from the host's
+ * grouping): a thread for each element of every row, most of them never named (248,320 rows for
+ * 8,192 ids at the 0.8B's batch 8), took 1.8 ms a step with the host's work; the sums are the same. */
+__global__ void k_get_rows_back(kt t, kt dy, const int64_t *rows, const int64_t *start, const int64_t *offs,
+                                int64_t U) {
+    for (int64_t u = blockIdx.x; u < U; u += gridDim.x) {
+        int64_t k0 = start[u], k1 = start[u + 1];
+        char *row = kt_at(t, 0, rows[u], 0, 0);
+        for (int64_t i = threadIdx.x; i < t.ne[0]; i += blockDim.x) {
+            float acc = 0.0f;
+            for (int64_t k = k0; k < k1; k++) acc += ldf(dy.p + offs[k] + i * dy.nb[0]);
+            stf(row + i * t.nb[0], acc);
         }
-        stf(kt_at(t, i, r, 0, 0), acc);
     }
 }
 
@@ -1056,8 +1060,10 @@ static int64_t terms_of(const keel_tensor *t) {
 static size_t node_scratch(const keel_tensor *t) {
     const keel_tensor *a = t->src[0];
     switch (t->op) {
-    case KEEL_OP_GET_ROWS_BACK: /* the rows' CSR lists, built on the host */
-        return (size_t)(t->ne[1] + 1 + keel_nelements(t->src[1])) * sizeof(int64_t);
+    case KEEL_OP_GET_ROWS_BACK: { /* the named rows, their groups' starts, the items' offsets (host-made) */
+        int64_t N = keel_nelements(t->src[1]);
+        return (size_t)(2 * (N < t->ne[1] ? N : t->ne[1]) + 1 + N) * sizeof(int64_t);
+    }
     case KEEL_OP_SUM: /* a float64 partial a row */
     case KEEL_OP_CROSS_ENTROPY_LOSS:
         return (size_t)(keel_nrows(a) ? keel_nrows(a) : 1) * sizeof(double);
@@ -1104,22 +1110,40 @@ extern "C" size_t keel_cuda_scratch_bytes(const keel_tensor *t) {
 
 static int get_rows_back(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *dy = t->src[0], *ids = t->src[1];
+    if (!keel_is_contiguous(t)) return keel_fail("cuda: '%s': GET_ROWS_BACK writes a contiguous result", t->name);
+    if (cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), st(be)), "memset", t)) return -1;
     /* ids are checked and grouped on the host, so a bad id is an error naming it, not a wild read */
     int32_t *idv;
     if (keel_backend_read_ids(be, t, ids, t->ne[1], "id", &idv)) return -1;
-    int64_t R = t->ne[1], N = keel_nelements(ids);
-    int64_t *h = (int64_t *)malloc((size_t)(R + 1 + N) * sizeof(int64_t));
-    if (!h) {
-        free(idv);
+    int64_t R = t->ne[1], N = keel_nelements(ids), U = 0;
+    /* the CSR lists (start over all R rows, then the items), then what goes to the device: the named
+     * rows, their starts, and each item's byte offset in dy, in the lists' order */
+    int64_t *csr = (int64_t *)malloc((size_t)(R + 1 + N) * sizeof(int64_t)),
+            *h = (int64_t *)malloc(node_scratch(t) > 0 ? node_scratch(t) : 1);
+    if (!csr || !h) {
+        free(idv), free(csr), free(h);
         return keel_fail("out of memory in '%s'", t->name);
     }
-    keel_rows_by_id(idv, N, R, h, h + R + 1);
+    keel_rows_by_id(idv, N, R, csr, csr + R + 1);
     free(idv);
+    int64_t nU = N < R ? N : R, *rows = h, *start = h + nU, *offs = h + 2 * nU + 1;
+    for (int64_t r = 0; r < R; r++)
+        if (csr[r + 1] > csr[r]) rows[U] = r, start[U++] = csr[r];
+    start[U] = N;
+    for (int64_t k = 0; k < N; k++) {
+        int64_t n = csr[R + 1 + k];
+        offs[k] = n % dy->ne[1] * dy->nb[1] + n / dy->ne[1] * dy->nb[2];
+    }
+    memmove(start + U + 1, offs, (size_t)N * sizeof(int64_t)); /* packed: rows[U], start[U + 1], offs[N] */
+    memmove(rows + U, start, (size_t)(U + 1 + N) * sizeof(int64_t));
+    free(csr);
     int64_t *dev = (int64_t *)cuda_scratch(be, node_scratch(t), t);
-    int rc = !dev || cuda_upload(be, dev, h, (size_t)(R + 1 + N) * sizeof(int64_t), t);
+    int rc = !dev || cuda_upload(be, dev, h, (size_t)(2 * U + 1 + N) * sizeof(int64_t), t);
     free(h);
     if (rc) return -1;
-    k_get_rows_back<<<cuda_blocks(t->ne[0] * R, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(dy), dev, dev + R + 1);
+    if (U > 0)
+        k_get_rows_back<<<(unsigned)(U < 65535 ? U : 65535), 256, 0, st(be)>>>(kt_of(t), kt_of(dy), dev, dev + U,
+                                                                               dev + 2 * U + 1, U);
     return 0;
 }
 
