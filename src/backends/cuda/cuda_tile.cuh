@@ -143,32 +143,32 @@ __device__ static void bmm(float *C, int64_t ldc, const float *A, int lda, const
  * least turns()), acc[b] = alpha s, or beta acc[b] + alpha s when add, as bmm does to C with acc,
  * so several products into one C sum in registers with bmm's bits and C is written once (through
  * bmm_each). RB 4. */
-template <bool TA, bool TB, int NB>
-__device__ static void bmm_reg(float acc[NB][4][4], const float *A, int lda, const float *B, int ldb, int m, int n,
-                               int k, float alpha, float beta, bool add) {
+/* f(b, r0, cb, cs) for each of the thread's blocks over m x n (RB 4), b its turn (< NB) */
+template <bool TB, int NB, typename F> __device__ static inline void bmm_blocks(int m, int n, F f) {
     bmm_owner<TB, 4> ow(m, n);
     int nb = ow.turns();
 #pragma unroll
     for (int b = 0; b < NB; b++) {
         int r0, cb, cs;
-        if (b >= nb || !ow.block(b, &r0, &cb, &cs)) continue;
+        if (b < nb && ow.block(b, &r0, &cb, &cs)) f(b, r0, cb, cs);
+    }
+}
+template <bool TA, bool TB, int NB>
+__device__ static void bmm_reg(float acc[NB][4][4], const float *A, int lda, const float *B, int ldb, int m, int n,
+                               int k, float alpha, float beta, bool add) {
+    bmm_blocks<TB, NB>(m, n, [&](int b, int r0, int cb, int cs) {
         float s[4][4];
         bmm_block<TA, TB, 4>(s, A, lda, B, ldb, m, n, k, r0, cb, cs);
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int j = 0; j < 4; j++) acc[b][i][j] = add ? beta * acc[b][i][j] + alpha * s[i][j] : alpha * s[i][j];
-    }
+    });
 }
 /* Element (r, c) of each of the thread's blocks (as bmm_reg's with this m, n and TB): f(b, i, j, r, c)
  * for the ones inside m x n. */
 template <bool TB, int NB, typename F> __device__ static void bmm_each(int m, int n, F f) {
-    bmm_owner<TB, 4> ow(m, n);
-    int nb = ow.turns();
-#pragma unroll
-    for (int b = 0; b < NB; b++) {
-        int r0, cb, cs;
-        if (b >= nb || !ow.block(b, &r0, &cb, &cs)) continue;
+    bmm_blocks<TB, NB>(m, n, [&](int b, int r0, int cb, int cs) {
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -176,7 +176,7 @@ template <bool TB, int NB, typename F> __device__ static void bmm_each(int m, in
                 int r = r0 + i, c = cb + j * cs;
                 if (r < m && c < n) f(b, i, j, r, c);
             }
-    }
+    });
 }
 
 /* Global memory into shared memory by asynchronous copies (cp.async): a thread issues all its
