@@ -315,7 +315,9 @@ __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o)
     fetch_wait(0);
     __syncthreads();
     bmm_reg<false, false, 1>(acc, Pm, LDC, Ut, LDO, n, jw, n, 1.0f, 1.0f, true); /* as bmm into out twice */
-    bmm_each<false, 1>(n, jw, [&](int u, int i, int j, int t, int x) { out[t * ld + x] = acc[u][i][j]; });
+    bmm_each<false, 1>(n, jw, [&](int u, int i, int j, int t, int x) {
+        out[t * ld + x] = acc[u][i][j];
+    });
 }
 
 static size_t out_smem(int64_t Dk) {
@@ -573,18 +575,24 @@ template <int NB> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, 
     float *oq = out + ((b * A.T + t0) * A.Hv + hv) * A.Dk, *ok = oq + off_dk, acc[NB][4][4];
     int64_t ld = A.Hv * A.Dk;
     const float *qa = P.dQa + rk, *ka = P.dKa + rk, *kb = P.dKb + rk;
-    bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) { acc[u][i][j] = d.Gam[t] * qa[t * Dk + c]; });
+    bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) {
+        acc[u][i][j] = d.Gam[t] * qa[t * Dk + c];
+    });
     fetch_wait(0);
     __syncthreads(); /* Pd and E have landed */
     bmm_reg<false, false, NB>(acc, Pd, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
-    bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) { oq[t * ld + c] = acc[u][i][j]; });
+    bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) {
+        oq[t * ld + c] = acc[u][i][j];
+    });
     bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) {
         acc[u][i][j] = d.DC[t] * ka[t * Dk + c] - d.bt[t] * d.Gam[t] * kb[t * Dk + c];
     });
     bmm_reg<false, false, NB>(acc, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
     bmm_reg<true, false, NB>(acc, E, LDC, K, ldk, n, Dk, n, 1.0f, 1.0f, true);
     bmm_reg<true, false, NB>(acc, Pd, LDC, Q, ldk, n, Dk, n, 1.0f, 1.0f, true);
-    bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) { ok[t * ld + c] = acc[u][i][j]; });
+    bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) {
+        ok[t * ld + c] = acc[u][i][j];
+    });
 }
 
 static size_t grads_smem(int64_t Dk) {
