@@ -418,7 +418,7 @@ template <int PM> __global__ void k_norm_w(norm_w_args A) {
             if (i >= n) break;
             double xv = PM ? xr[k] : ldf(xs + i * A.x.nb[0]);
             ss += xv * xv;
-            if (A.back) { /* QK_NORM_ROPE: ROPE_A.back's g */
+            if (A.back) { /* QK_NORM_ROPE: ROPE_BACK's g */
                 float db = PM ? gr[k] : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false);
                 if (A.gated)
                     db = __fmul_rn(db, keel_unary_f32(KEEL_OP_SILU, PM ? zr[k] : ldf(zs + i * A.z.nb[0]), 0.0f, 0.0f));
