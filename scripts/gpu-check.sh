@@ -9,6 +9,7 @@
 # cases, gradients and GPU time alone: a quick first look), gdn-ncu (its kernels' time, issue slots
 # and stall reasons under ncu), attn (flash attention's cases, gradients, and its kernels' time under
 # ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full),
+# bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit),
 # and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step) and profile16 (the bf16 batch-8 step: wall
 # time, then GPU time per op), which are not in the default list
@@ -52,10 +53,14 @@ for d in site.getsitepackages():
         echo "NCCL: $nl, header from $ni"
     fi
 fi
+# build_tree SRC BUILD LOG: keel with the CUDA backend from the sources in SRC into BUILD
+build_tree() {
+    cmake -S "$1" -B "$2" "${nccl[@]}" -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" \
+        -DCMAKE_PREFIX_PATH=$deps/usr -DCMAKE_LIBRARY_PATH=$lib -DCMAKE_INCLUDE_PATH=$deps/usr/include >"$out/$3" 2>&1 &&
+        cmake --build "$2" -j "$(nproc)" >>"$out/$3" 2>&1
+}
 t0=$(date +%s)
-if cmake -S . -B build-gpu "${nccl[@]}" -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" \
-      -DCMAKE_PREFIX_PATH=$deps/usr -DCMAKE_LIBRARY_PATH=$lib -DCMAKE_INCLUDE_PATH=$deps/usr/include >"$out/build.log" 2>&1 &&
-   cmake --build build-gpu -j "$(nproc)" >>"$out/build.log" 2>&1; then
+if build_tree . build-gpu build.log; then
     record "build (CUDA backend, sm_90 + PTX)" PASS "$(( $(date +%s) - t0 )) s"
 else
     tail -40 "$out/build.log"
@@ -241,6 +246,48 @@ finish_cross
 if want bench; then
     run "bench train (keel cuda vs PyTorch)" bench.log $keel bench train --backend cuda --torch bench/torch_qwen35.py
     cat "$out/bench.log"
+fi
+if want bitwise; then # training against another build of keel, byte for byte: a `git archive` of the commit to
+    # compare with in .gpu-data/base.tar (or BASE_TAR) is built beside this tree; 4 steps of the fixture's model and of
+    # a 128- and a 1024-wide Qwen3.5 (scripts/bitwise-models), float32 and bf16, must end with the same weights and
+    # AdamW moments in every byte (BITWISE_BACKEND=cpu tries the stage on a machine without a GPU)
+    base_tar=${BASE_TAR:-.gpu-data/base.tar} bb=${BITWISE_BACKEND:-cuda}
+    if [ ! -e "$base_tar" ]; then
+        record "bitwise: training against a base build" FAIL "no $base_tar: git archive --format=tar COMMIT > $base_tar"
+    else
+        bdir=$(mktemp -d /tmp/keel-base.XXXXXX)
+        bt=$(date +%s)
+        if tar -xf "$base_tar" -C "$bdir" && build_tree "$bdir" "$bdir/build" base-build.log; then
+            record "bitwise: the base build" PASS "$(( $(date +%s) - bt )) s"
+            same=0 differ=0
+            for m in fixture qwen35-128 qwen35-1024; do
+                src=(--model $fx/causal-f32-sharded)
+                [ $m = fixture ] || src=(--init scripts/bitwise-models/$m.json)
+                for p in f32 bf16; do
+                    for v in this base; do
+                        k=$keel
+                        [ $v = base ] && k=$bdir/build/keel
+                        echo "== $m $p $v" >>"$out/bitwise.log"
+                        $k train "${src[@]}" --data .gpu-data/moby-dick.txt --backend $bb --steps 4 --window 200 --batch 3 \
+                            --lr 1e-3 --precision $p --out "$bdir/run-$m-$p-$v" >>"$out/bitwise.log" 2>&1
+                    done
+                    for f in model optimizer; do
+                        if cmp -s "$bdir/run-$m-$p-this/checkpoint/$f.safetensors" "$bdir/run-$m-$p-base/checkpoint/$f.safetensors"; then
+                            same=$((same + 1)) && echo "$m $p $f: identical" >>"$out/bitwise.log"
+                        else
+                            differ=$((differ + 1)) && echo "$m $p $f: DIFFERENT (or missing)" >>"$out/bitwise.log"
+                        fi
+                    done
+                done
+            done
+            grep -E "identical|DIFFERENT" "$out/bitwise.log"
+            if [ $differ -eq 0 ]; then record "bitwise: 4 training steps, 3 models x f32/bf16" PASS "$same of $same files identical ($bb)"
+            else record "bitwise: 4 training steps, 3 models x f32/bf16" FAIL "$differ of $((same + differ)) files differ ($bb)"; fi
+        else
+            tail -20 "$out/base-build.log"
+            record "bitwise: the base build" FAIL "see base-build.log"
+        fi
+    fi
 fi
 if want profile; then
     run "GPU time per op and shape (KEEL_CUDA_PROFILE)" profile.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --no-torch --steps 3
