@@ -624,12 +624,12 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_CONV1D:
         case KEEL_OP_CONV1D_BACK_INPUT:
         case KEEL_OP_CONV1D_BACK_WEIGHT: {
-            /* C, T, B, longest example (a window's worth: one example a column; short: packed); the
-             * last four dense with C % 4 == 0, the cuda backend's 4-channels-a-thread kernels; the
-             * last one large enough that the weight gradient's chunks of terms (3 each) hold several
-             * positions and an example column's end (301) falls inside one */
-            /* then, dense too, taps of 3 and 6 (the cuda kernels keep 4 or 8 taps' window in registers,
-             * the first unused where K is fewer) over tiles of 16 rows that split examples */
+            /* C, T, B, longest example (a window's worth: one example a column; short: packed), taps;
+             * the 6th to 9th dense with C % 4 == 0, the cuda backend's 4-channels-a-thread kernels, the
+             * 9th large enough that the weight gradient's chunks of terms (3 each) hold several
+             * positions and an example column's end (301) falls inside one; then, dense too, taps of 3
+             * and 6 (the cuda kernels keep a window of 4 or 8 taps in registers, the first unused where
+             * K is fewer) over tiles of 16 rows that split examples */
             static const int64_t sh[][5] = {{1, 5, 1, 5, 4},    {31, 9, 2, 3, 4},      {4097, 3, 1, 3, 4},
                                             {8, 70, 2, 6, 4},   {3, 1, 1, 1, 4},       {16, 40, 3, 100, 4},
                                             {64, 37, 2, 9, 4},  {12, 300, 2, 1000, 4}, {1024, 301, 2, 40, 4},
