@@ -489,7 +489,7 @@ static int recompute_child(const char *mode, int64_t T, int threads, int layers,
     if (keel_qwen35_init_weights(st->m, be, 5))
         return -1; /* one parameter's values at a time: they count in the peak RSS */
     int32_t *iv = malloc((size_t)T * 4);
-    if (!iv) return -1;
+    if (!iv) return keel_fail("out of memory for %lld ids", (long long)T);
     for (int64_t i = 0; i < T; i++) iv[i] = (int32_t)((i * 2654435761u) % 4096);
     if (keel_step_write_batch(st, iv, iv)) return -1;
     double best = 1e30;

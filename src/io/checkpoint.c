@@ -139,7 +139,7 @@ keel_checkpoint *keel_checkpoint_open(const char *dir) {
         return NULL;
     }
     c->dir = strdup(dir);
-    if (!c->dir) keel_fail("out of memory");
+    if (!c->dir) keel_fail("%s: out of memory", dir);
     if (!c->dir || keel_hf_config_read(dir, &c->cfg, &c->multimodal)) {
         keel_checkpoint_close(c);
         return NULL;
