@@ -41,11 +41,46 @@ int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_ten
     return read_checked(be, t, ids, limit, false, what, out, NULL);
 }
 
+bool keel_backend_id_rule(const keel_tensor *t, const keel_tensor **ids, int64_t *limit, bool *negatives,
+                          const char **what) {
+    *negatives = false, *what = "id";
+    switch (t->op) {
+    case KEEL_OP_GET_ROWS:
+        *ids = t->src[1], *limit = t->src[0]->ne[1];
+        return true;
+    case KEEL_OP_GET_ROWS_BACK:
+        *ids = t->src[1], *limit = t->ne[1];
+        return true;
+    case KEEL_OP_CROSS_ENTROPY_LOSS:
+    case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
+        *ids = t->src[1], *limit = t->src[0]->ne[0], *negatives = true, *what = "target";
+        return true;
+    case KEEL_OP_LINEAR_CROSS_ENTROPY:
+    case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK:
+        *ids = t->src[2], *limit = t->src[1]->ne[1], *negatives = true, *what = "target";
+        return true;
+    default:
+        return false;
+    }
+}
+
+int keel_backend_check_ids(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *ids;
+    int64_t limit;
+    bool neg;
+    const char *what;
+    if (!keel_backend_id_rule(t, &ids, &limit, &neg, &what)) return 0;
+    return read_checked(be, t, ids, limit, neg, what, NULL, NULL);
+}
+
 int keel_backend_ce_divisor(keel_backend *be, const keel_tensor *t, double *divisor) {
-    int64_t valid;
-    bool linear = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY || t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
-    const keel_tensor *tg = linear ? t->src[2] : t->src[1];
-    if (read_checked(be, t, tg, linear ? t->src[1]->ne[1] : t->src[0]->ne[0], true, "target", NULL, &valid)) return -1;
+    int64_t valid, limit;
+    const keel_tensor *tg;
+    bool neg;
+    const char *what;
+    if (!keel_backend_id_rule(t, &tg, &limit, &neg, &what))
+        return keel_fail("'%s' is not a cross-entropy node", t->name);
+    if (read_checked(be, t, tg, limit, neg, what, NULL, &valid)) return -1;
     *divisor = t->fp[0] > 0 ? t->fp[0] : valid ? (double)valid : 1.0;
     return 0;
 }

@@ -28,6 +28,15 @@ int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_ten
  * means no loss at that position) and gives the divisor D of the loss: fp0, or when fp0 is 0 the
  * count of targets >= 0 (1 when there is none: the loss is then 0). */
 int keel_backend_ce_divisor(keel_backend *be, const keel_tensor *t, double *divisor);
+/* The int32 ids node t reads and their range, for GET_ROWS, GET_ROWS_BACK and the cross-entropy ops
+ * (false for the others): ids in [0, limit), negatives allowed for targets (no loss there); what
+ * names them in messages ("id", "target"). */
+bool keel_backend_id_rule(const keel_tensor *t, const keel_tensor **ids, int64_t *limit, bool *negatives,
+                          const char **what);
+/* keel_backend_read_ids by that rule, the values dropped: 0, or the error naming the node, the first
+ * bad value and where it is. The CUDA backend checks ids on the device and calls this after a run in
+ * which a kernel met a bad one, for the message. 0 for ops without ids. */
+int keel_backend_check_ids(keel_backend *be, const keel_tensor *t);
 /* For GET_ROWS_BACK: the items i (0 <= i < n) grouped by ids[i] in [0, R), each group in
  * ascending i (the fixed summation order): group r is items[start[r] .. start[r+1]). start holds
  * R + 1 values, items n. */

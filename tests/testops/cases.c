@@ -348,6 +348,10 @@ int keel_cases_all(op_case **out) {
             I(c, KEEL_F32, 2, 65537, 1, 1);
             IDX(c, 65537, 1, 70000);
             P(c, 1, (int64_t[]){70000}, 0, NULL);
+            c = C(&l, op); /* a strided dy, rows wider than a block's 4 x 256 registers, ids repeated */
+            I(c, KEEL_F32, 1100, 9, 2, 1)->view = VIEW_STRIDED;
+            IDX(c, 9, 2, 3);
+            P(c, 1, (int64_t[]){3}, 0, NULL);
             break;
         case KEEL_OP_ACC:
         case KEEL_OP_SET:

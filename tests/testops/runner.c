@@ -420,7 +420,7 @@ typedef struct {
     double worst_fd, worst_nmse[4];
 } suite;
 
-static bool listed(const char *list, const char *name) {
+bool keel_testops_listed(const char *list, const char *name) {
     if (!list) return true;
     size_t n = strlen(name);
     for (const char *p = list; *p;) {
@@ -706,7 +706,7 @@ int keel_test_ops(const keel_testops_opts *o) {
     int n_sel = 0;
     for (int i = 0; i < n; i++) {
         op_case *c = &cases[i];
-        if (!listed(o->ops, keel_op_get(c->op)->name)) continue;
+        if (!keel_testops_listed(o->ops, keel_op_get(c->op)->name)) continue;
         make_label(c);
         n_sel++;
         /* the inputs' seed comes from the case's label, not its position: a case added to the
@@ -728,7 +728,7 @@ int keel_test_ops(const keel_testops_opts *o) {
     printf("\n");
     for (int op = 1; op < KEEL_OP_COUNT; op++) {
         const keel_op_info *info = keel_op_get(op);
-        if (!listed(o->ops, info->name)) continue;
+        if (!keel_testops_listed(o->ops, info->name)) continue;
         printf("%-26s", info->name);
         for (int b = 0; b < S.n_be; b++) {
             counts *c = &S.per_op[op][b];
@@ -765,6 +765,8 @@ int keel_test_ops(const keel_testops_opts *o) {
         }
     }
     printf("\n");
+    if (!o->grad)
+        for (int b = 0; b < S.n_be; b++) S.failures += keel_test_bad_ids(S.be[b], o->ops);
     for (int b = 0; b < S.n_be; b++)
         printf("%s: %d cases, %d as expected, %d not, %d without a kernel; worst passing nmse %.2e\n", S.be[b]->name,
                S.per_be[b].run, S.per_be[b].pass, S.per_be[b].fail, S.per_be[b].missing, S.worst_nmse[b]);

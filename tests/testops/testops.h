@@ -35,6 +35,7 @@ typedef struct {
 
 typedef struct op_case op_case;
 struct keel_ctx;
+struct keel_backend;
 /* A case may build its graph itself (composite, model-shaped cases); it returns the output and
  * fills the leaves it made (leaves[i] for inputs declared in the case). */
 typedef keel_tensor *(*case_builder)(struct keel_ctx *ctx, const op_case *c, keel_tensor **inputs);
@@ -76,5 +77,11 @@ typedef struct {
 /* Runs the suite and prints per-case lines, per-backend counts and the coverage table.
  * Returns the number of failures (unexpected outcomes), or -1 on a harness error. */
 int keel_test_ops(const keel_testops_opts *o);
+/* Whether op `name` is in the comma list (case-insensitive; a NULL list holds every op). */
+bool keel_testops_listed(const char *list, const char *name);
+/* bad_ids.c: ids and targets out of range on backend be, for the ops of the list: each run fails
+ * naming the node and the value (a negative target is no loss, and runs), and the next valid run
+ * passes. Prints a line each; returns the failures. */
+int keel_test_bad_ids(struct keel_backend *be, const char *ops);
 
 #endif

@@ -2,6 +2,7 @@
  * a per-node callback, and the kernels in cuda_copy.cu (the one copy path), cuda_ops.cu,
  * cuda_matmul.cu (cuBLAS, float32 compute, TF32 off), cuda_gdn.cu and cuda_attention.cu. Every CUDA call and launch
  * is checked; an error names the op and node. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,21 +125,46 @@ static bool cuda_supports(keel_backend *be, const keel_tensor *t) {
     return keel_backend_f32_supports(t);
 }
 
+int cuda_launch_node(keel_backend *be, const keel_tensor *t, int64_t index) {
+    cuda_impl *im = cuda_im(be);
+    im->last_kernel[0] = 0; /* a view runs no kernel: it reports none */
+    if (keel_op_get(t->op)->flags & OPF_VIEW) return 0;
+    im->node = (unsigned)index;
+    if (cuda_node(be, t)) {
+        char msg[1536];
+        snprintf(msg, sizeof msg, "%s", keel_last_error());
+        if (strstr(msg, t->name)) return -1;
+        return keel_fail("%s (%s node '%s')", msg, keel_op_get(t->op)->name, t->name);
+    }
+    return cuda_check(cudaGetLastError(), "kernel launch", t);
+}
+
+/* After the run's last work: the node a kernel found a bad id in, named by the host check of its ids */
+static int bad_ids(keel_backend *be, const keel_graph *g) {
+    cuda_impl *im = cuda_im(be);
+    unsigned n = *im->bad_node_host;
+    if (n == UINT_MAX) return 0;
+    if ((int64_t)n >= g->n_nodes)
+        return keel_fail("cuda: a kernel reported a bad id at node %u of %lld", n, (long long)g->n_nodes);
+    const keel_tensor *t = g->nodes[n];
+    if (keel_backend_check_ids(be, t)) return -1;
+    return keel_fail("cuda: %s node '%s': a kernel met an id outside its range, which the host does not find in its "
+                     "ids now",
+                     keel_op_get(t->op)->name, t->name);
+}
+
 static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud) {
     cuda_impl *im = cuda_im(be);
-    for (int64_t i = from; i < to; i++) {
-        const keel_tensor *t = g->nodes[i];
-        im->last_kernel[0] = 0; /* a view runs no kernel: it reports none */
-        if (!(keel_op_get(t->op)->flags & OPF_VIEW)) {
-            if (im->profile) cudaEventRecord(im->ev0, im->stream);
-            if (cuda_node(be, t)) {
-                char msg[1536];
-                snprintf(msg, sizeof msg, "%s", keel_last_error());
-                if (strstr(msg, t->name)) return -1;
-                return keel_fail("%s (%s node '%s')", msg, keel_op_get(t->op)->name, t->name);
-            }
-            if (cuda_check(cudaGetLastError(), "kernel launch", t)) return -1;
-            if (im->profile) {
+    if (cuda_check(cudaMemsetAsync(im->bad_node, 0xff, sizeof *im->bad_node, im->stream), "memset", NULL)) return -1;
+    if (im->graphs && !cb && !im->profile && !im->sync_each_node) {
+        if (cuda_graphs_run(be, g, from, to)) return -1;
+    } else {
+        for (int64_t i = from; i < to; i++) {
+            const keel_tensor *t = g->nodes[i];
+            bool kernel = !(keel_op_get(t->op)->flags & OPF_VIEW);
+            if (kernel && im->profile) cudaEventRecord(im->ev0, im->stream);
+            if (cuda_launch_node(be, t, i)) return -1;
+            if (kernel && im->profile) {
                 float ms = 0;
                 cudaEventRecord(im->ev1, im->stream);
                 if (cuda_check(cudaEventSynchronize(im->ev1), "kernel", t)) return -1;
@@ -146,16 +172,18 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
                 keel_op_profile_add(im->profile, t, ms);
             }
             /* a callback that reads the node's bytes waits through be->read on the same stream */
-            if (im->sync_each_node && cuda_check(cudaStreamSynchronize(im->stream), "kernel", t)) return -1;
+            if (kernel && im->sync_each_node && cuda_check(cudaStreamSynchronize(im->stream), "kernel", t)) return -1;
+            if (cb && cb(be, t, i, ud)) return keel_backend_callback_failed(t);
         }
-        if (cb && cb(be, t, i, ud)) return keel_backend_callback_failed(t);
     }
-    cudaError_t e = cudaStreamSynchronize(im->stream);
+    cudaError_t e =
+        cudaMemcpyAsync(im->bad_node_host, im->bad_node, sizeof *im->bad_node, cudaMemcpyDeviceToHost, im->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(im->stream);
     if (e != cudaSuccess)
         return keel_fail(
             "cuda: a kernel of nodes %lld..%lld failed: %s (%s); run with KEEL_CUDA_SYNC=1 to name the node",
             (long long)from, (long long)to - 1, cudaGetErrorString(e), cudaGetErrorName(e));
-    return 0;
+    return bad_ids(be, g);
 }
 
 static const char *cuda_last_kernel(keel_backend *be) { return cuda_im(be)->last_kernel; }
@@ -180,6 +208,10 @@ static void cuda_destroy(keel_backend *be) {
         cudaEventDestroy(im->ev0), cudaEventDestroy(im->ev1);
     }
     for (int64_t i = 0; i < im->n_live; i++) cudaFree(im->live_p[i]);
+    for (int i = 0; i < im->n_rope; i++) cudaFree(im->rope[i].dev);
+    cuda_graphs_free(im);
+    cudaFree(im->bad_node), cudaFree(im->ce_div), cudaFreeHost(im->bad_node_host);
+    free(im->rope);
     cuda_lt_free(im);
     if (im->stream) cudaStreamDestroy(im->stream);
     free(im->live_p), free(im->live_n);
@@ -233,8 +265,14 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
         /* products through cuBLASLt (cuda_lt.cu): CUBLAS_COMPUTE_32F, so float32 products use no TF32
          * tensor cores; one stream, one algorithm a shape */
         cublas_check(cublasLtCreate(&im->lt), "cublasLtCreate", NULL) ||
+        cuda_check(cudaMalloc(&im->bad_node, sizeof *im->bad_node), "cudaMalloc", NULL) ||
+        cuda_check(cudaMalloc(&im->ce_div, sizeof *im->ce_div), "cudaMalloc", NULL) ||
+        cuda_check(cudaMallocHost(&im->bad_node_host, sizeof *im->bad_node_host), "cudaMallocHost", NULL) ||
+        cuda_graphs_init(im) ||
         (im->profile && (cuda_check(cudaEventCreate(&im->ev0), "event", NULL) ||
                          cuda_check(cudaEventCreate(&im->ev1), "event", NULL)))) {
+        cudaFree(im->bad_node), cudaFree(im->ce_div), cudaFreeHost(im->bad_node_host);
+        cuda_graphs_free(im);
         cuda_lt_free(im);
         if (im->stream) cudaStreamDestroy(im->stream);
         keel_op_profile_free(im->profile);

@@ -59,10 +59,11 @@ __device__ static void copy_vec_rows(kt d, kt s, int64_t len, int vec) {
     }
 }
 
-/* ids (optional): int32 table [ne1, ne2] of source rows; then src is read at (i0, ids[i1,i2], 0, 0).
+/* ids (optional): int32 table [ne1, ne2] of source rows; then src is read at (i0, ids[i1,i2], 0, 0),
+ * and an id outside [0, src rows) leaves its row unwritten and marks node `node` in *bad.
  * vec: a VEC_ mode on whole contiguous tensors, or VEC_ROWS + the mode on 4-aligned strided rows. */
 enum { VEC_ROWS = 8 };
-__global__ void k_copy(kt d, kt s, int64_t len, int acc, kt ids, int has_ids, int vec) {
+__global__ void k_copy(kt d, kt s, int64_t len, int acc, kt ids, int has_ids, int vec, unsigned *bad, unsigned node) {
     if (vec & VEC_ROWS) {
         copy_vec_rows(d, s, len, vec & ~VEC_ROWS);
         return;
@@ -92,6 +93,10 @@ __global__ void k_copy(kt d, kt s, int64_t len, int acc, kt ids, int has_ids, in
             int64_t i0 = i[0], i1 = i[1], i2 = i[2], i3 = i[3];
             if (has_ids) {
                 int32_t id = *(const int32_t *)(ids.p + i1 * ids.nb[0] + i2 * ids.nb[1]);
+                if (id < 0 || id >= s.ne[1]) {
+                    atomicMin(bad, node);
+                    continue;
+                }
                 sp = s.p + i0 * s.nb[0] + (int64_t)id * s.nb[1];
             } else {
                 sp = kt_at(s, i0, i1, i2, i3);
@@ -141,8 +146,9 @@ static int launch(keel_backend *be, const keel_tensor *dst, const keel_tensor *s
         vec = VEC_ACC_F32;
     if (vec && rows4) vec |= VEC_ROWS;
     unsigned blocks = vec ? vec_blocks(n) : cuda_blocks(n, 256);
-    k_copy<<<blocks, 256, 0, cuda_im(be)->stream>>>(kt_of(dst), kt_of(src), len, accumulate ? 1 : 0,
-                                                    ids ? kt_of(ids) : none, ids ? 1 : 0, vec);
+    cuda_impl *im = cuda_im(be);
+    k_copy<<<blocks, 256, 0, im->stream>>>(kt_of(dst), kt_of(src), len, accumulate ? 1 : 0, ids ? kt_of(ids) : none,
+                                           ids ? 1 : 0, vec, im->bad_node, im->node);
     return cuda_check(cudaGetLastError(), "copy kernel launch", dst);
 }
 

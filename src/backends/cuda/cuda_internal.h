@@ -53,6 +53,13 @@ __device__ static inline void kt_unflat(const kt &t, int64_t e, int64_t *i) {
     i[2] = e % t.ne[2], i[3] = e / t.ne[2];
 }
 __device__ static inline float ldf(const char *p) { return *(const float *)p; }
+/* Element e (flat order) of an int32 tensor: ids, targets */
+__device__ static inline int32_t kt_i32(const kt &t, int64_t e) {
+    if (t.contig) return ((const int32_t *)t.p)[e];
+    int64_t i[4];
+    kt_unflat(t, e, i);
+    return *(const int32_t *)kt_at(t, i[0], i[1], i[2], i[3]);
+}
 /* Position (t, b) of an i32 positions tensor [T] or [T,B]; below 0 counts as 0 (ops/ops.h). */
 __device__ static inline int64_t pos_at(const kt &p, int64_t t, int64_t b) {
     int32_t v = *(const int32_t *)(p.p + t * p.nb[0] + (p.ne[1] == 1 ? 0 : b * p.nb[1]));
@@ -104,6 +111,16 @@ __device__ static inline int64_t grid_threads() { return (int64_t)gridDim.x * bl
 static inline bool vec_ok(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 typedef struct cuda_lt_entry cuda_lt_entry;
+typedef struct cuda_graphs cuda_graphs;
+
+/* RoPE's n_rot / 2 float64 frequencies (keel_rope_freq, worked out on the host), uploaded once a
+ * (n_rot, theta) and kept, so that no node uploads (an upload from pageable memory waits for the
+ * stream) */
+typedef struct {
+    int64_t n_rot;
+    double theta;
+    double *dev;
+} cuda_rope_table;
 
 typedef struct {
     cudaStream_t stream;
@@ -119,6 +136,19 @@ typedef struct {
     size_t *live_n;
     int64_t n_live, cap_live;
     size_t in_use, peak;
+    /* No host round trip inside a run: ids are checked on the device. A kernel that meets an id
+     * outside its range skips it and takes the smallest such node index here (atomicMin; the index
+     * of the node being launched is `node`); compute() copies it out with the run's last work and,
+     * when set, the host check of that node's ids (keel_backend_check_ids) makes the message. */
+    unsigned *bad_node;      /* device */
+    unsigned *bad_node_host; /* pinned */
+    unsigned node;
+    /* The divisor of the cross-entropy node that runs (worked out on the device from its targets;
+     * one slot: nodes run one after another on the stream) */
+    double *ce_div;
+    cuda_rope_table *rope;
+    int n_rope, cap_rope;
+    cuda_graphs *graphs; /* cuda_graph.cu: runs of nodes captured and replayed; NULL when off */
 } cuda_impl;
 
 static inline cuda_impl *cuda_im(keel_backend *be) { return (cuda_impl *)be->impl; }
@@ -186,6 +216,14 @@ int cuda_copy(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, 
 int cuda_copy_rows(keel_backend *be, const keel_tensor *dst, const keel_tensor *src, const keel_tensor *ids);
 
 int cuda_node(keel_backend *be, const keel_tensor *t);
+/* Node t, index `index` of its graph, launched on the stream (views: nothing); an error names the node */
+int cuda_launch_node(keel_backend *be, const keel_tensor *t, int64_t index);
+/* cuda_graph.cu: nodes [from, to) of g, each run of nodes that launch exactly as they did the last
+ * time replayed from a CUDA graph (captured the second time it is seen), the others launched one by
+ * one; KEEL_CUDA_GRAPH=0 turns it off (im->graphs stays NULL). */
+int cuda_graphs_init(cuda_impl *im);
+void cuda_graphs_free(cuda_impl *im);
+int cuda_graphs_run(keel_backend *be, const keel_graph *g, int64_t from, int64_t to);
 int cuda_matmul(keel_backend *be, const keel_tensor *t);
 int cuda_out_prod(keel_backend *be, const keel_tensor *t);
 int cuda_gdn_forward(keel_backend *be, const keel_tensor *t);
@@ -194,7 +232,12 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t);
 /* FLASH_ATTN and its backward (cuda_attention.cu); heads of up to 256 */
 int cuda_flash_attn(keel_backend *be, const keel_tensor *t);
 bool cuda_flash_attn_supports(const keel_tensor *t);
-/* One block of KEEL_CUDA_RT threads: *out = (the R float64 partials summed in a fixed tree) / div. */
-__global__ void k_finish_sum(float *out, const double *partial, int64_t R, double div);
+/* One block of KEEL_CUDA_RT threads: *out = (the R float64 partials summed in a fixed tree) / div
+ * (or / *divp when divp is given: a divisor worked out on the device). */
+__global__ void k_finish_sum(float *out, const double *partial, int64_t R, double div, const double *divp);
+/* The cross-entropy node t's targets checked on the device and its divisor into im->ce_div: fp0, or
+ * when fp0 is 0 the count of targets >= 0 (1 when there is none); a target at or above the class
+ * count marks t in im->bad_node. */
+int cuda_ce_divisor(keel_backend *be, const keel_tensor *t);
 
 #endif

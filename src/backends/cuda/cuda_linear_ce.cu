@@ -17,16 +17,16 @@
 #define LT KEEL_CUDA_RT /* threads of a token's row block */
 
 /* Token c0 + blockIdx.x: its logits row L[row], its loss partial or its gradient row (in L, or with
- * bf16 operands as its two parts in G at row * 2V: hi, then lo). */
-__global__ void k_lce_rows(float *L, __nv_bfloat16 *G, kt tg, int64_t V, int64_t c0, double *partial, float k,
-                           int back) {
+ * bf16 operands as its two parts in G at row * 2V: hi, then lo); the gradient's factor dloss / D from
+ * the device (dl, div: no read to the host). */
+__global__ void k_lce_rows(float *L, __nv_bfloat16 *G, kt tg, int64_t V, int64_t c0, double *partial, const float *dl,
+                           const double *div, int back) {
     __shared__ double sh[LT];
     int64_t row = blockIdx.x, n = c0 + row;
     float *z = L + row * V;
-    int64_t ti[4];
-    kt_unflat(tg, n, ti);
-    int32_t y = *(const int32_t *)kt_at(tg, ti[0], ti[1], ti[2], ti[3]);
-    if (y < 0) { /* no loss here, no gradient */
+    int32_t y = kt_i32(tg, n);
+    if (y >= V) y = -1; /* out of range: cuda_ce_divisor has marked the node, the run fails */
+    if (y < 0) {        /* no loss here, no gradient */
         if (!back && threadIdx.x == 0) partial[n] = 0.0;
         for (int64_t v = threadIdx.x; back && v < V; v += LT) {
             z[v] = 0.0f;
@@ -44,7 +44,7 @@ __global__ void k_lce_rows(float *L, __nv_bfloat16 *G, kt tg, int64_t V, int64_t
         if (threadIdx.x == 0) partial[n] = log(s) + mx - z[y];
         return;
     }
-    float inv = (float)(1.0 / s);
+    float inv = (float)(1.0 / s), k = (float)((double)*dl / *div);
     for (int64_t v = threadIdx.x; v < V; v += LT) {
         float gv = __fmul_rn(__fsub_rn(__fmul_rn(expf(z[v] - mx), inv), v == y ? 1.0f : 0.0f), k);
         if (G) {
@@ -105,12 +105,11 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     int64_t D = x->ne[0], N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N;
     bool bf = x->type == KEEL_BF16;
     cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
-    double div;
-    if (keel_backend_ce_divisor(be, t, &div)) return -1; /* and the targets checked */
     if (D > INT32_MAX || 2 * V > INT32_MAX || 2 * C > INT32_MAX)
         return keel_fail("cuda: %s '%s': a dimension exceeds cuBLAS's 32-bit limit", keel_op_get(t->op)->name, t->name);
-    float dl = 0.0f;
-    if (back && keel_tensor_read(be, t->src[3], &dl, KEEL_F32)) return -1;
+    if (cuda_ce_divisor(be, t)) return -1; /* the targets checked, the divisor on the device */
+    const double *div = cuda_im(be)->ce_div;
+    const float *dl = back ? (const float *)t->src[3]->data : NULL;
     bool cx = needs_copy(x), cw = needs_copy(w);
     char *base = (char *)cuda_scratch(be, cuda_linear_ce_scratch(t), t);
     if (!base) return -1;
@@ -131,13 +130,12 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     int ldx = (int)(x->nb[1] / (int64_t)es), ldw = (int)(w->nb[1] / (int64_t)es);
     cudaStream_t s = cuda_im(be)->stream;
     float *out = (float *)t->data;
-    float k = (float)((double)dl / div);
     for (int64_t c0 = 0; c0 < N; c0 += C) {
         int nc = (int)(N - c0 < C ? N - c0 : C);
         const char *xc = (const char *)x->data + c0 * x->nb[1]; /* tokens evenly spaced */
         /* L (V x nc) = W^T (V x D) x_c (D x nc) */
         if (product(be, t, ws, true, false, V, nc, D, w->data, ldw, xc, ldx, dt, L, V, 0.0f)) return -1;
-        k_lce_rows<<<nc, LT, 0, s>>>(L, G, kt_of(tg), V, c0, partial, k, back ? 1 : 0);
+        k_lce_rows<<<nc, LT, 0, s>>>(L, G, kt_of(tg), V, c0, partial, dl, div, back ? 1 : 0);
         if (cuda_check(cudaGetLastError(), "linear cross-entropy rows launch", t)) return -1;
         if (!back) continue;
         const float bw = c0 > 0 ? 1.0f : 0.0f;
@@ -163,7 +161,7 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     }
     if (back && N == 0) return cuda_check(cudaMemsetAsync(out, 0, (size_t)(D * V) * 4, s), "memset", t);
     if (!back) {
-        k_finish_sum<<<1, KEEL_CUDA_RT, 0, s>>>(out, partial, N, div); /* the partials in token order */
+        k_finish_sum<<<1, KEEL_CUDA_RT, 0, s>>>(out, partial, N, 1.0, div); /* the partials in token order */
         return cuda_check(cudaGetLastError(), "linear cross-entropy sum launch", t);
     }
     return 0;

@@ -819,19 +819,58 @@ __global__ void k_conv4_tiled(float *y, const float *x, const float *w, kt pos, 
 }
 
 /* GET_ROWS_BACK: result row r sums the dy rows whose id is r, in ascending item order, in float32
- * as on the cpu. The result is zeroed by a memset first, then a block takes each row some id names
- * (rows[u], its items' dy rows at byte offsets offs[start[u] .. start[u + 1]), from the host's
- * grouping): a thread for each element of every row, most of them never named (248,320 rows for
- * 8,192 ids at the 0.8B's batch 8), took 1.8 ms a step with the host's work; the sums are the same. */
-__global__ void k_get_rows_back(kt t, kt dy, const int64_t *rows, const int64_t *start, const int64_t *offs,
-                                int64_t U) {
-    for (int64_t u = blockIdx.x; u < U; u += gridDim.x) {
-        int64_t k0 = start[u], k1 = start[u + 1];
-        char *row = kt_at(t, 0, rows[u], 0, 0);
-        for (int64_t i = threadIdx.x; i < t.ne[0]; i += blockDim.x) {
-            float acc = 0.0f;
-            for (int64_t k = k0; k < k1; k++) acc += ldf(dy.p + offs[k] + i * dy.nb[0]);
-            stf(row + i * t.nb[0], acc);
+ * as on the cpu. The result is zeroed by a memset first; then block i looks at item i: when no
+ * earlier item has its id, the block owns that row and sums its items, which it finds in order by
+ * scanning the later ids (RT a pass; each warp's matches by ballot, the block's in order through
+ * shared memory). A thread keeps GRB_COLS of the row's elements in registers (a scan for each
+ * GRB_COLS x RT of them). All on the device: the host used to read the ids and group them, a wait
+ * for the stream every step; the scans read about n^2 / 2 ids from cache (34 M at 8,192 ids). An id
+ * outside [0, rows) marks the node and is skipped. */
+#define GRB_COLS 4
+__global__ void k_get_rows_back(kt t, kt dy, kt ids, int64_t n, unsigned *bad, unsigned node) {
+    __shared__ int list[RT];
+    __shared__ int wcount[RT / 32];
+    int tid = (int)threadIdx.x, lane = tid & 31, w = tid >> 5;
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+        int32_t id = kt_i32(ids, i);
+        if (id < 0 || id >= t.ne[1]) {
+            if (tid == 0) atomicMin(bad, node);
+            continue;
+        }
+        int seen = 0;
+        for (int64_t j = tid; j < i && !seen; j += RT) seen = kt_i32(ids, j) == id;
+        if (__syncthreads_or(seen)) continue; /* an earlier item's block owns the row */
+        char *row = kt_at(t, 0, id, 0, 0);
+        for (int64_t c0 = 0; c0 < t.ne[0]; c0 += GRB_COLS * RT) {
+            float acc[GRB_COLS];
+#pragma unroll
+            for (int q = 0; q < GRB_COLS; q++) acc[q] = 0.0f;
+            for (int64_t j0 = i; j0 < n; j0 += RT) {
+                int64_t j = j0 + tid;
+                bool m = j < n && kt_i32(ids, j) == id;
+                unsigned bal = __ballot_sync(0xffffffffu, m);
+                if (lane == 0) wcount[w] = __popc(bal);
+                __syncthreads();
+                int at = __popc(bal & ((1u << lane) - 1u)), total = 0;
+                for (int k = 0; k < RT / 32; k++) at += k < w ? wcount[k] : 0, total += wcount[k];
+                if (m) list[at] = (int)(j - i);
+                __syncthreads();
+                for (int k = 0; k < total; k++) {
+                    int64_t jj = i + list[k];
+                    const char *src = dy.p + jj % dy.ne[1] * dy.nb[1] + jj / dy.ne[1] * dy.nb[2];
+#pragma unroll
+                    for (int q = 0; q < GRB_COLS; q++) {
+                        int64_t c = c0 + q * RT + tid;
+                        if (c < t.ne[0]) acc[q] += ldf(src + c * dy.nb[0]);
+                    }
+                }
+                __syncthreads(); /* the list is rewritten next pass */
+            }
+#pragma unroll
+            for (int q = 0; q < GRB_COLS; q++) {
+                int64_t c = c0 + q * RT + tid;
+                if (c < t.ne[0]) stf(row + c * t.nb[0], acc[q]);
+            }
         }
     }
 }
@@ -916,7 +955,7 @@ __global__ void k_sum_sq_blocks(const float *x, int64_t n, double *partial, int 
 /* One block, or with `warp` one warp, per row of a (rows flat over dims 1..3). partial: float64
  * per row (SUM, CE). */
 __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, double *partial, float p0, double eps,
-                       int warp) {
+                       const double *ce_div, int warp) {
     __shared__ double sh[RT];
     int64_t n = a.ne[0], R = a.ne[1] * a.ne[2] * a.ne[3];
     int tid = warp ? (int)(threadIdx.x & 31) : (int)threadIdx.x, TS = warp ? 32 : RT;
@@ -1007,6 +1046,7 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
             int64_t ti0 = r % tg.ne[0], ti1 = (r / tg.ne[0]) % tg.ne[1], ti2 = (r / (tg.ne[0] * tg.ne[1])) % tg.ne[2],
                     ti3 = r / (tg.ne[0] * tg.ne[1] * tg.ne[2]);
             int32_t yv = *(const int32_t *)kt_at(tg, ti0, ti1, ti2, ti3);
+            if (yv >= n) yv = -1; /* out of range: k_ce_divisor has marked the node, the run fails */
             float mx = -INFINITY;
             for (int64_t i = tid; i < n; i += TS) mx = fmaxf(mx, ldf(s + i * an));
             mx = team_max(mx, sh, warp);
@@ -1023,7 +1063,7 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
             } else if (op == KEEL_OP_CROSS_ENTROPY_LOSS) {
                 if (tid == 0) partial[r] = log(z) + mx - ldf(s + (int64_t)yv * an);
             } else {
-                float sc = (float)(1.0 / z), k = (float)(*dloss / eps); /* eps: the loss's divisor */
+                float sc = (float)(1.0 / z), k = (float)(*dloss / *ce_div);
                 for (int64_t i = tid; i < n; i += TS)
                     stf(d + i * t.nb[0],
                         __fmul_rn(__fsub_rn(__fmul_rn(expf(ldf(s + i * an) - mx), sc), (float)(i == yv)), k));
@@ -1037,12 +1077,30 @@ __global__ void k_rows(int op, kt t, kt a, kt y, kt tg, const float *dloss, doub
 }
 
 /* SUM and CROSS_ENTROPY_LOSS: the per-row float64 partials summed by one block (fixed layout). */
-__global__ void k_finish_sum(float *out, const double *partial, int64_t R, double div) {
+__global__ void k_finish_sum(float *out, const double *partial, int64_t R, double div, const double *divp) {
     __shared__ double sh[RT];
     double acc = 0;
     for (int64_t r = threadIdx.x; r < R; r += RT) acc += partial[r];
     acc = block_sum(acc, sh);
-    if (threadIdx.x == 0) *out = (float)(acc / div);
+    if (threadIdx.x == 0) *out = (float)(acc / (divp ? *divp : div));
+}
+
+/* One block: the targets below `limit` (negative: no loss) counted, the divisor *div = fp0 or that
+ * count (1 when 0), as keel_backend_ce_divisor gives it on the host; a target at or above limit marks
+ * the node. */
+__global__ void k_ce_divisor(kt tg, int64_t limit, double fp0, double *div, unsigned *bad, unsigned node) {
+    __shared__ double sh[RT];
+    int64_t n = tg.ne[0] * tg.ne[1] * tg.ne[2] * tg.ne[3];
+    double valid = 0;
+    bool out = false;
+    for (int64_t e = threadIdx.x; e < n; e += RT) {
+        int32_t y = kt_i32(tg, e);
+        valid += y >= 0 && y < limit;
+        out |= y >= limit;
+    }
+    if (out) atomicMin(bad, node);
+    valid = block_sum(valid, sh);
+    if (threadIdx.x == 0) *div = fp0 > 0 ? fp0 : valid > 0 ? valid : 1.0;
 }
 
 /* ---------------------------------------------------------------- dispatch */
@@ -1059,23 +1117,12 @@ static int64_t terms_of(const keel_tensor *t) {
 static size_t node_scratch(const keel_tensor *t) {
     const keel_tensor *a = t->src[0];
     switch (t->op) {
-    case KEEL_OP_GET_ROWS_BACK: { /* the named rows, their groups' starts, the items' offsets (host-made) */
-        int64_t N = keel_nelements(t->src[1]);
-        return (size_t)(2 * (N < t->ne[1] ? N : t->ne[1]) + 1 + N) * sizeof(int64_t);
-    }
     case KEEL_OP_SUM: /* a float64 partial a row */
     case KEEL_OP_CROSS_ENTROPY_LOSS:
         return (size_t)(keel_nrows(a) ? keel_nrows(a) : 1) * sizeof(double);
     case KEEL_OP_SUM_SQ: { /* a float64 partial a block */
         int64_t R = (keel_nelements(a) + KEEL_SUM_SQ_BLOCK - 1) / KEEL_SUM_SQ_BLOCK;
         return (size_t)(R ? R : 1) * sizeof(double);
-    }
-    case KEEL_OP_ROPE: /* the n_rot / 2 frequencies */
-    case KEEL_OP_ROPE_BACK:
-    case KEEL_OP_QK_NORM_ROPE:
-    case KEEL_OP_QK_NORM_ROPE_BACK: {
-        int64_t h = (t->op == KEEL_OP_ROPE || t->op == KEEL_OP_ROPE_BACK ? t->ip[0] : t->ip[1]) / 2;
-        return (size_t)(h ? h : 1) * sizeof(double);
     }
     case KEEL_OP_REPEAT_BACK: /* a float64 partial per result element and chunk of terms */
     case KEEL_OP_CONV1D_BACK_WEIGHT: {
@@ -1111,43 +1158,17 @@ static int get_rows_back(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *dy = t->src[0], *ids = t->src[1];
     if (!keel_is_contiguous(t)) return keel_fail("cuda: '%s': GET_ROWS_BACK writes a contiguous result", t->name);
     if (cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), st(be)), "memset", t)) return -1;
-    /* ids are checked and grouped on the host, so a bad id is an error naming it, not a wild read */
-    int32_t *idv;
-    if (keel_backend_read_ids(be, t, ids, t->ne[1], "id", &idv)) return -1;
-    int64_t R = t->ne[1], N = keel_nelements(ids), U = 0;
-    /* the CSR lists (start over all R rows, then the items), then what goes to the device: the named
-     * rows, their starts, and each item's byte offset in dy, in the lists' order */
-    int64_t *csr = (int64_t *)malloc((size_t)(R + 1 + N) * sizeof(int64_t)),
-            *h = (int64_t *)malloc(node_scratch(t) > 0 ? node_scratch(t) : 1);
-    if (!csr || !h) {
-        free(idv), free(csr), free(h);
-        return keel_fail("out of memory in '%s'", t->name);
-    }
-    keel_rows_by_id(idv, N, R, csr, csr + R + 1);
-    free(idv);
-    int64_t nU = N < R ? N : R, *rows = h, *start = h + nU, *offs = h + 2 * nU + 1;
-    for (int64_t r = 0; r < R; r++)
-        if (csr[r + 1] > csr[r]) rows[U] = r, start[U++] = csr[r];
-    start[U] = N;
-    for (int64_t k = 0; k < N; k++) {
-        int64_t n = csr[R + 1 + k];
-        offs[k] = n % dy->ne[1] * dy->nb[1] + n / dy->ne[1] * dy->nb[2];
-    }
-    memmove(start + U + 1, offs, (size_t)N * sizeof(int64_t)); /* packed: rows[U], start[U + 1], offs[N] */
-    memmove(rows + U, start, (size_t)(U + 1 + N) * sizeof(int64_t));
-    free(csr);
-    int64_t *dev = (int64_t *)cuda_scratch(be, node_scratch(t), t);
-    int rc = !dev || cuda_upload(be, dev, h, (size_t)(2 * U + 1 + N) * sizeof(int64_t), t);
-    free(h);
-    if (rc) return -1;
-    if (U > 0)
-        k_get_rows_back<<<(unsigned)(U < 65535 ? U : 65535), 256, 0, st(be)>>>(kt_of(t), kt_of(dy), dev, dev + U,
-                                                                               dev + 2 * U + 1, U);
+    int64_t n = keel_nelements(ids);
+    if (n > INT32_MAX) return keel_fail("cuda: '%s': %lld ids, more than 2^31 - 1", t->name, (long long)n);
+    cuda_impl *im = cuda_im(be);
+    if (n > 0 && t->ne[0] > 0)
+        k_get_rows_back<<<(unsigned)(n < (1 << 20) ? n : (1 << 20)), RT, 0, st(be)>>>(kt_of(t), kt_of(dy), kt_of(ids),
+                                                                                      n, im->bad_node, im->node);
     return 0;
 }
 
-/* ce_div: CROSS_ENTROPY_LOSS(_BACK)'s divisor (passed where the norms take eps) */
-static int rows(keel_backend *be, const keel_tensor *t, double *partial, double ce_div) {
+/* The cross-entropy ops take their divisor from im->ce_div (cuda_ce_divisor runs first) */
+static int rows(keel_backend *be, const keel_tensor *t, double *partial) {
     kt none;
     memset(&none, 0, sizeof none);
     const keel_tensor *a = t->src[0];
@@ -1163,34 +1184,66 @@ static int rows(keel_backend *be, const keel_tensor *t, double *partial, double 
     k_rows<<<blocks, RT, 0, st(be)>>>(t->op, partial ? none : kt_of(t), kt_of(a), has_y ? kt_of(t->src[1]) : none,
                                       ce ? kt_of(t->src[1]) : none,
                                       t->op == KEEL_OP_CROSS_ENTROPY_LOSS_BACK ? (const float *)t->src[2]->data : NULL,
-                                      partial, (float)t->fp[0], ce ? ce_div : t->fp[0], warp ? 1 : 0);
+                                      partial, (float)t->fp[0], t->fp[0], cuda_im(be)->ce_div, warp ? 1 : 0);
     return 0;
 }
 
 static int reduce_all(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0];
     int64_t R = keel_nrows(a);
-    double div = 1.0;
-    if (t->op == KEEL_OP_CROSS_ENTROPY_LOSS && keel_backend_ce_divisor(be, t, &div)) return -1;
+    bool ce = t->op == KEEL_OP_CROSS_ENTROPY_LOSS;
+    if (ce && cuda_ce_divisor(be, t)) return -1;
     double *partial = (double *)cuda_scratch(be, node_scratch(t), t);
-    if (!partial || rows(be, t, partial, div)) return -1;
-    k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, div);
+    if (!partial || rows(be, t, partial)) return -1;
+    k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, 1.0, ce ? cuda_im(be)->ce_div : NULL);
     return 0;
 }
 
-/* The n_rot/2 rotation frequencies in float64 (keel_rope_freq), in node scratch; NULL with an error */
+int cuda_ce_divisor(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *tg;
+    int64_t limit;
+    bool neg;
+    const char *what;
+    if (!keel_backend_id_rule(t, &tg, &limit, &neg, &what))
+        return keel_fail("'%s' is not a cross-entropy node", t->name);
+    cuda_impl *im = cuda_im(be);
+    k_ce_divisor<<<1, RT, 0, im->stream>>>(kt_of(tg), limit, t->fp[0], im->ce_div, im->bad_node, im->node);
+    return cuda_check(cudaGetLastError(), "cross-entropy divisor launch", t);
+}
+
+/* The n_rot/2 rotation frequencies in float64 (keel_rope_freq) on the device: made and uploaded the
+ * first time a (n_rot, theta) is seen (a small allocation and a wait, once), then the same table;
+ * NULL with an error */
 static const double *rope_freqs(keel_backend *be, const keel_tensor *t, int64_t nr, double theta) {
+    cuda_impl *im = cuda_im(be);
+    for (int i = 0; i < im->n_rope; i++)
+        if (im->rope[i].n_rot == nr && im->rope[i].theta == theta) return im->rope[i].dev;
+    if (im->n_rope == im->cap_rope) {
+        int cap = im->cap_rope ? 2 * im->cap_rope : 8;
+        cuda_rope_table *r = (cuda_rope_table *)realloc(im->rope, (size_t)cap * sizeof *r);
+        if (!r) {
+            keel_fail("out of memory in '%s'", t->name);
+            return NULL;
+        }
+        im->rope = r, im->cap_rope = cap;
+    }
     int64_t h = nr / 2;
-    double *freq = (double *)malloc((size_t)(h ? h : 1) * sizeof(double));
+    double *freq = (double *)malloc((size_t)(h ? h : 1) * sizeof(double)), *dev = NULL;
     if (!freq) {
         keel_fail("out of memory in '%s'", t->name);
         return NULL;
     }
     for (int64_t f = 0; f < h; f++) freq[f] = keel_rope_freq(theta, nr, f);
-    double *dev = (double *)cuda_scratch(be, node_scratch(t), t);
-    int rc = !dev || cuda_upload(be, dev, freq, (size_t)h * sizeof(double), t);
+    int rc = cuda_check(cudaMalloc(&dev, (size_t)(h ? h : 1) * sizeof(double)), "RoPE frequency table", t) ||
+             cuda_upload(be, dev, freq, (size_t)h * sizeof(double), t);
     free(freq);
-    return rc ? NULL : dev;
+    if (rc) {
+        cudaFree(dev);
+        return NULL;
+    }
+    im->rope[im->n_rope].n_rot = nr, im->rope[im->n_rope].theta = theta, im->rope[im->n_rope].dev = dev;
+    im->n_rope++;
+    return dev;
 }
 
 static int rope(keel_backend *be, const keel_tensor *t) {
@@ -1298,8 +1351,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     }
     switch (t->op) {
     case KEEL_OP_GET_ROWS:
-        if (keel_backend_read_ids(be, t, b, a->ne[1], "id", NULL)) return -1;
-        return cuda_copy_rows(be, t, a, b);
+        return cuda_copy_rows(be, t, a, b); /* ids checked by the copy kernel */
     case KEEL_OP_GET_ROWS_BACK:
         return get_rows_back(be, t);
     case KEEL_OP_FILL: { /* zeros (a gradient's start) by the driver's memset: k_fill's 4-byte stores
@@ -1347,11 +1399,8 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_SUM:
     case KEEL_OP_CROSS_ENTROPY_LOSS:
         return reduce_all(be, t);
-    case KEEL_OP_CROSS_ENTROPY_LOSS_BACK: {
-        double div;
-        if (keel_backend_ce_divisor(be, t, &div)) return -1;
-        return rows(be, t, NULL, div);
-    }
+    case KEEL_OP_CROSS_ENTROPY_LOSS_BACK:
+        return cuda_ce_divisor(be, t) || rows(be, t, NULL) ? -1 : 0;
     case KEEL_OP_SUM_ROWS:
     case KEEL_OP_MEAN:
     case KEEL_OP_RMS_NORM:
@@ -1361,7 +1410,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_SOFT_MAX:
     case KEEL_OP_SOFT_MAX_CAUSAL:
     case KEEL_OP_SOFT_MAX_BACK:
-        return rows(be, t, NULL, 0.0);
+        return rows(be, t, NULL);
     case KEEL_OP_ROPE:
     case KEEL_OP_ROPE_BACK:
         return rope(be, t);
@@ -1476,7 +1525,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         double *partial = (double *)cuda_scratch(be, node_scratch(t), t);
         if (!partial) return -1;
         if (R) k_sum_sq_blocks<<<(unsigned)R, RT, 0, st(be)>>>((const float *)a->data, na, partial, vec_ok(a->data));
-        k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, 1.0);
+        k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, 1.0, NULL);
         return 0;
     }
     case KEEL_OP_ADAMW: {
