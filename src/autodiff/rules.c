@@ -265,7 +265,7 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
     keel_tensor *q = t->src[0], *v = t->src[2];
     int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], B = q->ne[3], Dv = v->ne[0], Hv = v->ne[1], r = Hv / Hk;
     keel_tensor *src[7] = {t->src[0], t->src[1], t->src[2], t->src[3], t->src[4], t->src[5], dy};
-    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_BACK, src, 7, NULL, 0, NULL, 0);
+    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_BACK, src, 7, t->ip, 1, NULL, 0);
     if (!pk) return -1;
     int64_t es = (int64_t)keel_type_size(pk->type), nqk = Dk * Hv * T * B, nv = Dv * Hv * T * B, ng = Hv * T * B;
     for (int which = 0; which < 2; which++) { /* dq, dk: per value head, summed over each key head's group */
@@ -275,7 +275,7 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
         keel_tensor *sum;
         if (r == 1) {
             sum = per; /* a contiguous slice of the packed gradient: read where it lies, no copy */
-        } else { /* value head hv = hk*r + j: [Dk, r, Hk, T*B] -> sum over j */
+        } else {       /* value head hv = hk*r + j: [Dk, r, Hk, T*B] -> sum over j */
             keel_tensor *g4 = keel_reshape_4d(ctx, keel_cont(ctx, per), Dk, r, Hk, T * B);
             keel_tensor *rows = keel_sum_rows(ctx, keel_cont(ctx, keel_permute(ctx, g4, 1, 0, 2, 3)));
             sum = keel_reshape_4d(ctx, rows, Dk, Hk, T, B);

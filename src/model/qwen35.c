@@ -341,7 +341,8 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
         *S_out = keel_cont(
             ctx, keel_view_4d(ctx, pk, Dv, Dk, Hv, B, Dv * es, Dv * Dk * es, Dv * Dk * Hv * es, Dv * Hv * T * B * es));
     } else {
-        o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos); /* [Dv, Hv, T, B] */
+        /* [Dv, Hv, T, B]; in the bf16 mode its products on the tensor cores (split TF32) */
+        o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos, m->operand_type == KEEL_BF16);
     }
     keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, hin), Dv, Hv, T, B);
     o = keel_gated_rms_norm(ctx, o, L->norm, z, c->rms_eps); /* rms_norm(o) * norm * silu(z), one op */

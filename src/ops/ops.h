@@ -152,7 +152,7 @@ keel_tensor *keel_gdn_conv(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_t
 /* The gated delta rule; the state is reset to 0 before every step whose position is 0 (<= 0): a
  * packed example starts from a fresh state, as it would alone. */
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
-                                  keel_tensor *beta, keel_tensor *pos);
+                                  keel_tensor *beta, keel_tensor *pos, bool tensor_cores);
 /* Decoding: as keel_gated_delta_net from the state s0 [Dv,Dk,Hv,B] -> packed [o | final state]. */
 keel_tensor *keel_gated_delta_net_state(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
                                         keel_tensor *beta, keel_tensor *pos, keel_tensor *s0);

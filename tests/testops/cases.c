@@ -764,9 +764,11 @@ int keel_cases_all(op_case **out) {
                 {128, 1, 64, 1, 128, 2, 1000, 1, 0},   {16, 2, 65, 2, 24, 4, 30, 20, 1},
                 {16, 2, 65, 1, 24, 4, 1000, 1, 0},     {16, 2, 129, 3, 24, 4, 70, 1, 0},
                 {128, 1, 1024, 1, 128, 1, 300, 20, 0}, {128, 1, 1031, 1, 128, 1, 2000, 1, 1}};
-            for (int s = 0; s < 8; s++) {
-                const int64_t *x = ch[s];
+            /* the same on the tensor cores (ip0 1, the bf16 mode's variant; not for decoding) */
+            for (int s = 0; s < (op == KEEL_OP_GATED_DELTA_NET_STATE ? 8 : 16); s++) {
+                const int64_t *x = ch[s % 8];
                 c = C(&l, op);
+                if (s >= 8) P(c, 1, (int64_t[]){1}, 0, NULL), c->tol = 1e-10; /* split TF32: float32's bound */
                 case_input *q = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
                 case_input *k = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
                 q->scale = k->scale = 1.0 / sqrt((double)x[0]);

@@ -399,6 +399,8 @@ static void make_label(op_case *c) {
     if (c->op == KEEL_OP_CONCAT) k = snprintf(p, left, ",dim=%lld", (long long)c->ip[0]), p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_RMS_NORM_W || c->op == KEEL_OP_RMS_NORM_W_BACK) && c->ip[0])
         k = snprintf(p, left, ",1+w"), p += k, left -= (size_t)k;
+    if ((c->op == KEEL_OP_GATED_DELTA_NET || c->op == KEEL_OP_GATED_DELTA_NET_BACK) && c->ip[0])
+        k = snprintf(p, left, ",tensor cores"), p += k, left -= (size_t)k;
     snprintf(p, left, ")");
 }
 

@@ -158,7 +158,7 @@ __device__ static int v_cols(int room, int Dv) {
 }
 
 /* Per chunk (grid: chunks x lanes): decays, A, W, U0, the scaled rows; the backward's A, Kb, A^T Kc. */
-__global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd) {
+template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
@@ -173,8 +173,8 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
     decay_load(A, d, b, hv, t0, n); /* while the tiles are in flight */
     fetch_wait(0);
     __syncthreads();
-    bmm<false, true>(M, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
-    bmm<false, true>(Pm, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
+    bmm_sel<TC, false, true>(M, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
+    bmm_sel<TC, false, true>(Pm, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     int64_t rk = lc * CH * (int64_t)Dk;
     for (int e = threadIdx.x; e < n * Dk; e += NT) {
         int t = e / Dk;
@@ -221,8 +221,8 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
     }
     if (threadIdx.x == 0) P.GamC[lc] = d.Gam[n - 1];
     __syncthreads();
-    bmm<false, false>(P.W + rk, Dk, M, LDC, K, ldk, n, Dk, n, 1.0f, 0.0f, false);
-    if (bwd) bmm<true, false>(P.Ac + rk, Dk, M, LDC, Q, ldk, n, Dk, n, 1.0f, 0.0f, false);
+    bmm_sel<TC, false, false>(P.W + rk, Dk, M, LDC, K, ldk, n, Dk, n, 1.0f, 0.0f, false);
+    if (bwd) bmm_sel<TC, true, false>(P.Ac + rk, Dk, M, LDC, Q, ldk, n, Dk, n, 1.0f, 0.0f, false);
     for (int j0 = 0; j0 < Dv; j0 += vb) {
         int jw = Dv - j0 < vb ? Dv - j0 : vb;
         if (bwd || j0 > 0) {
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd)
         }
         fetch_wait(0);
         __syncthreads();
-        bmm<false, false>(P.U0 + lc * CH * (int64_t)Dv + j0, Dv, Pm, LDC, Vt, ldv, n, jw, n, 1.0f, 0.0f, false);
+        bmm_sel<TC, false, false>(P.U0 + lc * CH * (int64_t)Dv + j0, Dv, Pm, LDC, Vt, ldv, n, jw, n, 1.0f, 0.0f, false);
     }
 }
 
@@ -326,7 +326,7 @@ static size_t out_smem(int64_t Dk) {
 
 /* Per chunk (grid: chunks x lanes x blocks of JO value columns), what the reverse pass needs that
  * does not depend on dS: G0 = Qg^T dO into dSc, dR0 = A^T (Pm^T dO) into dR. */
-__global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
+template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
     extern __shared__ float sm[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
             j0 = (int64_t)blockIdx.z * JO;
@@ -341,12 +341,12 @@ __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
     fetch_commit();
     fetch_wait(1);
     __syncthreads();
-    bmm<true, false>(dU, LDO, Pm, LDC, dOt, LDO, n, jw, n, 1.0f, 0.0f, false);
+    bmm_sel<TC, true, false>(dU, LDO, Pm, LDC, dOt, LDO, n, jw, n, 1.0f, 0.0f, false);
     fetch_wait(0);
     __syncthreads();
-    bmm<true, false>(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n, 1.0f, 0.0f, false);
+    bmm_sel<TC, true, false>(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n, 1.0f, 0.0f, false);
     __syncthreads();
-    bmm<true, false>(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n, 1.0f, 0.0f, false);
+    bmm_sel<TC, true, false>(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n, 1.0f, 0.0f, false);
 }
 
 static size_t pre_back_smem(int64_t Dk) {
@@ -415,7 +415,7 @@ static size_t state_back_smem(int64_t Dk) {
 /* The contractions over value columns, per chunk (grid: chunks x lanes x 3 parts), summed over
  * blocks of JB columns in order: part 0 dQa = dO S^T and dPm = dO U^T; part 1 dKa = U dS^T and
  * dGamC = sum S o dS; part 2 dKb = dR S^T, dMm = -dR U^T and r3 = rows of dR o V. */
-__global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
+template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, t0 = c * CH, lc = l * P.nc + c;
     int part = blockIdx.z, n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk);
@@ -448,9 +448,9 @@ __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
         fetch_commit();
         fetch_wait(0);
         __syncthreads();
-        bmm<false, true>(acc1, ldk, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
-        if (part == 0) bmm<false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, 1.0f, 1.0f, more);
-        if (part == 2) bmm<false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, -1.0f, 1.0f, more);
+        bmm_sel<TC, false, true>(acc1, ldk, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
+        if (part == 0) bmm_sel<TC, false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, 1.0f, 1.0f, more);
+        if (part == 2) bmm_sel<TC, false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, -1.0f, 1.0f, more);
         if (part == 1)
             for (int e = threadIdx.x; e < Dk * jw; e += NT) {
                 int i = e / jw, x = e - i * jw;
@@ -486,7 +486,7 @@ static size_t contract_smem(int64_t Dk) {
  *   dbeta_t = r3_t - Gam_t k_t.dKb_t + sum_s<t dMm_ts D_ts k_t.k_s
  * and dG_t, the gradient of the summed gate G_t, from everything a decay multiplies; dg is the
  * sum of dG over the later steps of the same example in the chunk (0 where an example starts). */
-template <int NB> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *out) {
+template <int NB, bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
@@ -504,8 +504,8 @@ template <int NB> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, 
     decay_load(A, d, b, hv, t0, n); /* while the tiles are in flight */
     fetch_wait(0);
     __syncthreads();
-    bmm<false, true>(X, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
-    bmm<false, true>(Y, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
+    bmm_sel<TC, false, true>(X, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
+    bmm_sel<TC, false, true>(Y, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     __syncthreads();
     for (int e = threadIdx.x; e < n * n; e += NT) {
         int t = e / n, s = e - t * n;
@@ -644,12 +644,14 @@ static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A,
     return 0;
 }
 
-/* The forward, and the backward's first half: prep, the state pass (S and U of every chunk). */
+/* The forward, and the backward's first half: prep, the state pass (S and U of every chunk). TC: the
+ * products on the tensor cores (bmm_tc; the op's ip0). */
+template <bool TC>
 static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd,
                           float *packed) {
     dim3 chunks((unsigned)P.nc, (unsigned)(A.B * A.Hv)),
         lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
-    TILE_LAUNCH(k_gdn_prep, chunks, NT, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
+    TILE_LAUNCH(k_gdn_prep<TC>, chunks, NT, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
     TILE_LAUNCH(k_gdn_state, lanes, NT, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
     return 0;
 }
@@ -667,9 +669,26 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     gdn_scr P;
     if (scratch_of(be, t, A, false, &P)) return -1;
     bool st = t->op == KEEL_OP_GATED_DELTA_NET_STATE;
-    if (forward_states(be, t, A, P, 0, st ? (float *)t->data : NULL)) return -1;
+    float *packed = st ? (float *)t->data : NULL;
+    if (t->ip[0] ? forward_states<true>(be, t, A, P, 0, packed) : forward_states<false>(be, t, A, P, 0, packed))
+        return -1;
     dim3 outs((unsigned)P.nc, (unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JO - 1) / JO));
     TILE_LAUNCH(k_gdn_out, outs, NT, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
+    return 0;
+}
+
+template <bool TC> static int backward(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P) {
+    int64_t L = A.B * A.Hv;
+    float *out = (float *)t->data;
+    if (forward_states<TC>(be, t, A, P, 1, NULL)) return -1;
+    dim3 outs((unsigned)P.nc, (unsigned)L, (unsigned)((A.Dv + JO - 1) / JO)), chunks((unsigned)P.nc, (unsigned)L),
+        parts((unsigned)P.nc, (unsigned)L, 3), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
+    TILE_LAUNCH(k_gdn_pre_back<TC>, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
+    TILE_LAUNCH(k_gdn_state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P,
+                out);
+    TILE_LAUNCH(k_gdn_contract<TC>, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
+    void (*grads)(gdn_args, gdn_scr, float *) = A.Dk <= 128 ? k_gdn_grads<2, TC> : k_gdn_grads<4, TC>;
+    TILE_LAUNCH(grads, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
     return 0;
 }
 
@@ -682,17 +701,5 @@ int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
         return keel_fail("cuda: '%s': %lld lanes of the gated delta rule, the most is 65535", t->name, (long long)L);
     gdn_scr P;
     if (scratch_of(be, t, A, true, &P)) return -1;
-    float *out = (float *)t->data;
-    if (forward_states(be, t, A, P, 1, NULL)) return -1;
-    dim3 outs((unsigned)P.nc, (unsigned)L, (unsigned)((A.Dv + JO - 1) / JO)), chunks((unsigned)P.nc, (unsigned)L),
-        parts((unsigned)P.nc, (unsigned)L, 3), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
-    TILE_LAUNCH(k_gdn_pre_back, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
-    TILE_LAUNCH(k_gdn_state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P,
-                out);
-    TILE_LAUNCH(k_gdn_contract, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
-    if (A.Dk <= 128)
-        TILE_LAUNCH(k_gdn_grads<2>, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
-    else
-        TILE_LAUNCH(k_gdn_grads<4>, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
-    return 0;
+    return t->ip[0] ? backward<true>(be, t, A, P) : backward<false>(be, t, A, P);
 }

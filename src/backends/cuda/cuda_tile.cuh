@@ -179,6 +179,121 @@ template <bool TB, int NB, typename F> __device__ static void bmm_each(int m, in
     });
 }
 
+/* The same product on the tensor cores (mma.sync m16n8k8, TF32), in about float32's precision: each
+ * operand x is split into big = x rounded to TF32 (10 bits after the point) and small = x - big
+ * (exact in float32; the tensor cores read its top 10 bits), and a b = big_a big_b + big_a small_b +
+ * small_a big_b, the small terms first; what is left out, small_a small_b and small's lost bits, is
+ * about 2^-21 of a b, where one TF32 product would lose 2^-11. A warp owns WM x WN tiles of 16 x 8
+ * results at a time (which warp, which tiles: from m and n only) and sums each over the depth in
+ * steps of 8 inside the tensor cores, float32: the same bits every run, not bmm's bits. Depth past k
+ * reads as 0; rows and columns past the edges read the last one and are not stored. The warp tile
+ * is chosen from m x n so that the 8 warps have work. */
+__device__ static inline uint32_t tf32_big(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ static inline void mma_tf32(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* x as big (TF32 bits) and small (float32 bits) */
+__device__ static inline void tf32_split(float x, uint32_t *big, uint32_t *small) {
+    *big = tf32_big(x);
+    *small = __float_as_uint(__fsub_rn(x, __uint_as_float(*big)));
+}
+/* One step of 8 in depth from p0 for a warp's WM x WN tiles: the fragments (rows ar, columns bc,
+ * clamped inside the product; TAIL: depth past k reads 0), split, then the three products of every
+ * tile, tile after tile in each round, so that no product waits on the one before it. */
+template <bool TA, bool TB, int WM, int WN, bool TAIL>
+__device__ static inline void tc_step(float (*s)[WN][4], const float *A, int lda, const float *B, int ldb,
+                                      const int (*ar)[2], const int *bc, int p0, int k, int q) {
+    uint32_t ab[WM][4], as[WM][4], bb[WN][2], bs[WN][2];
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) { /* a0 (g, q), a1 (g + 8, q), a2 (g, q + 4), a3 (g + 8, q + 4) */
+            int r = ar[i][e & 1], p = p0 + q + 4 * (e >> 1), pl = TAIL ? min(p, k - 1) : p;
+            float x = TA ? A[pl * lda + r] : A[r * lda + pl];
+            tf32_split(TAIL && p >= k ? 0.0f : x, &ab[i][e], &as[i][e]);
+        }
+#pragma unroll
+    for (int j = 0; j < WN; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) { /* b0 (depth q, column g), b1 (depth q + 4, column g) */
+            int c = bc[j], p = p0 + q + 4 * e, pl = TAIL ? min(p, k - 1) : p;
+            float x = TB ? B[c * ldb + pl] : B[pl * ldb + c];
+            tf32_split(TAIL && p >= k ? 0.0f : x, &bb[j][e], &bs[j][e]);
+        }
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++) mma_tf32(s[i][j], as[i], bb[j]);
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++) mma_tf32(s[i][j], ab[i], bs[j]);
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++) mma_tf32(s[i][j], ab[i], bb[j]);
+}
+template <bool TA, bool TB, int WM, int WN>
+__device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m,
+                                    int n, int k, float alpha, float beta, bool acc) {
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, k8 = k & ~7;
+    int tm = (m + 16 * WM - 1) / (16 * WM), tn = (n + 8 * WN - 1) / (8 * WN);
+    for (int wt = (int)(threadIdx.x >> 5); wt < tm * tn; wt += NT / 32) {
+        int m0 = wt / tn * 16 * WM, n0 = wt % tn * 8 * WN, ar[WM][2], bc[WN];
+        float s[WM][WN][4];
+#pragma unroll
+        for (int i = 0; i < WM; i++) {
+            ar[i][0] = min(m0 + 16 * i + g, m - 1), ar[i][1] = min(m0 + 16 * i + g + 8, m - 1);
+#pragma unroll
+            for (int j = 0; j < WN; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[i][j][e] = 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < WN; j++) bc[j] = min(n0 + 8 * j + g, n - 1);
+        for (int p0 = 0; p0 < k8; p0 += 8) tc_step<TA, TB, WM, WN, false>(s, A, lda, B, ldb, ar, bc, p0, k, q);
+        if (k8 < k) tc_step<TA, TB, WM, WN, true>(s, A, lda, B, ldb, ar, bc, k8, k, q);
+#pragma unroll
+        for (int i = 0; i < WM; i++)
+#pragma unroll
+            for (int j = 0; j < WN; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) { /* c0 (g, 2q), c1 (g, 2q + 1), c2 (g + 8, 2q), c3 (g + 8, 2q + 1) */
+                    int r = m0 + 16 * i + g + 8 * (e >> 1), c = n0 + 8 * j + 2 * q + (e & 1);
+                    if (r < m && c < n) {
+                        float *p = C + r * ldc + c;
+                        *p = acc ? beta * *p + alpha * s[i][j][e] : alpha * s[i][j][e];
+                    }
+                }
+    }
+}
+template <bool TA, bool TB>
+__device__ static void bmm_tc(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n,
+                              int k, float alpha, float beta, bool acc) {
+    if (m * n >= 8 * 32 * 32) /* 64 x 128 and up: 32 x 32 a warp */
+        bmm_tc_tiles<TA, TB, 2, 4>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+    else if (m * n >= 8 * 32 * 16) /* 64 x 64: 32 x 16 */
+        bmm_tc_tiles<TA, TB, 2, 2>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+    else
+        bmm_tc_tiles<TA, TB, 1, 2>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+}
+/* bmm (float32 on the CUDA cores) or, with TC, bmm_tc */
+template <bool TC, bool TA, bool TB, int RB = 4>
+__device__ static inline void bmm_sel(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m,
+                                      int n, int k, float alpha, float beta, bool acc) {
+    if (TC)
+        bmm_tc<TA, TB>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+    else
+        bmm<TA, TB, RB>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+}
+
 /* Global memory into shared memory by asynchronous copies (cp.async): a thread issues all its
  * elements before waiting on any, so a tile costs one memory latency, not one per element. A
  * batch of fetches ends with fetch_commit(); fetch_wait(n) waits for all but the n latest batches
