@@ -294,7 +294,7 @@ static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_L
 
 /* The output per chunk (grid: chunks x lanes x blocks of JO value columns): O = Qg S + Pm U,
  * written to o (or to packed: the same layout). */
-__global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o) {
+template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o) {
     extern __shared__ float sm[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
             j0 = (int64_t)blockIdx.z * JO;
@@ -311,6 +311,17 @@ __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o)
     __syncthreads();
     float *out = o + ((b * A.T + c * CH) * A.Hv + hv) * A.Dv + j0, acc[1][4][4]; /* one turn: n, jw <= 64 */
     int64_t ld = A.Hv * A.Dv;
+    if (TC) { /* on the tensor cores: a warp's 32 x 16 tiles, one turn */
+        float s[1][2][2][4] = {};
+        tc_acc<false, false, 2, 2, 1>(s, X, ldk, St, LDO, n, jw, Dk);
+        fetch_wait(0);
+        __syncthreads();
+        tc_acc<false, false, 2, 2, 1>(s, Pm, LDC, Ut, LDO, n, jw, n);
+        tc_each<2, 2, 1>(n, jw, [&](int u, int i, int j, int e, int t, int x) {
+            out[t * ld + x] = s[u][i][j][e];
+        });
+        return;
+    }
     bmm_reg<false, false, 1>(acc, X, ldk, St, LDO, n, jw, Dk, 1.0f, 0.0f, false);
     fetch_wait(0);
     __syncthreads();
@@ -575,6 +586,26 @@ template <int NB, bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn
     float *oq = out + ((b * A.T + t0) * A.Hv + hv) * A.Dk, *ok = oq + off_dk, acc[NB][4][4];
     int64_t ld = A.Hv * A.Dk;
     const float *qa = P.dQa + rk, *ka = P.dKa + rk, *kb = P.dKb + rk;
+    if (TC) { /* the same on the tensor cores: a warp's 32 x 32 tiles (NB / 2 turns) in registers */
+        float s[NB / 2][2][4][4];
+        tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int t, int c) {
+            s[u][i][j][e] = d.Gam[t] * qa[t * Dk + c];
+        });
+        fetch_wait(0);
+        __syncthreads(); /* Pd and E have landed */
+        tc_acc<false, false, 2, 4, NB / 2>(s, Pd, LDC, K, ldk, n, Dk, n);
+        tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int t, int c) {
+            oq[t * ld + c] = s[u][i][j][e];
+            s[u][i][j][e] = d.DC[t] * ka[t * Dk + c] - d.bt[t] * d.Gam[t] * kb[t * Dk + c];
+        });
+        tc_acc<false, false, 2, 4, NB / 2>(s, E, LDC, K, ldk, n, Dk, n);
+        tc_acc<true, false, 2, 4, NB / 2>(s, E, LDC, K, ldk, n, Dk, n);
+        tc_acc<true, false, 2, 4, NB / 2>(s, Pd, LDC, Q, ldk, n, Dk, n);
+        tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int t, int c) {
+            ok[t * ld + c] = s[u][i][j][e];
+        });
+        return;
+    }
     bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) {
         acc[u][i][j] = d.Gam[t] * qa[t * Dk + c];
     });
@@ -673,7 +704,8 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     if (t->ip[0] ? forward_states<true>(be, t, A, P, 0, packed) : forward_states<false>(be, t, A, P, 0, packed))
         return -1;
     dim3 outs((unsigned)P.nc, (unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JO - 1) / JO));
-    TILE_LAUNCH(k_gdn_out, outs, NT, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
+    void (*outk)(gdn_args, gdn_scr, float *) = t->ip[0] ? k_gdn_out<true> : k_gdn_out<false>;
+    TILE_LAUNCH(outk, outs, NT, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
     return 0;
 }
 

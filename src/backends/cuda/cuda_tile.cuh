@@ -240,39 +240,80 @@ __device__ static inline void tc_step(float (*s)[WN][4], const float *A, int lda
 #pragma unroll
         for (int j = 0; j < WN; j++) mma_tf32(s[i][j], ab[i], bb[j]);
 }
+/* The warp tile at (m0, n0) of an m x n product: s += op(A) op(B) over depth k */
+template <bool TA, bool TB, int WM, int WN>
+__device__ static inline void tc_sum(float (*s)[WN][4], const float *A, int lda, const float *B, int ldb, int m, int n,
+                                     int k, int m0, int n0) {
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, k8 = k & ~7, ar[WM][2], bc[WN];
+#pragma unroll
+    for (int i = 0; i < WM; i++) ar[i][0] = min(m0 + 16 * i + g, m - 1), ar[i][1] = min(m0 + 16 * i + g + 8, m - 1);
+#pragma unroll
+    for (int j = 0; j < WN; j++) bc[j] = min(n0 + 8 * j + g, n - 1);
+    for (int p0 = 0; p0 < k8; p0 += 8) tc_step<TA, TB, WM, WN, false>(s, A, lda, B, ldb, ar, bc, p0, k, q);
+    if (k8 < k) tc_step<TA, TB, WM, WN, true>(s, A, lda, B, ldb, ar, bc, k8, k, q);
+}
+/* The warp's tiles of an m x n product: its b-th turn is the warp tile at (m0, n0), f(b, m0, n0), for
+ * b < NB (unrolled: b indexes registers), or with NB 0 for every turn (b passed as 0) */
+template <int WM, int WN, int NB, typename F> __device__ static inline void tc_turns(int m, int n, F f) {
+    int tm = (m + 16 * WM - 1) / (16 * WM), tn = (n + 8 * WN - 1) / (8 * WN), w = (int)(threadIdx.x >> 5);
+    if (NB > 0) {
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            int wt = w + b * (NT / 32);
+            if (wt < tm * tn) f(b, wt / tn * 16 * WM, wt % tn * 8 * WN);
+        }
+    } else {
+        for (int wt = w; wt < tm * tn; wt += NT / 32) f(0, wt / tn * 16 * WM, wt % tn * 8 * WN);
+    }
+}
+/* Element (r, c) of the warp tile at (m0, n0) that s[i][j][e] holds, for the ones inside m x n:
+ * f(i, j, e, r, c). c0 (g, 2q), c1 (g, 2q + 1), c2 (g + 8, 2q), c3 (g + 8, 2q + 1) of each tile. */
+template <int WM, int WN, typename F> __device__ static inline void tc_elems(int m, int n, int m0, int n0, F f) {
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = m0 + 16 * i + g + 8 * (e >> 1), c = n0 + 8 * j + 2 * q + (e & 1);
+                if (r < m && c < n) f(i, j, e, r, c);
+            }
+}
 template <bool TA, bool TB, int WM, int WN>
 __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m,
                                     int n, int k, float alpha, float beta, bool acc) {
-    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, k8 = k & ~7;
-    int tm = (m + 16 * WM - 1) / (16 * WM), tn = (n + 8 * WN - 1) / (8 * WN);
-    for (int wt = (int)(threadIdx.x >> 5); wt < tm * tn; wt += NT / 32) {
-        int m0 = wt / tn * 16 * WM, n0 = wt % tn * 8 * WN, ar[WM][2], bc[WN];
+    tc_turns<WM, WN, 0>(m, n, [&](int, int m0, int n0) {
         float s[WM][WN][4];
-#pragma unroll
-        for (int i = 0; i < WM; i++) {
-            ar[i][0] = min(m0 + 16 * i + g, m - 1), ar[i][1] = min(m0 + 16 * i + g + 8, m - 1);
-#pragma unroll
-            for (int j = 0; j < WN; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[i][j][e] = 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < WN; j++) bc[j] = min(n0 + 8 * j + g, n - 1);
-        for (int p0 = 0; p0 < k8; p0 += 8) tc_step<TA, TB, WM, WN, false>(s, A, lda, B, ldb, ar, bc, p0, k, q);
-        if (k8 < k) tc_step<TA, TB, WM, WN, true>(s, A, lda, B, ldb, ar, bc, k8, k, q);
 #pragma unroll
         for (int i = 0; i < WM; i++)
 #pragma unroll
             for (int j = 0; j < WN; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) { /* c0 (g, 2q), c1 (g, 2q + 1), c2 (g + 8, 2q), c3 (g + 8, 2q + 1) */
-                    int r = m0 + 16 * i + g + 8 * (e >> 1), c = n0 + 8 * j + 2 * q + (e & 1);
-                    if (r < m && c < n) {
-                        float *p = C + r * ldc + c;
-                        *p = acc ? beta * *p + alpha * s[i][j][e] : alpha * s[i][j][e];
-                    }
-                }
-    }
+                for (int e = 0; e < 4; e++) s[i][j][e] = 0.0f;
+        tc_sum<TA, TB, WM, WN>(s, A, lda, B, ldb, m, n, k, m0, n0);
+        tc_elems<WM, WN>(m, n, m0, n0, [&](int i, int j, int e, int r, int c) {
+            float *p = C + r * ldc + c;
+            *p = acc ? beta * *p + alpha * s[i][j][e] : alpha * s[i][j][e];
+        });
+    });
+}
+/* The tensor-core bmm_reg: a warp's NB turns of WM x WN tiles of an m x n result kept in registers,
+ * s[b] its b-th turn (tc_turns); tc_acc adds op(A) op(B) to them (the tensor cores' sums, from the
+ * values s holds), tc_each visits their elements: f(b, i, j, e, r, c). */
+template <bool TA, bool TB, int WM, int WN, int NB>
+__device__ static void tc_acc(float (*s)[WM][WN][4], const float *A, int lda, const float *B, int ldb, int m, int n,
+                              int k) {
+    tc_turns<WM, WN, NB>(m, n, [&](int b, int m0, int n0) {
+        tc_sum<TA, TB, WM, WN>(s[b], A, lda, B, ldb, m, n, k, m0, n0);
+    });
+}
+template <int WM, int WN, int NB, typename F> __device__ static void tc_each(int m, int n, F f) {
+    tc_turns<WM, WN, NB>(m, n, [&](int b, int m0, int n0) {
+        tc_elems<WM, WN>(m, n, m0, n0, [&](int i, int j, int e, int r, int c) {
+            f(b, i, j, e, r, c);
+        });
+    });
 }
 template <bool TA, bool TB>
 __device__ static void bmm_tc(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n,
