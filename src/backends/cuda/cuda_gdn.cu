@@ -106,6 +106,13 @@ __device__ static chunk_decay decay_at(void *base) {
     return d;
 }
 
+/* The sum of v over the 4 lanes of a quad (lanes 4i .. 4i + 3), in a fixed tree: every lane gets the
+ * same bits. Every lane of the warp must call it. */
+__device__ static inline float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 __device__ static inline int chunk_len(int64_t T, int64_t c) { return (int)(T - c * CH < CH ? T - c * CH : CH); }
 
 /* A = (I + M)^-1 in float64 for a strictly lower M (CH x CH, zero past the chunk's rows): the
@@ -467,12 +474,13 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args
                 int i = e / jw, x = e - i * jw;
                 part_sum += (double)St2[i * LDJ + x] * St[i * LDJ + x];
             }
-        if (part == 2)
-            for (int t = threadIdx.x; t < n; t += NT) {
-                float s = 0.0f;
-                for (int x = 0; x < jw; x++) s += Ta[t * LDJ + x] * Tc[t * LDJ + x];
-                r3[t] += s;
-            }
+        if (part == 2) { /* 4 threads a row (a thread a row left 3 of 4 warps waiting) */
+            int t = threadIdx.x >> 2, h = threadIdx.x & 3;
+            float s = 0.0f;
+            for (int x = h; t < n && x < jw; x += 4) s += Ta[t * LDJ + x] * Tc[t * LDJ + x];
+            s = quad_sum(s);
+            if (t < n && h == 0) r3[t] += s;
+        }
     }
     __syncthreads();
     float *out1 = part == 0 ? P.dQa : part == 1 ? P.dKa : P.dKb;
@@ -559,26 +567,33 @@ template <int NB, bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn
         }
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < n; t += NT) { /* a thread a row: dG and dbeta */
-        float s = d.Gam[t] * dGam[t] - d.DC[t] * dDC[t], y = 0.0f;
-        for (int x = 0; x < n; x++) s += X[t * LDC + x] - X[x * LDC + t];
-        if (t == n - 1) {
-            s += d.Gam[n - 1] * P.dGamC[lc];
-            for (int x = 0; x < n; x++) s += d.DC[x] * dDC[x];
+    { /* dG and dbeta, 4 threads a row (NT / 4 >= CH), each every 4th term of the row's sums */
+        int t = threadIdx.x >> 2, h = threadIdx.x & 3;
+        float s = 0.0f, y = 0.0f, e = 0.0f;
+        for (int x = h; t < n && x < n; x += 4) {
+            s += X[t * LDC + x] - X[x * LDC + t];
+            if (x < t) y += Y[t * LDC + x];
+            if (t == n - 1) e += d.DC[x] * dDC[x];
         }
-        dG[t] = s;
-        for (int x = 0; x < t; x++) y += Y[t * LDC + x];
-        out[off_db + (b * A.T + t0 + t) * A.Hv + hv] = P.r3[lc * CH + t] - d.Gam[t] * kdKb[t] + y;
+        s = quad_sum(s), y = quad_sum(y), e = quad_sum(e);
+        if (t < n && h == 0) {
+            s += d.Gam[t] * dGam[t] - d.DC[t] * dDC[t];
+            if (t == n - 1) s += d.Gam[n - 1] * P.dGamC[lc] + e;
+            dG[t] = s;
+            out[off_db + (b * A.T + t0 + t) * A.Hv + hv] = P.r3[lc * CH + t] - d.Gam[t] * kdKb[t] + y;
+        }
     }
     __syncthreads(); /* X and Y are read: they take the scaled dPm and dMm, in flight during what follows */
     fetch_mat(Pd, LDC, gPd, CH, n, n);
     fetch_mat(E, LDC, gE, CH, n, n);
     fetch_commit();
-    for (int u = threadIdx.x; u < n; u += NT) {
+    { /* dg: the example's dG summed from u on, 4 threads a step */
+        int u = threadIdx.x >> 2, h = threadIdx.x & 3;
         float s = 0.0f;
-        if (d.seg[u] != u)
-            for (int t = u; t < n; t++) s += d.seg[t] == d.seg[u] ? dG[t] : 0.0f;
-        out[off_dg + (b * A.T + t0 + u) * A.Hv + hv] = s;
+        if (u < n && d.seg[u] != u)
+            for (int t = u + h; t < n; t += 4) s += d.seg[t] == d.seg[u] ? dG[t] : 0.0f;
+        s = quad_sum(s);
+        if (u < n && h == 0) out[off_dg + (b * A.T + t0 + u) * A.Hv + hv] = s;
     }
     /* dq, then dk, in registers: each element's first terms, then the products added as bmm adds
      * them to C (bmm_reg: the same sums in the same order), and one store; NB: the turns of a
