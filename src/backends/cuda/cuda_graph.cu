@@ -37,11 +37,13 @@ typedef struct {
     uint64_t used;
 } graph_entry;
 
-#define GRAPH_ENTRIES 16 /* captured runs kept (the least recently used one goes) */
-#define GRAPH_CAPTURES                                                                                                 \
-    64              /* captures after which graphs go off: runs that keep changing (per-step dropout
-                           * counters split a step into more runs than are kept) cost a capture each time */
-#define GRAPH_MIN 8 /* kernels a run needs to be worth a graph */
+/* GRAPH_ENTRIES captured runs are kept (the least recently used one goes); after GRAPH_CAPTURES
+ * captures graphs go off (runs that keep changing, such as a step split by per-step dropout
+ * counters into more runs than are kept, would cost a capture each time); a run needs GRAPH_MIN
+ * kernels to be worth a graph. */
+#define GRAPH_ENTRIES  16
+#define GRAPH_CAPTURES 64
+#define GRAPH_MIN      8
 
 struct cuda_graphs {
     const keel_graph *last_g; /* the keys of the last graph run, node by node */
