@@ -1,4 +1,5 @@
-/* keel: the gated delta rule on CUDA in the chunked (WY) form, forward and backward, float32.
+/* keel: the gated delta rule on CUDA in the chunked (WY) form, forward and backward, float32 (with
+ * the op's ip0, the bf16 mode's variant: the per-chunk products on the tensor cores, TC below).
  *
  * Per (batch, value head) lane the recurrence is, with the state S (Dk x Dv), for each step t:
  * S = e^g_t S (0 where an example starts);  u_t = beta_t (v_t - S^T k_t);  S = S + k_t u_t^T;
@@ -20,9 +21,9 @@
  * G0 - Kb^T dR), and two per-chunk passes finish dq, dk, dg, dbeta from the contractions over value
  * columns. Inputs reach shared memory by asynchronous copies (cp.async): every element of a tile
  * in flight at once, and the sequential passes fetch the next chunk's rows during this one's products.
- * Every element of every product is summed by one thread in a fixed order and every reduction
- * has a fixed tree: no atomics, and the work is split by shapes only, so results repeat bitwise
- * and do not depend on the GPU. Decays are exponents of non-positive differences of float64
+ * Every element of every product is summed by one thread in a fixed order (on the tensor cores, by
+ * one warp's tile in a fixed order: bmm_tc) and every reduction has a fixed tree: no atomics, and
+ * the work is split by shapes only, so results repeat bitwise and do not depend on the GPU. Decays are exponents of non-positive differences of float64
  * sums (a float sum of large gates would lose a small difference). */
 #include <cuda_pipeline_primitives.h>
 
