@@ -36,11 +36,6 @@ static int read_checked(keel_backend *be, const keel_tensor *t, const keel_tenso
     return 0;
 }
 
-int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit,
-                          const char *what, int32_t **out) {
-    return read_checked(be, t, ids, limit, false, what, out, NULL);
-}
-
 bool keel_backend_id_rule(const keel_tensor *t, const keel_tensor **ids, int64_t *limit, bool *negatives,
                           const char **what) {
     *negatives = false, *what = "id";
@@ -64,13 +59,13 @@ bool keel_backend_id_rule(const keel_tensor *t, const keel_tensor **ids, int64_t
     }
 }
 
-int keel_backend_check_ids(keel_backend *be, const keel_tensor *t) {
+int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, int32_t **out) {
     const keel_tensor *ids;
     int64_t limit;
     bool neg;
     const char *what;
-    if (!keel_backend_id_rule(t, &ids, &limit, &neg, &what)) return 0;
-    return read_checked(be, t, ids, limit, neg, what, NULL, NULL);
+    if (!keel_backend_id_rule(t, &ids, &limit, &neg, &what)) return keel_fail("'%s' reads no ids", t->name);
+    return read_checked(be, t, ids, limit, neg, what, out, NULL);
 }
 
 int keel_backend_ce_divisor(keel_backend *be, const keel_tensor *t, double *divisor) {

@@ -19,11 +19,6 @@ int keel_backend_run_concat(keel_backend *be, const keel_tensor *t);
  * version (it is what this is checked against). */
 int keel_backend_run_copy_family(keel_backend *be, const keel_tensor *t);
 
-/* The int32 index tensor `ids` of node t (GET_ROWS ids, ROPE positions' kin, cross-entropy
- * targets), read in flat order through the backend and checked to lie in [0, limit): a bad one is
- * an error naming the node, the value and where it is. With out, the caller gets the values (free). */
-int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, const keel_tensor *ids, int64_t limit,
-                          const char *what, int32_t **out);
 /* CROSS_ENTROPY_LOSS and its backward: checks the targets (each below the vocabulary; a negative one
  * means no loss at that position) and gives the divisor D of the loss: fp0, or when fp0 is 0 the
  * count of targets >= 0 (1 when there is none: the loss is then 0). */
@@ -33,10 +28,11 @@ int keel_backend_ce_divisor(keel_backend *be, const keel_tensor *t, double *divi
  * names them in messages ("id", "target"). */
 bool keel_backend_id_rule(const keel_tensor *t, const keel_tensor **ids, int64_t *limit, bool *negatives,
                           const char **what);
-/* keel_backend_read_ids by that rule, the values dropped: 0, or the error naming the node, the first
- * bad value and where it is. The CUDA backend checks ids on the device and calls this after a run in
- * which a kernel met a bad one, for the message. 0 for ops without ids. */
-int keel_backend_check_ids(keel_backend *be, const keel_tensor *t);
+/* The ids of node t (by that rule) read in flat order through the backend and checked: a bad one is
+ * an error naming the node, the value and where it is. With out, the caller gets the values (free).
+ * The CUDA backend checks ids on the device and calls this after a run in which a kernel met a bad
+ * one, for the message. */
+int keel_backend_read_ids(keel_backend *be, const keel_tensor *t, int32_t **out);
 /* For GET_ROWS_BACK: the items i (0 <= i < n) grouped by ids[i] in [0, R), each group in
  * ascending i (the fixed summation order): group r is items[start[r] .. start[r+1]). start holds
  * R + 1 values, items n. */

@@ -666,12 +666,12 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     }
     switch (t->op) {
     case KEEL_OP_GET_ROWS:
-        if (keel_backend_read_ids(be, t, b, a->ne[1], "id", NULL)) return -1;
+        if (keel_backend_read_ids(be, t, NULL)) return -1;
         keel_pool_for(pool, keel_nelements(b), get_rows_task, &c);
         return 0;
     case KEEL_OP_GET_ROWS_BACK: {
         int32_t *idv;
-        if (keel_backend_read_ids(be, t, b, t->ne[1], "id", &idv)) return -1;
+        if (keel_backend_read_ids(be, t, &idv)) return -1;
         int64_t R = t->ne[1], N = keel_nelements(b);
         c.csr_start = malloc((size_t)(R + 1) * sizeof(int64_t));
         c.csr_items = malloc((size_t)(N ? N : 1) * sizeof(int64_t));

@@ -147,7 +147,7 @@ static int bad_ids(keel_backend *be, const keel_graph *g) {
     if ((int64_t)n >= g->n_nodes)
         return keel_fail("cuda: a kernel reported a bad id at node %u of %lld", n, (long long)g->n_nodes);
     const keel_tensor *t = g->nodes[n];
-    if (keel_backend_check_ids(be, t)) return -1;
+    if (keel_backend_read_ids(be, t, NULL)) return -1;
     return keel_fail("cuda: %s node '%s': a kernel met an id outside its range, which the host does not find in its "
                      "ids now",
                      keel_op_get(t->op)->name, t->name);

@@ -139,7 +139,7 @@ typedef struct {
     /* No host round trip inside a run: ids are checked on the device. A kernel that meets an id
      * outside its range skips it and takes the smallest such node index here (atomicMin; the index
      * of the node being launched is `node`); compute() copies it out with the run's last work and,
-     * when set, the host check of that node's ids (keel_backend_check_ids) makes the message. */
+     * when set, the host check of that node's ids (keel_backend_read_ids) makes the message. */
     unsigned *bad_node;      /* device */
     unsigned *bad_node_host; /* pinned */
     unsigned node;
