@@ -23,8 +23,9 @@
  * in flight at once, and the sequential passes fetch the next chunk's rows during this one's products.
  * Every element of every product is summed by one thread in a fixed order (on the tensor cores, by
  * one warp's tile in a fixed order: bmm_tc) and every reduction has a fixed tree: no atomics, and
- * the work is split by shapes only, so results repeat bitwise and do not depend on the GPU. Decays are exponents of non-positive differences of float64
- * sums (a float sum of large gates would lose a small difference). */
+ * the work is split by shapes only, so results repeat bitwise and do not depend on the GPU. Decays
+ * are exponents of non-positive differences of float64 sums (a float sum of large gates would lose a
+ * small difference). */
 #include <cuda_pipeline_primitives.h>
 
 #include "backends/cuda/cuda_internal.h"
