@@ -28,9 +28,8 @@ typedef struct {
 } keel_qwen35_layer;
 
 /* Tokens of one chunk of the fused LM head + loss (mixed precision). Its backward's scratch on cuda
- * (float32 logits and dlogits' two bf16 parts, 8 bytes a logit: 248,320 x 1024 x 8 = 1.9 GiB for
- * Qwen3.5's vocabulary) is the largest of a step and sets the recompute-full peak at the 0.8B
- * shape (15.4 GiB planned at batch 8; 17.3 with chunks of 2048). The chunk decides dW's order of
+ * (float32 logits and bf16 dlogits, 6 bytes a logit: 248,320 x 1024 x 6 = 1.4 GiB for Qwen3.5's
+ * vocabulary) is among the largest of a step. The chunk decides dW's order of
  * sums, so it is one constant: every recompute mode must give the same bits. */
 #define KEEL_LM_HEAD_CHUNK 1024
 

@@ -133,7 +133,7 @@
       "logits W^T x, ip0 tokens at a time (float32 logits and sums; bf16 x, W: bf16 operands); fp0 D as its")         \
     X(LINEAR_CROSS_ENTROPY_BACK, OWN, 4, OPF_BACKWARD, 0, 4,                                                           \
       "x, W, targets, dloss [1] -> packed [dx | dW] (float32 for bf16 x, W, whose logits' gradient g is rounded to " \
-      "two bf16 parts on every backend); ip0 chunk, fp0 D; the logits made again a chunk at a time")                  \
+      "bf16 on every backend); ip0 chunk, fp0 D; the logits made again a chunk at a time")                            \
     X(SUM_SQ, OWN, 1, 0, 0, 0,                                                                                  \
       "contiguous float32 x -> [1]: the sum of squares in a fixed two-level order, float64 sums of blocks of "         \
       "KEEL_SUM_SQ_BLOCK elements, then of the blocks' sums (each level in its backend's fixed order)")              \

@@ -70,13 +70,10 @@ KEEL_HD uint16_t keel_cvt_f32_to_bf16(float f) {
 }
 
 /* One element of type `type` (a keel_type value) at p, as float64; and the reverse. */
-/* g as the mixed-precision LM head gives it to bf16 products: two bf16 parts, hi = bf16(g) and
- * lo = bf16(g - hi), whose sum (16 significant bits, exact in float32) is returned. Every backend
- * rounds the head's gradient rows so, so they compute one function (cuda: two products, hi then lo). */
-KEEL_HD float keel_cvt_f32_to_bf16_pair(float g) {
-    float hi = keel_cvt_bf16_to_f32(keel_cvt_f32_to_bf16(g));
-    return hi + keel_cvt_bf16_to_f32(keel_cvt_f32_to_bf16(g - hi));
-}
+/* g rounded to bf16 (nearest even) and back: the value the mixed-precision LM head gives its bf16
+ * products for each gradient element. Every backend rounds the head's gradient rows so, so they
+ * compute one function. */
+KEEL_HD float keel_cvt_f32_to_bf16_f32(float g) { return keel_cvt_bf16_to_f32(keel_cvt_f32_to_bf16(g)); }
 
 KEEL_HD double keel_cvt_load(int type, const void *p) {
     switch (type) {

@@ -4,8 +4,8 @@
  * loss in float64 (forward), or (backward) its row turned in place into g = (softmax - onehot)
  * dloss / D, dx_c = W g and dW += x_c g^T (the chunks in order, the first assigning). bf16 x and W
  * are read as they are by the products (the bf16 kernel for the logits, widened to float32 as they
- * are packed next to g, gemm.h) and g stays float32 (the cuda backend gives it to bf16 tensor cores
- * as two bf16 parts, which hold 16 of its 24 bits). Each token's row is one thread's, sums in a
+ * are packed next to g, gemm.h) and g is rounded to bf16 (as the cuda backend gives it to the tensor
+ * cores), kept in float32. Each token's row is one thread's, sums in a
  * fixed order: the result does not depend on the thread count. */
 #include <math.h>
 #include <stdlib.h>
@@ -26,7 +26,7 @@ typedef struct {
     double *loss; /* forward: per token of the whole batch */
     float k;      /* backward: dloss / D */
     bool back;
-    bool pair; /* backward with bf16 x and W: g to two bf16 parts (tensor/convert.h) */
+    bool round; /* backward with bf16 x and W: g rounded to bf16 (tensor/convert.h) */
 } rows_ctx;
 
 static void rows_task(void *arg, int64_t b, int64_t e, int th) {
@@ -51,8 +51,8 @@ static void rows_task(void *arg, int64_t b, int64_t e, int th) {
         float inv = (float)(1.0 / sum), ey = z[y];
         for (int64_t v = 0; v < c->V; v++) z[v] = (z[v] * inv) * c->k;
         z[y] = (ey * inv - 1.0f) * c->k;
-        if (c->pair) /* bf16 x and W: g as the two bf16 parts every backend gives the products */
-            for (int64_t v = 0; v < c->V; v++) z[v] = keel_cvt_f32_to_bf16_pair(z[v]);
+        if (c->round) /* bf16 x and W: g as every backend gives it to the products */
+            for (int64_t v = 0; v < c->V; v++) z[v] = keel_cvt_f32_to_bf16_f32(z[v]);
     }
 }
 

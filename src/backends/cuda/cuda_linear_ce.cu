@@ -1,57 +1,95 @@
 /* keel: LINEAR_CROSS_ENTROPY and its backward on CUDA: the language-model head and its loss a chunk
  * of tokens at a time, so that only one chunk's float32 logits [V, chunk] exist (in the node's
  * planned scratch, never in the graph). Per chunk: logits = W^T x_c by cuBLAS (float32 or bf16
- * operands, float32 sums), then a block per token: the row's max and sum of exp in a fixed tree, its
- * loss as a float64 partial (forward), or its row turned into g = (softmax - onehot) dloss / D
- * (backward), then dx_c = W g and dW (+)= x_c g^T by cuBLAS, the chunks in order (beta 0 for the
- * first, 1 after). With bf16 operands g goes to the tensor cores as two bf16 parts, g = hi + lo (16
- * of its 24 bits): g in one bf16 moved a small model's eval loss by 1.2-1.9% from the float32 run's
- * early in training, where float32 g kept it within 0.9%. The parts of token j lie side by side
- * (hi_j, lo_j: columns 2j and 2j+1 of one V x 2n matrix), so dW takes both in one product of depth
- * 2n against x_c with every column twice: dW is read and written once a chunk, not once a part.
- * The partials are summed by one block in token order. No atomics: the same bits every run. */
+ * operands, float32 sums); then the rows' statistics by segments of SEG logits (a block a segment
+ * of a token's row: its max and its float64 sum of exp against that max, one read of the logits),
+ * combined per token in segment order (the row's max, and the sum rescaled to it in float64); then
+ * the loss as a float64 partial a token (forward), or each segment turned into
+ * g = (softmax - onehot) dloss / D (backward: the second and last read), then dx_c = W g and
+ * dW (+)= x_c g^T by cuBLAS, the chunks in order (beta 0 for the first, 1 after). With bf16 operands
+ * g goes to the tensor cores rounded once to bf16 (as PyTorch's autocast and the plan do; ref and cpu
+ * round it the same way, so every backend computes one function). The partials are summed by one
+ * block in token order. No atomics: the same bits every run. */
 #include <cuda_bf16.h>
 
 #include "backends/cuda/cuda_internal.h"
 
-#define LT KEEL_CUDA_RT /* threads of a token's row block */
+#define LT  KEEL_CUDA_RT /* threads of a segment's block */
+#define SEG 4096         /* logits of a segment: 16 a thread, held in registers between the max and the sum */
 
-/* Token c0 + blockIdx.x: its logits row L[row], its loss partial or its gradient row (in L, or with
- * bf16 operands as its two parts in G at row * 2V: hi, then lo); the gradient's factor dloss / D from
- * the device (dl, div: no read to the host). */
-__global__ void k_lce_rows(float *L, __nv_bfloat16 *G, kt tg, int64_t V, int64_t c0, double *partial, const float *dl,
-                           const double *div, int back) {
+__host__ __device__ static inline int64_t segments(int64_t V) { return (V + SEG - 1) / SEG; }
+
+/* Segment blockIdx.y of token blockIdx.x's logits row: its max (smax) and sum of exp (ssum) */
+__global__ void k_lce_stats(const float *L, int64_t V, float *smax, double *ssum) {
     __shared__ double sh[LT];
-    int64_t row = blockIdx.x, n = c0 + row;
-    float *z = L + row * V;
-    int32_t y = kt_i32(tg, n);
-    if (y >= V) y = -1; /* out of range: cuda_ce_divisor has marked the node, the run fails */
-    if (y < 0) {        /* no loss here, no gradient */
-        if (!back && threadIdx.x == 0) partial[n] = 0.0;
-        for (int64_t v = threadIdx.x; back && v < V; v += LT) {
-            z[v] = 0.0f;
-            if (G) G[row * 2 * V + v] = G[row * 2 * V + V + v] = __float2bfloat16_rn(0.0f);
-        }
-        return;
+    int64_t row = blockIdx.x, v0 = (int64_t)blockIdx.y * SEG, ns = gridDim.y;
+    const float *z = L + row * V + v0;
+    int w = (int)(V - v0 < SEG ? V - v0 : SEG);
+    float r[SEG / LT], mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < SEG / LT; i++) {
+        int v = threadIdx.x + i * LT;
+        r[i] = v < w ? z[v] : -INFINITY;
+        mx = fmaxf(mx, r[i]);
     }
-    float mx = -INFINITY;
-    for (int64_t v = threadIdx.x; v < V; v += LT) mx = fmaxf(mx, z[v]);
     mx = block_max(mx, sh);
     double s = 0;
-    for (int64_t v = threadIdx.x; v < V; v += LT) s += expf(z[v] - mx);
+#pragma unroll
+    for (int i = 0; i < SEG / LT; i++)
+        if (threadIdx.x + i * LT < w) s += expf(r[i] - mx);
     s = block_sum(s, sh);
-    if (!back) {
-        if (threadIdx.x == 0) partial[n] = log(s) + mx - z[y];
+    if (threadIdx.x == 0) smax[row * ns + blockIdx.y] = mx, ssum[row * ns + blockIdx.y] = s;
+}
+
+/* A row's max and sum of exp against it, from its ns segments' statistics in segment order */
+__device__ static void row_stats(const float *smax, const double *ssum, int64_t row, int64_t ns, float *mx, double *s) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < ns; i++) m = fmaxf(m, smax[row * ns + i]);
+    double a = 0;
+    for (int64_t i = 0; i < ns; i++) a += ssum[row * ns + i] * exp((double)smax[row * ns + i] - (double)m);
+    *mx = m, *s = a;
+}
+
+/* Forward: token c0 + row's loss partial, a thread a token */
+__global__ void k_lce_loss(const float *L, kt tg, int64_t V, int64_t c0, int nc, const float *smax, const double *ssum,
+                           double *partial) {
+    int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= nc) return;
+    int64_t n = c0 + row;
+    int32_t y = kt_i32(tg, n);
+    if (y < 0 || y >= V) { /* no loss here (out of range: cuda_ce_divisor has marked the node, the run fails) */
+        partial[n] = 0.0;
         return;
     }
-    float inv = (float)(1.0 / s), k = (float)((double)*dl / *div);
-    for (int64_t v = threadIdx.x; v < V; v += LT) {
-        float gv = __fmul_rn(__fsub_rn(__fmul_rn(expf(z[v] - mx), inv), v == y ? 1.0f : 0.0f), k);
-        if (G) {
-            __nv_bfloat16 hi = __float2bfloat16_rn(gv);
-            G[row * 2 * V + v] = hi;
-            G[row * 2 * V + V + v] = __float2bfloat16_rn(__fsub_rn(gv, __bfloat162float(hi)));
-        } else
+    float mx;
+    double s;
+    row_stats(smax, ssum, row, segments(V), &mx, &s);
+    partial[n] = log(s) + mx - L[row * V + y];
+}
+
+/* Backward: segment blockIdx.y of token c0 + blockIdx.x's row turned into its gradient, in L (float32
+ * operands) or as bf16 in G (row * V); the factor dloss / D from the device (dl, div) */
+__global__ void k_lce_grad(float *L, __nv_bfloat16 *G, kt tg, int64_t V, int64_t c0, const float *smax,
+                           const double *ssum, const float *dl, const double *div) {
+    __shared__ float st[2];
+    int64_t row = blockIdx.x, v0 = (int64_t)blockIdx.y * SEG, n = c0 + row;
+    int w = (int)(V - v0 < SEG ? V - v0 : SEG);
+    int32_t y = kt_i32(tg, n);
+    if (y >= V) y = -1; /* out of range: cuda_ce_divisor has marked the node, the run fails */
+    if (threadIdx.x == 0 && y >= 0) {
+        float mx;
+        double s;
+        row_stats(smax, ssum, row, segments(V), &mx, &s);
+        st[0] = mx, st[1] = (float)(1.0 / s);
+    }
+    __syncthreads();
+    float *z = L + row * V + v0, mx = st[0], inv = st[1], k = (float)((double)*dl / *div);
+    __nv_bfloat16 *gz = G ? G + row * V + v0 : NULL;
+    for (int v = threadIdx.x; v < w; v += LT) {
+        float gv = y < 0 ? 0.0f : __fmul_rn(__fsub_rn(__fmul_rn(expf(z[v] - mx), inv), v0 + v == y ? 1.0f : 0.0f), k);
+        if (gz)
+            gz[v] = __float2bfloat16_rn(gv);
+        else
             z[v] = gv;
     }
 }
@@ -77,15 +115,14 @@ static bool needs_copy(const keel_tensor *s) {
            (s->ne[2] > 1 && s->nb[2] != s->ne[1] * s->nb[1]);
 }
 
-/* One chunk's float32 logits (and with bf16 operands, in the backward, their gradient as two bf16
- * parts and the chunk's x with every column twice), the forward's per-token loss terms, contiguous
- * copies of x and W where needed. */
+/* One chunk's float32 logits (and with bf16 operands, in the backward, their bf16 gradient) and
+ * segment statistics, the forward's per-token loss terms, contiguous copies of x and W where needed. */
 size_t cuda_linear_ce_scratch(const keel_tensor *t) {
     bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK, bf = t->src[0]->type == KEEL_BF16;
     const keel_tensor *x = t->src[0], *w = t->src[1];
-    int64_t D = x->ne[0], N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N, C1 = C ? C : 1;
-    return KEEL_CUDA_LT_WORKSPACE + round_up((size_t)(V * C1) * 4) +
-           (bf && back ? round_up((size_t)(V * C1) * 4) + round_up((size_t)(D * C1) * 4) : 0) +
+    int64_t N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N, C1 = C ? C : 1;
+    return KEEL_CUDA_LT_WORKSPACE + round_up((size_t)(V * C1) * 4) + (bf && back ? round_up((size_t)(V * C1) * 2) : 0) +
+           round_up((size_t)(segments(V) * C1) * 4) + round_up((size_t)(segments(V) * C1) * 8) +
            (back ? 0 : round_up((size_t)(N ? N : 1) * 8)) + (needs_copy(x) ? round_up(keel_nbytes(x)) : 0) +
            (needs_copy(w) ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
 }
@@ -105,8 +142,11 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     int64_t D = x->ne[0], N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N;
     bool bf = x->type == KEEL_BF16;
     cudaDataType_t dt = bf ? CUDA_R_16BF : CUDA_R_32F;
-    if (D > INT32_MAX || 2 * V > INT32_MAX || 2 * C > INT32_MAX)
+    if (D > INT32_MAX || V > INT32_MAX || C > INT32_MAX)
         return keel_fail("cuda: %s '%s': a dimension exceeds cuBLAS's 32-bit limit", keel_op_get(t->op)->name, t->name);
+    if (segments(V) > 65535)
+        return keel_fail("cuda: %s '%s': a vocabulary of %lld, the most is %d", keel_op_get(t->op)->name, t->name,
+                         (long long)V, 65535 * SEG);
     if (cuda_ce_divisor(be, t)) return -1; /* the targets checked, the divisor on the device */
     const double *div = cuda_im(be)->ce_div;
     const float *dl = back ? (const float *)t->src[3]->data : NULL;
@@ -117,11 +157,13 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     size_t at = KEEL_CUDA_LT_WORKSPACE;
     float *L = (float *)(base + at);
     at += round_up((size_t)(V * (C ? C : 1)) * 4);
-    __nv_bfloat16 *G = NULL, *x2 = NULL; /* bf16 backward: the parts (V x 2 nc), x_c's columns twice (D x 2 nc) */
-    if (bf && back) {
-        G = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(V * (C ? C : 1)) * 4);
-        x2 = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(D * (C ? C : 1)) * 4);
-    }
+    __nv_bfloat16 *G = NULL; /* bf16 backward: the gradient (V x nc) */
+    if (bf && back) G = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(V * (C ? C : 1)) * 2);
+    int64_t ns = segments(V);
+    float *smax = (float *)(base + at);
+    at += round_up((size_t)(ns * (C ? C : 1)) * 4);
+    double *ssum = (double *)(base + at);
+    at += round_up((size_t)(ns * (C ? C : 1)) * 8);
     double *partial = NULL;
     if (!back) partial = (double *)(base + at), at += round_up((size_t)(N ? N : 1) * 8);
     keel_tensor xt, wt;
@@ -135,29 +177,23 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
         const char *xc = (const char *)x->data + c0 * x->nb[1]; /* tokens evenly spaced */
         /* L (V x nc) = W^T (V x D) x_c (D x nc) */
         if (product(be, t, ws, true, false, V, nc, D, w->data, ldw, xc, ldx, dt, L, V, 0.0f)) return -1;
-        k_lce_rows<<<nc, LT, 0, s>>>(L, G, kt_of(tg), V, c0, partial, dl, div, back ? 1 : 0);
-        if (cuda_check(cudaGetLastError(), "linear cross-entropy rows launch", t)) return -1;
-        if (!back) continue;
-        const float bw = c0 > 0 ? 1.0f : 0.0f;
-        if (!bf) { /* dx_c (D x nc) = W (D x V) G (V x nc); dW (D x V) (+)= x_c (D x nc) G^T (nc x V) */
-            if (product(be, t, ws, false, false, D, nc, V, w->data, ldw, L, V, dt, out + c0 * D, D, 0.0f) ||
-                product(be, t, ws, false, true, D, V, nc, xc, ldx, L, V, dt, out + N * D, D, bw))
-                return -1;
+        dim3 segs((unsigned)nc, (unsigned)ns);
+        k_lce_stats<<<segs, LT, 0, s>>>(L, V, smax, ssum);
+        if (cuda_check(cudaGetLastError(), "linear cross-entropy statistics launch", t)) return -1;
+        if (!back) {
+            k_lce_loss<<<(nc + LT - 1) / LT, LT, 0, s>>>(L, kt_of(tg), V, c0, nc, smax, ssum, partial);
+            if (cuda_check(cudaGetLastError(), "linear cross-entropy loss launch", t)) return -1;
             continue;
         }
-        /* dx_c = W hi + W lo (the parts: every other V-column of G, ld 2V); dW (+)= x2 G^T with
-         * x2 = [x_0 x_0 x_1 x_1 ...] (D x 2nc), one product of depth 2nc */
-        for (int part = 0; part < 2; part++) {
-            const float bx = part ? 1.0f : 0.0f;
-            if (product(be, t, ws, false, false, D, nc, V, w->data, ldw, G + part * V, 2 * V, dt, out + c0 * D, D, bx))
-                return -1;
-        }
-        for (int twice = 0; twice < 2; twice++)
-            if (cuda_check(cudaMemcpy2DAsync(x2 + twice * D, (size_t)(2 * D) * es, xc, (size_t)ldx * es, (size_t)D * es,
-                                             (size_t)nc, cudaMemcpyDeviceToDevice, s),
-                           "copy of x (dW)", t))
-                return -1;
-        if (product(be, t, ws, false, true, D, V, 2 * nc, x2, D, G, V, dt, out + N * D, D, bw)) return -1;
+        k_lce_grad<<<segs, LT, 0, s>>>(L, G, kt_of(tg), V, c0, smax, ssum, dl, div);
+        if (cuda_check(cudaGetLastError(), "linear cross-entropy gradient launch", t)) return -1;
+        /* dx_c (D x nc) = W (D x V) g (V x nc); dW (D x V) (+)= x_c (D x nc) g^T (nc x V), g in L (float32
+         * operands) or G (bf16) */
+        const float bw = c0 > 0 ? 1.0f : 0.0f;
+        const void *g = bf ? (const void *)G : (const void *)L;
+        if (product(be, t, ws, false, false, D, nc, V, w->data, ldw, g, V, dt, out + c0 * D, D, 0.0f) ||
+            product(be, t, ws, false, true, D, V, nc, xc, ldx, g, V, dt, out + N * D, D, bw))
+            return -1;
     }
     if (back && N == 0) return cuda_check(cudaMemsetAsync(out, 0, (size_t)(D * V) * 4, s), "memset", t);
     if (!back) {

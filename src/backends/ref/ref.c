@@ -481,8 +481,8 @@ static int ref_linear_ce(keel_backend *be, const keel_tensor *t) {
             continue;
         }
         for (int64_t v = 0; v < V; v++) z[v] = (exp(z[v] - mx) / Z - (v == y ? 1.0 : 0.0)) * k;
-        if (x->type == KEEL_BF16) /* g as the two bf16 parts of its float32 value, as every backend */
-            for (int64_t v = 0; v < V; v++) z[v] = keel_cvt_f32_to_bf16_pair((float)z[v]);
+        if (x->type == KEEL_BF16) /* g rounded to float32, then to bf16, as every backend */
+            for (int64_t v = 0; v < V; v++) z[v] = keel_cvt_f32_to_bf16_f32((float)z[v]);
         for (int64_t d = 0; d < D; d++) {
             double s = 0, xd = get(x, d, n1, n2, 0);
             for (int64_t v = 0; v < V; v++) s += get(w, d, v, 0, 0) * z[v], dw[v * D + d] += xd * z[v];
