@@ -376,20 +376,39 @@ static size_t pre_back_smem(int64_t Dk) {
 /* The reverse state pass (grid: lanes x blocks of JB value columns), last chunk first, with dS the
  * gradient of the state leaving the chunk: keeps dS (over G0, read first), dR = dR0 + Ac dS
  * (kept; dv = beta dR), dS <- Gam_C dS + G0 - Kb^T dR. The previous chunk's Ac is fetched during
- * the dS update, its dR0, G0 and Kb during the next dR. */
-__global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
+ * the dS update, its dR0 and Kb during the next dR; its G0 goes to registers (a thread's elements,
+ * the ones it updates and stores: shared memory for two blocks a multiprocessor, not one) there
+ * too, landing while the next dR is made. */
+/* G0 walks a thread's elements of a block of Dk x jw, e = threadIdx.x + u NT for u < GR (GR NT >= Dk JB),
+ * as store_mat does: f(u, i, x) for the ones inside, the row and column kept without divisions */
+template <int GR, typename F> __device__ static inline void g0_walk(int Dk, int jw, F f) {
+    int i = (int)threadIdx.x / jw, x = (int)threadIdx.x - i * jw, di = NT / jw, dx = NT - di * jw;
+#pragma unroll
+    for (int u = 0; u < GR; u++) {
+        if (i < Dk) f(u, i, x);
+        i += di, x += dx;
+        if (x >= jw) x -= jw, i++;
+    }
+}
+template <int GR>
+__global__ void __launch_bounds__(NT, GR <= 16 ? 2 : 1) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
-    float *dS = sm, *G0 = dS + Dk * LDJ, *Xa = G0 + Dk * LDJ, *Xb = Xa + CH * ldk, *dRt = Xb + CH * ldk,
-          *bt = dRt + CH * LDJ;
+    float *dS = sm, *Xa = dS + Dk * LDJ, *Xb = Xa + CH * ldk, *dRt = Xb + CH * ldk, *bt = dRt + CH * LDJ, g0[GR];
     int64_t off_dv = 2 * A.Dk * A.Hv * A.T * A.B, last = P.nc - 1;
+    auto load_g0 = [&](int64_t lcg) {
+        const float *src = P.dSc + lcg * Dk * (int64_t)Dv + j0;
+        g0_walk<GR>(Dk, jw, [&](int u, int i, int x) {
+            g0[u] = src[i * Dv + x];
+        });
+    };
     for (int e = threadIdx.x; e < Dk * LDJ; e += NT) dS[e] = 0.0f;
     int64_t lc = l * P.nc + last, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
     int n = chunk_len(A.T, last);
     fetch_mat(Xa, ldk, P.Ac + rk, Dk, n, Dk);
     fetch_mat(dRt, LDJ, P.dR + rv, Dv, n, jw);
-    fetch_mat(G0, LDJ, P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, Dk, jw);
+    load_g0(lc);
     fetch_commit();
     fetch_mat(Xb, ldk, P.Kb + rk, Dk, n, Dk);
     fetch_commit();
@@ -398,7 +417,7 @@ __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, fl
         int n1 = c > 0 ? CH : 0; /* every chunk before the last is whole */
         int64_t t0 = c * CH;
         for (int t = threadIdx.x; t < n; t += NT) bt[t] = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
-        fetch_wait(1); /* Ac, dR0, G0 of this chunk */
+        fetch_wait(1); /* Ac, dR0 of this chunk */
         __syncthreads();
         store_mat(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, dS, LDJ, Dk, jw);
         bmm<false, false, 2>(dRt, LDJ, Xa, ldk, dS, LDJ, n, jw, Dk, 1.0f, 1.0f, true);
@@ -411,17 +430,16 @@ __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, fl
             out[off_dv + ((b * A.T + t0 + t) * A.Hv + hv) * Dv + j0 + x] = bt[t] * dRt[t * LDJ + x];
         }
         float gc = P.GamC[lc];
-        for (int e = threadIdx.x; e < Dk * jw; e += NT) {
-            int i = e / jw, x = e - i * jw;
-            dS[i * LDJ + x] = gc * dS[i * LDJ + x] + G0[i * LDJ + x];
-        }
+        g0_walk<GR>(Dk, jw, [&](int u, int i, int x) { /* store_mat's walk: this thread stored these above */
+                                                       dS[i * LDJ + x] = gc * dS[i * LDJ + x] + g0[u];
+        });
         fetch_wait(1); /* Kb of this chunk */
         __syncthreads();
         bmm<true, false>(dS, LDJ, Xb, ldk, dRt, LDJ, Dk, jw, n, -1.0f, 1.0f, true);
         __syncthreads();
         fetch_mat(dRt, LDJ, P.dR + rv - CH * Dv, Dv, n1, jw);
-        fetch_mat(G0, LDJ, P.dSc + (lc - 1) * Dk * (int64_t)Dv + j0, Dv, c > 0 ? Dk : 0, jw);
         fetch_commit();
+        if (c > 0) load_g0(lc - 1);
         fetch_mat(Xb, ldk, P.Kb + rk - CH * Dk, Dk, n1, Dk);
         fetch_commit();
     }
@@ -429,23 +447,30 @@ __global__ void __launch_bounds__(NT) k_gdn_state_back(gdn_args A, gdn_scr P, fl
 }
 
 static size_t state_back_smem(int64_t Dk) {
-    return (size_t)(2 * Dk * LDJ + 2 * CH * PAD_LD(Dk) + CH * LDJ + CH) * sizeof(float);
+    return (size_t)(Dk * LDJ + 2 * CH * PAD_LD(Dk) + CH * LDJ + CH) * sizeof(float);
 }
 
 /* The contractions over value columns, per chunk (grid: chunks x lanes x 3 parts), summed over
  * blocks of JB columns in order: part 0 dQa = dO S^T and dPm = dO U^T; part 1 dKa = U dS^T and
- * dGamC = sum S o dS; part 2 dKb = dR S^T, dMm = -dR U^T and r3 = rows of dR o V. */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args A, gdn_scr P) {
+ * dGamC = sum S o dS; part 2 dKb = dR S^T, dMm = -dR U^T and r3 = rows of dR o V. The two results
+ * are summed in registers and stored once (bmm_reg: bmm's sums, as into C block after block; on the
+ * tensor cores, tc_acc: every tile's sums one chain over all the blocks, dMm's sign at the store),
+ * so shared memory holds only the blocks of the operands: about 64 KB at Dk 128, two blocks a
+ * multiprocessor (the float32 variant then spills 88 bytes a thread, and still runs the float32
+ * backward 3.58 ms a layer against 3.87 with one block). NB: bmm_reg's turns of n x Dk (2 up to
+ * Dk = 128, 4 up to 256). */
+template <bool TC, int NB>
+__global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A, gdn_scr P) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, t0 = c * CH, lc = l * P.nc + c;
-    int part = blockIdx.z, n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk);
+    int part = blockIdx.z, n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv;
     double *sh = smd;
-    float *r3 = (float *)(sh + NT), *acc1 = r3 + CH, *acc2 = acc1 + CH * ldk, *Ta = acc2 + CH * LDC,
-          *Tb = Ta + CH * LDJ, *St = Tb + CH * LDJ, *St2 = St + Dk * LDJ,
+    float *r3 = (float *)(sh + NT), *Ta = r3 + CH, *Tb = Ta + CH * LDJ, *St = Tb + CH * LDJ, *St2 = St + Dk * LDJ,
           *Tc = St2; /* St2 (part 1) and Tc (part 2) share */
     const float *Sc = P.Sc + lc * Dk * (int64_t)Dv, *dSc = P.dSc + lc * Dk * (int64_t)Dv;
     int64_t rv = lc * CH * (int64_t)Dv;
     double part_sum = 0.0; /* this thread's share of dGamC, in a fixed order */
+    float acc1[NB][4][4], acc2[1][4][4], s1[NB / 2][2][4][4] = {}, s2[1][2][2][4] = {};
     for (int t = threadIdx.x; t < n; t += NT) r3[t] = 0.0f;
     for (int j0 = 0; j0 < Dv; j0 += JB) {
         int jw = Dv - j0 < JB ? Dv - j0 : JB;
@@ -468,9 +493,14 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args
         fetch_commit();
         fetch_wait(0);
         __syncthreads();
-        bmm_sel<TC, false, true>(acc1, ldk, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
-        if (part == 0) bmm_sel<TC, false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, 1.0f, 1.0f, more);
-        if (part == 2) bmm_sel<TC, false, true>(acc2, LDC, Ta, LDJ, Tb, LDJ, n, n, jw, -1.0f, 1.0f, more);
+        if (TC) {
+            tc_acc<false, true, 2, 4, NB / 2>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
+            if (part != 1) tc_acc<false, true, 2, 2, 1>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
+        } else {
+            bmm_reg<false, true, NB>(acc1, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
+            if (part != 1)
+                bmm_reg<false, true, 1>(acc2, Ta, LDJ, Tb, LDJ, n, n, jw, part == 0 ? 1.0f : -1.0f, 1.0f, more);
+        }
         if (part == 1)
             for (int e = threadIdx.x; e < Dk * jw; e += NT) {
                 int i = e / jw, x = e - i * jw;
@@ -484,10 +514,29 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args
             if (t < n && h == 0) r3[t] += s;
         }
     }
-    __syncthreads();
-    float *out1 = part == 0 ? P.dQa : part == 1 ? P.dKa : P.dKb;
-    store_mat(out1 + lc * CH * (int64_t)Dk, Dk, acc1, ldk, n, Dk);
-    if (part != 1) store_mat((part == 0 ? P.dPm : P.dMm) + lc * CH * CH, CH, acc2, LDC, n, n);
+    float *out1 = part == 0   ? P.dQa
+                  : part == 1 ? P.dKa
+                              : P.dKb,
+          *out2 = part == 0 ? P.dPm : P.dMm, sg = part == 2 ? -1.0f : 1.0f;
+    out1 += lc * CH * (int64_t)Dk, out2 += lc * CH * CH;
+    if (TC) {
+        tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int r, int x) {
+            out1[r * Dk + x] = s1[u][i][j][e];
+        });
+        if (part != 1)
+            tc_each<2, 2, 1>(n, n, [&](int u, int i, int j, int e, int r, int x) {
+                out2[r * CH + x] = sg * s2[u][i][j][e];
+            });
+    } else {
+        bmm_each<true, NB>(n, Dk, [&](int u, int i, int j, int r, int x) {
+            out1[r * Dk + x] = acc1[u][i][j];
+        });
+        if (part != 1)
+            bmm_each<true, 1>(n, n, [&](int u, int i, int j, int r, int x) {
+                out2[r * CH + x] = acc2[u][i][j];
+            });
+    }
+    __syncthreads(); /* r3's rows are whole */
     if (part == 2)
         for (int t = threadIdx.x; t < n; t += NT) P.r3[lc * CH + t] = r3[t];
     if (part == 1) {
@@ -497,8 +546,7 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_contract(gdn_args
 }
 
 static size_t contract_smem(int64_t Dk) {
-    return NT * sizeof(double) +
-           (size_t)(CH + CH * PAD_LD(Dk) + CH * LDC + 2 * CH * LDJ + (Dk + (Dk > CH ? Dk : CH)) * LDJ) * sizeof(float);
+    return NT * sizeof(double) + (size_t)(CH + 2 * CH * LDJ + (Dk + (Dk > CH ? Dk : CH)) * LDJ) * sizeof(float);
 }
 
 /* Per chunk (grid: chunks x lanes): dq, dk, dg, dbeta from the contractions.
@@ -733,9 +781,11 @@ template <bool TC> static int backward(keel_backend *be, const keel_tensor *t, c
     dim3 outs((unsigned)P.nc, (unsigned)L, (unsigned)((A.Dv + JO - 1) / JO)), chunks((unsigned)P.nc, (unsigned)L),
         parts((unsigned)P.nc, (unsigned)L, 3), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_pre_back<TC>, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
-    TILE_LAUNCH(k_gdn_state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P,
-                out);
-    TILE_LAUNCH(k_gdn_contract<TC>, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
+    void (*state_back)(gdn_args, gdn_scr, float *) =
+        A.Dk <= 128 ? k_gdn_state_back<128 * JB / NT> : k_gdn_state_back<256 * JB / NT>;
+    TILE_LAUNCH(state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
+    void (*contract)(gdn_args, gdn_scr) = A.Dk <= 128 ? k_gdn_contract<TC, 2> : k_gdn_contract<TC, 4>;
+    TILE_LAUNCH(contract, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
     void (*grads)(gdn_args, gdn_scr, float *) = A.Dk <= 128 ? k_gdn_grads<2, TC> : k_gdn_grads<4, TC>;
     TILE_LAUNCH(grads, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
     return 0;
