@@ -301,6 +301,9 @@ __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, float *
 
 static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_LD(Dk) + CH * LDJ) * sizeof(float); }
 
+/* The reverse state pass's Ac and Kb come as tiles of half their columns: the first state_kh of Dk */
+__host__ __device__ static inline int state_kh(int Dk) { return (Dk / 2 + 3) / 4 * 4; }
+
 /* The output per chunk (grid: chunks x lanes x blocks of JO value columns): O = Qg S + Pm U,
  * written to o (or to packed: the same layout). */
 template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o) {
@@ -375,10 +378,15 @@ static size_t pre_back_smem(int64_t Dk) {
 
 /* The reverse state pass (grid: lanes x blocks of JB value columns), last chunk first, with dS the
  * gradient of the state leaving the chunk: keeps dS (over G0, read first), dR = dR0 + Ac dS
- * (kept; dv = beta dR), dS <- Gam_C dS + G0 - Kb^T dR. The previous chunk's Ac is fetched during
- * the dS update, its dR0 and Kb during the next dR; its G0 goes to registers (a thread's elements,
- * the ones it updates and stores: shared memory for two blocks a multiprocessor, not one) there
- * too, landing while the next dR is made. */
+ * (kept; dv = beta dR), dS <- Gam_C dS + G0 - Kb^T dR. Ac and Kb come through one tile of half
+ * their columns, half after half: dR's sums continue in registers from the first half's depth to
+ * the second's (bmm_block with zero false: the bits of one product), dS's rows are updated half by
+ * half. dS (the state's gradient leaving the chunk) goes out over G0 once dR is made: a thread loads
+ * its elements of G0 into registers, then stores its elements of dS in their place (its own loads
+ * before its own stores) and updates them. 48 KB and 64 registers a block at Dk 128: four blocks a
+ * multiprocessor (508 us a layer at the 0.8B shape, 596 with the full tiles and one block; the same
+ * for the forward's state pass ran 465 us against 444 with two blocks of full tiles, prefetched:
+ * not kept there). */
 /* G0 walks a thread's elements of a block of Dk x jw, e = threadIdx.x + u NT for u < GR (GR NT >= Dk JB),
  * as store_mat does: f(u, i, x) for the ones inside, the row and column kept without divisions */
 template <int GR, typename F> __device__ static inline void g0_walk(int Dk, int jw, F f) {
@@ -391,63 +399,86 @@ template <int GR, typename F> __device__ static inline void g0_walk(int Dk, int 
     }
 }
 template <int GR>
-__global__ void __launch_bounds__(NT, GR <= 16 ? 2 : 1) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
+__global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
-    int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
-    float *dS = sm, *Xa = dS + Dk * LDJ, *Xb = Xa + CH * ldk, *dRt = Xb + CH * ldk, *bt = dRt + CH * LDJ, g0[GR];
+    int Dk = (int)A.Dk, Dv = (int)A.Dv, kh = state_kh(Dk), ldx = PAD_LD(kh), jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
+    float *dS = sm, *X = dS + Dk * LDJ, *dRt = X + CH * ldx, *bt = dRt + CH * LDJ;
     int64_t off_dv = 2 * A.Dk * A.Hv * A.T * A.B, last = P.nc - 1;
-    auto load_g0 = [&](int64_t lcg) {
-        const float *src = P.dSc + lcg * Dk * (int64_t)Dv + j0;
-        g0_walk<GR>(Dk, jw, [&](int u, int i, int x) {
-            g0[u] = src[i * Dv + x];
-        });
-    };
     for (int e = threadIdx.x; e < Dk * LDJ; e += NT) dS[e] = 0.0f;
     int64_t lc = l * P.nc + last, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
     int n = chunk_len(A.T, last);
-    fetch_mat(Xa, ldk, P.Ac + rk, Dk, n, Dk);
+    fetch_mat(X, ldx, P.Ac + rk, Dk, n, kh);
     fetch_mat(dRt, LDJ, P.dR + rv, Dv, n, jw);
-    load_g0(lc);
     fetch_commit();
-    fetch_mat(Xb, ldk, P.Kb + rk, Dk, n, Dk);
-    fetch_commit();
+    bmm_owner<false, 2> ow(CH, JB); /* dR's blocks: one turn a thread at most */
     for (int64_t c = last; c >= 0; c--) {
         lc = l * P.nc + c, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0, n = chunk_len(A.T, c);
         int n1 = c > 0 ? CH : 0; /* every chunk before the last is whole */
         int64_t t0 = c * CH;
         for (int t = threadIdx.x; t < n; t += NT) bt[t] = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
-        fetch_wait(1); /* Ac, dR0 of this chunk */
+        fetch_wait(0); /* Ac's first half, dR0 */
         __syncthreads();
-        store_mat(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, dS, LDJ, Dk, jw);
-        bmm<false, false, 2>(dRt, LDJ, Xa, ldk, dS, LDJ, n, jw, Dk, 1.0f, 1.0f, true);
+        int r0, cb, cs;
+        bool mine = ow.block(0, &r0, &cb, &cs) && r0 < n && cb < jw;
+        float s[2][4];
+        if (mine) bmm_block<false, false, 2>(s, X, ldx, dS, LDJ, n, jw, kh, r0, cb, cs);
         __syncthreads();
-        fetch_mat(Xa, ldk, P.Ac + rk - CH * Dk, Dk, n1, Dk);
+        fetch_mat(X, ldx, P.Ac + rk + kh, Dk, n, Dk - kh);
+        fetch_commit();
+        fetch_wait(0);
+        __syncthreads();
+        if (mine) { /* dR = dR0 + Ac dS, as bmm(dRt, ..., 1, 1, acc) stores it */
+            bmm_block<false, false, 2>(s, X, ldx, dS + kh * LDJ, LDJ, n, jw, Dk - kh, r0, cb, cs, false);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int r = r0 + i, x = cb + j * cs;
+                    if (r < n && x < jw) dRt[r * LDJ + x] = 1.0f * dRt[r * LDJ + x] + 1.0f * s[i][j];
+                }
+        }
+        __syncthreads();
+        fetch_mat(X, ldx, P.Kb + rk, Dk, n, kh);
         fetch_commit();
         store_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
         for (int e = threadIdx.x; e < n * jw; e += NT) {
             int t = e / jw, x = e - t * jw;
             out[off_dv + ((b * A.T + t0 + t) * A.Hv + hv) * Dv + j0 + x] = bt[t] * dRt[t * LDJ + x];
         }
-        float gc = P.GamC[lc];
-        g0_walk<GR>(Dk, jw, [&](int u, int i, int x) { /* store_mat's walk: this thread stored these above */
-                                                       dS[i * LDJ + x] = gc * dS[i * LDJ + x] + g0[u];
-        });
-        fetch_wait(1); /* Kb of this chunk */
+        float gc = P.GamC[lc], *dSo = P.dSc + lc * Dk * (int64_t)Dv + j0;
+#pragma unroll
+        for (int h = 0; h < 2; h++) { /* half of the thread's elements at a time: registers for four blocks */
+            float g0[GR / 2];
+            g0_walk<GR>(Dk, jw, [&](int u, int i, int x) {
+                if (u / (GR / 2) == h) g0[u % (GR / 2)] = dSo[i * Dv + x];
+            });
+            /* dS out over G0 (this thread's loads came first), then dS <- Gam_C dS + G0 */
+            g0_walk<GR>(Dk, jw, [&](int u, int i, int x) {
+                if (u / (GR / 2) != h) return;
+                dSo[i * Dv + x] = dS[i * LDJ + x];
+                dS[i * LDJ + x] = gc * dS[i * LDJ + x] + g0[u % (GR / 2)];
+            });
+        }
+        fetch_wait(0);
         __syncthreads();
-        bmm<true, false>(dS, LDJ, Xb, ldk, dRt, LDJ, Dk, jw, n, -1.0f, 1.0f, true);
+        bmm<true, false>(dS, LDJ, X, ldx, dRt, LDJ, kh, jw, n, -1.0f, 1.0f, true); /* dS's first kh rows */
         __syncthreads();
-        fetch_mat(dRt, LDJ, P.dR + rv - CH * Dv, Dv, n1, jw);
+        fetch_mat(X, ldx, P.Kb + rk + kh, Dk, n, Dk - kh);
         fetch_commit();
-        if (c > 0) load_g0(lc - 1);
-        fetch_mat(Xb, ldk, P.Kb + rk - CH * Dk, Dk, n1, Dk);
+        fetch_wait(0);
+        __syncthreads();
+        bmm<true, false>(dS + kh * LDJ, LDJ, X, ldx, dRt, LDJ, Dk - kh, jw, n, -1.0f, 1.0f, true);
+        __syncthreads();
+        fetch_mat(X, ldx, P.Ac + rk - CH * Dk, Dk, n1, kh);
+        fetch_mat(dRt, LDJ, P.dR + rv - CH * Dv, Dv, n1, jw);
         fetch_commit();
     }
     fetch_wait(0);
 }
 
 static size_t state_back_smem(int64_t Dk) {
-    return (size_t)(Dk * LDJ + 2 * CH * PAD_LD(Dk) + CH * LDJ + CH) * sizeof(float);
+    return (size_t)(Dk * LDJ + CH * PAD_LD(state_kh((int)Dk)) + CH * LDJ + CH) * sizeof(float);
 }
 
 /* The contractions over value columns, per chunk (grid: chunks x lanes x 3 parts), summed over

@@ -59,10 +59,11 @@ template <bool TB, int RB> struct bmm_owner {
     }
 };
 
-/* The product's block at (r0, cb, cs), summed over the depth in order into s. */
+/* The product's block at (r0, cb, cs), summed over the depth in order into s (from 0, or with zero
+ * false on from what s holds: a depth split in parts, each a call, gives the one call's bits). */
 template <bool TA, bool TB, int RB>
 __device__ static inline void bmm_block(float s[RB][4], const float *A, int lda, const float *B, int ldb, int m, int n,
-                                        int k, int r0, int cb, int cs) {
+                                        int k, int r0, int cb, int cs, bool zero = true) {
     int k4 = k & ~3;
     const float *pa[RB], *pb[4];
 #pragma unroll
@@ -70,7 +71,8 @@ __device__ static inline void bmm_block(float s[RB][4], const float *A, int lda,
         int r = min(r0 + i, m - 1);
         pa[i] = TA ? A + r : A + r * lda;
 #pragma unroll
-        for (int j = 0; j < 4; j++) s[i][j] = 0.0f;
+        for (int j = 0; j < 4; j++)
+            if (zero) s[i][j] = 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) {
