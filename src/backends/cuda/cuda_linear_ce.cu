@@ -76,10 +76,10 @@ __global__ void k_lce_grad(float *L, __nv_bfloat16 *G, kt tg, int64_t V, int64_t
     int w = (int)(V - v0 < SEG ? V - v0 : SEG);
     int32_t y = kt_i32(tg, n);
     if (y >= V) y = -1; /* out of range: cuda_ce_divisor has marked the node, the run fails */
-    if (threadIdx.x == 0) { /* a row without a target is all zeros: its statistics are not read */
-        float mx = 0.0f;
-        double s = 1.0;
-        if (y >= 0) row_stats(smax, ssum, row, segments(V), &mx, &s);
+    if (threadIdx.x == 0 && y >= 0) {
+        float mx;
+        double s;
+        row_stats(smax, ssum, row, segments(V), &mx, &s);
         st[0] = mx, st[1] = (float)(1.0 / s);
     }
     __syncthreads();
