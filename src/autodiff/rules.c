@@ -193,10 +193,30 @@ static int r_out_prod(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_
     if (WANT(1)) ADD(1, keel_mul_mat(ctx, dy, a));
     return 0;
 }
+/* The gradient of the loss element of a packed LINEAR_CROSS_ENTROPY (ip1) from dy, the gradient of
+ * the whole result: the one form the accumulator gives it when only the loss (its last element) is
+ * read, ACC of the loss's gradient into zeros (keel_grad_add_window); NULL for any other. */
+static keel_tensor *packed_loss_grad(const keel_tensor *t, keel_tensor *dy) {
+    int64_t last = (keel_nelements(t) - 1) * (int64_t)keel_type_size(t->type);
+    if (dy->op != KEEL_OP_ACC || dy->src[0]->op != KEEL_OP_FILL || dy->src[0]->fp[0] != 0.0 || dy->ip[3] != last ||
+        keel_nelements(dy->src[1]) != 1 || dy->src[1]->type != t->type)
+        return NULL;
+    return dy->src[1];
+}
 static int r_linear_ce(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    keel_tensor *x = t->src[0], *w = t->src[1];
-    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_LINEAR_CROSS_ENTROPY_BACK, (keel_tensor *const[]){x, w, t->src[2], dy},
-                                  4, t->ip, 1, t->fp, 1);
+    keel_tensor *x = t->src[0], *w = t->src[1], *pk;
+    if (t->ip[1]) { /* the result holds the gradients for a unit dloss: views of it when dloss is the seed, 1 */
+        if (!(dy = packed_loss_grad(t, dy)))
+            return keel_fail("only the loss (the last element) of a LINEAR_CROSS_ENTROPY with gradients is "
+                             "differentiable, and '%s' has a gradient on its other elements",
+                             t->name);
+        pk = dy->op == KEEL_OP_FILL && dy->fp[0] == 1.0 ? t : NULL;
+    } else {
+        pk = NULL;
+    }
+    if (!pk)
+        pk = keel_op_new(ctx, KEEL_OP_LINEAR_CROSS_ENTROPY_BACK, (keel_tensor *const[]){x, w, t->src[2], dy}, 4, t->ip, 1,
+                         t->fp, 1);
     if (!pk) return -1;
     int64_t es = (int64_t)keel_type_size(pk->type), nx = keel_nelements(x);
     if (WANT(0))

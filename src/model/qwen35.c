@@ -386,11 +386,16 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
         keel_set_name(mixed ? keel_mul_mat_to(ctx, head, xin.op, act) : keel_mul_mat(ctx, head, xn), "logits");
     /* mixed precision: the head and the loss fused, a chunk of tokens at a time, so that the
      * training graph holds no [vocab, tokens] logits (the logits above are computed only where a
-     * caller asks for them) */
-    if (targets)
+     * caller asks for them); for a backward, with the gradients made from the same logits */
+    if (targets && mixed && m->head_grads_in_forward) {
+        out->loss = keel_linear_cross_entropy_with_grads(ctx, xin.op, head, targets, KEEL_LM_HEAD_CHUNK);
+        if (out->loss) keel_set_name(out->loss->view_src, "loss.packed");
+        out->loss = keel_set_name(out->loss, "loss");
+    } else if (targets) {
         out->loss = keel_set_name(mixed ? keel_linear_cross_entropy(ctx, xin.op, head, targets, KEEL_LM_HEAD_CHUNK)
                                         : keel_cross_entropy_loss(ctx, out->logits, targets),
                                   "loss");
+    }
     if (!out->logits || (targets && !out->loss)) return -1;
     return 0;
 }

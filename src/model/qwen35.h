@@ -44,6 +44,9 @@ typedef struct {
      * bf16 copies of the float32 weights and inputs, made where they are used, so recompute makes them
      * again; float32 sums and results) */
     keel_type operand_type;
+    /* bf16 training graphs: the fused head computes its gradients in the forward, while it has
+     * each chunk's logits (keel_linear_cross_entropy_with_grads); set by whoever builds a backward */
+    bool head_grads_in_forward;
     struct keel_lora *lora; /* LoRA adapters (model/lora.h), NULL: none */
 } keel_qwen35;
 

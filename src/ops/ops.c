@@ -489,8 +489,11 @@ static int shape_rule(keel_tensor *t) {
         REQ(t->ip[0] > 0, "the chunk (tokens at a time) must be positive");
         REQ(t->fp[0] >= 0 && isfinite(t->fp[0]), "the divisor fp0 %g must be finite and >= 0", t->fp[0]);
         keel_type out = a->type == KEEL_BF16 ? KEEL_F32 : a->type; /* sums and gradients in float32 */
-        if (op == KEEL_OP_LINEAR_CROSS_ENTROPY) {
-            set_shape(t, out, 1, 1, 1, 1);
+        REQ(t->ip[1] == 0 || t->ip[1] == 1, "ip1 (the gradients in the result) must be 0 or 1, not %lld",
+            (long long)t->ip[1]);
+        REQ(t->ip[2] == 0 || t->ip[2] == 1, "ip2 (gradients skipped) must be 0 or 1, not %lld", (long long)t->ip[2]);
+        if (op == KEEL_OP_LINEAR_CROSS_ENTROPY) { /* the loss, or [dx | dW | loss] */
+            set_shape(t, out, t->ip[1] ? a->ne[0] * a->ne[1] * a->ne[2] + b->ne[0] * b->ne[1] + 1 : 1, 1, 1, 1);
         } else {
             REQ(keel_nelements(t->src[3]) == 1 && t->src[3]->type == out, "dloss must be one %s element",
                 keel_type_name(out));
@@ -708,6 +711,16 @@ void keel_cross_entropy_set_divisor(keel_graph *g, double divisor) {
 keel_tensor *keel_linear_cross_entropy(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *targets,
                                        int64_t chunk) {
     return OP(KEEL_OP_LINEAR_CROSS_ENTROPY, (x, w, targets), IPS(chunk), 1, NULL, 0);
+}
+keel_tensor *keel_linear_cross_entropy_with_grads(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *targets,
+                                                  int64_t chunk) {
+    keel_tensor *pk = OP(KEEL_OP_LINEAR_CROSS_ENTROPY, (x, w, targets), IPS(chunk, 1, 0), 3, NULL, 0);
+    if (!pk) return NULL;
+    return keel_view_1d(ctx, pk, 1, (keel_nelements(pk) - 1) * (int64_t)keel_type_size(pk->type));
+}
+void keel_linear_cross_entropy_set_grads(keel_graph *g, bool on) {
+    for (int64_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == KEEL_OP_LINEAR_CROSS_ENTROPY && g->nodes[i]->ip[1]) g->nodes[i]->ip[2] = !on;
 }
 void keel_dropout_set_p(keel_graph *g, double p) {
     for (int64_t i = 0; i < g->n_nodes; i++)

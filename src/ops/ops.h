@@ -167,6 +167,17 @@ keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_te
  * float32 logits and sums, float32 gradients. */
 keel_tensor *keel_linear_cross_entropy(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *targets,
                                        int64_t chunk);
+/* The same loss (a view of the node's last element), from a node that also computes the loss's
+ * gradients for a unit upstream gradient while it has each chunk's logits: its result is packed
+ * [dx | dW | loss] (ip1), so the backward need not make the logits again. When the backward's
+ * seed reaches the loss as it is (1), x and W's gradients are views of that result; any other
+ * upstream gradient goes through LINEAR_CROSS_ENTROPY_BACK as the plain op's does. Only the loss
+ * element is differentiable. For training graphs. */
+keel_tensor *keel_linear_cross_entropy_with_grads(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *targets,
+                                                  int64_t chunk);
+/* Turns the gradients of every such node of g on or off (off: an evaluation run, the gradient
+ * part of the result is zeros and only the loss is computed). */
+void keel_linear_cross_entropy_set_grads(keel_graph *g, bool on);
 /* Sets the divisor of every CROSS_ENTROPY_LOSS (and LINEAR_CROSS_ENTROPY) node of g and its backward
  * (0: each one's own count). */
 void keel_cross_entropy_set_divisor(keel_graph *g, double divisor);

@@ -147,6 +147,7 @@ static double eval_loss(trainer *t, const keel_dataset *d) {
     int64_t nb = 0, counted = 0;
     keel_dropout_set_p(t->st->g, 0.0);           /* evaluation: the adapters see their whole input */
     keel_cross_entropy_set_divisor(t->st->g, 0); /* each batch's own count */
+    keel_linear_cross_entropy_set_grads(t->st->g, false); /* only the loss */
     for (int64_t w = 0; w + B <= W && nb < t->o->eval_batches; w += B, nb++) {
         int64_t n = 0;
         for (int64_t b = 0; b < B; b++)
@@ -159,6 +160,7 @@ static double eval_loss(trainer *t, const keel_dataset *d) {
         sum += (double)l * (double)n, counted += n;
     }
     keel_dropout_set_p(t->st->g, t->o->lora_dropout);
+    keel_linear_cross_entropy_set_grads(t->st->g, true);
     free(ids), free(tgt), free(pos);
     return counted ? sum / (double)counted : NAN;
 }

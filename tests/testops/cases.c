@@ -205,6 +205,14 @@ static keel_tensor *build_lce_bf16(keel_ctx *ctx, const op_case *c, keel_tensor 
                                      c->ip[0]);
 }
 
+/* The packed LM head's loss (keel_linear_cross_entropy_with_grads) of chunk ip0, on x and W as they
+ * are (float32) or, when the case's ip1 is 1, rounded to bf16 by CAST */
+static keel_tensor *build_lce_grads(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    bool bf = c->ip[1] == 1;
+    return keel_linear_cross_entropy_with_grads(ctx, bf ? keel_cast(ctx, x[0], KEEL_BF16) : x[0],
+                                                bf ? keel_cast(ctx, x[1], KEEL_BF16) : x[1], x[2], c->ip[0]);
+}
+
 /* SUM_SQ of all but the first element: a contiguous start 4 bytes past a 16-byte boundary */
 static keel_tensor *build_sum_sq_unaligned(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
     (void)c;
@@ -842,6 +850,15 @@ int keel_cases_all(op_case **out) {
                  * one bf16 rounding (2e-5). A backend that skips the rounding is within it too (3e-6):
                  * test-model's 1e-7 comparison of the mixed-precision layer pair is what catches that */
                 if (bf) c->keep_types = true, c->tol = op == KEEL_OP_LINEAR_CROSS_ENTROPY ? 1e-12 : 2e-5;
+                if (op == KEEL_OP_LINEAR_CROSS_ENTROPY) { /* the same, packed [dx | dW | loss] (ip1): the
+                                                           * gradients for dloss 1, in the backward's tier;
+                                                           * the last shape with them skipped (ip2: zeros) */
+                    op_case *pc = C(&l, op);
+                    c = &l.v[l.n - 2]; /* C may have moved the list */
+                    *pc = *c;
+                    pc->ip[1] = 1, pc->ip[2] = s == 7, pc->n_ip = 3;
+                    if (bf) pc->tol = 2e-5;
+                }
             }
             if (op == KEEL_OP_LINEAR_CROSS_ENTROPY) /* the mixed-precision gradient: through CAST */
                 for (int s = 0; s < 2; s++) {
@@ -853,6 +870,28 @@ int keel_cases_all(op_case **out) {
                     c->build = build_lce_bf16, c->tol = 2e-5, c->no_fd = "bf16 rounding of x and W";
                     c->name = s ? "LINEAR_CROSS_ENTROPY(bf16 x and W by CAST, chunk 5, ignored targets, grad rule)"
                                 : "LINEAR_CROSS_ENTROPY(bf16 x and W by CAST, chunk 12, grad rule)";
+                }
+            /* the packed form's loss (keel_linear_cross_entropy_with_grads): k 0, 1 the loss itself is
+             * what the gradient harness differentiates (the seed 1 reaches it: x's and W's gradients are
+             * views of the forward's result), k 2, 3 the harness's weighted sum of it (any other dloss:
+             * LINEAR_CROSS_ENTROPY_BACK); float32 (finite differences on ref) and bf16 by CAST */
+            if (op == KEEL_OP_LINEAR_CROSS_ENTROPY)
+                for (int k = 0; k < 4; k++) {
+                    bool bf = k % 2;
+                    c = C(&l, op);
+                    I(c, KEEL_F32, 24, 6, 2, 1);
+                    I(c, KEEL_F32, 24, 40, 1, 1)->scale = 0.6;
+                    IDX(c, 6, 2, 40)->dom = k < 2 ? DOM_INDEX_OR_IGNORED : DOM_INDEX;
+                    P(c, 2, (int64_t[]){k < 2 ? 5 : 12, bf}, 0, NULL);
+                    c->build = build_lce_grads, c->loss_out = k < 2;
+                    if (bf) c->tol = 2e-5, c->no_fd = "bf16 rounding of x and W";
+                    static const char *names[4] = {
+                        "LINEAR_CROSS_ENTROPY(packed, the loss differentiated: views, chunk 5, ignored targets)",
+                        "LINEAR_CROSS_ENTROPY(packed, bf16 by CAST, the loss differentiated: views, chunk 5, ignored "
+                        "targets)",
+                        "LINEAR_CROSS_ENTROPY(packed, a weighted loss: the backward op, chunk 12)",
+                        "LINEAR_CROSS_ENTROPY(packed, bf16 by CAST, a weighted loss: the backward op, chunk 12)"};
+                    c->name = names[k];
                 }
             break;
         }

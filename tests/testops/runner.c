@@ -163,6 +163,8 @@ static bool case_has_grad(const op_case *c) {
     if (keel_op_get(c->op)->flags & OPF_BACKWARD) return false; /* its gradient: a second derivative */
     if (!keel_op_get(c->op)->grad_srcs && keel_op_get(c->op)->nograd) return false; /* none by design (ADAMW) */
     if (c->build) return true;
+    /* the packed head's result holds gradients, which have none: its build cases differentiate its loss */
+    if (c->op == KEEL_OP_LINEAR_CROSS_ENTROPY && c->ip[1]) return false;
     return keel_op_get(c->op)->grad_srcs != 0;
 }
 
@@ -220,7 +222,10 @@ static int inst_build(inst *x, keel_backend *be, const op_case *c, uint64_t seed
     keel_tensor *outs[3] = {x->out, NULL, NULL};
     int n_out = 1;
     if (keel_op_get(c->op)->flags & OPF_SIDE_EFFECT) outs[n_out++] = ins[2], outs[n_out++] = ins[3];
-    if (grad) {
+    if (grad && c->loss_out) {
+        x->loss = x->out;
+        outs[0] = x->loss;
+    } else if (grad) {
         keel_type ty = x->out->type;
         x->weights = keel_set_flags(keel_new(ctx, ty, 4, x->out->ne), KEEL_FLAG_INPUT);
         case_input w = {.type = ty};
@@ -311,6 +316,13 @@ static int packed_parts(const keel_tensor *t, int64_t *size) {
     case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK:
         size[0] = keel_nelements(q), size[1] = keel_nelements(t->src[1]);
         return 2;
+    case KEEL_OP_LINEAR_CROSS_ENTROPY: /* packed (ip1): [dx | dW | loss] */
+        if (!t->ip[1]) {
+            size[0] = 1;
+            return 1;
+        }
+        size[0] = keel_nelements(q), size[1] = keel_nelements(t->src[1]), size[2] = 1;
+        return 3;
     case KEEL_OP_SWIGLU_BACK:
         size[0] = size[1] = keel_nelements(q);
         return 2;
@@ -396,6 +408,8 @@ static void make_label(op_case *c) {
     }
     if ((c->op == KEEL_OP_ACC || c->op == KEEL_OP_SET) && c->ip[4])
         k = snprintf(p, left, ",inplace"), p += k, left -= (size_t)k;
+    if (c->op == KEEL_OP_LINEAR_CROSS_ENTROPY && c->ip[1])
+        k = snprintf(p, left, c->ip[2] ? ",packed,gradients skipped" : ",packed"), p += k, left -= (size_t)k;
     if (c->op == KEEL_OP_CONCAT) k = snprintf(p, left, ",dim=%lld", (long long)c->ip[0]), p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_RMS_NORM_W || c->op == KEEL_OP_RMS_NORM_W_BACK) && c->ip[0])
         k = snprintf(p, left, ",1+w"), p += k, left -= (size_t)k;

@@ -58,6 +58,8 @@ struct op_case {
     int64_t width;       /* widest row the copy path moves, when not the widest row of the graph (composite cases):
                              decides fault expectations */
     case_builder build;
+    bool loss_out;    /* build cases: the gradient harness differentiates the output itself (one element),
+                       * not its weighted sum: the backward's seed 1 reaches it as it is */
     const char *name; /* composite cases: their own label */
     char label[320];
 };

@@ -25,7 +25,7 @@ typedef struct {
     int64_t V, c0;
     double *loss; /* forward: per token of the whole batch */
     float k;      /* backward: dloss / D */
-    bool back;
+    bool back;    /* the rows turned into their gradient (the backward, or the forward with ip1) */
     bool round; /* backward with bf16 x and W: g rounded to bf16 (tensor/convert.h) */
 } rows_ctx;
 
@@ -37,17 +37,15 @@ static void rows_task(void *arg, int64_t b, int64_t e, int th) {
         int32_t y = c->y[c->c0 + i];
         if (y < 0) { /* no loss here, no gradient */
             if (c->back) memset(z, 0, (size_t)c->V * sizeof *z);
-            if (!c->back) c->loss[c->c0 + i] = 0.0;
+            if (c->loss) c->loss[c->c0 + i] = 0.0;
             continue;
         }
         /* the vector max, exp and float64 sum of CROSS_ENTROPY_LOSS's rows (vec_math.h), in place */
         float mx = keel_max_row(z, c->V), zy = z[y];
         keel_exp_row(z, mx, c->V);
         double sum = keel_sum_row_f64(z, c->V);
-        if (!c->back) {
-            c->loss[c->c0 + i] = log(sum) + mx - zy;
-            continue;
-        }
+        if (c->loss) c->loss[c->c0 + i] = log(sum) + mx - zy;
+        if (!c->back) continue;
         float inv = (float)(1.0 / sum), ey = z[y];
         for (int64_t v = 0; v < c->V; v++) z[v] = (z[v] * inv) * c->k;
         z[y] = (ey * inv - 1.0f) * c->k;
@@ -57,7 +55,9 @@ static void rows_task(void *arg, int64_t b, int64_t e, int th) {
 }
 
 int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
-    bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
+    /* fwd: the loss; back: the gradients (LINEAR_CROSS_ENTROPY_BACK, or the forward with ip1 for
+     * dloss 1, unless ip2 skips them) */
+    bool fwd = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY, back = !fwd || (t->ip[1] && !t->ip[2]);
     int64_t D = t->src[0]->ne[0], N1 = t->src[0]->ne[1], N = N1 * t->src[0]->ne[2], V = t->src[1]->ne[1];
     int64_t C = t->ip[0] < N ? t->ip[0] : N;
     double div;
@@ -74,10 +74,11 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
     if (!rc && cx) rc = cpu_f32_temp(be, x, &xt, true), x = &xt;
     if (!rc && cw) rc = cpu_f32_temp(be, w, &wt, true), w = &wt;
     float *L = rc ? NULL : cpu_scratch(be, (size_t)(V * (C ? C : 1)) * sizeof *L);
-    double *loss = back || rc ? NULL : calloc((size_t)(N ? N : 1), sizeof *loss);
-    if (!rc && (!L || (!back && !loss))) rc = keel_fail("cpu: out of memory for the logits of '%s'", t->name);
-    float k = back && !rc ? (float)(cpu_ldf(t->src[3]->data) / div) : 0.0f;
+    double *loss = !fwd || rc ? NULL : calloc((size_t)(N ? N : 1), sizeof *loss);
+    if (!rc && (!L || (fwd && !loss))) rc = keel_fail("cpu: out of memory for the logits of '%s'", t->name);
+    float k = back && !rc ? (float)((fwd ? 1.0 : cpu_ldf(t->src[3]->data)) / div) : 0.0f;
     float *out = t->data;
+    if (!rc && fwd && t->ip[1] && !back) memset(out, 0, (size_t)(N * D + D * V) * sizeof *out); /* skipped: zeros */
     keel_pool *pool = cpu_pool(be);
     for (int64_t c0 = 0; c0 < N && !rc; c0 += C) {
         int64_t nc = N - c0 < C ? N - c0 : C;
@@ -134,10 +135,10 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
         if (keel_cpu_gemm(pool, &dx) || keel_cpu_gemm(pool, &dw)) rc = -1;
     }
     if (!rc && back && N == 0) memset(out, 0, (size_t)(D * V) * sizeof *out);
-    if (!rc && !back) {
+    if (!rc && fwd) {
         double s = 0;
         for (int64_t n = 0; n < N; n++) s += loss[n];
-        out[0] = (float)(s / div);
+        out[t->ip[1] ? N * D + D * V : 0] = (float)(s / div);
     }
     free(xt.data), free(wt.data);
     free(loss), free(y);

@@ -6,7 +6,9 @@
  * combined per token in segment order (the row's max, and the sum rescaled to it in float64); then
  * the loss as a float64 partial a token (forward), or each segment turned into
  * g = (softmax - onehot) dloss / D (backward: the second and last read), then dx_c = W g and
- * dW (+)= x_c g^T by cuBLAS, the chunks in order (beta 0 for the first, 1 after). With bf16 operands
+ * dW (+)= x_c g^T by cuBLAS, the chunks in order (beta 0 for the first, 1 after); the forward with
+ * ip1 does both, the loss and then the gradients for dloss 1, from one product of each chunk's
+ * logits (the backward's bits: the same kernels on the same logits). With bf16 operands
  * g goes to the tensor cores rounded once to bf16 (as PyTorch's autocast and the plan do; ref and cpu
  * round it the same way, so every backend computes one function). The partials are summed by one
  * block in token order. No atomics: the same bits every run. */
@@ -68,7 +70,7 @@ __global__ void k_lce_loss(const float *L, kt tg, int64_t V, int64_t c0, int nc,
 }
 
 /* Backward: segment blockIdx.y of token c0 + blockIdx.x's row turned into its gradient, in L (float32
- * operands) or as bf16 in G (row * V); the factor dloss / D from the device (dl, div) */
+ * operands) or as bf16 in G (row * V); the factor dloss / D from the device (dl, div; dl NULL: 1) */
 __global__ void k_lce_grad(float *L, __nv_bfloat16 *G, kt tg, int64_t V, int64_t c0, const float *smax,
                            const double *ssum, const float *dl, const double *div) {
     __shared__ float st[2];
@@ -83,7 +85,7 @@ __global__ void k_lce_grad(float *L, __nv_bfloat16 *G, kt tg, int64_t V, int64_t
         st[0] = mx, st[1] = (float)(1.0 / s);
     }
     __syncthreads();
-    float *z = L + row * V + v0, mx = st[0], inv = st[1], k = (float)((double)*dl / *div);
+    float *z = L + row * V + v0, mx = st[0], inv = st[1], k = (float)((double)(dl ? *dl : 1.0f) / *div);
     __nv_bfloat16 *gz = G ? G + row * V + v0 : NULL;
     for (int v = threadIdx.x; v < w; v += LT) {
         float gv = y < 0 ? 0.0f : __fmul_rn(__fsub_rn(__fmul_rn(expf(z[v] - mx), inv), v0 + v == y ? 1.0f : 0.0f), k);
@@ -117,13 +119,18 @@ static bool needs_copy(const keel_tensor *s) {
 
 /* One chunk's float32 logits (and with bf16 operands, in the backward, their bf16 gradient) and
  * segment statistics, the forward's per-token loss terms, contiguous copies of x and W where needed. */
+/* fwd: the loss; back: the gradients (LINEAR_CROSS_ENTROPY_BACK, or the forward with ip1, whose
+ * scratch is planned for them even when ip2 skips them: the plan does not change with ip2) */
+static bool lce_fwd(const keel_tensor *t) { return t->op == KEEL_OP_LINEAR_CROSS_ENTROPY; }
+static bool lce_back(const keel_tensor *t) { return !lce_fwd(t) || t->ip[1]; }
+
 size_t cuda_linear_ce_scratch(const keel_tensor *t) {
-    bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK, bf = t->src[0]->type == KEEL_BF16;
+    bool back = lce_back(t), fwd = lce_fwd(t), bf = t->src[0]->type == KEEL_BF16;
     const keel_tensor *x = t->src[0], *w = t->src[1];
     int64_t N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N, C1 = C ? C : 1;
     return KEEL_CUDA_LT_WORKSPACE + round_up((size_t)(V * C1) * 4) + (bf && back ? round_up((size_t)(V * C1) * 2) : 0) +
            round_up((size_t)(segments(V) * C1) * 4) + round_up((size_t)(segments(V) * C1) * 8) +
-           (back ? 0 : round_up((size_t)(N ? N : 1) * 8)) + (needs_copy(x) ? round_up(keel_nbytes(x)) : 0) +
+           (fwd ? round_up((size_t)(N ? N : 1) * 8) : 0) + (needs_copy(x) ? round_up(keel_nbytes(x)) : 0) +
            (needs_copy(w) ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
 }
 
@@ -137,7 +144,7 @@ static int product(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bo
 }
 
 int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
-    bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
+    bool fwd = lce_fwd(t), back = lce_back(t) && !(fwd && t->ip[2]);
     const keel_tensor *x = t->src[0], *w = t->src[1], *tg = t->src[2];
     int64_t D = x->ne[0], N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N;
     bool bf = x->type == KEEL_BF16;
@@ -149,7 +156,7 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
                          (long long)V, 65535 * SEG);
     if (cuda_ce_divisor(be, t)) return -1; /* the targets checked, the divisor on the device */
     const double *div = cuda_im(be)->ce_div;
-    const float *dl = back ? (const float *)t->src[3]->data : NULL;
+    const float *dl = fwd ? NULL : (const float *)t->src[3]->data; /* the forward's: 1 */
     bool cx = needs_copy(x), cw = needs_copy(w);
     char *base = (char *)cuda_scratch(be, cuda_linear_ce_scratch(t), t);
     if (!base) return -1;
@@ -158,20 +165,23 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     float *L = (float *)(base + at);
     at += round_up((size_t)(V * (C ? C : 1)) * 4);
     __nv_bfloat16 *G = NULL; /* bf16 backward: the gradient (V x nc) */
-    if (bf && back) G = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(V * (C ? C : 1)) * 2);
+    if (bf && lce_back(t)) G = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(V * (C ? C : 1)) * 2);
     int64_t ns = segments(V);
     float *smax = (float *)(base + at);
     at += round_up((size_t)(ns * (C ? C : 1)) * 4);
     double *ssum = (double *)(base + at);
     at += round_up((size_t)(ns * (C ? C : 1)) * 8);
     double *partial = NULL;
-    if (!back) partial = (double *)(base + at), at += round_up((size_t)(N ? N : 1) * 8);
+    if (fwd) partial = (double *)(base + at), at += round_up((size_t)(N ? N : 1) * 8);
     keel_tensor xt, wt;
     if (!(x = plain(be, x, &xt, base, &at, cx)) || !(w = plain(be, w, &wt, base, &at, cw))) return -1;
     size_t es = keel_type_size(x->type);
     int ldx = (int)(x->nb[1] / (int64_t)es), ldw = (int)(w->nb[1] / (int64_t)es);
     cudaStream_t s = cuda_im(be)->stream;
-    float *out = (float *)t->data;
+    float *out = (float *)t->data, *loss = fwd ? out + (t->ip[1] ? N * D + D * V : 0) : NULL;
+    if (fwd && t->ip[1] && !back && /* gradients skipped: zeros */
+        cuda_check(cudaMemsetAsync(out, 0, (size_t)(N * D + D * V) * 4, s), "memset", t))
+        return -1;
     for (int64_t c0 = 0; c0 < N; c0 += C) {
         int nc = (int)(N - c0 < C ? N - c0 : C);
         const char *xc = (const char *)x->data + c0 * x->nb[1]; /* tokens evenly spaced */
@@ -180,11 +190,11 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
         dim3 segs((unsigned)nc, (unsigned)ns);
         k_lce_stats<<<segs, LT, 0, s>>>(L, V, smax, ssum);
         if (cuda_check(cudaGetLastError(), "linear cross-entropy statistics launch", t)) return -1;
-        if (!back) {
+        if (fwd) {
             k_lce_loss<<<(nc + LT - 1) / LT, LT, 0, s>>>(L, kt_of(tg), V, c0, nc, smax, ssum, partial);
             if (cuda_check(cudaGetLastError(), "linear cross-entropy loss launch", t)) return -1;
-            continue;
         }
+        if (!back) continue;
         k_lce_grad<<<segs, LT, 0, s>>>(L, G, kt_of(tg), V, c0, smax, ssum, dl, div);
         if (cuda_check(cudaGetLastError(), "linear cross-entropy gradient launch", t)) return -1;
         /* dx_c (D x nc) = W (D x V) g (V x nc); dW (D x V) (+)= x_c (D x nc) g^T (nc x V), g in L (float32
@@ -195,9 +205,9 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
             product(be, t, ws, false, true, D, V, nc, xc, ldx, g, V, dt, out + N * D, D, bw))
             return -1;
     }
-    if (back && N == 0) return cuda_check(cudaMemsetAsync(out, 0, (size_t)(D * V) * 4, s), "memset", t);
-    if (!back) {
-        k_finish_sum<<<1, KEEL_CUDA_RT, 0, s>>>(out, partial, N, 1.0, div); /* the partials in token order */
+    if (back && N == 0 && cuda_check(cudaMemsetAsync(out, 0, (size_t)(D * V) * 4, s), "memset", t)) return -1;
+    if (fwd) {
+        k_finish_sum<<<1, KEEL_CUDA_RT, 0, s>>>(loss, partial, N, 1.0, div); /* the partials in token order */
         return cuda_check(cudaGetLastError(), "linear cross-entropy sum launch", t);
     }
     return 0;

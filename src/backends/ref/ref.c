@@ -450,14 +450,17 @@ static int ref_gdn_back(const keel_tensor *t) {
 
 /* LINEAR_CROSS_ENTROPY and its backward from the definition: every token's logits W^T x in
  * float64, the loss as CROSS_ENTROPY_LOSS's; the backward's dx = W g and dW = sum over tokens of
- * x g^T, with g = (softmax - onehot) dloss / D. The packed result: dx in x's layout, then dW [D, V]. */
+ * x g^T, with g = (softmax - onehot) dloss / D. The packed result: dx in x's layout, then dW [D, V]
+ * (and with ip1, the forward's: those for dloss 1, then the loss; ip2: zeros and the loss). */
 static int ref_linear_ce(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *x = t->src[0], *w = t->src[1], *tg = t->src[2];
     int64_t D = x->ne[0], N1 = x->ne[1], N = x->ne[1] * x->ne[2], V = w->ne[1];
-    bool back = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
+    bool fwd = t->op == KEEL_OP_LINEAR_CROSS_ENTROPY, back = !fwd || (t->ip[1] && !t->ip[2]);
     double div, total = 0;
     if (keel_backend_ce_divisor(be, t, &div)) return -1;
-    double k = back ? getf(t->src[3], 0) / div : 0.0;
+    double k = back ? (fwd ? 1.0 : getf(t->src[3], 0)) / div : 0.0;
+    if (fwd && t->ip[1] && t->ip[2]) /* gradients skipped: zeros */
+        for (int64_t i = 0; i < N * D + D * V; i++) putf(t, i, 0.0);
     double *z = malloc((size_t)V * sizeof *z), *dw = back ? calloc((size_t)(D * V), sizeof *dw) : NULL;
     if (!z || (back && !dw)) {
         free(z), free(dw);
@@ -476,10 +479,8 @@ static int ref_linear_ce(keel_backend *be, const keel_tensor *t) {
             z[v] = s, mx = fmax(mx, s);
         }
         for (int64_t v = 0; v < V; v++) Z += exp(z[v] - mx);
-        if (!back) {
-            total += log(Z) + mx - z[y];
-            continue;
-        }
+        if (fwd) total += log(Z) + mx - z[y];
+        if (!back) continue;
         for (int64_t v = 0; v < V; v++) z[v] = (exp(z[v] - mx) / Z - (v == y ? 1.0 : 0.0)) * k;
         if (x->type == KEEL_BF16) /* g rounded to float32, then to bf16, as every backend */
             for (int64_t v = 0; v < V; v++) z[v] = keel_cvt_f32_to_bf16_f32((float)z[v]);
@@ -489,7 +490,7 @@ static int ref_linear_ce(keel_backend *be, const keel_tensor *t) {
             putf(t, n * D + d, s);
         }
     }
-    if (!back) putf(t, 0, total / div);
+    if (fwd) putf(t, t->ip[1] ? N * D + D * V : 0, total / div);
     for (int64_t i = 0; back && i < D * V; i++) putf(t, N * D + i, dw[i]);
     free(z), free(dw);
     return 0;
