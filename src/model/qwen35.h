@@ -27,11 +27,12 @@ typedef struct {
     keel_tensor *qkv, *z, *b, *a, *conv, *A_log, *dt_bias, *norm, *out;
 } keel_qwen35_layer;
 
-/* Tokens of one chunk of the fused LM head + loss (mixed precision). Its backward's scratch on cuda
- * (float32 logits and bf16 dlogits, 6 bytes a logit: 248,320 x 1024 x 6 = 1.4 GiB for Qwen3.5's
- * vocabulary) is among the largest of a step. The chunk decides dW's order of
- * sums, so it is one constant: every recompute mode must give the same bits. */
-#define KEEL_LM_HEAD_CHUNK 1024
+/* Tokens of one chunk of the fused LM head + loss (mixed precision). Its scratch on cuda (the bf16
+ * logits, then their gradient in their place, 2 bytes a logit: 248,320 x 2048 x 2 = 0.95 GiB for
+ * Qwen3.5's vocabulary) is among the largest of a step; a chunk of 2048 tokens reads and writes
+ * the float32 dW (0.95 GiB) half as often as one of 1024. The chunk decides dW's order of sums, so
+ * it is one constant: every recompute mode must give the same bits. */
+#define KEEL_LM_HEAD_CHUNK 2048
 
 typedef struct {
     keel_qwen35_config cfg;

@@ -4,8 +4,8 @@
  * loss in float64 (forward), or (backward) its row turned in place into g = (softmax - onehot)
  * dloss / D, dx_c = W g and dW += x_c g^T (the chunks in order, the first assigning). bf16 x and W
  * are read as they are by the products (the bf16 kernel for the logits, widened to float32 as they
- * are packed next to g, gemm.h) and g is rounded to bf16 (as the cuda backend gives it to the tensor
- * cores), kept in float32. Each token's row is one thread's, sums in a
+ * are packed next to g, gemm.h); the logits and g are rounded to bf16 (as the cuda backend has
+ * them), kept in float32. Each token's row is one thread's, sums in a
  * fixed order: the result does not depend on the thread count. */
 #include <math.h>
 #include <stdlib.h>
@@ -26,7 +26,7 @@ typedef struct {
     double *loss; /* forward: per token of the whole batch */
     float k;      /* backward: dloss / D */
     bool back;    /* the rows turned into their gradient (the backward, or the forward with ip1) */
-    bool round; /* backward with bf16 x and W: g rounded to bf16 (tensor/convert.h) */
+    bool round;   /* bf16 x and W: the logits and g rounded to bf16 (tensor/convert.h) */
 } rows_ctx;
 
 static void rows_task(void *arg, int64_t b, int64_t e, int th) {
@@ -35,6 +35,8 @@ static void rows_task(void *arg, int64_t b, int64_t e, int th) {
     for (int64_t i = b; i < e; i++) {
         float *z = c->logits + i * c->V;
         int32_t y = c->y[c->c0 + i];
+        if (c->round) /* bf16 x and W: the logits in bf16, as every backend has them */
+            for (int64_t v = 0; v < c->V; v++) z[v] = keel_cvt_f32_to_bf16_f32(z[v]);
         if (y < 0) { /* no loss here, no gradient */
             if (c->back) memset(z, 0, (size_t)c->V * sizeof *z);
             if (c->loss) c->loss[c->c0 + i] = 0.0;
@@ -101,7 +103,7 @@ int cpu_linear_ce(keel_backend *be, const keel_tensor *t) {
             rc = -1;
             break;
         }
-        rows_ctx r = {L, y, V, c0, loss, k, back, back && t->src[0]->type == KEEL_BF16};
+        rows_ctx r = {L, y, V, c0, loss, k, back, t->src[0]->type == KEEL_BF16};
         keel_pool_for(pool, nc, rows_task, &r);
         if (!back) continue;
         /* dx_c[d, c] = sum_v W[d, v] g[v, c]; dW[d, v] (+)= sum_c x_c[d, c] g[v, c] */

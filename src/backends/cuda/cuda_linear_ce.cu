@@ -1,17 +1,19 @@
 /* keel: LINEAR_CROSS_ENTROPY and its backward on CUDA: the language-model head and its loss a chunk
- * of tokens at a time, so that only one chunk's float32 logits [V, chunk] exist (in the node's
- * planned scratch, never in the graph). Per chunk: logits = W^T x_c by cuBLAS (float32 or bf16
- * operands, float32 sums); then the rows' statistics by segments of SEG logits (a block a segment
+ * of tokens at a time, so that only one chunk's logits [V, chunk] exist (in the node's planned
+ * scratch, never in the graph). Per chunk: logits = W^T x_c by cuBLAS (float32 sums; float32
+ * operands and logits, or bf16 operands and logits rounded to bf16, as PyTorch's autocast and the
+ * plan have them; ref and cpu round them the same way); then the rows' statistics by segments of
+ * SEG logits (a block a segment
  * of a token's row: its max and its float64 sum of exp against that max, one read of the logits),
  * combined per token in segment order (the row's max, and the sum rescaled to it in float64); then
  * the loss as a float64 partial a token (forward), or each segment turned into
  * g = (softmax - onehot) dloss / D (backward: the second and last read), then dx_c = W g and
  * dW (+)= x_c g^T by cuBLAS, the chunks in order (beta 0 for the first, 1 after); the forward with
  * ip1 does both, the loss and then the gradients for dloss 1, from one product of each chunk's
- * logits (the backward's bits: the same kernels on the same logits). With bf16 operands
- * g goes to the tensor cores rounded once to bf16 (as PyTorch's autocast and the plan do; ref and cpu
- * round it the same way, so every backend computes one function). The partials are summed by one
- * block in token order. No atomics: the same bits every run. */
+ * logits (the backward's bits: the same kernels on the same logits). g replaces the logits in
+ * place, element by element: with bf16 operands it goes to the tensor cores rounded once to bf16
+ * (ref and cpu round it the same way, so every backend computes one function). The partials are
+ * summed by one block in token order. No atomics: the same bits every run. */
 #include <cuda_bf16.h>
 
 #include "backends/cuda/cuda_internal.h"
@@ -21,17 +23,23 @@
 
 __host__ __device__ static inline int64_t segments(int64_t V) { return (V + SEG - 1) / SEG; }
 
+/* a logit (or its gradient) as float32, and back in its type (bf16: round to nearest even) */
+__device__ static inline float zf(float z) { return z; }
+__device__ static inline float zf(__nv_bfloat16 z) { return __bfloat162float(z); }
+__device__ static inline void zset(float *p, float v) { *p = v; }
+__device__ static inline void zset(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
 /* Segment blockIdx.y of token blockIdx.x's logits row: its max (smax) and sum of exp (ssum) */
-__global__ void k_lce_stats(const float *L, int64_t V, float *smax, double *ssum) {
+template <typename T> __global__ void k_lce_stats(const T *L, int64_t V, float *smax, double *ssum) {
     __shared__ double sh[LT];
     int64_t row = blockIdx.x, v0 = (int64_t)blockIdx.y * SEG, ns = gridDim.y;
-    const float *z = L + row * V + v0;
+    const T *z = L + row * V + v0;
     int w = (int)(V - v0 < SEG ? V - v0 : SEG);
     float r[SEG / LT], mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < SEG / LT; i++) {
         int v = threadIdx.x + i * LT;
-        r[i] = v < w ? z[v] : -INFINITY;
+        r[i] = v < w ? zf(z[v]) : -INFINITY;
         mx = fmaxf(mx, r[i]);
     }
     mx = block_max(mx, sh);
@@ -53,7 +61,8 @@ __device__ static void row_stats(const float *smax, const double *ssum, int64_t 
 }
 
 /* Forward: token c0 + row's loss partial, a thread a token */
-__global__ void k_lce_loss(const float *L, kt tg, int64_t V, int64_t c0, int nc, const float *smax, const double *ssum,
+template <typename T>
+__global__ void k_lce_loss(const T *L, kt tg, int64_t V, int64_t c0, int nc, const float *smax, const double *ssum,
                            double *partial) {
     int row = blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= nc) return;
@@ -66,33 +75,33 @@ __global__ void k_lce_loss(const float *L, kt tg, int64_t V, int64_t c0, int nc,
     float mx;
     double s;
     row_stats(smax, ssum, row, segments(V), &mx, &s);
-    partial[n] = log(s) + mx - L[row * V + y];
+    partial[n] = log(s) + mx - zf(L[row * V + y]);
 }
 
-/* Backward: segment blockIdx.y of token c0 + blockIdx.x's row turned into its gradient, in L (float32
- * operands) or as bf16 in G (row * V); the factor dloss / D from the device (dl, div; dl NULL: 1) */
-__global__ void k_lce_grad(float *L, __nv_bfloat16 *G, kt tg, int64_t V, int64_t c0, const float *smax,
-                           const double *ssum, const float *dl, const double *div) {
+/* Backward: segment blockIdx.y of token c0 + blockIdx.x's row turned into its gradient in place
+ * (each element read, then written, by one thread); the factor dloss / D from the device (dl, div;
+ * dl NULL: 1) */
+template <typename T>
+__global__ void k_lce_grad(T *L, kt tg, int64_t V, int64_t c0, const float *smax, const double *ssum, const float *dl,
+                           const double *div) {
     __shared__ float st[2];
     int64_t row = blockIdx.x, v0 = (int64_t)blockIdx.y * SEG, n = c0 + row;
     int w = (int)(V - v0 < SEG ? V - v0 : SEG);
     int32_t y = kt_i32(tg, n);
     if (y >= V) y = -1; /* out of range: cuda_ce_divisor has marked the node, the run fails */
-    if (threadIdx.x == 0 && y >= 0) {
-        float mx;
-        double s;
-        row_stats(smax, ssum, row, segments(V), &mx, &s);
+    if (threadIdx.x == 0) {
+        float mx = 0.0f;
+        double s = 1.0; /* a row without a target: its gradient is 0, the statistics unused */
+        if (y >= 0) row_stats(smax, ssum, row, segments(V), &mx, &s);
         st[0] = mx, st[1] = (float)(1.0 / s);
     }
     __syncthreads();
-    float *z = L + row * V + v0, mx = st[0], inv = st[1], k = (float)((double)(dl ? *dl : 1.0f) / *div);
-    __nv_bfloat16 *gz = G ? G + row * V + v0 : NULL;
+    float mx = st[0], inv = st[1], k = (float)((double)(dl ? *dl : 1.0f) / *div);
+    T *z = L + row * V + v0;
     for (int v = threadIdx.x; v < w; v += LT) {
-        float gv = y < 0 ? 0.0f : __fmul_rn(__fsub_rn(__fmul_rn(expf(z[v] - mx), inv), v0 + v == y ? 1.0f : 0.0f), k);
-        if (gz)
-            gz[v] = __float2bfloat16_rn(gv);
-        else
-            z[v] = gv;
+        float gv =
+            y < 0 ? 0.0f : __fmul_rn(__fsub_rn(__fmul_rn(expf(zf(z[v]) - mx), inv), v0 + v == y ? 1.0f : 0.0f), k);
+        zset(&z[v], gv);
     }
 }
 
@@ -117,30 +126,44 @@ static bool needs_copy(const keel_tensor *s) {
            (s->ne[2] > 1 && s->nb[2] != s->ne[1] * s->nb[1]);
 }
 
-/* One chunk's float32 logits (and with bf16 operands, in the backward, their bf16 gradient) and
- * segment statistics, the forward's per-token loss terms, contiguous copies of x and W where needed. */
-/* fwd: the loss; back: the gradients (LINEAR_CROSS_ENTROPY_BACK, or the forward with ip1, whose
- * scratch is planned for them even when ip2 skips them: the plan does not change with ip2) */
+/* fwd: the loss; back: the gradients (LINEAR_CROSS_ENTROPY_BACK, or the forward with ip1) */
 static bool lce_fwd(const keel_tensor *t) { return t->op == KEEL_OP_LINEAR_CROSS_ENTROPY; }
 static bool lce_back(const keel_tensor *t) { return !lce_fwd(t) || t->ip[1]; }
 
+/* One chunk's logits (their gradient in their place; 4 bytes a logit, 2 with bf16 operands) and
+ * segment statistics, the forward's per-token loss terms, contiguous copies of x and W where needed. */
 size_t cuda_linear_ce_scratch(const keel_tensor *t) {
-    bool back = lce_back(t), fwd = lce_fwd(t), bf = t->src[0]->type == KEEL_BF16;
+    bool fwd = lce_fwd(t);
     const keel_tensor *x = t->src[0], *w = t->src[1];
     int64_t N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N, C1 = C ? C : 1;
-    return KEEL_CUDA_LT_WORKSPACE + round_up((size_t)(V * C1) * 4) + (bf && back ? round_up((size_t)(V * C1) * 2) : 0) +
-           round_up((size_t)(segments(V) * C1) * 4) + round_up((size_t)(segments(V) * C1) * 8) +
+    return KEEL_CUDA_LT_WORKSPACE + round_up((size_t)(V * C1) * (x->type == KEEL_BF16 ? 2 : 4)) + round_up((size_t)(segments(V) * C1) * 4) + round_up((size_t)(segments(V) * C1) * 8) +
            (fwd ? round_up((size_t)(N ? N : 1) * 8) : 0) + (needs_copy(x) ? round_up(keel_nbytes(x)) : 0) +
            (needs_copy(w) ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
 }
 
-/* D (m x n, ldd, float32) = op(A) op(B) (+ D when beta is 1), A and B of type dt (x's and W's: the
- * logits' float32 gradient meets them only with float32 x and W), by cuBLASLt */
+/* D (m x n, ldd, of type dd) = op(A) op(B) (+ D when beta is 1), A and B of type dt (x's and W's:
+ * the logits and their gradient have it too), by cuBLASLt with float32 sums */
 static int product(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                   const void *a, int64_t lda, const void *b, int64_t ldb, cudaDataType_t dt, float *d, int64_t ldd,
-                   float beta) {
-    cuda_gemm g = cuda_gemm_plain(ta, tb, m, n, k, a, dt, lda, b, dt, ldb, d, CUDA_R_32F, ldd, beta);
+                   const void *a, int64_t lda, const void *b, int64_t ldb, cudaDataType_t dt, void *d,
+                   cudaDataType_t dd, int64_t ldd, float beta) {
+    cuda_gemm g = cuda_gemm_plain(ta, tb, m, n, k, a, dt, lda, b, dt, ldb, d, dd, ldd, beta);
     return cuda_gemm_run(be, &g, ws, t);
+}
+
+/* The kernels of one chunk after its logits product, on logits of type T (float, or bf16) */
+template <typename T>
+static int chunk_rows(const keel_tensor *t, cudaStream_t s, T *L, kt tg, int64_t V, int64_t c0, int nc, float *smax,
+                      double *ssum, double *partial, bool back, const float *dl, const double *div) {
+    dim3 segs((unsigned)nc, (unsigned)segments(V));
+    k_lce_stats<T><<<segs, LT, 0, s>>>(L, V, smax, ssum);
+    if (cuda_check(cudaGetLastError(), "linear cross-entropy statistics launch", t)) return -1;
+    if (partial) {
+        k_lce_loss<T><<<(nc + LT - 1) / LT, LT, 0, s>>>(L, tg, V, c0, nc, smax, ssum, partial);
+        if (cuda_check(cudaGetLastError(), "linear cross-entropy loss launch", t)) return -1;
+    }
+    if (!back) return 0;
+    k_lce_grad<T><<<segs, LT, 0, s>>>(L, tg, V, c0, smax, ssum, dl, div);
+    return cuda_check(cudaGetLastError(), "linear cross-entropy gradient launch", t);
 }
 
 int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
@@ -162,10 +185,8 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     if (!base) return -1;
     void *ws = base; /* cuBLASLt's workspace, then the chunk's arrays */
     size_t at = KEEL_CUDA_LT_WORKSPACE;
-    float *L = (float *)(base + at);
-    at += round_up((size_t)(V * (C ? C : 1)) * 4);
-    __nv_bfloat16 *G = NULL; /* bf16 backward: the gradient (V x nc) */
-    if (bf && lce_back(t)) G = (__nv_bfloat16 *)(base + at), at += round_up((size_t)(V * (C ? C : 1)) * 2);
+    void *L = base + at; /* the chunk's logits (V x nc), then their gradient */
+    at += round_up((size_t)(V * (C ? C : 1)) * (bf ? 2 : 4));
     int64_t ns = segments(V);
     float *smax = (float *)(base + at);
     at += round_up((size_t)(ns * (C ? C : 1)) * 4);
@@ -185,24 +206,17 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     for (int64_t c0 = 0; c0 < N; c0 += C) {
         int nc = (int)(N - c0 < C ? N - c0 : C);
         const char *xc = (const char *)x->data + c0 * x->nb[1]; /* tokens evenly spaced */
-        /* L (V x nc) = W^T (V x D) x_c (D x nc) */
-        if (product(be, t, ws, true, false, V, nc, D, w->data, ldw, xc, ldx, dt, L, V, 0.0f)) return -1;
-        dim3 segs((unsigned)nc, (unsigned)ns);
-        k_lce_stats<<<segs, LT, 0, s>>>(L, V, smax, ssum);
-        if (cuda_check(cudaGetLastError(), "linear cross-entropy statistics launch", t)) return -1;
-        if (fwd) {
-            k_lce_loss<<<(nc + LT - 1) / LT, LT, 0, s>>>(L, kt_of(tg), V, c0, nc, smax, ssum, partial);
-            if (cuda_check(cudaGetLastError(), "linear cross-entropy loss launch", t)) return -1;
-        }
+        /* L (V x nc) = W^T (V x D) x_c (D x nc), in x's and W's type */
+        if (product(be, t, ws, true, false, V, nc, D, w->data, ldw, xc, ldx, dt, L, dt, V, 0.0f)) return -1;
+        if (bf ? chunk_rows(t, s, (__nv_bfloat16 *)L, kt_of(tg), V, c0, nc, smax, ssum, partial, back, dl, div)
+               : chunk_rows(t, s, (float *)L, kt_of(tg), V, c0, nc, smax, ssum, partial, back, dl, div))
+            return -1;
         if (!back) continue;
-        k_lce_grad<<<segs, LT, 0, s>>>(L, G, kt_of(tg), V, c0, smax, ssum, dl, div);
-        if (cuda_check(cudaGetLastError(), "linear cross-entropy gradient launch", t)) return -1;
-        /* dx_c (D x nc) = W (D x V) g (V x nc); dW (D x V) (+)= x_c (D x nc) g^T (nc x V), g in L (float32
-         * operands) or G (bf16) */
+        /* dx_c (D x nc) = W (D x V) g (V x nc); dW (D x V) (+)= x_c (D x nc) g^T (nc x V), g in L, float32
+         * results */
         const float bw = c0 > 0 ? 1.0f : 0.0f;
-        const void *g = bf ? (const void *)G : (const void *)L;
-        if (product(be, t, ws, false, false, D, nc, V, w->data, ldw, g, V, dt, out + c0 * D, D, 0.0f) ||
-            product(be, t, ws, false, true, D, V, nc, xc, ldx, g, V, dt, out + N * D, D, bw))
+        if (product(be, t, ws, false, false, D, nc, V, w->data, ldw, L, V, dt, out + c0 * D, CUDA_R_32F, D, 0.0f) ||
+            product(be, t, ws, false, true, D, V, nc, xc, ldx, L, V, dt, out + N * D, CUDA_R_32F, D, bw))
             return -1;
     }
     if (back && N == 0 && cuda_check(cudaMemsetAsync(out, 0, (size_t)(D * V) * 4, s), "memset", t)) return -1;

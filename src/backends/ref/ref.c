@@ -449,7 +449,7 @@ static int ref_gdn_back(const keel_tensor *t) {
 }
 
 /* LINEAR_CROSS_ENTROPY and its backward from the definition: every token's logits W^T x in
- * float64, the loss as CROSS_ENTROPY_LOSS's; the backward's dx = W g and dW = sum over tokens of
+ * float64 (with bf16 x and W rounded to float32, then to bf16), the loss as CROSS_ENTROPY_LOSS's; the backward's dx = W g and dW = sum over tokens of
  * x g^T, with g = (softmax - onehot) dloss / D. The packed result: dx in x's layout, then dW [D, V]
  * (and with ip1, the forward's: those for dloss 1, then the loss; ip2: zeros and the loss). */
 static int ref_linear_ce(keel_backend *be, const keel_tensor *t) {
@@ -476,6 +476,7 @@ static int ref_linear_ce(keel_backend *be, const keel_tensor *t) {
         for (int64_t v = 0; v < V; v++) {
             double s = 0;
             for (int64_t d = 0; d < D; d++) s += get(w, d, v, 0, 0) * get(x, d, n1, n2, 0);
+            if (x->type == KEEL_BF16) s = keel_cvt_f32_to_bf16_f32((float)s); /* logits in bf16, as every backend */
             z[v] = s, mx = fmax(mx, s);
         }
         for (int64_t v = 0; v < V; v++) Z += exp(z[v] - mx);
