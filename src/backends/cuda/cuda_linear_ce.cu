@@ -3,11 +3,11 @@
  * scratch, never in the graph). Per chunk: logits = W^T x_c by cuBLAS (float32 sums; float32
  * operands and logits, or bf16 operands and logits rounded to bf16, as PyTorch's autocast and the
  * plan have them; ref and cpu round them the same way); then the rows' statistics by segments of
- * SEG logits (a block a segment
- * of a token's row: its max and its float64 sum of exp against that max, one read of the logits),
- * combined per token in segment order (the row's max, and the sum rescaled to it in float64); then
- * the loss as a float64 partial a token (forward), or each segment turned into
- * g = (softmax - onehot) dloss / D (backward: the second and last read), then dx_c = W g and
+ * SEG logits (a block a segment of a token's row: its max and its float64 sum of exp against that
+ * max, one read of the logits), combined per token in segment order by a thread a token (the row's
+ * max, and the sum rescaled to it in float64), which also makes the token's loss as a float64
+ * partial (forward); then each segment turned into g = (softmax - onehot) dloss / D (backward: the
+ * second and last read), then dx_c = W g and
  * dW (+)= x_c g^T by cuBLAS, the chunks in order (beta 0 for the first, 1 after); the forward with
  * ip1 does both, the loss and then the gradients for dloss 1, from one product of each chunk's
  * logits (the backward's bits: the same kernels on the same logits). g replaces the logits in
@@ -60,43 +60,34 @@ __device__ static void row_stats(const float *smax, const double *ssum, int64_t 
     *mx = m, *s = a;
 }
 
-/* Forward: token c0 + row's loss partial, a thread a token */
+/* Token c0 + row's statistics, a thread a token: its row's max and the inverse of its sum of exp
+ * (rst[2 row], rst[2 row + 1]; 0 and 1 for a token without a target, whose gradient is 0), and in
+ * the forward (partial) its loss. Once a row, so that the gradient's blocks each read two floats. */
 template <typename T>
-__global__ void k_lce_loss(const T *L, kt tg, int64_t V, int64_t c0, int nc, const float *smax, const double *ssum,
-                           double *partial) {
+__global__ void k_lce_rows(const T *L, kt tg, int64_t V, int64_t c0, int nc, const float *smax, const double *ssum,
+                           double *partial, float *rst) {
     int row = blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= nc) return;
     int64_t n = c0 + row;
     int32_t y = kt_i32(tg, n);
-    if (y < 0 || y >= V) { /* no loss here (out of range: cuda_ce_divisor has marked the node, the run fails) */
-        partial[n] = 0.0;
-        return;
-    }
-    float mx;
-    double s;
-    row_stats(smax, ssum, row, segments(V), &mx, &s);
-    partial[n] = log(s) + mx - zf(L[row * V + y]);
+    float mx = 0.0f;
+    double s = 1.0;
+    /* no loss where y < 0 (y >= V: cuda_ce_divisor has marked the node, the run fails) */
+    if (y >= 0 && y < V) row_stats(smax, ssum, row, segments(V), &mx, &s);
+    rst[2 * row] = mx, rst[2 * row + 1] = (float)(1.0 / s);
+    if (partial) partial[n] = y >= 0 && y < V ? log(s) + mx - zf(L[row * V + y]) : 0.0;
 }
 
 /* Backward: segment blockIdx.y of token c0 + blockIdx.x's row turned into its gradient in place
- * (each element read, then written, by one thread); the factor dloss / D from the device (dl, div;
- * dl NULL: 1) */
+ * (each element read, then written, by one thread), from the row's statistics rst; the factor
+ * dloss / D from the device (dl, div; dl NULL: 1) */
 template <typename T>
-__global__ void k_lce_grad(T *L, kt tg, int64_t V, int64_t c0, const float *smax, const double *ssum, const float *dl,
-                           const double *div) {
-    __shared__ float st[2];
+__global__ void k_lce_grad(T *L, kt tg, int64_t V, int64_t c0, const float *rst, const float *dl, const double *div) {
     int64_t row = blockIdx.x, v0 = (int64_t)blockIdx.y * SEG, n = c0 + row;
     int w = (int)(V - v0 < SEG ? V - v0 : SEG);
     int32_t y = kt_i32(tg, n);
     if (y >= V) y = -1; /* out of range: cuda_ce_divisor has marked the node, the run fails */
-    if (threadIdx.x == 0) {
-        float mx = 0.0f;
-        double s = 1.0; /* a row without a target: its gradient is 0, the statistics unused */
-        if (y >= 0) row_stats(smax, ssum, row, segments(V), &mx, &s);
-        st[0] = mx, st[1] = (float)(1.0 / s);
-    }
-    __syncthreads();
-    float mx = st[0], inv = st[1], k = (float)((double)(dl ? *dl : 1.0f) / *div);
+    float mx = rst[2 * row], inv = rst[2 * row + 1], k = (float)((double)(dl ? *dl : 1.0f) / *div);
     T *z = L + row * V + v0;
     for (int v = threadIdx.x; v < w; v += LT) {
         float gv =
@@ -136,7 +127,8 @@ size_t cuda_linear_ce_scratch(const keel_tensor *t) {
     bool fwd = lce_fwd(t);
     const keel_tensor *x = t->src[0], *w = t->src[1];
     int64_t N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N, C1 = C ? C : 1;
-    return KEEL_CUDA_LT_WORKSPACE + round_up((size_t)(V * C1) * (x->type == KEEL_BF16 ? 2 : 4)) + round_up((size_t)(segments(V) * C1) * 4) + round_up((size_t)(segments(V) * C1) * 8) +
+    return KEEL_CUDA_LT_WORKSPACE + round_up((size_t)(V * C1) * (x->type == KEEL_BF16 ? 2 : 4)) +
+           round_up((size_t)(segments(V) * C1) * 4) + round_up((size_t)(segments(V) * C1) * 8) + round_up((size_t)C1 * 8) +
            (fwd ? round_up((size_t)(N ? N : 1) * 8) : 0) + (needs_copy(x) ? round_up(keel_nbytes(x)) : 0) +
            (needs_copy(w) ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
 }
@@ -153,16 +145,14 @@ static int product(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bo
 /* The kernels of one chunk after its logits product, on logits of type T (float, or bf16) */
 template <typename T>
 static int chunk_rows(const keel_tensor *t, cudaStream_t s, T *L, kt tg, int64_t V, int64_t c0, int nc, float *smax,
-                      double *ssum, double *partial, bool back, const float *dl, const double *div) {
+                      double *ssum, float *rst, double *partial, bool back, const float *dl, const double *div) {
     dim3 segs((unsigned)nc, (unsigned)segments(V));
     k_lce_stats<T><<<segs, LT, 0, s>>>(L, V, smax, ssum);
     if (cuda_check(cudaGetLastError(), "linear cross-entropy statistics launch", t)) return -1;
-    if (partial) {
-        k_lce_loss<T><<<(nc + LT - 1) / LT, LT, 0, s>>>(L, tg, V, c0, nc, smax, ssum, partial);
-        if (cuda_check(cudaGetLastError(), "linear cross-entropy loss launch", t)) return -1;
-    }
+    k_lce_rows<T><<<(nc + LT - 1) / LT, LT, 0, s>>>(L, tg, V, c0, nc, smax, ssum, partial, rst);
+    if (cuda_check(cudaGetLastError(), "linear cross-entropy rows launch", t)) return -1;
     if (!back) return 0;
-    k_lce_grad<T><<<segs, LT, 0, s>>>(L, tg, V, c0, smax, ssum, dl, div);
+    k_lce_grad<T><<<segs, LT, 0, s>>>(L, tg, V, c0, rst, dl, div);
     return cuda_check(cudaGetLastError(), "linear cross-entropy gradient launch", t);
 }
 
@@ -192,6 +182,8 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
     at += round_up((size_t)(ns * (C ? C : 1)) * 4);
     double *ssum = (double *)(base + at);
     at += round_up((size_t)(ns * (C ? C : 1)) * 8);
+    float *rst = (float *)(base + at); /* per token of the chunk: max, 1 / sum of exp */
+    at += round_up((size_t)(C ? C : 1) * 8);
     double *partial = NULL;
     if (fwd) partial = (double *)(base + at), at += round_up((size_t)(N ? N : 1) * 8);
     keel_tensor xt, wt;
@@ -208,8 +200,8 @@ int cuda_linear_ce(keel_backend *be, const keel_tensor *t) {
         const char *xc = (const char *)x->data + c0 * x->nb[1]; /* tokens evenly spaced */
         /* L (V x nc) = W^T (V x D) x_c (D x nc), in x's and W's type */
         if (product(be, t, ws, true, false, V, nc, D, w->data, ldw, xc, ldx, dt, L, dt, V, 0.0f)) return -1;
-        if (bf ? chunk_rows(t, s, (__nv_bfloat16 *)L, kt_of(tg), V, c0, nc, smax, ssum, partial, back, dl, div)
-               : chunk_rows(t, s, (float *)L, kt_of(tg), V, c0, nc, smax, ssum, partial, back, dl, div))
+        if (bf ? chunk_rows(t, s, (__nv_bfloat16 *)L, kt_of(tg), V, c0, nc, smax, ssum, rst, partial, back, dl, div)
+               : chunk_rows(t, s, (float *)L, kt_of(tg), V, c0, nc, smax, ssum, rst, partial, back, dl, div))
             return -1;
         if (!back) continue;
         /* dx_c (D x nc) = W (D x V) g (V x nc); dW (D x V) (+)= x_c (D x nc) g^T (nc x V), g in L, float32
