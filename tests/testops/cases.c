@@ -827,14 +827,15 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_LINEAR_CROSS_ENTROPY:
         case KEEL_OP_LINEAR_CROSS_ENTROPY_BACK: {
             /* D, N1, N2, V, chunk (tokens at a time: less than, dividing, not dividing, more than
-             * N), divisor (0: the count), views, and bf16 x, W (float32 results: within float32
-             * rounding of float64) */
+             * N), divisor (0: the count), views, and bf16 x, W (float32 results; the logits in bf16:
+             * even Vs (4-byte pairs on cuda), one over three segments of 4096, and an odd one over two) */
             static const int64_t sh[][6] = {{31, 7, 2, 33, 4, 0},  {16, 5, 1, 1025, 2, 0}, {8, 70, 1, 5, 64, 23},
                                             {64, 3, 2, 300, 6, 0}, {5, 9, 1, 17, 100, 0},  {33, 4, 1, 4097, 3, 7},
-                                            {24, 6, 2, 40, 5, 0},  {1, 3, 1, 7, 1, 0}};
-            for (int s = 0; s < 8; s++) {
+                                            {24, 6, 2, 40, 5, 0},  {1, 3, 1, 7, 1, 0},     {12, 5, 1, 4099, 2, 0},
+                                            {12, 3, 2, 8194, 4, 0}};
+            for (int s = 0; s < 10; s++) {
                 const int64_t *x = sh[s];
-                bool bf = s == 3 || s == 6;
+                bool bf = s == 3 || s == 6 || s >= 8;
                 c = C(&l, op);
                 keel_type ty = bf ? KEEL_BF16 : KEEL_F32;
                 I(c, ty, x[0], x[1], x[2], 1)->view = s == 4 ? VIEW_TRANSPOSED : VIEW_NONE;

@@ -29,25 +29,63 @@ __device__ static inline float zf(__nv_bfloat16 z) { return __bfloat162float(z);
 __device__ static inline void zset(float *p, float v) { *p = v; }
 __device__ static inline void zset(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 
-/* Segment blockIdx.y of token blockIdx.x's logits row: its max (smax) and sum of exp (ssum) */
-template <typename T> __global__ void k_lce_stats(const T *L, int64_t V, float *smax, double *ssum) {
-    __shared__ double sh[LT];
+/* The logits a thread of a segment's block holds: element i of its SEG / LT is the segment's
+ * element seg_at<P2>(i). P2 (bf16 logits, V even): pairs, thread t's pair i the segment's pair
+ * t + i LT (one 4-byte load or store a pair); else thread t's element i is t + i LT. */
+template <bool P2> __device__ static inline int seg_at(int i) {
+    return P2 ? 2 * ((int)threadIdx.x + (i >> 1) * LT) + (i & 1) : (int)threadIdx.x + i * LT;
+}
+
+/* The block's max over its LT / 32 warps: a butterfly of shuffles in each warp, then the warps'
+ * maxima; every thread ends with the same value (maxima commute). */
+__device__ static inline float seg_max(float v, float *sw) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) sw[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float m = sw[0];
+    for (int i = 1; i < LT / 32; i++) m = fmaxf(m, sw[i]);
+    return m;
+}
+
+/* The block's sum, for thread 0: a butterfly of shuffles in each warp (each lane's sums are its
+ * partner's, commuted: the same bits), then the warps' sums in warp order. */
+__device__ static inline double seg_sum(double v, double *sw) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) sw[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < LT / 32; i++) s += sw[i];
+    return s;
+}
+
+/* Segment blockIdx.y of token blockIdx.x's logits row: its max (smax) and sum of exp (ssum), its
+ * SEG logits held in registers between the two (16 a thread), the reductions by warps */
+template <typename T, bool P2> __global__ void k_lce_stats(const T *L, int64_t V, float *smax, double *ssum) {
+    __shared__ float swm[LT / 32];
+    __shared__ double sws[LT / 32];
     int64_t row = blockIdx.x, v0 = (int64_t)blockIdx.y * SEG, ns = gridDim.y;
     const T *z = L + row * V + v0;
     int w = (int)(V - v0 < SEG ? V - v0 : SEG);
     float r[SEG / LT], mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < SEG / LT; i++) {
-        int v = threadIdx.x + i * LT;
-        r[i] = v < w ? zf(z[v]) : -INFINITY;
-        mx = fmaxf(mx, r[i]);
+    for (int i = 0; i < SEG / LT; i += P2 ? 2 : 1) {
+        int v = seg_at<P2>(i);
+        if (P2) { /* w is even: a pair is in or out */
+            float2 f = v < w ? __bfloat1622float2(*(const __nv_bfloat162 *)(z + v)) : make_float2(-INFINITY, -INFINITY);
+            r[i] = f.x, r[i + 1] = f.y;
+            mx = fmaxf(mx, fmaxf(f.x, f.y));
+        } else {
+            r[i] = v < w ? zf(z[v]) : -INFINITY;
+            mx = fmaxf(mx, r[i]);
+        }
     }
-    mx = block_max(mx, sh);
+    mx = seg_max(mx, swm);
     double s = 0;
 #pragma unroll
     for (int i = 0; i < SEG / LT; i++)
-        if (threadIdx.x + i * LT < w) s += expf(r[i] - mx);
-    s = block_sum(s, sh);
+        if (seg_at<P2>(i) < w) s += expf(r[i] - mx);
+    s = seg_sum(s, sws);
     if (threadIdx.x == 0) smax[row * ns + blockIdx.y] = mx, ssum[row * ns + blockIdx.y] = s;
 }
 
@@ -81,7 +119,10 @@ __global__ void k_lce_rows(const T *L, kt tg, int64_t V, int64_t c0, int nc, con
 /* Backward: segment blockIdx.y of token c0 + blockIdx.x's row turned into its gradient in place
  * (each element read, then written, by one thread), from the row's statistics rst; the factor
  * dloss / D from the device (dl, div; dl NULL: 1) */
-template <typename T>
+__device__ static inline float lce_g(float z, float mx, float inv, bool target, float k) {
+    return __fmul_rn(__fsub_rn(__fmul_rn(expf(z - mx), inv), target ? 1.0f : 0.0f), k);
+}
+template <typename T, bool P2>
 __global__ void k_lce_grad(T *L, kt tg, int64_t V, int64_t c0, const float *rst, const float *dl, const double *div) {
     int64_t row = blockIdx.x, v0 = (int64_t)blockIdx.y * SEG, n = c0 + row;
     int w = (int)(V - v0 < SEG ? V - v0 : SEG);
@@ -89,10 +130,16 @@ __global__ void k_lce_grad(T *L, kt tg, int64_t V, int64_t c0, const float *rst,
     if (y >= V) y = -1; /* out of range: cuda_ce_divisor has marked the node, the run fails */
     float mx = rst[2 * row], inv = rst[2 * row + 1], k = (float)((double)(dl ? *dl : 1.0f) / *div);
     T *z = L + row * V + v0;
-    for (int v = threadIdx.x; v < w; v += LT) {
-        float gv =
-            y < 0 ? 0.0f : __fmul_rn(__fsub_rn(__fmul_rn(expf(zf(z[v]) - mx), inv), v0 + v == y ? 1.0f : 0.0f), k);
-        zset(&z[v], gv);
+    if (P2) { /* bf16 pairs (w even) */
+        for (int v = 2 * (int)threadIdx.x; v < w; v += 2 * LT) {
+            __nv_bfloat162 *p = (__nv_bfloat162 *)(z + v);
+            float2 f = __bfloat1622float2(*p);
+            f.x = y < 0 ? 0.0f : lce_g(f.x, mx, inv, v0 + v == y, k);
+            f.y = y < 0 ? 0.0f : lce_g(f.y, mx, inv, v0 + v + 1 == y, k);
+            *p = __floats2bfloat162_rn(f.x, f.y);
+        }
+    } else {
+        for (int v = threadIdx.x; v < w; v += LT) zset(&z[v], y < 0 ? 0.0f : lce_g(zf(z[v]), mx, inv, v0 + v == y, k));
     }
 }
 
@@ -147,12 +194,16 @@ template <typename T>
 static int chunk_rows(const keel_tensor *t, cudaStream_t s, T *L, kt tg, int64_t V, int64_t c0, int nc, float *smax,
                       double *ssum, float *rst, double *partial, bool back, const float *dl, const double *div) {
     dim3 segs((unsigned)nc, (unsigned)segments(V));
-    k_lce_stats<T><<<segs, LT, 0, s>>>(L, V, smax, ssum);
+    void (*stats)(const T *, int64_t, float *, double *) = k_lce_stats<T, false>;
+    void (*grad)(T *, kt, int64_t, int64_t, const float *, const float *, const double *) = k_lce_grad<T, false>;
+    if constexpr (sizeof(T) == 2) /* bf16 logits a pair at a time */
+        if (V % 2 == 0) stats = k_lce_stats<T, true>, grad = k_lce_grad<T, true>;
+    stats<<<segs, LT, 0, s>>>(L, V, smax, ssum);
     if (cuda_check(cudaGetLastError(), "linear cross-entropy statistics launch", t)) return -1;
     k_lce_rows<T><<<(nc + LT - 1) / LT, LT, 0, s>>>(L, tg, V, c0, nc, smax, ssum, partial, rst);
     if (cuda_check(cudaGetLastError(), "linear cross-entropy rows launch", t)) return -1;
     if (!back) return 0;
-    k_lce_grad<T><<<segs, LT, 0, s>>>(L, tg, V, c0, rst, dl, div);
+    grad<<<segs, LT, 0, s>>>(L, tg, V, c0, rst, dl, div);
     return cuda_check(cudaGetLastError(), "linear cross-entropy gradient launch", t);
 }
 
