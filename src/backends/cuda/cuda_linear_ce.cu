@@ -116,12 +116,14 @@ __global__ void k_lce_rows(const T *L, kt tg, int64_t V, int64_t c0, int nc, con
     if (partial) partial[n] = y >= 0 && y < V ? log(s) + mx - zf(L[row * V + y]) : 0.0;
 }
 
-/* Backward: segment blockIdx.y of token c0 + blockIdx.x's row turned into its gradient in place
- * (each element read, then written, by one thread), from the row's statistics rst; the factor
- * dloss / D from the device (dl, div; dl NULL: 1) */
+/* A logit's gradient (softmax - onehot) k, each rounding pinned */
 __device__ static inline float lce_g(float z, float mx, float inv, bool target, float k) {
     return __fmul_rn(__fsub_rn(__fmul_rn(expf(z - mx), inv), target ? 1.0f : 0.0f), k);
 }
+
+/* Backward: segment blockIdx.y of token c0 + blockIdx.x's row turned into its gradient in place
+ * (each element read, then written, by one thread), from the row's statistics rst; the factor
+ * dloss / D from the device (dl, div; dl NULL: 1) */
 template <typename T, bool P2>
 __global__ void k_lce_grad(T *L, kt tg, int64_t V, int64_t c0, const float *rst, const float *dl, const double *div) {
     int64_t row = blockIdx.x, v0 = (int64_t)blockIdx.y * SEG, n = c0 + row;
