@@ -442,7 +442,9 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
     keel_cross_entropy_set_divisor(t->st->g, counted ? (double)counted / (double)(o->accum * t->world)
                                                      : 1.0 / (double)(o->accum * t->world));
     t->trained += counted;
-    double loss = 0;
+    double loss = 0, lr = lr_at(o, step);
+    keel_adamw_set(t->st->opt.adamw, step, lr);
+    bool whole = false; /* the last micro-batch's run went on through the update */
     for (int64_t micro = 0; micro < o->accum; micro++) {
         /* rank r takes the r-th share of the global micro-batch: the samples of one process with
          * --accum world, so the sum over ranks equals its accumulated gradient bit for bit */
@@ -460,9 +462,14 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
         bool last = micro == o->accum - 1; /* its loss is read after the update: no wait before it */
         step_cb cb = {tr, last ? t->sync : NULL};
         if (cb.sync) keel_grad_sync_begin(cb.sync);
+        /* the last micro-batch's run goes on through the norm and the update when nothing watches its
+         * nodes (no trace, no ranks' sum): the whole step one run, one CUDA graph on cuda, the same
+         * nodes in the same order as two runs */
+        whole = last && !cb.tr && !cb.sync;
+        int64_t end = whole ? t->st->g->n_nodes : t->end_fb;
         int rc = keel_step_write_batch(t->st, t->ids, t->tgt) || keel_step_write_positions(t->st, t->pos) ||
                  (tr && keel_tracer_begin(tr, t->be, t->st->g)) ||
-                 t->be->compute(t->be, t->st->g, 0, t->end_fb, cb.tr || cb.sync ? on_node : NULL, &cb) ||
+                 t->be->compute(t->be, t->st->g, 0, end, cb.tr || cb.sync ? on_node : NULL, &cb) ||
                  (cb.sync && keel_grad_sync_finish(cb.sync)) ||
                  (!last && keel_tensor_read(t->be, t->st->out.loss, &l, KEEL_F32));
         if (tr && !rc) {
@@ -476,11 +483,10 @@ static int step_once(trainer *t, int64_t step, double *loss_out, double *norm_ou
         loss += l;
     }
     /* the norm, the clip factor and the update on the device (the update skipped there when the
-     * norm is not finite), then the last micro-batch's loss and the norm read back */
-    double lr = lr_at(o, step);
-    keel_adamw_set(t->st->opt.adamw, step, lr);
+     * norm is not finite; run above when the step is one run), then the last micro-batch's loss and
+     * the norm read back */
     float sumsq = NAN, l = NAN;
-    if (t->be->compute(t->be, t->st->g, t->end_fb, t->st->g->n_nodes, NULL, NULL) ||
+    if ((!whole && t->be->compute(t->be, t->st->g, t->end_fb, t->st->g->n_nodes, NULL, NULL)) ||
         keel_tensor_read(t->be, t->st->out.loss, &l, KEEL_F32) ||
         keel_tensor_read(t->be, t->st->opt.sumsq, &sumsq, KEEL_F32))
         return -1;

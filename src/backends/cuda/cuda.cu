@@ -156,6 +156,7 @@ static int bad_ids(keel_backend *be, const keel_graph *g) {
 static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int64_t to, keel_node_cb cb, void *ud) {
     cuda_impl *im = cuda_im(be);
     if (cuda_check(cudaMemsetAsync(im->bad_node, 0xff, sizeof *im->bad_node, im->stream), "memset", NULL)) return -1;
+    if (cuda_adamw_upload(be, g, from, to)) return -1;
     if (im->graphs && !cb && !im->profile && !im->sync_each_node) {
         if (cuda_graphs_run(be, g, from, to)) return -1;
     } else {
@@ -210,7 +211,7 @@ static void cuda_destroy(keel_backend *be) {
     for (int64_t i = 0; i < im->n_live; i++) cudaFree(im->live_p[i]);
     for (int i = 0; i < im->n_rope; i++) cudaFree(im->rope[i].dev);
     cuda_graphs_free(im);
-    cudaFree(im->bad_node), cudaFree(im->ce_div), cudaFreeHost(im->bad_node_host);
+    cudaFree(im->bad_node), cudaFree(im->ce_div), cudaFree(im->hp_dev), cudaFreeHost(im->bad_node_host);
     free(im->rope);
     cuda_lt_free(im);
     if (im->stream) cudaStreamDestroy(im->stream);
@@ -267,11 +268,12 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
         cublas_check(cublasLtCreate(&im->lt), "cublasLtCreate", NULL) ||
         cuda_check(cudaMalloc(&im->bad_node, sizeof *im->bad_node), "cudaMalloc", NULL) ||
         cuda_check(cudaMalloc(&im->ce_div, sizeof *im->ce_div), "cudaMalloc", NULL) ||
+        cuda_check(cudaMalloc(&im->hp_dev, KEEL_CUDA_HP_SLOTS * KEEL_CUDA_HP_BYTES), "cudaMalloc", NULL) ||
         cuda_check(cudaMallocHost(&im->bad_node_host, sizeof *im->bad_node_host), "cudaMallocHost", NULL) ||
         cuda_graphs_init(im) ||
         (im->profile && (cuda_check(cudaEventCreate(&im->ev0), "event", NULL) ||
                          cuda_check(cudaEventCreate(&im->ev1), "event", NULL)))) {
-        cudaFree(im->bad_node), cudaFree(im->ce_div), cudaFreeHost(im->bad_node_host);
+        cudaFree(im->bad_node), cudaFree(im->ce_div), cudaFree(im->hp_dev), cudaFreeHost(im->bad_node_host);
         cuda_graphs_free(im);
         cuda_lt_free(im);
         if (im->stream) cudaStreamDestroy(im->stream);

@@ -4,9 +4,11 @@
  * addresses, scratch and parameters, and those of its sources (ids are checked on the device, the
  * RoPE tables and cuBLASLt's choices are made once), which is the node's key here. A node whose key
  * is the same as the last time this graph ran is stable; a run of stable nodes is captured (the
- * second time it is seen) and replayed while every key in it still matches, byte for byte. Nodes
- * whose parameters change every step (AdamW's step and learning rate) run one by one between the
- * runs. A replay launches the same kernels with the same arguments in the same order: the same bits.
+ * second time it is seen) and replayed while every key in it still matches, byte for byte. AdamW's
+ * step and learning rate, which change every step, are not in its key: its kernel reads them from
+ * the node's slot of device memory, uploaded when a run starts (cuda_adamw_upload), and the slot is
+ * in the key instead, so a whole training step is one stable run. A replay launches the same
+ * kernels with the same arguments in the same order: the same bits.
  * Capture needs a run without host waits; should one fail, the nodes run one by one from then on. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,11 +59,12 @@ struct cuda_graphs {
     bool broken; /* a capture failed, or too many were needed: nodes one by one from then on */
 };
 
-static void key_of(const keel_tensor *t, node_key *k) {
+static void key_of(const cuda_impl *im, const keel_tensor *t, node_key *k) {
     memset(k, 0, sizeof *k); /* padding too: keys are compared with memcmp */
     k->op = t->op, k->type = (int)t->type;
     memcpy(k->ne, t->ne, sizeof k->ne), memcpy(k->nb, t->nb, sizeof k->nb);
     memcpy(k->ip, t->ip, sizeof k->ip), memcpy(k->fp, t->fp, sizeof k->fp);
+    if (t->op == KEEL_OP_ADAMW) k->fp[0] = 0, k->ip[0] = cuda_adamw_slot(im, t); /* lr and step: in the slot */
     k->data = t->data, k->scratch = t->scratch, k->scratch_bytes = t->scratch_bytes;
     for (int i = 0; i < KEEL_MAX_SRC; i++) {
         const keel_tensor *s = t->src[i];
@@ -184,7 +187,7 @@ int cuda_graphs_run(keel_backend *be, const keel_graph *g, int64_t from, int64_t
         int64_t j = i;
         /* the run of stable nodes from i */
         for (; j < to; j++) {
-            key_of(g->nodes[j], &cur[j - from]);
+            key_of(cuda_im(be), g->nodes[j], &cur[j - from]);
             if (!G->seen[j] || memcmp(&G->last[j], &cur[j - from], sizeof *cur)) break;
         }
         if (j > i) {

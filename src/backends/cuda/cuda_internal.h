@@ -110,6 +110,9 @@ __device__ static inline int64_t grid_threads() { return (int64_t)gridDim.x * bl
 #define VEC_TAIL(e, n) for (int64_t e = vec_tail_start(n); e < (n); e += grid_threads())
 static inline bool vec_ok(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+#define KEEL_CUDA_HP_SLOTS 64
+#define KEEL_CUDA_HP_BYTES 64
+
 typedef struct cuda_lt_entry cuda_lt_entry;
 typedef struct cuda_graphs cuda_graphs;
 
@@ -149,6 +152,12 @@ typedef struct {
     cuda_rope_table *rope;
     int n_rope, cap_rope;
     cuda_graphs *graphs; /* cuda_graph.cu: runs of nodes captured and replayed; NULL when off */
+    /* ADAMW's scalars that change every step (the learning rate, and the bias corrections of the
+     * step; cuda_ops.cu), a slot of device memory a node: uploaded when a run starts and read there
+     * by the kernel, so that the node's launch is the same every step and a step is one graph */
+    void *hp_dev;                                        /* KEEL_CUDA_HP_SLOTS slots of KEEL_CUDA_HP_BYTES */
+    const keel_tensor *hp_node[KEEL_CUDA_HP_SLOTS];      /* the node a slot is for */
+    uint64_t hp_used[KEEL_CUDA_HP_SLOTS], run;           /* the run a slot was last uploaded in */
 } cuda_impl;
 
 static inline cuda_impl *cuda_im(keel_backend *be) { return (cuda_impl *)be->impl; }
@@ -221,6 +230,10 @@ int cuda_launch_node(keel_backend *be, const keel_tensor *t, int64_t index);
 /* cuda_graph.cu: nodes [from, to) of g, each run of nodes that launch exactly as they did the last
  * time replayed from a CUDA graph (captured the second time it is seen), the others launched one by
  * one; KEEL_CUDA_GRAPH=0 turns it off (im->graphs stays NULL). */
+/* ADAMW node t's slot of device scalars (cuda_ops.cu): its index, -1 when it has none yet; and the
+ * upload of every ADAMW node's of graph g's nodes [from, to) at the start of a run. */
+int cuda_adamw_slot(const cuda_impl *im, const keel_tensor *t);
+int cuda_adamw_upload(keel_backend *be, const keel_graph *g, int64_t from, int64_t to);
 int cuda_graphs_init(cuda_impl *im);
 void cuda_graphs_free(cuda_impl *im);
 int cuda_graphs_run(keel_backend *be, const keel_graph *g, int64_t from, int64_t to);

@@ -876,11 +876,14 @@ __global__ void k_get_rows_back(kt t, kt dy, kt ids, int64_t n, unsigned *bad, u
 }
 
 /* ADAMW's scalars, as the op table gives them (fp0 lr, fp1 b1, fp2 b2, fp3 eps, fp4 weight decay,
- * ip0 step), the bias corrections and the decay worked out in float64; the gradients' factor comes
- * from the SUM_SQ on the device (keel_adamw_factor). */
+ * ip0 step), the bias corrections and the decay worked out in float64 on the host; the gradients'
+ * factor comes from the SUM_SQ on the device (keel_adamw_factor). The kernel reads them from the
+ * node's slot of device memory (cuda_impl's hp_dev), uploaded when a run starts: the learning rate
+ * and the step change every step, the launch does not, so a captured step replays as it is. */
 typedef struct {
     float lr, b1, b2, eps, decay, bc1, bc2;
 } adamw_hp;
+static_assert(sizeof(adamw_hp) <= KEEL_CUDA_HP_BYTES, "a slot holds adamw_hp");
 
 static adamw_hp adamw_hp_of(const keel_tensor *t) {
     adamw_hp h;
@@ -888,6 +891,34 @@ static adamw_hp adamw_hp_of(const keel_tensor *t) {
     h.decay = (float)(1.0 - t->fp[0] * t->fp[4]);
     h.bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])), h.bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
     return h;
+}
+
+int cuda_adamw_slot(const cuda_impl *im, const keel_tensor *t) {
+    for (int k = 0; k < KEEL_CUDA_HP_SLOTS; k++)
+        if (im->hp_node[k] == t) return k;
+    return -1;
+}
+
+int cuda_adamw_upload(keel_backend *be, const keel_graph *g, int64_t from, int64_t to) {
+    cuda_impl *im = cuda_im(be);
+    im->run++;
+    for (int64_t i = from; i < to; i++) {
+        const keel_tensor *t = g->nodes[i];
+        if (t->op != KEEL_OP_ADAMW) continue;
+        int s = cuda_adamw_slot(im, t);
+        for (int k = 0; s < 0 && k < KEEL_CUDA_HP_SLOTS; k++) /* a new node: a free slot */
+            if (!im->hp_node[k]) s = k;
+        if (s < 0) { /* else the one uploaded longest ago, not in this run (a node in a captured run that
+                      * loses its slot gets another, and its key, which holds the slot, changes) */
+            for (int k = 0; k < KEEL_CUDA_HP_SLOTS; k++)
+                if (im->hp_used[k] != im->run && (s < 0 || im->hp_used[k] < im->hp_used[s])) s = k;
+            if (s < 0) return keel_fail("cuda: more than %d ADAMW nodes in one run", KEEL_CUDA_HP_SLOTS);
+        }
+        im->hp_node[s] = t, im->hp_used[s] = im->run;
+        adamw_hp h = adamw_hp_of(t);
+        if (cuda_upload(be, (char *)im->hp_dev + (size_t)s * KEEL_CUDA_HP_BYTES, &h, sizeof h, t)) return -1;
+    }
+    return 0;
 }
 
 /* AdamW on one element, each rounding pinned by the _rn intrinsics (no FMA contraction), so the
@@ -907,9 +938,10 @@ __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
  * the factor from the sum of squares s and leaves everything as it was when the norm is not
  * finite, so a bad step changes nothing without the host looking first. */
 __global__ void k_adamw(float *p, const float *g, float *m, float *v, const float *s, int64_t n, int64_t decay_end,
-                        adamw_hp h, double clip, int64_t div, int vec) {
+                        const adamw_hp *hp, double clip, int64_t div, int vec) {
     double f;
     if (!keel_adamw_factor((double)*s, clip, div, &f)) return;
+    const adamw_hp h = *hp;
     const float gs = (float)f;
 #define ADAMW_AT(i, P, G, M, V) adamw_one(P, G, M, V, h, gs, (i) < decay_end ? h.decay : 1.0f)
     if (vec) {
@@ -1530,10 +1562,13 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     }
     case KEEL_OP_ADAMW: {
         bool vec = vec_tensors(t, b, t->src[2]) && vec_tensors(t->src[3], NULL, NULL);
+        int slot = cuda_adamw_slot(cuda_im(be), t); /* its scalars, uploaded when the run started */
+        if (slot < 0) return keel_fail("cuda: ADAMW node '%s' has no slot of scalars", t->name);
+        const adamw_hp *hp = (const adamw_hp *)((const char *)cuda_im(be)->hp_dev + (size_t)slot * KEEL_CUDA_HP_BYTES);
         if (n > 0)
             k_adamw<<<vec ? vec_blocks(n) : cuda_blocks(n, 256), 256, 0, st(be)>>>(
                 (float *)t->data, (const float *)b->data, (float *)t->src[2]->data, (float *)t->src[3]->data,
-                (const float *)t->src[4]->data, n, t->ip[2], adamw_hp_of(t), t->fp[5], t->ip[1], vec ? 1 : 0);
+                (const float *)t->src[4]->data, n, t->ip[2], hp, t->fp[5], t->ip[1], vec ? 1 : 0);
         return 0;
     }
     default:
