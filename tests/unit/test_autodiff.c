@@ -83,6 +83,65 @@ static void products_accumulate_in_place(void **st) {
     keel_ctx_free(ctx);
 }
 
+/* The packed LM head (keel_linear_cross_entropy_with_grads) differentiated as the loss itself: x's
+ * and W's gradients come from the forward's own result, with no LINEAR_CROSS_ENTROPY_BACK in the
+ * graph (the logits are made once), and equal, bit for bit on each backend, those of the plain op
+ * and its backward; a scaled loss goes through LINEAR_CROSS_ENTROPY_BACK; a gradient reaching the
+ * packed result's other elements is refused, naming the node. */
+static keel_graph *head_graph(keel_ctx *ctx, int kind, keel_tensor **xw) {
+    keel_tensor *x = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 6, 5), "x"), KEEL_FLAG_PARAM);
+    keel_tensor *w = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 6, 9), "w"), KEEL_FLAG_PARAM);
+    keel_tensor *tg = keel_set_flags(keel_set_name(keel_new_1d(ctx, KEEL_I32, 5), "tg"), KEEL_FLAG_INPUT);
+    keel_tensor *loss = kind == 0 ? keel_linear_cross_entropy(ctx, x, w, tg, 2)
+                                  : keel_linear_cross_entropy_with_grads(ctx, x, w, tg, 2);
+    if (kind == 2) loss = keel_scale(ctx, loss, 0.5, 0.0);
+    if (kind == 3) loss = keel_sum(ctx, loss->view_src); /* every element of the packed result */
+    xw[0] = x, xw[1] = w, xw[2] = tg;
+    keel_graph *g = keel_graph_build(ctx, &loss, 1);
+    assert_non_null(g);
+    if (kind == 3) {
+        assert_int_equal(keel_build_backward(g, loss), -1);
+        assert_non_null(strstr(keel_last_error(), "only the loss"));
+        return g;
+    }
+    assert_int_equal(keel_build_backward(g, loss), 0);
+    int back = 0;
+    for (int64_t i = 0; i < g->n_nodes; i++) back += g->nodes[i]->op == KEEL_OP_LINEAR_CROSS_ENTROPY_BACK;
+    assert_int_equal(back, kind == 1 ? 0 : 1);
+    return g;
+}
+
+static void packed_head_gradients(void **st) {
+    (void)st;
+    double xv[30], wv[54], tv[5] = {3, 0, -1, 8, 5};
+    for (int i = 0; i < 30; i++) xv[i] = 0.1 * ((i * 7) % 11) - 0.5;
+    for (int i = 0; i < 54; i++) wv[i] = 0.2 * ((i * 5) % 13) - 1.2;
+    for (int b = 0; b < 2; b++) {
+        double *r[3][2];
+        for (int kind = 0; kind < 3; kind++) {
+            keel_ctx *ctx = keel_ctx_new();
+            keel_tensor *xw[3];
+            keel_graph *g = head_graph(ctx, kind, xw);
+            double *vals[3] = {xv, wv, tv};
+            for (int j = 0; j < 2; j++)
+                r[kind][j] = run_graph(b ? "ref" : "cpu", g, xw, vals, 3, keel_graph_grad(g, xw[j]));
+            keel_graph_free(g);
+            keel_ctx_free(ctx);
+        }
+        for (int j = 0; j < 2; j++) {
+            for (int i = 0; i < (j ? 54 : 30); i++) {
+                assert_true(r[1][j][i] == r[0][j][i]);       /* the views: the backward's bits */
+                assert_true(r[2][j][i] == 0.5 * r[0][j][i]); /* a loss scaled by 0.5 */
+            }
+            for (int kind = 0; kind < 3; kind++) free(r[kind][j]);
+        }
+    }
+    keel_ctx *ctx = keel_ctx_new();
+    keel_tensor *xw[3];
+    keel_graph_free(head_graph(ctx, 3, xw));
+    keel_ctx_free(ctx);
+}
+
 static void errors(void **st) {
     (void)st;
     keel_ctx *ctx = keel_ctx_new();
@@ -109,6 +168,7 @@ int main(void) {
         cmocka_unit_test(view_gradient_is_fill_plus_acc),
         cmocka_unit_test(multiple_uses_sum),
         cmocka_unit_test(products_accumulate_in_place),
+        cmocka_unit_test(packed_head_gradients),
         cmocka_unit_test(errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
