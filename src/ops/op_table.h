@@ -130,7 +130,7 @@
     X(CROSS_ENTROPY_LOSS_BACK, OWN, 3, OPF_BACKWARD, 0, 2, "logits, targets, dloss [1] -> dlogits; fp0 D as the loss's")        \
     X(LINEAR_CROSS_ENTROPY, OWN, 3, 0, 3, 4,                                                                           \
       "src0 x [D,N..], src1 W [D,V], src2 i32 targets [N..] (< 0: no loss) -> [1]: CROSS_ENTROPY_LOSS of the "         \
-      "logits W^T x, ip0 tokens at a time (float32 logits and sums; bf16 x, W: bf16 operands); fp0 D as its; "      \
+      "logits W^T x, ip0 tokens at a time (float32 sums; bf16 x, W: bf16 operands and logits); fp0 D as its; "      \
       "ip1 1: packed [dx | dW | loss], the backward's result for dloss 1 made from the same logits (ip2 1: "       \
       "skipped, zeros)")                                                                                            \
     X(LINEAR_CROSS_ENTROPY_BACK, OWN, 4, OPF_BACKWARD, 0, 4,                                                           \

@@ -491,7 +491,8 @@ static int shape_rule(keel_tensor *t) {
         keel_type out = a->type == KEEL_BF16 ? KEEL_F32 : a->type; /* sums and gradients in float32 */
         REQ(t->ip[1] == 0 || t->ip[1] == 1, "ip1 (the gradients in the result) must be 0 or 1, not %lld",
             (long long)t->ip[1]);
-        REQ(t->ip[2] == 0 || t->ip[2] == 1, "ip2 (gradients skipped) must be 0 or 1, not %lld", (long long)t->ip[2]);
+        REQ(t->ip[2] == 0 || (t->ip[2] == 1 && t->ip[1] == 1),
+            "ip2 (gradients skipped) must be 0, or 1 with ip1 1, not %lld", (long long)t->ip[2]);
         if (op == KEEL_OP_LINEAR_CROSS_ENTROPY) { /* the loss, or [dx | dW | loss] */
             set_shape(t, out, t->ip[1] ? a->ne[0] * a->ne[1] * a->ne[2] + b->ne[0] * b->ne[1] + 1 : 1, 1, 1, 1);
         } else {

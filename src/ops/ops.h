@@ -163,8 +163,8 @@ keel_tensor *keel_gated_delta_net_state(keel_ctx *ctx, keel_tensor *q, keel_tens
 keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_tensor *targets);
 /* The language-model head and its loss in one op: CROSS_ENTROPY_LOSS(W^T x, targets) computed
  * `chunk` tokens at a time, so that no [V, N] logits tensor exists (the logits of one chunk live in
- * the kernel's scratch; its backward makes them again). bf16 x and W: bf16 product operands,
- * float32 logits and sums, float32 gradients. */
+ * the kernel's scratch; its backward makes them again). bf16 x and W: bf16 product operands and
+ * logits (rounded as every backend rounds them), float32 sums, float32 gradients. */
 keel_tensor *keel_linear_cross_entropy(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *targets,
                                        int64_t chunk);
 /* The same loss (a view of the node's last element), from a node that also computes the loss's

@@ -227,13 +227,13 @@ int cuda_copy_rows(keel_backend *be, const keel_tensor *dst, const keel_tensor *
 int cuda_node(keel_backend *be, const keel_tensor *t);
 /* Node t, index `index` of its graph, launched on the stream (views: nothing); an error names the node */
 int cuda_launch_node(keel_backend *be, const keel_tensor *t, int64_t index);
+/* ADAMW node t's slot of device scalars (cuda_ops.cu): its index, -1 when it has none yet; and the
+ * upload of the scalars of every ADAMW node among graph g's nodes [from, to) when a run starts. */
+int cuda_adamw_slot(const cuda_impl *im, const keel_tensor *t);
+int cuda_adamw_upload(keel_backend *be, const keel_graph *g, int64_t from, int64_t to);
 /* cuda_graph.cu: nodes [from, to) of g, each run of nodes that launch exactly as they did the last
  * time replayed from a CUDA graph (captured the second time it is seen), the others launched one by
  * one; KEEL_CUDA_GRAPH=0 turns it off (im->graphs stays NULL). */
-/* ADAMW node t's slot of device scalars (cuda_ops.cu): its index, -1 when it has none yet; and the
- * upload of every ADAMW node's of graph g's nodes [from, to) at the start of a run. */
-int cuda_adamw_slot(const cuda_impl *im, const keel_tensor *t);
-int cuda_adamw_upload(keel_backend *be, const keel_graph *g, int64_t from, int64_t to);
 int cuda_graphs_init(cuda_impl *im);
 void cuda_graphs_free(cuda_impl *im);
 int cuda_graphs_run(keel_backend *be, const keel_graph *g, int64_t from, int64_t to);

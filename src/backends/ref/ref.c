@@ -449,9 +449,10 @@ static int ref_gdn_back(const keel_tensor *t) {
 }
 
 /* LINEAR_CROSS_ENTROPY and its backward from the definition: every token's logits W^T x in
- * float64 (with bf16 x and W rounded to float32, then to bf16), the loss as CROSS_ENTROPY_LOSS's; the backward's dx = W g and dW = sum over tokens of
- * x g^T, with g = (softmax - onehot) dloss / D. The packed result: dx in x's layout, then dW [D, V]
- * (and with ip1, the forward's: those for dloss 1, then the loss; ip2: zeros and the loss). */
+ * float64 (with bf16 x and W rounded to float32, then to bf16), the loss as CROSS_ENTROPY_LOSS's;
+ * the backward's dx = W g and dW = sum over tokens of x g^T, with g = (softmax - onehot) dloss / D.
+ * The packed result: dx in x's layout, then dW [D, V] (and with ip1, the forward's: those for
+ * dloss 1, then the loss; ip2: zeros and the loss). */
 static int ref_linear_ce(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *x = t->src[0], *w = t->src[1], *tg = t->src[2];
     int64_t D = x->ne[0], N1 = x->ne[1], N = x->ne[1] * x->ne[2], V = w->ne[1];
