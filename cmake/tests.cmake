@@ -94,6 +94,11 @@ add_test(NAME diff_threads_none COMMAND keel diff --model ${KEEL_TINY}/causal-f3
 add_test(NAME diff_backends_within_tolerance COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --a backend=ref --b backend=cpu --tolerance 1e-8)
 add_test(NAME diff_finds_flipped_node COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --a recompute=off --b recompute=full,fault=flip:hidden.2)
 set_tests_properties(diff_finds_flipped_node PROPERTIES PASS_REGULAR_EXPRESSION "first divergence: node 'hidden.2' \\(MUL_MAT_ADD[^\n]*\n  its 3 input\\(s\\) are byte-identical")
+# the same in mixed precision (bf16 products, the packed LM head): recompute bitwise, a flipped node found
+add_test(NAME diff_bf16_recompute_none COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --precision bf16 --a recompute=off --b recompute=full)
+set_tests_properties(diff_bf16_recompute_none PROPERTIES PASS_REGULAR_EXPRESSION "no divergence in [0-9]+ nodes")
+add_test(NAME diff_bf16_finds_flipped_node COMMAND keel diff --model ${KEEL_TINY}/causal-f32-sharded --data ${CMAKE_SOURCE_DIR}/README.md --precision bf16 --a recompute=off --b recompute=full,fault=flip:hidden.2)
+set_tests_properties(diff_bf16_finds_flipped_node PROPERTIES PASS_REGULAR_EXPRESSION "first divergence: node 'hidden.2' \\(MUL_MAT_ADD[^\n]*\n  its 3 input\\(s\\) are byte-identical")
 add_test(NAME diff_finds_faulty_acc COMMAND keel diff --case acc --a threads=1 --b fault=copy-row-limit:1024)
 set_tests_properties(diff_finds_faulty_acc PROPERTIES PASS_REGULAR_EXPRESSION "first divergence: node 'acc#[0-9]+' \\(ACC[^\n]*\n  its 2 input\\(s\\) are byte-identical[^\n]*\n[^\n]*\n  first differing flat index: 1024 ")
 add_test(NAME diff_finds_faulty_copy_in_model COMMAND keel diff --model ${KEEL_TINY}/multimodal-bf16 --data ${CMAKE_SOURCE_DIR}/README.md --a recompute=off --b fault=copy-row-limit:16)
@@ -105,7 +110,7 @@ set_tests_properties(trace_write_off PROPERTIES FIXTURES_SETUP trace_off)
 set_tests_properties(trace_write_full PROPERTIES FIXTURES_SETUP trace_full)
 add_test(NAME trace_diff_files COMMAND keel diff ${CMAKE_BINARY_DIR}/trace-off.bin ${CMAKE_BINARY_DIR}/trace-full.bin)
 set_tests_properties(trace_diff_files PROPERTIES FIXTURES_REQUIRED "trace_off;trace_full")
-set_tests_properties(diff_recompute_none diff_threads_none diff_backends_within_tolerance diff_finds_flipped_node diff_finds_faulty_acc
+set_tests_properties(diff_recompute_none diff_threads_none diff_backends_within_tolerance diff_finds_flipped_node diff_bf16_recompute_none diff_bf16_finds_flipped_node diff_finds_faulty_acc
   diff_finds_faulty_copy_in_model trace_write_off trace_write_full trace_diff_files PROPERTIES LABELS "trace")
 
 # keel train: resume and repeat bitwise identical, eval loss falls; fine-tuning the transformers

@@ -21,12 +21,13 @@ typedef struct {
     keel_precision precision;
 } run_config;
 
-static int parse_config(const char *s, run_config *c) {
+/* CONFIG s into c; its precision is `prec` (keel diff --precision) unless s has a precision key */
+static int parse_config(const char *s, keel_precision prec, run_config *c) {
     snprintf(c->recompute, sizeof c->recompute, "off");
     snprintf(c->backend, sizeof c->backend, "cpu");
     c->fault[0] = 0;
     c->threads = 2;
-    c->precision = KEEL_PRECISION_F32;
+    c->precision = prec;
     char buf[512];
     snprintf(buf, sizeof buf, "%s", s);
     for (char *kv = strtok(buf, ","); kv; kv = strtok(NULL, ",")) {
@@ -155,12 +156,14 @@ static int usage(void) {
             "       keel diff --model DIR [--data FILE] [--tokenizer FILE] [--window T] --a CONFIG --b CONFIG "
             "[--tolerance NMSE]\n"
             "       keel diff --case acc --a CONFIG --b CONFIG\n"
-            "CONFIG: comma-separated recompute=MODE, threads=N, backend=ref|cpu, fault=copy-row-limit:N|flip:NODE\n");
+            "CONFIG: comma-separated recompute=MODE, threads=N, backend=ref|cpu|cuda, "
+            "fault=copy-row-limit:N|flip:NODE, precision=f32|bf16\n");
     return 2;
 }
 
 int cmd_diff(int argc, char **argv) {
-    const char *files[2] = {0}, *model = NULL, *data = NULL, *tok = NULL, *ca = NULL, *cb = NULL, *kase = NULL;
+    const char *files[2] = {0}, *model = NULL, *data = NULL, *tok = NULL, *ca = NULL, *cb = NULL, *kase = NULL,
+               *prec = NULL;
     double tol = 0;
     long long T = 32, max_bytes = 512ll << 20;
     int nf = 0;
@@ -179,8 +182,10 @@ int cmd_diff(int argc, char **argv) {
         {"--window", CLI_INT, &T, 2, 1 << 20, .meta = "T", .help = "with --model: tokens (default 32)"},
         {"--case", CLI_STR, &kase, .meta = "acc", .help = "or run the ACC case of the op suite twice"},
         {"--a", CLI_STR, &ca, .meta = "CONFIG",
-         .help = "run A: recompute=MODE,threads=N,backend=B,fault=copy-row-limit:N|flip:NODE"},
+         .help = "run A: recompute=MODE,threads=N,backend=B,fault=copy-row-limit:N|flip:NODE,precision=P"},
         {"--b", CLI_STR, &cb, .meta = "CONFIG", .help = "run B, the same keys"},
+        {"--precision", CLI_STR, &prec, .meta = "f32|bf16",
+         .help = "with --model: both runs' precision, unless a CONFIG has its own (default f32)"},
         {"--trace-max-bytes", CLI_INT, &max_bytes, 0, 9e15, .meta = "N",
          .help = "bytes of node data kept per run (default 512 MiB)"},
     };
@@ -202,7 +207,8 @@ int cmd_diff(int argc, char **argv) {
     }
     if (nf || (!model && !kase) || (kase && strcmp(kase, "acc")) || !ca || !cb) return usage();
     run_config A, B;
-    if (parse_config(ca, &A) || parse_config(cb, &B)) {
+    keel_precision p0 = KEEL_PRECISION_F32;
+    if ((prec && keel_precision_parse(prec, &p0)) || parse_config(ca, p0, &A) || parse_config(cb, p0, &B)) {
         fprintf(stderr, "keel diff: %s\n", keel_last_error());
         return 2;
     }
