@@ -207,8 +207,9 @@ static int r_linear_ce(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad
     keel_tensor *x = t->src[0], *w = t->src[1], *pk;
     if (t->ip[1]) { /* the result holds the gradients for a unit dloss: views of it when dloss is the seed, 1 */
         if (!(dy = packed_loss_grad(t, dy)))
-            return keel_fail("only the loss (the last element) of a LINEAR_CROSS_ENTROPY with gradients is "
-                             "differentiable, and '%s' has a gradient on its other elements",
+            return keel_fail("'%s' (LINEAR_CROSS_ENTROPY with gradients): only its loss, the last element, is "
+                             "differentiable, and a gradient reaches its other elements (differentiate the loss "
+                             "view, or build keel_linear_cross_entropy)",
                              t->name);
         pk = dy->op == KEEL_OP_FILL && dy->fp[0] == 1.0 ? t : NULL;
     } else {

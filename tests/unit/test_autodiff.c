@@ -86,8 +86,8 @@ static void products_accumulate_in_place(void **st) {
 /* The packed LM head (keel_linear_cross_entropy_with_grads) differentiated as the loss itself: x's
  * and W's gradients come from the forward's own result, with no LINEAR_CROSS_ENTROPY_BACK in the
  * graph (the logits are made once), and equal, bit for bit on each backend, those of the plain op
- * and its backward; a scaled loss goes through LINEAR_CROSS_ENTROPY_BACK; a gradient reaching the
- * packed result's other elements is refused, naming the node. */
+ * and its backward; a scaled loss, or the loss used twice, goes through LINEAR_CROSS_ENTROPY_BACK; a
+ * gradient reaching the packed result's other elements is refused, naming the node. */
 static keel_graph *head_graph(keel_ctx *ctx, int kind, keel_tensor **xw) {
     keel_tensor *x = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 6, 5), "x"), KEEL_FLAG_PARAM);
     keel_tensor *w = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 6, 9), "w"), KEEL_FLAG_PARAM);
@@ -96,12 +96,13 @@ static keel_graph *head_graph(keel_ctx *ctx, int kind, keel_tensor **xw) {
                                   : keel_linear_cross_entropy_with_grads(ctx, x, w, tg, 2);
     if (kind == 2) loss = keel_scale(ctx, loss, 0.5, 0.0);
     if (kind == 3) loss = keel_sum(ctx, loss->view_src); /* every element of the packed result */
+    if (kind == 4) loss = keel_add(ctx, loss, loss);      /* the loss used twice: dloss 2 */
     xw[0] = x, xw[1] = w, xw[2] = tg;
     keel_graph *g = keel_graph_build(ctx, &loss, 1);
     assert_non_null(g);
     if (kind == 3) {
         assert_int_equal(keel_build_backward(g, loss), -1);
-        assert_non_null(strstr(keel_last_error(), "only the loss"));
+        assert_non_null(strstr(keel_last_error(), "only its loss, the last element, is differentiable"));
         return g;
     }
     assert_int_equal(keel_build_backward(g, loss), 0);
@@ -117,8 +118,9 @@ static void packed_head_gradients(void **st) {
     for (int i = 0; i < 30; i++) xv[i] = 0.1 * ((i * 7) % 11) - 0.5;
     for (int i = 0; i < 54; i++) wv[i] = 0.2 * ((i * 5) % 13) - 1.2;
     for (int b = 0; b < 2; b++) {
-        double *r[3][2];
-        for (int kind = 0; kind < 3; kind++) {
+        double *r[5][2];
+        for (int kind = 0; kind < 5; kind++) {
+            if (kind == 3) continue;
             keel_ctx *ctx = keel_ctx_new();
             keel_tensor *xw[3];
             keel_graph *g = head_graph(ctx, kind, xw);
@@ -132,8 +134,10 @@ static void packed_head_gradients(void **st) {
             for (int i = 0; i < (j ? 54 : 30); i++) {
                 assert_true(r[1][j][i] == r[0][j][i]);       /* the views: the backward's bits */
                 assert_true(r[2][j][i] == 0.5 * r[0][j][i]); /* a loss scaled by 0.5 */
+                assert_true(r[4][j][i] == 2.0 * r[0][j][i]); /* used twice */
             }
-            for (int kind = 0; kind < 3; kind++) free(r[kind][j]);
+            for (int kind = 0; kind < 5; kind++)
+                if (kind != 3) free(r[kind][j]);
         }
     }
     keel_ctx *ctx = keel_ctx_new();
