@@ -69,12 +69,12 @@ KEEL_HD uint16_t keel_cvt_f32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
-/* One element of type `type` (a keel_type value) at p, as float64; and the reverse. */
-/* g rounded to bf16 (nearest even) and back: the value the mixed-precision LM head gives its bf16
- * products for each gradient element. Every backend rounds the head's gradient rows so, so they
- * compute one function. */
+/* g rounded to bf16 (nearest even) and back: the value the mixed-precision LM head keeps of each of
+ * its logits and of each element of their gradient. Every backend rounds them so, so they compute
+ * one function. */
 KEEL_HD float keel_cvt_f32_to_bf16_f32(float g) { return keel_cvt_bf16_to_f32(keel_cvt_f32_to_bf16(g)); }
 
+/* One element of type `type` (a keel_type value) at p, as float64; and the reverse. */
 KEEL_HD double keel_cvt_load(int type, const void *p) {
     switch (type) {
     case 0: {
