@@ -260,8 +260,8 @@ int cmd_info(int argc, char **argv) {
     printf("\ntraining step, %s, batch %lld x window %lld, planned by keel's memory plan (AdamW moments: %.2f GiB "
            "more):\n",
            prec == KEEL_PRECISION_BF16 ? "bf16 mixed precision" : "float32", B, T, moments);
-    keel_scratch_fn cuda_rule = NULL; /* built in: a second plan with its kernels' scratch in the arena */
-    bool cuda = keel_backend_scratch_rule("cuda", &cuda_rule) == 0;
+    keel_plan_opts cuda_rules = {0}; /* built in: a second plan with its kernels' scratch in the arena */
+    bool cuda = keel_backend_plan_rules("cuda", &cuda_rules) == 0;
     printf("%-12s %14s %22s %14s %16s%s\n", "recompute", "planned peak", "params+grads+moments", "activations", "total",
            cuda ? "  cuda largest scratch     cuda total" : "");
     const char *modes[] = {"off", "full", "every:2", "every:4", rmode};
@@ -288,7 +288,7 @@ int cmd_info(int argc, char **argv) {
             goto done;
         }
         keel_plan *pl = keel_plan_make(st->g, NULL),
-                  *pc = cuda ? keel_plan_make(st->g, &(keel_plan_opts){.scratch_bytes = cuda_rule}) : NULL;
+                  *pc = cuda ? keel_plan_make(st->g, &cuda_rules) : NULL;
         if (!pl || (cuda && !pc)) {
             fprintf(stderr, "keel info: %s\n", keel_last_error());
             keel_plan_free(pl), keel_step_free(st);

@@ -24,6 +24,10 @@ static size_t node_scratch(void *be, const keel_tensor *node) {
     return ((keel_backend *)be)->scratch_bytes((keel_backend *)be, node);
 }
 
+static size_t node_carry(void *be, const keel_graph *g, int64_t reader, int64_t *writer) {
+    return ((keel_backend *)be)->carry_bytes((keel_backend *)be, g, reader, writer);
+}
+
 keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_opts *opts) {
     for (int64_t i = 0; i < g->n_nodes; i++) {
         const keel_tensor *t = g->nodes[i];
@@ -43,6 +47,7 @@ keel_session *keel_session_new(keel_backend *be, keel_graph *g, const keel_plan_
     s->g = g;
     keel_plan_opts o = opts ? *opts : (keel_plan_opts){0};
     if (be->scratch_bytes) o.scratch_bytes = node_scratch, o.scratch_ud = be;
+    if (be->carry_bytes) o.carry = node_carry, o.scratch_ud = be;
     s->plan = keel_plan_make(g, &o);
     if (!s->plan) {
         free(s);

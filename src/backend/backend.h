@@ -45,6 +45,9 @@ struct keel_backend {
      * strides alone: sessions hand it to the memory plan, which places it in the arena for that node
      * (node->scratch), so no step allocates. NULL on backends whose kernels need none planned (ref, cpu). */
     size_t (*scratch_bytes)(keel_backend *be, const keel_tensor *node);
+    /* Node `reader`'s carried block (keel_carry_fn: what an earlier node's kernel makes that the
+     * reader's would make again), from the node sequence alone; NULL: the backend carries nothing. */
+    size_t (*carry_bytes)(keel_backend *be, const keel_graph *g, int64_t reader, int64_t *writer);
     /* What the kernels of the node that just ran chose at run time (cuBLASLt's algorithm for each
      * product), for the tracer: "" when nothing was chosen; NULL on backends that choose nothing. */
     const char *(*last_kernel)(keel_backend *be);
@@ -59,9 +62,10 @@ struct keel_backend {
  * an error for an unknown name. */
 keel_backend *keel_backend_new(const char *name, int n_threads);
 void keel_backend_free(keel_backend *be);
-/* The named backend's node scratch rule (scratch_bytes above) as a plan option, without making the
- * backend: NULL for ref and cpu, whose kernels need none planned. -1 when the backend is not built. */
-int keel_backend_scratch_rule(const char *name, keel_scratch_fn *fn);
+/* The named backend's rules for the memory plan (scratch_bytes and carry_bytes above) as plan
+ * options in o, without making the backend: none for ref and cpu, whose kernels need none planned.
+ * -1 when the backend is not built. */
+int keel_backend_plan_rules(const char *name, keel_plan_opts *o);
 /* Names of the backends built into this binary, e.g. "ref,cpu". */
 const char *keel_backend_list(void);
 /* Parse KEEL_FAULT into be->fault_row_limit (called by backends that honour it). -1 on a bad value. */

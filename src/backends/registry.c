@@ -56,13 +56,17 @@ static size_t cuda_rule(void *ud, const keel_tensor *node) {
     (void)ud;
     return keel_cuda_scratch_bytes(node);
 }
+static size_t cuda_carry(void *ud, const keel_graph *g, int64_t reader, int64_t *writer) {
+    (void)ud;
+    return keel_cuda_carry_bytes(g, reader, writer);
+}
 #endif
 
-int keel_backend_scratch_rule(const char *name, keel_scratch_fn *fn) {
-    *fn = NULL;
+int keel_backend_plan_rules(const char *name, keel_plan_opts *o) {
+    o->scratch_bytes = NULL, o->carry = NULL;
 #ifdef KEEL_HAVE_CUDA
     if (strcmp(name, "cuda") == 0) {
-        *fn = cuda_rule;
+        o->scratch_bytes = cuda_rule, o->carry = cuda_carry;
         return 0;
     }
 #endif

@@ -121,16 +121,33 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     keel_plan *p = calloc(1, sizeof *p);
     int64_t *last_use = malloc((size_t)n_ids * sizeof *last_use);
     uint8_t *persist = calloc((size_t)n_ids, 1), *mark = calloc((size_t)n_ids, 1);
+    int64_t *reader_of = NULL; /* by node index: the node that reads the block this one writes, -1: none */
     arena ar = {0};
     if (!p || !last_use || !persist || !mark) goto oom;
     p->offset = malloc((size_t)n_ids * sizeof *p->offset);
     p->scratch_offset = malloc((size_t)n_ids * sizeof *p->scratch_offset);
     p->scratch_size = calloc((size_t)n_ids, sizeof *p->scratch_size);
-    if (!p->offset || !p->scratch_offset || !p->scratch_size) goto oom;
+    p->carry_offset = malloc((size_t)n_ids * sizeof *p->carry_offset);
+    p->carry_size = calloc((size_t)n_ids, sizeof *p->carry_size);
+    reader_of = malloc((size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *reader_of);
+    if (!p->offset || !p->scratch_offset || !p->scratch_size || !p->carry_offset || !p->carry_size || !reader_of)
+        goto oom;
     p->n_offset = n_ids;
     p->guard_bytes = align_up(o.guard_bytes);
     p->scratch_max_node = -1;
-    for (int64_t i = 0; i < n_ids; i++) p->offset[i] = p->scratch_offset[i] = SIZE_MAX, last_use[i] = -1;
+    for (int64_t i = 0; i < n_ids; i++)
+        p->offset[i] = p->scratch_offset[i] = p->carry_offset[i] = SIZE_MAX, last_use[i] = -1;
+    /* Carried blocks first: the pairs they make are what the scratch rule sizes each node's scratch by */
+    for (int64_t i = 0; i < g->n_nodes; i++) g->nodes[i]->carry_peer = NULL, reader_of[i] = -1;
+    for (int64_t i = 0; o.carry && i < g->n_nodes; i++) {
+        int64_t w = -1;
+        size_t bytes = o.carry(o.scratch_ud, g, i, &w);
+        if (!bytes || w < 0 || w >= i || reader_of[w] >= 0) continue;
+        reader_of[w] = i;
+        p->carry_size[g->nodes[i]->id] = bytes;
+        g->nodes[w]->carry_peer = g->nodes[i], g->nodes[i]->carry_peer = g->nodes[w];
+        p->n_carried++;
+    }
 
     lifetimes(g, persist, last_use);
     size_t gb = p->guard_bytes;
@@ -175,10 +192,17 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
             p->scratch_offset[t->id] = arena_alloc(&ar, align_up(scr) + 2 * gb) + gb;
             if (scr > p->scratch_max) p->scratch_max = scr, p->scratch_max_node = i;
         }
+        if (reader_of[i] >= 0) { /* a block this node writes for a later one: live until that one has run */
+            int64_t rid = g->nodes[reader_of[i]]->id;
+            p->carry_offset[rid] = arena_alloc(&ar, align_up(p->carry_size[rid]) + 2 * gb) + gb;
+        }
         if (ar.top - base_top > p->peak_activation_bytes)
             p->peak_activation_bytes = ar.top - base_top, p->peak_node = i;
         if (o.no_reuse) continue;
         if (scr && arena_free(&ar, p->scratch_offset[t->id] - gb, align_up(scr) + 2 * gb)) goto fail;
+        if (p->carry_size[t->id] &&
+            arena_free(&ar, p->carry_offset[t->id] - gb, align_up(p->carry_size[t->id]) + 2 * gb))
+            goto fail;
         /* free what node i was the last to touch (its sources, and itself if nothing reads it) */
         int arity = keel_op_get(t->op)->arity;
         for (int s = -1; s < arity; s++) {
@@ -191,6 +215,7 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
 #undef SIZE_OF
     p->total_bytes = ar.top;
     free(ar.free);
+    free(reader_of);
     free(last_use);
     free(persist);
     free(mark);
@@ -199,6 +224,7 @@ oom:
     keel_fail("out of memory making the memory plan");
 fail:
     free(ar.free);
+    free(reader_of);
     free(last_use);
     free(persist);
     free(mark);
@@ -211,6 +237,8 @@ void keel_plan_free(keel_plan *p) {
     free(p->offset);
     free(p->scratch_offset);
     free(p->scratch_size);
+    free(p->carry_offset);
+    free(p->carry_size);
     free(p);
 }
 
@@ -223,6 +251,13 @@ void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base) {
         if (is_root(t)) t->data = b + p->offset[t->id];
         t->scratch_bytes = p->scratch_size[t->id];
         t->scratch = t->scratch_bytes ? b + p->scratch_offset[t->id] : NULL;
+        t->carry = NULL, t->carry_bytes = 0;
+    }
+    for (int64_t i = 0; i < g->n_nodes; i++) { /* the reader's block, and its writer's (the same) */
+        keel_tensor *t = g->nodes[i];
+        if (!p->carry_size[t->id] || !t->carry_peer) continue;
+        t->carry = t->carry_peer->carry = b + p->carry_offset[t->id];
+        t->carry_bytes = t->carry_peer->carry_bytes = p->carry_size[t->id];
     }
     for (int k = 0; k < g->n_groups; k++) { /* members no node reads but through the group (the moments) */
         g->groups[k].flat->data = b + p->offset[g->groups[k].flat->id];

@@ -3,7 +3,8 @@
  * Views and in-place results take their root's bytes. A node's working memory (the scratch its
  * backend's kernel takes beyond the result) is one more block of the arena, live while that node
  * runs only, so it shares the peak with what is live then rather than adding its largest to the
- * whole step's. Every placement is 256-byte aligned. */
+ * whole step's. A carried block (keel_carry_fn) is live from the node that writes it to the later
+ * node that reads it. Every placement is 256-byte aligned. */
 #ifndef KEEL_PLAN_H
 #define KEEL_PLAN_H
 
@@ -11,11 +12,18 @@
 
 /* The scratch bytes a backend's kernel of `node` takes (0: none), from shapes, types and strides alone. */
 typedef size_t (*keel_scratch_fn)(void *ud, const keel_tensor *node);
+/* A backend's carried block for node `reader` of the graph: the bytes (0: none) of what an earlier
+ * node, *writer (its index), makes that the reader's kernel would otherwise make again, decided
+ * from the node sequence alone. The plan keeps the block from the writer to the reader (one reader
+ * a writer: a later claim on the same writer gets none) and sets both nodes' carry_peer before it
+ * asks scratch_bytes, whose rule may then leave out of each node's scratch what the block holds. */
+typedef size_t (*keel_carry_fn)(void *ud, const keel_graph *g, int64_t reader, int64_t *writer);
 
 typedef struct {
     size_t guard_bytes;            /* extra bytes before and after every tensor (tests fill and check them) */
     int no_reuse;                  /* never reuse freed space (debugging) */
     keel_scratch_fn scratch_bytes; /* NULL: the nodes need no scratch (ref, cpu) */
+    keel_carry_fn carry;           /* NULL: nothing carried (its ud: scratch_ud) */
     void *scratch_ud;
 } keel_plan_opts;
 
@@ -29,6 +37,8 @@ typedef struct {
     size_t *scratch_offset, *scratch_size; /* by tensor id: a node's scratch block (size 0: none) */
     size_t scratch_max;                    /* the largest node scratch, and its node (-1: none) */
     int64_t scratch_max_node;
+    size_t *carry_offset, *carry_size; /* by the reader's tensor id: a carried block (size 0: none) */
+    int64_t n_carried;
     size_t guard_bytes;
     int64_t n_roots;
 } keel_plan;
@@ -39,8 +49,8 @@ void keel_plan_free(keel_plan *p);
  * them in out; returns how many there are (-1 with an error). With at = the plan's peak_node: what
  * makes the peak. */
 int64_t keel_plan_live_at(const keel_graph *g, int64_t at, const keel_tensor **out, int64_t max);
-/* Set t->data for every tensor of the graph, and t->scratch for nodes with scratch, from the
- * arena's base address. */
+/* Set t->data for every tensor of the graph, t->scratch for nodes with scratch and t->carry for
+ * both nodes of a carried block, from the arena's base address. */
 void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base);
 
 #endif

@@ -52,6 +52,13 @@ typedef struct keel_tensor {
      * valid while the node runs; NULL and 0 where the plan gave none. */
     void *scratch;
     size_t scratch_bytes;
+    /* A carried block (keel_plan_opts.carry): what one node's kernel made and a later node's kernel
+     * reads instead of making it again. carry_peer: the other node of the pair (set by
+     * keel_plan_make, NULL where the plan carries nothing for this node); carry: the block, the same
+     * for both (keel_plan_bind). */
+    struct keel_tensor *carry_peer;
+    void *carry;
+    size_t carry_bytes;
     int64_t id; /* creation index in its context: stable across identical builds */
     keel_ctx *ctx;
 } keel_tensor;

@@ -127,6 +127,91 @@ static void scratch_per_node(void **st) {
     keel_ctx_free(ctx);
 }
 
+/* A carry rule for the tests: node i (i % 7 == 6) reads a block of 500 + 16 i bytes from node i - 5,
+ * and node i (i % 7 == 0, i >= 14) claims node i - 6, the writer node i - 1 claimed already: the
+ * first claim keeps it, this one gets none. The scratch rule sees the pairs: a node of a pair takes
+ * 64 bytes more scratch. */
+static size_t test_carry(void *ud, const keel_graph *g, int64_t reader, int64_t *writer) {
+    (void)ud, (void)g;
+    if (reader % 7 == 6) return *writer = reader - 5, 500 + 16 * (size_t)reader;
+    if (reader % 7 == 0 && reader >= 14) return *writer = reader - 6, 100;
+    return 0;
+}
+static size_t paired_scratch(void *ud, const keel_tensor *t) { return odd_scratch(ud, t) + (t->carry_peer ? 64 : 0); }
+
+/* A carried block is live from its writer to its reader: it overlaps no root live in between, no
+ * node's scratch in between and no other carried block live then; bind hands it to both nodes; a
+ * second claim on a writer gets nothing; the scratch rule is asked with the pairs set. */
+static void carried_blocks(void **st) {
+    (void)st;
+    keel_ctx *ctx = keel_ctx_new();
+    keel_tensor *pool[64];
+    int n = 0;
+    for (int i = 0; i < 3; i++) pool[n++] = keel_set_flags(keel_new_2d(ctx, KEEL_F32, 40, 3), KEEL_FLAG_INPUT);
+    for (uint64_t s = 5; n < 64;) {
+        s = s * 6364136223846793005ull + 1;
+        keel_tensor *a = pool[n - 1 - (int)((s >> 33) % 2)], *b = pool[(s >> 45) % (uint64_t)n];
+        pool[n++] = (s >> 20) % 3 ? keel_add(ctx, a, b) : keel_sqr(ctx, a);
+    }
+    keel_graph *g = keel_graph_build(ctx, &pool[n - 1], 1);
+    keel_plan_opts o = {.scratch_bytes = paired_scratch, .carry = test_carry};
+    keel_plan *p = keel_plan_make(g, &o);
+    assert_non_null(p);
+    int64_t N = g->n_nodes, ids = keel_ctx_count(ctx), *first, *last, pairs = 0;
+    lifetimes_of(g, pool[n - 1], &first, &last);
+    for (int64_t r = 0; r < N; r++) {
+        keel_tensor *t = g->nodes[r];
+        assert_int_equal(p->scratch_size[t->id], paired_scratch(NULL, t)); /* asked with the pairs set */
+        if (r % 7 == 0 && r >= 14) {                                       /* the second claim: none */
+            assert_int_equal(p->carry_size[t->id], 0);
+            assert_null(t->carry_peer);
+        }
+        if (r % 7 != 6) continue;
+        int64_t w = r - 5;
+        size_t at = p->carry_offset[t->id], sz = p->carry_size[t->id];
+        assert_int_equal(sz, 500 + 16 * (size_t)r);
+        assert_ptr_equal(t->carry_peer, g->nodes[w]);
+        assert_ptr_equal(g->nodes[w]->carry_peer, t);
+        assert_int_equal(at % KEEL_ALIGN, 0);
+        assert_true(at + sz <= p->total_bytes);
+        pairs++;
+        for (int64_t j = 0; j < ids; j++) /* roots live at some node from w to r */
+            if (p->offset[j] != SIZE_MAX && first[j] <= r && w <= last[j])
+                assert_false(at < p->offset[j] + keel_nbytes(keel_ctx_tensor(ctx, j)) && p->offset[j] < at + sz);
+        for (int64_t i = w; i <= r; i++) { /* scratch of the nodes from w to r */
+            size_t so = p->scratch_offset[g->nodes[i]->id], ss = p->scratch_size[g->nodes[i]->id];
+            assert_false(ss && at < so + ss && so < at + sz);
+        }
+        for (int64_t r2 = r + 1; r2 < N; r2++) { /* other carried blocks live at the same time */
+            const keel_tensor *t2 = g->nodes[r2];
+            size_t at2 = p->carry_offset[t2->id], sz2 = p->carry_size[t2->id];
+            if (sz2 && r2 - 5 <= r) assert_false(at < at2 + sz2 && at2 < at + sz);
+        }
+    }
+    assert_int_equal(pairs, p->n_carried);
+    assert_int_equal(pairs, (N + 1) / 7);
+    assert_true(pairs >= 6);
+    char *base = malloc(p->total_bytes);
+    keel_plan_bind(p, g, base);
+    for (int64_t r = 0; r < N; r++) {
+        keel_tensor *t = g->nodes[r];
+        if (r % 7 == 6) {
+            assert_ptr_equal(t->carry, base + p->carry_offset[t->id]);
+            assert_ptr_equal(g->nodes[r - 5]->carry, t->carry);
+            assert_int_equal(g->nodes[r - 5]->carry_bytes, p->carry_size[t->id]);
+        } else if (!t->carry_peer) {
+            assert_null(t->carry);
+        }
+    }
+    keel_plan_free(p);
+    p = keel_plan_make(g, NULL); /* a plan without the rule leaves no pairs behind */
+    for (int64_t r = 0; r < N; r++) assert_null(g->nodes[r]->carry_peer);
+    free(base), free(first), free(last);
+    keel_plan_free(p);
+    keel_graph_free(g);
+    keel_ctx_free(ctx);
+}
+
 /* A chain reuses memory: the peak holds a few activations, not the whole chain. */
 static void chain_reuses(void **st) {
     (void)st;
@@ -250,6 +335,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(no_live_overlap),     cmocka_unit_test(chain_reuses), cmocka_unit_test(inplace_aliases),
         cmocka_unit_test(groups_back_to_back), cmocka_unit_test(live_at_node), cmocka_unit_test(scratch_per_node),
+        cmocka_unit_test(carried_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -98,6 +98,11 @@ static size_t cuda_node_scratch_bytes(keel_backend *be, const keel_tensor *t) {
     return keel_cuda_scratch_bytes(t);
 }
 
+static size_t cuda_node_carry_bytes(keel_backend *be, const keel_graph *g, int64_t reader, int64_t *writer) {
+    (void)be;
+    return keel_cuda_carry_bytes(g, reader, writer);
+}
+
 void *cuda_scratch(keel_backend *be, size_t n, const keel_tensor *t) {
     (void)be;
     if (t->scratch && n <= t->scratch_bytes) return t->scratch;
@@ -283,6 +288,7 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     }
     be->supports = cuda_supports;
     be->scratch_bytes = cuda_node_scratch_bytes;
+    be->carry_bytes = cuda_node_carry_bytes;
     be->last_kernel = cuda_last_kernel;
     be->alloc = cuda_alloc;
     be->free = cuda_free;

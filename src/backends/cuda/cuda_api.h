@@ -17,6 +17,9 @@ size_t keel_cuda_peak_bytes(keel_backend *be);
  * shapes, types and strides alone: sessions reserve the largest of their graph's before running it,
  * and `keel info` adds it to the plan. */
 size_t keel_cuda_scratch_bytes(const keel_tensor *node);
+/* The block node `reader` of g reads from an earlier node, *writer, that made it (the plan's
+ * keel_carry_fn): the delta rule's chunk states, made by its forward, read by its backward. */
+size_t keel_cuda_carry_bytes(const keel_graph *g, int64_t reader, int64_t *writer);
 #ifdef __cplusplus
 }
 #endif

@@ -739,35 +739,84 @@ static gdn_args args_of(const keel_tensor *t) {
     return A;
 }
 
-/* The floats of the scratch: the forward's arrays, and with bwd the backward's too. */
-static size_t scratch_floats(const gdn_args &A, bool bwd) {
-    size_t nc = (size_t)((A.T + CH - 1) / CH);
-    size_t nlc = (size_t)(A.B * A.Hv) * nc, rk = nlc * CH * (size_t)A.Dk, rv = nlc * CH * (size_t)A.Dv,
-           rc = nlc * CH * CH, st = nlc * (size_t)(A.Dk * A.Dv);
-    size_t n = 3 * rk + 2 * rv + rc + nlc + st;                             /* W Qg Kc, U0 Uc, Pm, GamC, Sc */
-    if (bwd) n += 2 * rk + rc + st + rv + 3 * rk + 2 * rc + nlc * CH + nlc; /* Kb Ac, Am, dSc, dR, dQa dKa dKb, ... */
+/* The scratch's arrays in four parts: what only the forward state pass reads (W, Kc, U0); what the
+ * output and the backward read (Qg, Uc, Pm, Sc, GamC); what only the backward reads of the
+ * preparation's (Kb, Ac, Am); the backward's own (dSc ... dGamC). A forward's scratch holds the
+ * first two, a backward's all four, unless the plan carries the middle two from a forward to its
+ * backward (keel_cuda_carry_bytes): then the forward's scratch holds the first, the backward's the
+ * last, and the carried block the middle two, so the backward does not make them again. */
+enum { PART_STATE = 1, PART_KEPT = 2, PART_BACK_KEPT = 4, PART_BACK = 8 };
+
+/* Carve the given parts from p, in order (the arrays of one element a lane-chunk last, so that the
+ * others stay 16-byte aligned); p NULL: only count. Returns the floats they take. */
+static size_t carve(const gdn_args &A, int parts, float *p, gdn_scr *P) {
+    size_t nlc = (size_t)(A.B * A.Hv) * (size_t)((A.T + CH - 1) / CH), rk = nlc * CH * (size_t)A.Dk,
+           rv = nlc * CH * (size_t)A.Dv, rc = nlc * CH * CH, st = nlc * (size_t)(A.Dk * A.Dv), n = 0;
+#define TAKE(field, count) (P->field = p ? p + n : NULL, n += (count))
+    if (parts & PART_STATE) TAKE(W, rk), TAKE(Kc, rk), TAKE(U0, rv);
+    if (parts & PART_KEPT) TAKE(Qg, rk), TAKE(Uc, rv), TAKE(Pm, rc), TAKE(Sc, st);
+    if (parts & PART_BACK_KEPT) TAKE(Kb, rk), TAKE(Ac, rk), TAKE(Am, rc);
+    if (parts & PART_BACK)
+        TAKE(dSc, st), TAKE(dR, rv), TAKE(dQa, rk), TAKE(dKa, rk), TAKE(dKb, rk), TAKE(dPm, rc), TAKE(dMm, rc),
+            TAKE(r3, nlc * CH);
+    if (parts & PART_KEPT) TAKE(GamC, nlc);
+    if (parts & PART_BACK) TAKE(dGamC, nlc);
+#undef TAKE
     return n;
 }
 
+/* The parts of node t's own scratch, and of the block carried to its backward (0: none) */
+static int own_parts(const keel_tensor *t) {
+    bool bwd = t->op == KEEL_OP_GATED_DELTA_NET_BACK, carried = t->carry_peer != NULL;
+    if (carried) return bwd ? PART_BACK : PART_STATE;
+    return bwd ? PART_STATE | PART_KEPT | PART_BACK_KEPT | PART_BACK : PART_STATE | PART_KEPT;
+}
+#define CARRIED_PARTS (PART_KEPT | PART_BACK_KEPT)
+
 size_t cuda_gdn_scratch(const keel_tensor *t) {
-    return scratch_floats(args_of(t), t->op == KEEL_OP_GATED_DELTA_NET_BACK) * sizeof(float);
+    gdn_scr P;
+    return carve(args_of(t), own_parts(t), NULL, &P) * sizeof(float);
 }
 
-/* Carve the scratch: the forward's arrays, and with bwd the backward's too. */
-static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A, bool bwd, gdn_scr *P) {
+/* Node `reader`, a backward of the delta rule, carries the states its forward made when the graph
+ * has that forward before it: the same op variant (ip0) over the same six inputs, none of them
+ * written in place in between (then what the forward left would not be what the backward makes). */
+size_t cuda_gdn_carry(const keel_graph *g, int64_t reader, int64_t *writer) {
+    const keel_tensor *b = g->nodes[reader];
+    if (b->op != KEEL_OP_GATED_DELTA_NET_BACK) return 0;
+    for (int64_t j = reader - 1; j >= 0; j--) {
+        const keel_tensor *f = g->nodes[j];
+        bool same = f->op == KEEL_OP_GATED_DELTA_NET && f->ip[0] == b->ip[0];
+        for (int s = 0; same && s < 6; s++) same = f->src[s] == b->src[s];
+        if (same) {
+            gdn_scr P;
+            *writer = j;
+            return carve(args_of(b), CARRIED_PARTS, NULL, &P) * sizeof(float);
+        }
+        if (f->view_src && !(keel_op_get(f->op)->flags & OPF_VIEW)) /* an in-place result */
+            for (int s = 0; s < 6; s++)
+                if (keel_root((keel_tensor *)b->src[s]) == f->view_src) return 0;
+    }
+    return 0;
+}
+
+/* Node t's scratch arrays: its own block, and the carried block when the plan carries one */
+static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A, gdn_scr *P) {
     memset(P, 0, sizeof *P);
     P->nc = (A.T + CH - 1) / CH;
-    size_t nlc = (size_t)(A.B * A.Hv * P->nc), rk = nlc * CH * (size_t)A.Dk, rv = nlc * CH * (size_t)A.Dv,
-           rc = nlc * CH * CH, st = nlc * (size_t)(A.Dk * A.Dv);
-    float *p = (float *)cuda_scratch(be, scratch_floats(A, bwd) * sizeof(float), t);
+    int own = own_parts(t);
+    float *p = (float *)cuda_scratch(be, carve(A, own, NULL, P) * sizeof(float), t);
     if (!p) return -1;
-    P->W = p, P->Qg = p + rk, P->Kc = p + 2 * rk, P->U0 = p + 3 * rk, P->Uc = P->U0 + rv, P->Pm = P->Uc + rv,
-    P->GamC = P->Pm + rc, P->Sc = P->GamC + nlc;
-    if (bwd) {
-        P->Kb = P->Sc + st, P->Ac = P->Kb + rk, P->Am = P->Ac + rk, P->dSc = P->Am + rc, P->dR = P->dSc + st,
-        P->dQa = P->dR + rv, P->dKa = P->dQa + rk, P->dKb = P->dKa + rk, P->dPm = P->dKb + rk, P->dMm = P->dPm + rc,
-        P->r3 = P->dMm + rc, P->dGamC = P->r3 + nlc * CH;
-    }
+    carve(A, own, p, P);
+    if (!t->carry_peer) return 0;
+    gdn_scr C;
+    size_t need = carve(A, CARRIED_PARTS, NULL, &C) * sizeof(float);
+    if (!t->carry || t->carry_bytes < need)
+        return keel_fail("cuda: '%s': the delta rule's carried states take %zu bytes, %zu planned", t->name, need,
+                         t->carry_bytes);
+    carve(A, CARRIED_PARTS, (float *)t->carry, &C);
+    P->Qg = C.Qg, P->Uc = C.Uc, P->Pm = C.Pm, P->Sc = C.Sc, P->GamC = C.GamC, P->Kb = C.Kb, P->Ac = C.Ac,
+    P->Am = C.Am;
     return 0;
 }
 
@@ -794,10 +843,12 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     if (!keel_is_contiguous(t))
         return keel_fail("cuda: '%s': the gated delta rule writes a contiguous result", t->name);
     gdn_scr P;
-    if (scratch_of(be, t, A, false, &P)) return -1;
+    if (scratch_of(be, t, A, &P)) return -1;
     bool st = t->op == KEEL_OP_GATED_DELTA_NET_STATE;
     float *packed = st ? (float *)t->data : NULL;
-    if (t->ip[0] ? forward_states<true>(be, t, A, P, 0, packed) : forward_states<false>(be, t, A, P, 0, packed))
+    /* carrying its states to the backward, the preparation makes the backward's arrays too */
+    int bwd = t->carry_peer != NULL;
+    if (t->ip[0] ? forward_states<true>(be, t, A, P, bwd, packed) : forward_states<false>(be, t, A, P, bwd, packed))
         return -1;
     dim3 outs((unsigned)P.nc, (unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JO - 1) / JO));
     void (*outk)(gdn_args, gdn_scr, float *) = t->ip[0] ? k_gdn_out<true> : k_gdn_out<false>;
@@ -808,7 +859,7 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
 template <bool TC> static int backward(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P) {
     int64_t L = A.B * A.Hv;
     float *out = (float *)t->data;
-    if (forward_states<TC>(be, t, A, P, 1, NULL)) return -1;
+    if (!t->carry_peer && forward_states<TC>(be, t, A, P, 1, NULL)) return -1; /* else its forward made them */
     dim3 outs((unsigned)P.nc, (unsigned)L, (unsigned)((A.Dv + JO - 1) / JO)), chunks((unsigned)P.nc, (unsigned)L),
         parts((unsigned)P.nc, (unsigned)L, 3), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_pre_back<TC>, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
@@ -830,6 +881,6 @@ int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     if (!grid_fits(A))
         return keel_fail("cuda: '%s': %lld lanes of the gated delta rule, the most is 65535", t->name, (long long)L);
     gdn_scr P;
-    if (scratch_of(be, t, A, true, &P)) return -1;
+    if (scratch_of(be, t, A, &P)) return -1;
     return t->ip[0] ? backward<true>(be, t, A, P) : backward<false>(be, t, A, P);
 }

@@ -1186,6 +1186,10 @@ extern "C" size_t keel_cuda_scratch_bytes(const keel_tensor *t) {
     return keel_op_get(t->op)->flags & OPF_VIEW ? 0 : node_scratch(t);
 }
 
+extern "C" size_t keel_cuda_carry_bytes(const keel_graph *g, int64_t reader, int64_t *writer) {
+    return cuda_gdn_carry(g, reader, writer);
+}
+
 static int get_rows_back(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *dy = t->src[0], *ids = t->src[1];
     if (!keel_is_contiguous(t)) return keel_fail("cuda: '%s': GET_ROWS_BACK writes a contiguous result", t->name);
