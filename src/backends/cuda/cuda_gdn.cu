@@ -301,6 +301,87 @@ __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, float *
 
 static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_LD(Dk) + CH * LDJ) * sizeof(float); }
 
+/* The state pass of the tensor-core variant (Dk and Dv up to STATE_TC_MAX): a block a lane, over all
+ * Dv columns, so that W and Kc are read once a chunk (the pass above reads them whole in each of
+ * its Dv / JB blocks: most of its memory traffic), with S in registers as a warp's 32 x 32 tiles,
+ * two turns a warp. A chunk: S to shared memory (the next product's operand) and out to Sc; U =
+ * U0 - W S (W S summed from zero on the tensor cores, then stored as bmm's alpha -1, beta 1 stores
+ * it) to shared memory and out to Uc; S = Gam_C S + Kc^T U, the products added to Gam_C S in the
+ * tiles' registers. The next chunk's W is fetched during the S update and its Kc during the next
+ * U, as above. Which warp owns which tile, and each tile's order of sums, follow from the shapes.
+ * At the 0.8B shape, batch 8 (ncu): 392 us against the pass above's 444; one block of 8 warps a
+ * multiprocessor (169 KB of shared memory) waits on its own barriers and products (tensor pipes
+ * 21% busy). The same design for the reverse pass ran 512 us against 508 and was not kept. */
+#define STATE_TC_MAX 128
+__global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P, float *packed) {
+    extern __shared__ float sm[];
+    int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv;
+    int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), ldv = PAD_LD(Dv);
+    float *Ss = sm, *Us = Ss + Dk * ldv, *Xw = Us + CH * ldv, *Xk = Xw + CH * ldk;
+    float s[2][2][4][4] = {}, u[1][2][4][4];
+    if (A.s0.p)
+        tc_each<2, 4, 2>(Dk, Dv, [&](int t, int i, int j, int e, int r, int x) {
+            s[t][i][j][e] = ldf(kt_at(A.s0, x, r, hv, b));
+        });
+    int64_t rk = l * P.nc * CH * (int64_t)Dk;
+    fetch_mat(Xw, ldk, P.W + rk, Dk, chunk_len(A.T, 0), Dk);
+    fetch_commit();
+    fetch_mat(Xk, ldk, P.Kc + rk, Dk, chunk_len(A.T, 0), Dk);
+    fetch_commit();
+    for (int64_t c = 0; c < P.nc; c++) {
+        int64_t lc = l * P.nc + c, rv = lc * CH * (int64_t)Dv;
+        int n = chunk_len(A.T, c), n1 = c + 1 < P.nc ? chunk_len(A.T, c + 1) : 0;
+        rk = lc * CH * (int64_t)Dk;
+        tc_each<2, 4, 2>(Dk, Dv, [&](int t, int i, int j, int e, int r, int x) {
+            Ss[r * ldv + x] = s[t][i][j][e];
+        });
+        fetch_wait(1); /* W of this chunk */
+        __syncthreads();
+        store_mat(P.Sc + lc * Dk * (int64_t)Dv, Dv, Ss, ldv, Dk, Dv);
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) u[0][i][j][e] = 0.0f;
+        tc_acc<false, false, 2, 4, 1>(u, Xw, ldk, Ss, ldv, n, Dv, Dk);
+        const float *U0 = P.U0 + rv;
+        tc_each<2, 4, 1>(n, Dv, [&](int t, int i, int j, int e, int r, int x) {
+            Us[r * ldv + x] = 1.0f * U0[r * Dv + x] + -1.0f * u[t][i][j][e];
+        });
+        __syncthreads(); /* W is read, U whole */
+        fetch_mat(Xw, ldk, P.W + rk + CH * Dk, Dk, n1, Dk);
+        fetch_commit();
+        store_mat(P.Uc + rv, Dv, Us, ldv, n, Dv);
+        fetch_wait(1); /* Kc of this chunk */
+        __syncthreads();
+        float g = P.GamC[lc];
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[t][i][j][e] *= g;
+        tc_acc<true, false, 2, 4, 2>(s, Xk, ldk, Us, ldv, Dk, Dv, n);
+        __syncthreads(); /* Kc and U are read */
+        fetch_mat(Xk, ldk, P.Kc + rk + CH * Dk, Dk, n1, Dk);
+        fetch_commit();
+    }
+    fetch_wait(0);
+    if (packed) {
+        float *fin = packed + A.Dv * A.Hv * A.T * A.B + (b * A.Hv + hv) * A.Dk * A.Dv;
+        tc_each<2, 4, 2>(Dk, Dv, [&](int t, int i, int j, int e, int r, int x) {
+            fin[r * A.Dv + x] = s[t][i][j][e];
+        });
+    }
+}
+
+static size_t state_tc_smem(int64_t Dk, int64_t Dv) {
+    return (size_t)((Dk + CH) * PAD_LD(Dv) + 2 * CH * PAD_LD(Dk)) * sizeof(float);
+}
+
 /* The reverse state pass's Ac and Kb come as tiles of half their columns: the first state_kh of Dk */
 __host__ __device__ static inline int state_kh(int Dk) { return (Dk / 2 + 3) / 4 * 4; }
 
@@ -828,7 +909,11 @@ static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args
     dim3 chunks((unsigned)P.nc, (unsigned)(A.B * A.Hv)),
         lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_prep<TC>, chunks, NT, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
-    TILE_LAUNCH(k_gdn_state, lanes, NT, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
+    if (TC && A.Dk <= STATE_TC_MAX && A.Dv <= STATE_TC_MAX)
+        TILE_LAUNCH(k_gdn_state_tc, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv),
+                    "gated delta rule state pass launch", A, P, packed);
+    else
+        TILE_LAUNCH(k_gdn_state, lanes, NT, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
     return 0;
 }
 
