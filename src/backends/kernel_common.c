@@ -123,6 +123,9 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
         if (t->src[0]->type == KEEL_BF16)
             return t->src[1]->type == KEEL_BF16 && (t->type == KEEL_F32 || t->type == KEEL_BF16);
         break;
+    case KEEL_OP_SWIGLU: /* float32 gate and up, a float32 or (rounded) bf16 result */
+        if (t->type == KEEL_BF16) return t->src[0]->type == KEEL_F32 && t->src[1]->type == KEEL_F32;
+        break;
     case KEEL_OP_MUL_MAT_ADD: /* the same, the addend and the result float32 */
         if (t->src[0]->type == KEEL_BF16)
             return t->src[1]->type == KEEL_BF16 && t->src[2]->type == KEEL_F32 && t->type == KEEL_F32;

@@ -256,6 +256,17 @@ static operand operand_of(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *x) {
     return o;
 }
 
+/* silu(gate) * up as the down projection's operand. Mixed precision without LoRA (whose adapter
+ * reads the float32 value): one op makes the bf16 operand, the bits of SWIGLU then CAST without the
+ * float32 tensor between them. */
+static operand swiglu_operand(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *gate, keel_tensor *up) {
+    if (m->operand_type == KEEL_BF16 && !m->lora && gate && up && gate->type == KEEL_F32) {
+        keel_tensor *s = keel_swiglu_bf16(ctx, gate, up);
+        return (operand){s, s};
+    }
+    return operand_of(ctx, m, gate && up ? keel_swiglu(ctx, gate, up) : NULL);
+}
+
 /* W x in the activations' type (mixed precision: bf16 operands, float32 sums), plus W's LoRA
  * adapter when it has one */
 static keel_tensor *linear(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, operand in) {
@@ -371,7 +382,7 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
         operand h2in = operand_of(ctx, m, h2);
         keel_tensor *gate = linear(ctx, m, L->gate, h2in); /* before up: the graph's node order */
         keel_tensor *up = linear(ctx, m, L->up, h2in);
-        x = linear_add(ctx, m, L->down, operand_of(ctx, m, keel_swiglu(ctx, gate, up)), x);
+        x = linear_add(ctx, m, L->down, swiglu_operand(ctx, m, gate, up), x);
         keel_set_name(x, "hidden.%d", i + 1);
         out->hidden[i + 1] = x;
         out->layers.end_id[i] = keel_ctx_count(ctx);

@@ -83,7 +83,9 @@
     X(ROPE_BACK, OWN, 2, OPF_BACKWARD, 0, 2, "src0 dy, src1 positions; ip0 n_rot, fp0 theta")                                  \
     X(SILU, UNARY, 1, 0, 1, 0, "")                                                                                               \
     X(SILU_BACK, OWN, 2, OPF_BACKWARD, 0, 0, "src0 x, src1 dy")                                                                \
-    X(SWIGLU, OWN, 2, 0, 3, 0, "src0 gate, src1 up, one shape: silu(gate) * up, the SILU and MUL it replaces")                 \
+    X(SWIGLU, OWN, 2, 0, 3, 0,                                                                                         \
+      "src0 gate, src1 up, one shape: silu(gate) * up, the SILU and MUL it replaces; ip0 result type (0: the sources', " \
+      "bf16 for float32 sources: the float32 result rounded, the CAST it replaces)")                                   \
     X(SWIGLU_BACK, OWN, 3, OPF_BACKWARD, 0, 0, "src0 gate, src1 up, src2 dy -> packed [d gate | d up], each src0's shape")     \
     X(SIGMOID, UNARY, 1, 0, 1, 0, "")                                                                                            \
     X(SOFTPLUS, UNARY, 1, 0, 1, 0, "log(1+exp(x)); x when x > 20 (as torch)")                                                    \

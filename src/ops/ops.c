@@ -277,6 +277,11 @@ static int shape_rule(keel_tensor *t) {
         set_shape(t, a->type, 2 * keel_nelements(a), 1, 1, 1);
         return 0;
     case KEEL_OP_SWIGLU:
+        REQ(a->type == b->type && keel_same_shape(a, b), "src0 and src1 must have one type and shape");
+        REQ(t->ip[0] == 0 || (t->ip[0] == KEEL_BF16 && a->type == KEEL_F32),
+            "result type %lld: 0 (the sources') or bf16 for float32 sources", (long long)t->ip[0]);
+        set_shape(t, t->ip[0] ? KEEL_BF16 : a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        return 0;
     case KEEL_OP_SILU_BACK:
     case KEEL_OP_RMS_NORM_BACK:
     case KEEL_OP_L2_NORM_BACK:
@@ -687,6 +692,9 @@ keel_tensor *keel_neg(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KE
 keel_tensor *keel_silu(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SILU, a); }
 keel_tensor *keel_swiglu(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up) {
     return keel_op_new(ctx, KEEL_OP_SWIGLU, (keel_tensor *const[]){gate, up}, 2, NULL, 0, NULL, 0);
+}
+keel_tensor *keel_swiglu_bf16(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up) {
+    return keel_op_new(ctx, KEEL_OP_SWIGLU, (keel_tensor *const[]){gate, up}, 2, (int64_t[]){KEEL_BF16}, 1, NULL, 0);
 }
 keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SIGMOID, a); }
 keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SOFTPLUS, a); }

@@ -81,6 +81,10 @@ keel_tensor *keel_silu(keel_ctx *ctx, keel_tensor *a);
 /* silu(gate) * up in one op (the MLP's SwiGLU): bitwise the SILU then MUL it replaces, with no
  * silu(gate) tensor kept for the backward */
 keel_tensor *keel_swiglu(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up);
+/* The same, float32 gate and up, the result rounded to bf16 (nearest even): bitwise keel_cast(keel_swiglu(),
+ * KEEL_BF16), without the float32 result (mixed precision: the down projection's operand). Its gradient
+ * is float32, as a bf16 tensor's is. */
+keel_tensor *keel_swiglu_bf16(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up);
 keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_sum(keel_ctx *ctx, keel_tensor *a);

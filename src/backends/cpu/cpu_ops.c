@@ -515,6 +515,12 @@ static void swiglu_task(void *arg, int64_t b, int64_t e, int th) {
     for (int64_t r = b; r < e; r++) {
         int64_t i1 = r % g->ne[1], i2 = r / g->ne[1] % g->ne[2], i3 = r / g->ne[1] / g->ne[2];
         const char *gs = cpu_row(g, i1, i2, i3), *us = cpu_row(u, i1, i2, i3);
+        if (!back && t->type == KEEL_BF16) { /* the float32 result rounded, as CAST rounds it */
+            uint16_t *d = (uint16_t *)(void *)cpu_row(t, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++)
+                d[i] = keel_cvt_f32_to_bf16(silu_f32(F(gs + i * g->nb[0])) * F(us + i * u->nb[0]));
+            continue;
+        }
         if (!back) {
             float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
             for (int64_t i = 0; i < n; i++) d[i] = silu_f32(F(gs + i * g->nb[0])) * F(us + i * u->nb[0]);

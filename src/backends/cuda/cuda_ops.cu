@@ -11,6 +11,7 @@
 #include "ops/dropout_mask.h"
 #include "ops/optimizer_step.h"
 #include "ops/scalar_f32.h"
+#include "tensor/convert.h"
 
 #define RT KEEL_CUDA_RT
 
@@ -676,7 +677,8 @@ template <int KM> __global__ void k_gconv_values_tiled(gconv_dense A) {
 }
 
 /* SWIGLU and SWIGLU_BACK: the unary SILU's formula, MUL's product and silu_back1, so the bits of
- * the SILU, MUL and SILU_BACK they replace; 4 elements a thread on dense aligned tensors. */
+ * the SILU, MUL and SILU_BACK they replace; 4 elements a thread on dense aligned tensors. bf: SWIGLU's
+ * bf16 result, each float32 value rounded by CAST's function (the bits of the CAST it replaces). */
 __device__ static inline float swiglu1(float g, float u) {
     return __fmul_rn(keel_unary_f32(KEEL_OP_SILU, g, 0.0f, 0.0f), u);
 }
@@ -684,7 +686,7 @@ __device__ static inline void swiglu_back1(float g, float u, float d, float *dg,
     *dg = silu_back1(g, __fmul_rn(d, u));
     *du = __fmul_rn(d, keel_unary_f32(KEEL_OP_SILU, g, 0.0f, 0.0f));
 }
-__global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec) {
+__global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec, int bf) {
     int64_t n = g.ne[0] * g.ne[1] * g.ne[2] * g.ne[3];
     const float *gp = (const float *)g.p, *up = (const float *)u.p, *dp = (const float *)dy.p;
     float *y = (float *)t.p, *y2 = y + n; /* SWIGLU_BACK: [d gate | d up] */
@@ -693,6 +695,11 @@ __global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec) {
             float4 a = ((const float4 *)gp)[q], b = ((const float4 *)up)[q], r, r2;
             if (!back) {
                 r = make_float4(swiglu1(a.x, b.x), swiglu1(a.y, b.y), swiglu1(a.z, b.z), swiglu1(a.w, b.w));
+                if (bf) {
+                    ((ushort4 *)t.p)[q] = make_ushort4(keel_cvt_f32_to_bf16(r.x), keel_cvt_f32_to_bf16(r.y),
+                                                       keel_cvt_f32_to_bf16(r.z), keel_cvt_f32_to_bf16(r.w));
+                    continue;
+                }
             } else {
                 float4 d = ((const float4 *)dp)[q];
                 swiglu_back1(a.x, b.x, d.x, &r.x, &r2.x);
@@ -704,7 +711,9 @@ __global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec) {
             ((float4 *)y)[q] = r;
         }
         VEC_TAIL(e, n) {
-            if (!back)
+            if (!back && bf)
+                ((uint16_t *)t.p)[e] = keel_cvt_f32_to_bf16(swiglu1(gp[e], up[e]));
+            else if (!back)
                 y[e] = swiglu1(gp[e], up[e]);
             else
                 swiglu_back1(gp[e], up[e], dp[e], y + e, y2 + e);
@@ -715,7 +724,9 @@ __global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec) {
         int64_t i[4];
         kt_unflat(g, e, i);
         float a = ldf(kt_at(g, i[0], i[1], i[2], i[3])), b = ldf(kt_at(u, i[0], i[1], i[2], i[3]));
-        if (!back)
+        if (!back && bf)
+            *(uint16_t *)kt_at(t, i[0], i[1], i[2], i[3]) = keel_cvt_f32_to_bf16(swiglu1(a, b));
+        else if (!back)
             stf(kt_at(t, i[0], i[1], i[2], i[3]), swiglu1(a, b));
         else
             swiglu_back1(a, b, ldf(kt_at(dy, i[0], i[1], i[2], i[3])), y + e, y2 + e);
@@ -1428,8 +1439,8 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         int64_t ng = keel_nelements(a);
         bool vec = vec_tensors(t, a, b) && (!back || (vec_tensors(t->src[2], NULL, NULL) && ng % 4 == 0));
         if (ng > 0)
-            k_swiglu<<<vec ? vec_blocks(ng) : cuda_blocks(ng, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(a), kt_of(b), kd,
-                                                                                      back ? 1 : 0, vec ? 1 : 0);
+            k_swiglu<<<vec ? vec_blocks(ng) : cuda_blocks(ng, 256), 256, 0, st(be)>>>(
+                kt_of(t), kt_of(a), kt_of(b), kd, back ? 1 : 0, vec ? 1 : 0, t->type == KEEL_BF16 ? 1 : 0);
         return 0;
     }
     case KEEL_OP_SUM:
