@@ -212,6 +212,86 @@ static void carried_blocks(void **st) {
     keel_ctx_free(ctx);
 }
 
+#ifdef KEEL_HAVE_CUDA
+#include "backends/cuda/cuda_api.h"
+
+/* The delta rule's inputs: q, k [16, 2, 65, 2], v [24, 4, 65, 2], g, beta [4, 65, 2] (parameters),
+ * positions [65, 2] */
+static void gdn_inputs(keel_ctx *ctx, keel_tensor **x) {
+    x[0] = keel_new_4d(ctx, KEEL_F32, 16, 2, 65, 2), x[1] = keel_new_4d(ctx, KEEL_F32, 16, 2, 65, 2);
+    x[2] = keel_new_4d(ctx, KEEL_F32, 24, 4, 65, 2), x[3] = keel_new_3d(ctx, KEEL_F32, 4, 65, 2);
+    x[4] = keel_new_3d(ctx, KEEL_F32, 4, 65, 2), x[5] = keel_set_flags(keel_new_2d(ctx, KEEL_I32, 65, 2), KEEL_FLAG_INPUT);
+    for (int i = 0; i < 5; i++) keel_set_flags(x[i], KEEL_FLAG_PARAM);
+}
+static int64_t node_index(const keel_graph *g, const keel_tensor *t) {
+    for (int64_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i] == t) return i;
+    return -1;
+}
+/* The backward (built by hand) of the delta rule over x, variant tc */
+static keel_tensor *gdn_back(keel_ctx *ctx, keel_tensor **x, keel_tensor *dy, int64_t tc) {
+    keel_tensor *src[7] = {x[0], x[1], x[2], x[3], x[4], x[5], dy};
+    return keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_BACK, src, 7, (int64_t[]){tc}, 1, NULL, 0);
+}
+
+/* The cuda backend's carry rule: the delta rule's backward reads the chunk states of the forward of
+ * the same variant over the same six inputs, and the plan pairs the two; another variant, or an
+ * in-place write into an input between them, and the backward makes its states itself. The sizes:
+ * the paired forward's scratch, the block and the paired backward's scratch are together the
+ * unpaired backward's. */
+static void cuda_gdn_carry(void **st) {
+    (void)st;
+    for (int tc = 0; tc < 2; tc++) { /* autodiff's backward: paired */
+        keel_ctx *ctx = keel_ctx_new();
+        keel_tensor *x[6];
+        gdn_inputs(ctx, x);
+        keel_tensor *y = keel_gated_delta_net(ctx, x[0], x[1], x[2], x[3], x[4], x[5], tc), *loss = keel_sum(ctx, y);
+        keel_graph *g = keel_graph_build(ctx, &loss, 1);
+        assert_int_equal(keel_build_backward(g, loss), 0);
+        int64_t f = node_index(g, y), b = -1, w = -1;
+        for (int64_t i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i]->op == KEEL_OP_GATED_DELTA_NET_BACK) b = i;
+        assert_true(f >= 0 && b > f);
+        for (int64_t i = 0; i < g->n_nodes; i++) {
+            size_t bytes = keel_cuda_carry_bytes(g, i, &w);
+            assert_true(i == b ? bytes > 0 && w == f : bytes == 0);
+        }
+        size_t unpaired_back = keel_cuda_scratch_bytes(g->nodes[b]);
+        keel_plan_opts o;
+        assert_int_equal(keel_backend_plan_rules("cuda", &o), 0);
+        keel_plan *p = keel_plan_make(g, &o);
+        assert_non_null(p);
+        assert_int_equal(p->n_carried, 1);
+        assert_ptr_equal(g->nodes[f]->carry_peer, g->nodes[b]);
+        assert_ptr_equal(g->nodes[b]->carry_peer, g->nodes[f]);
+        size_t carried = p->carry_size[g->nodes[b]->id];
+        assert_int_equal(p->scratch_size[g->nodes[f]->id] + carried + p->scratch_size[g->nodes[b]->id], unpaired_back);
+        keel_plan_free(p);
+        keel_graph_free(g);
+        keel_ctx_free(ctx);
+    }
+    for (int k = 0; k < 3; k++) { /* by hand: the same variant (k 0), another (1), an in-place write between (2) */
+        keel_ctx *ctx = keel_ctx_new();
+        keel_tensor *x[6], *outs[3];
+        gdn_inputs(ctx, x);
+        keel_tensor *dy = keel_set_flags(keel_new_4d(ctx, KEEL_F32, 24, 4, 65, 2), KEEL_FLAG_INPUT);
+        int n = 0;
+        outs[n++] = keel_gated_delta_net(ctx, x[0], x[1], x[2], x[3], x[4], x[5], true);
+        if (k == 2) outs[n++] = keel_acc(ctx, x[0], keel_fill(ctx, KEEL_F32, (int64_t[]){16, 1, 1, 1}, 1.0), 64,
+                                         64 * 2, 64 * 2 * 65, 0, true); /* into q's bytes */
+        outs[n++] = gdn_back(ctx, x, dy, k == 1 ? 0 : 1);
+        keel_graph *g = keel_graph_build(ctx, outs, n);
+        int64_t f = node_index(g, outs[0]), b = node_index(g, outs[n - 1]), w = -1;
+        assert_true(f >= 0 && b > f);
+        if (k == 2) assert_true(node_index(g, outs[1]) > f && node_index(g, outs[1]) < b);
+        size_t bytes = keel_cuda_carry_bytes(g, b, &w);
+        assert_true(k == 0 ? bytes > 0 && w == f : bytes == 0);
+        keel_graph_free(g);
+        keel_ctx_free(ctx);
+    }
+}
+#endif
+
 /* A chain reuses memory: the peak holds a few activations, not the whole chain. */
 static void chain_reuses(void **st) {
     (void)st;
@@ -336,6 +416,9 @@ int main(void) {
         cmocka_unit_test(no_live_overlap),     cmocka_unit_test(chain_reuses), cmocka_unit_test(inplace_aliases),
         cmocka_unit_test(groups_back_to_back), cmocka_unit_test(live_at_node), cmocka_unit_test(scratch_per_node),
         cmocka_unit_test(carried_blocks),
+#ifdef KEEL_HAVE_CUDA
+        cmocka_unit_test(cuda_gdn_carry),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
