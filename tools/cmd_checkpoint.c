@@ -176,6 +176,11 @@ static void peak_table(const keel_graph *g, const keel_plan *pl, const char *mod
         printf("    %9.1f MiB  %-40s %-26s %s\n", (double)keel_nbytes(top[i]) / (1 << 20), top[i]->name,
                keel_op_get(top[i]->op)->name, keel_shape_str(top[i]->ne, shape, sizeof shape));
     }
+    int64_t nc = 0;
+    size_t carried = keel_plan_carried_at(g, pl, pl->peak_node, &nc);
+    if (nc) /* the backend's blocks kept from one node to a later one (the delta rule's chunk states) */
+        printf("  and %lld carried blocks, %.1f MiB (what a node's kernel keeps for a later node's)\n", (long long)nc,
+               (double)carried / (1 << 20));
 }
 
 int cmd_info(int argc, char **argv) {

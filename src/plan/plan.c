@@ -129,14 +129,16 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
     p->scratch_size = calloc((size_t)n_ids, sizeof *p->scratch_size);
     p->carry_offset = malloc((size_t)n_ids * sizeof *p->carry_offset);
     p->carry_size = calloc((size_t)n_ids, sizeof *p->carry_size);
+    p->carry_from = malloc((size_t)n_ids * sizeof *p->carry_from);
     reader_of = malloc((size_t)(g->n_nodes ? g->n_nodes : 1) * sizeof *reader_of);
-    if (!p->offset || !p->scratch_offset || !p->scratch_size || !p->carry_offset || !p->carry_size || !reader_of)
+    if (!p->offset || !p->scratch_offset || !p->scratch_size || !p->carry_offset || !p->carry_size ||
+        !p->carry_from || !reader_of)
         goto oom;
     p->n_offset = n_ids;
     p->guard_bytes = align_up(o.guard_bytes);
     p->scratch_max_node = -1;
     for (int64_t i = 0; i < n_ids; i++)
-        p->offset[i] = p->scratch_offset[i] = p->carry_offset[i] = SIZE_MAX, last_use[i] = -1;
+        p->offset[i] = p->scratch_offset[i] = p->carry_offset[i] = SIZE_MAX, last_use[i] = -1, p->carry_from[i] = -1;
     /* Carried blocks first: the pairs they make are what the scratch rule sizes each node's scratch by */
     for (int64_t i = 0; i < g->n_nodes; i++) g->nodes[i]->carry_peer = NULL, reader_of[i] = -1;
     for (int64_t i = 0; o.carry && i < g->n_nodes; i++) {
@@ -144,7 +146,7 @@ keel_plan *keel_plan_make(const keel_graph *g, const keel_plan_opts *opts) {
         size_t bytes = o.carry(o.scratch_ud, g, i, &w);
         if (!bytes || w < 0 || w >= i || reader_of[w] >= 0) continue;
         reader_of[w] = i;
-        p->carry_size[g->nodes[i]->id] = bytes;
+        p->carry_size[g->nodes[i]->id] = bytes, p->carry_from[g->nodes[i]->id] = w;
         g->nodes[w]->carry_peer = g->nodes[i], g->nodes[i]->carry_peer = g->nodes[w];
         p->n_carried++;
     }
@@ -239,6 +241,7 @@ void keel_plan_free(keel_plan *p) {
     free(p->scratch_size);
     free(p->carry_offset);
     free(p->carry_size);
+    free(p->carry_from);
     free(p);
 }
 
@@ -273,6 +276,16 @@ void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base) {
 static int by_size_desc(const void *a, const void *b) {
     size_t x = keel_nbytes(*(const keel_tensor *const *)a), y = keel_nbytes(*(const keel_tensor *const *)b);
     return x < y ? 1 : x > y ? -1 : 0;
+}
+
+size_t keel_plan_carried_at(const keel_graph *g, const keel_plan *p, int64_t at, int64_t *n) {
+    size_t bytes = 0;
+    *n = 0;
+    for (int64_t r = at; r < g->n_nodes; r++) {
+        int64_t id = g->nodes[r]->id;
+        if (p->carry_size[id] && p->carry_from[id] <= at) bytes += p->carry_size[id], (*n)++;
+    }
+    return bytes;
 }
 
 int64_t keel_plan_live_at(const keel_graph *g, int64_t at, const keel_tensor **out, int64_t max) {

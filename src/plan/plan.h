@@ -38,6 +38,7 @@ typedef struct {
     size_t scratch_max;                    /* the largest node scratch, and its node (-1: none) */
     int64_t scratch_max_node;
     size_t *carry_offset, *carry_size; /* by the reader's tensor id: a carried block (size 0: none) */
+    int64_t *carry_from;               /* by the reader's tensor id: the writer's node index */
     int64_t n_carried;
     size_t guard_bytes;
     int64_t n_roots;
@@ -49,6 +50,9 @@ void keel_plan_free(keel_plan *p);
  * them in out; returns how many there are (-1 with an error). With at = the plan's peak_node: what
  * makes the peak. */
 int64_t keel_plan_live_at(const keel_graph *g, int64_t at, const keel_tensor **out, int64_t max);
+/* The carried blocks live while node `at` runs (written at or before it, read at or after it): their
+ * bytes, and their count in *n. */
+size_t keel_plan_carried_at(const keel_graph *g, const keel_plan *p, int64_t at, int64_t *n);
 /* Set t->data for every tensor of the graph, t->scratch for nodes with scratch and t->carry for
  * both nodes of a carried block, from the arena's base address. */
 void keel_plan_bind(const keel_plan *p, const keel_graph *g, void *base);

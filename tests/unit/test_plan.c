@@ -190,6 +190,14 @@ static void carried_blocks(void **st) {
     }
     assert_int_equal(pairs, p->n_carried);
     assert_int_equal(pairs, (N + 1) / 7);
+    for (int64_t at = 0; at < N; at++) { /* the blocks live at each node: written at or before, read at or after */
+        size_t want = 0;
+        int64_t want_n = 0, got_n = -1;
+        for (int64_t r = 6; r < N; r += 7)
+            if (r - 5 <= at && at <= r) want += 500 + 16 * (size_t)r, want_n++;
+        assert_int_equal(keel_plan_carried_at(g, p, at, &got_n), want);
+        assert_int_equal(got_n, want_n);
+    }
     assert_true(pairs >= 6);
     char *base = malloc(p->total_bytes);
     keel_plan_bind(p, g, base);
