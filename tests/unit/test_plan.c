@@ -275,6 +275,14 @@ static void cuda_gdn_carry(void **st) {
         size_t carried = p->carry_size[g->nodes[b]->id];
         assert_int_equal(p->scratch_size[g->nodes[f]->id] + carried + p->scratch_size[g->nodes[b]->id], unpaired_back);
         keel_plan_free(p);
+        setenv("KEEL_CUDA_CARRY", "0", 1); /* off: nothing carried, the backward's scratch whole again */
+        p = keel_plan_make(g, &o);
+        assert_non_null(p);
+        assert_int_equal(p->n_carried, 0);
+        assert_null(g->nodes[b]->carry_peer);
+        assert_int_equal(p->scratch_size[g->nodes[b]->id], unpaired_back);
+        unsetenv("KEEL_CUDA_CARRY");
+        keel_plan_free(p);
         keel_graph_free(g);
         keel_ctx_free(ctx);
     }

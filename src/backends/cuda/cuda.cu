@@ -266,7 +266,10 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     const char *sy = getenv("KEEL_CUDA_SYNC");
     im->sync_each_node = sy && *sy && strcmp(sy, "0") != 0;
     im->profile = keel_op_profile_from_env("KEEL_CUDA_PROFILE");
-    if (keel_backend_read_fault(be) || cuda_check(cudaSetDevice(dev), "cudaSetDevice", NULL) ||
+    if (keel_backend_read_fault(be) ||
+        (cuda_carry_setting() < 0 &&
+         keel_fail("KEEL_CUDA_CARRY='%s': expected 0 (off) or 1 (on, the default)", getenv("KEEL_CUDA_CARRY"))) ||
+        cuda_check(cudaSetDevice(dev), "cudaSetDevice", NULL) ||
         cuda_check(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking), "stream creation", NULL) ||
         /* products through cuBLASLt (cuda_lt.cu): CUBLAS_COMPUTE_32F, so float32 products use no TF32
          * tensor cores; one stream, one algorithm a shape */

@@ -859,12 +859,19 @@ size_t cuda_gdn_scratch(const keel_tensor *t) {
     return carve(args_of(t), own_parts(t), NULL, &P) * sizeof(float);
 }
 
+/* KEEL_CUDA_CARRY: 1 (or unset) carries the states, 0 does not (the memory of recompute off at the
+ * price of the backward's time); -1 for any other value */
+int cuda_carry_setting(void) {
+    const char *e = getenv("KEEL_CUDA_CARRY");
+    return !e || !*e || !strcmp(e, "1") ? 1 : !strcmp(e, "0") ? 0 : -1;
+}
+
 /* Node `reader`, a backward of the delta rule, carries the states its forward made when the graph
  * has that forward before it: the same op variant (ip0) over the same six inputs, none of them
  * written in place in between (then what the forward left would not be what the backward makes). */
 size_t cuda_gdn_carry(const keel_graph *g, int64_t reader, int64_t *writer) {
     const keel_tensor *b = g->nodes[reader];
-    if (b->op != KEEL_OP_GATED_DELTA_NET_BACK) return 0;
+    if (b->op != KEEL_OP_GATED_DELTA_NET_BACK || cuda_carry_setting() != 1) return 0;
     for (int64_t j = reader - 1; j >= 0; j--) {
         const keel_tensor *f = g->nodes[j];
         bool same = f->op == KEEL_OP_GATED_DELTA_NET && f->ip[0] == b->ip[0];

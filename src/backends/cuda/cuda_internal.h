@@ -186,6 +186,7 @@ size_t cuda_matmul_scratch(const keel_tensor *t);
 size_t cuda_linear_ce_scratch(const keel_tensor *t);
 size_t cuda_gdn_scratch(const keel_tensor *t);
 size_t cuda_gdn_carry(const keel_graph *g, int64_t reader, int64_t *writer);
+int cuda_carry_setting(void);
 size_t cuda_flash_attn_scratch(const keel_tensor *t);
 /* A product through cuBLASLt (cuda_lt.cu), column-major as cuBLAS sees it: D (m x n, ldd) = op(A)
  * op(B) + beta C, op(A) m x k (ta: A stored k x m), op(B) k x n (tb: B stored n x k), float32
