@@ -301,7 +301,8 @@ __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, float *
 
 static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_LD(Dk) + CH * LDJ) * sizeof(float); }
 
-/* The state pass of the tensor-core variant (Dk and Dv up to STATE_TC_MAX): a block a lane, over all
+/* The state pass of the tensor-core variant (Dk and Dv up to STATE_TC_MAX; not the decoding one,
+ * which starts from a given state and keeps the last): a block a lane, over all
  * Dv columns, so that W and Kc are read once a chunk (the pass above reads them whole in each of
  * its Dv / JB blocks: most of its memory traffic), with S in registers as a warp's 32 x 32 tiles,
  * two turns a warp. A chunk: S to shared memory (the next product's operand) and out to Sc; U =
@@ -313,16 +314,12 @@ static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_L
  * multiprocessor (169 KB of shared memory) waits on its own barriers and products (tensor pipes
  * 21% busy). The same design for the reverse pass ran 512 us against 508 and was not kept. */
 #define STATE_TC_MAX 128
-__global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P, float *packed) {
+__global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P) {
     extern __shared__ float sm[];
-    int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv;
+    int64_t l = blockIdx.x;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), ldv = PAD_LD(Dv);
     float *Ss = sm, *Us = Ss + Dk * ldv, *Xw = Us + CH * ldv, *Xk = Xw + CH * ldk;
-    float s[2][2][4][4] = {}, u[1][2][4][4];
-    if (A.s0.p)
-        tc_each<2, 4, 2>(Dk, Dv, [&](int t, int i, int j, int e, int r, int x) {
-            s[t][i][j][e] = ldf(kt_at(A.s0, x, r, hv, b));
-        });
+    float s[2][2][4][4] = {}, u[1][2][4][4]; /* the state starts at 0 (no decoding variant here) */
     int64_t rk = l * P.nc * CH * (int64_t)Dk;
     fetch_mat(Xw, ldk, P.W + rk, Dk, chunk_len(A.T, 0), Dk);
     fetch_commit();
@@ -370,12 +367,6 @@ __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P, f
         fetch_commit();
     }
     fetch_wait(0);
-    if (packed) {
-        float *fin = packed + A.Dv * A.Hv * A.T * A.B + (b * A.Hv + hv) * A.Dk * A.Dv;
-        tc_each<2, 4, 2>(Dk, Dv, [&](int t, int i, int j, int e, int r, int x) {
-            fin[r * A.Dv + x] = s[t][i][j][e];
-        });
-    }
 }
 
 static size_t state_tc_smem(int64_t Dk, int64_t Dv) {
@@ -846,7 +837,8 @@ static size_t carve(const gdn_args &A, int parts, float *p, gdn_scr *P) {
     return n;
 }
 
-/* The parts of node t's own scratch, and of the block carried to its backward (0: none) */
+/* The parts of node t's own scratch: all its arrays, or, when the plan pairs it (carry_peer), those
+ * the carried block does not hold */
 static int own_parts(const keel_tensor *t) {
     bool bwd = t->op == KEEL_OP_GATED_DELTA_NET_BACK, carried = t->carry_peer != NULL;
     if (carried) return bwd ? PART_BACK : PART_STATE;
@@ -916,9 +908,9 @@ static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args
     dim3 chunks((unsigned)P.nc, (unsigned)(A.B * A.Hv)),
         lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_prep<TC>, chunks, NT, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
-    if (TC && A.Dk <= STATE_TC_MAX && A.Dv <= STATE_TC_MAX)
+    if (TC && !packed && !A.s0.p && A.Dk <= STATE_TC_MAX && A.Dv <= STATE_TC_MAX)
         TILE_LAUNCH(k_gdn_state_tc, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv),
-                    "gated delta rule state pass launch", A, P, packed);
+                    "gated delta rule state pass launch", A, P);
     else
         TILE_LAUNCH(k_gdn_state, lanes, NT, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
     return 0;
