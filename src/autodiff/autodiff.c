@@ -7,6 +7,25 @@
 #include "ops/ops.h"
 #include "util/error.h"
 
+/* Windows in place. A contribution through a VIEW of a contiguous tensor s that is itself the same
+ * window of a tensor P laid out as s (a root of s's type, at least s's bytes, the window's strides and
+ * offset in both: the delta rule's backward writes dq, dk, dv in the layout of the channels the model
+ * views q, k and v from) is held back while s has no gradient yet. When s's gradient is read (its
+ * node's rule, the end of the backward), windows of one P that are bands of s's rows (the same bytes
+ * of every row) and tile the rows exactly make s's gradient P's first bytes as they lie: no zero
+ * FILL, no ACC, the same values (0 + x is x; a -0 becomes +0 only the other way). Otherwise, or
+ * when any other contribution to s arrives first, the held windows go in as every window does: a
+ * FILL, then an ACC each in the order they came. */
+#define HELD_MAX 8
+typedef struct {
+    keel_tensor *s, *P;
+    int n;
+    struct {
+        keel_tensor *dy;
+        int64_t nb1, nb2, nb3, offset, lo, hi; /* the window; its bytes [lo, hi) of each of s's rows */
+    } w[HELD_MAX];
+} held_windows;
+
 struct keel_grad_acc {
     keel_graph *g;
     keel_ctx *ctx;
@@ -14,6 +33,8 @@ struct keel_grad_acc {
     uint8_t *owned; /* by id of a gradient: created by accumulation, so in-place ACC may write it */
     keel_tensor *node;
     int64_t cap;
+    held_windows *held; /* the tensors whose windows are held back (few: each until its rule runs) */
+    int n_held, cap_held;
 };
 
 static int grow(keel_grad_acc *a) {
@@ -41,10 +62,83 @@ bool keel_grad_wanted(const keel_grad_acc *acc, int src) {
 
 keel_type keel_grad_type(keel_type t) { return t == KEEL_BF16 ? KEEL_F32 : t; }
 
+/* The bytes [lo, hi) of every row of the contiguous s that a window of shape ne (strides es, nb1..3,
+ * byte offset) covers, when it covers the same bytes of every row and nothing else: its dimensions
+ * (those of more than one element) are a contiguous run within a row, then s's rows in order. */
+static bool band_of(const keel_tensor *s, const int64_t *ne, int64_t nb1, int64_t nb2, int64_t nb3, int64_t offset,
+                    int64_t *lo, int64_t *hi) {
+    int64_t es = (int64_t)keel_type_size(s->type), R = s->ne[0] * es, rows = keel_nrows(s);
+    int64_t nb[4] = {es, nb1, nb2, nb3}, run = es, span = R, count = 1;
+    int d = 0;
+    while (d < 4 && (ne[d] == 1 || nb[d] == run)) run *= ne[d], d++; /* the run within a row */
+    while (d < 4 && (ne[d] == 1 || nb[d] == span)) span *= ne[d], count *= ne[d], d++; /* whole rows */
+    if (d < 4 || offset < 0) return false;
+    if (count == 1 && run > R) { /* rows and all: the whole of s */
+        if (offset || run != R * rows) return false;
+        run = R, count = rows;
+    }
+    if (count != rows || offset + run > R) return false;
+    *lo = offset, *hi = offset + run;
+    return true;
+}
+
+static held_windows *held_of(keel_grad_acc *acc, const keel_tensor *s) {
+    for (int i = 0; i < acc->n_held; i++)
+        if (acc->held[i].s == s) return &acc->held[i];
+    return NULL;
+}
+
+/* Do the held windows of h tile s's rows, P written by nothing in place since the first was made? */
+static bool held_tiles(const keel_grad_acc *acc, const held_windows *h) {
+    int64_t at = 0, R = h->s->ne[0] * (int64_t)keel_type_size(h->s->type);
+    for (int k = 0; k < h->n; k++) { /* windows in order of their bytes: each starts where one ends */
+        int next = -1;
+        for (int i = 0; i < h->n; i++)
+            if (h->w[i].lo == at) next = i;
+        if (next < 0) return false;
+        at = h->w[next].hi;
+    }
+    if (at != R) return false;
+    int64_t first = h->w[0].dy->id;
+    for (int i = 1; i < h->n; i++)
+        if (h->w[i].dy->id < first) first = h->w[i].dy->id;
+    for (int64_t id = first + 1; id < keel_ctx_count(acc->ctx); id++) {
+        const keel_tensor *t = keel_ctx_tensor(acc->ctx, id);
+        if (t->view_src == h->P && !(keel_op_get(t->op)->flags & OPF_VIEW)) return false;
+    }
+    return true;
+}
+
+static int add_window_now(keel_grad_acc *acc, keel_tensor *s, keel_tensor *dy, int64_t nb1, int64_t nb2, int64_t nb3,
+                          int64_t offset);
+
+/* s's held windows into its gradient: P's first bytes where they tile it, else a FILL and ACCs */
+static int settle(keel_grad_acc *acc, held_windows *h) {
+    held_windows w = *h;
+    *h = acc->held[--acc->n_held]; /* out of the list first: the ACCs below must not hold them again */
+    keel_tensor *s = w.s;
+    if (held_tiles(acc, &w)) {
+        keel_tensor *v = keel_view_4d(acc->ctx, w.P, s->ne[0], s->ne[1], s->ne[2], s->ne[3], s->nb[1], s->nb[2],
+                                      s->nb[3], 0);
+        if (!v || grow(acc)) return -1;
+        acc->g->grads[s->id] = v;
+        return 0;
+    }
+    for (int i = 0; i < w.n; i++)
+        if (add_window_now(acc, s, w.w[i].dy, w.w[i].nb1, w.w[i].nb2, w.w[i].nb3, w.w[i].offset)) return -1;
+    return 0;
+}
+
+static int settle_of(keel_grad_acc *acc, const keel_tensor *s) {
+    held_windows *h = acc->n_held ? held_of(acc, s) : NULL;
+    return h ? settle(acc, h) : 0;
+}
+
 int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib) {
     if (!contrib) return -1;
     if (!keel_grad_wanted(acc, src)) return 0;
     keel_tensor *s = acc->node->src[src];
+    if (settle_of(acc, s)) return -1;
     if (!keel_same_shape(s, contrib) || contrib->type != keel_grad_type(s->type)) {
         char a[64], b[64];
         return keel_fail("autodiff: %s rule gave a %s %s gradient for source '%s' (%s %s)",
@@ -78,6 +172,38 @@ int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t n
                          "before viewing it",
                          acc->node->name, s->name);
     if (grow(acc)) return -1;
+    held_windows *h = acc->n_held ? held_of(acc, s) : NULL;
+    keel_tensor *P = dy->view_src;
+    int64_t lo, hi;
+    bool in_place = P && dy->op == KEEL_OP_VIEW && !acc->owned[P->id] && P->type == s->type &&
+                    keel_grad_type(s->type) == s->type && keel_is_contiguous(P) &&
+                    keel_nbytes(P) >= keel_nbytes(s) && dy->nb[0] == (int64_t)keel_type_size(s->type) &&
+                    dy->nb[1] == nb1 && dy->nb[2] == nb2 && dy->nb[3] == nb3 && dy->view_offs == offset &&
+                    band_of(s, dy->ne, nb1, nb2, nb3, offset, &lo, &hi);
+    if (in_place && !acc->g->grads[s->id] && (!h || (h->P == P && h->n < HELD_MAX))) {
+        if (!h) {
+            if (acc->n_held == acc->cap_held) {
+                int c = acc->cap_held * 2 + 4;
+                held_windows *nh = realloc(acc->held, (size_t)c * sizeof *nh);
+                if (!nh) return keel_fail("out of memory building the backward graph");
+                acc->held = nh, acc->cap_held = c;
+            }
+            h = &acc->held[acc->n_held++];
+            h->s = s, h->P = P, h->n = 0;
+        }
+        h->w[h->n].dy = dy, h->w[h->n].nb1 = nb1, h->w[h->n].nb2 = nb2, h->w[h->n].nb3 = nb3;
+        h->w[h->n].offset = offset, h->w[h->n].lo = lo, h->w[h->n].hi = hi, h->n++;
+        return 0;
+    }
+    if (h && settle(acc, h)) return -1;
+    return add_window_now(acc, s, dy, nb1, nb2, nb3, offset);
+}
+
+/* dy into the window of s's gradient: into a zero FILL, or the gradient so far (in place where the
+ * accumulator owns it) */
+static int add_window_now(keel_grad_acc *acc, keel_tensor *s, keel_tensor *dy, int64_t nb1, int64_t nb2, int64_t nb3,
+                          int64_t offset) {
+    if (grow(acc)) return -1;
     keel_tensor *cur = acc->g->grads[s->id];
     bool inplace = true;
     if (!cur) {
@@ -109,7 +235,7 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
             if ((info->grad_srcs >> s & 1) && acc.needs[t->src[s]->id]) acc.needs[t->id] = 1;
     }
     if (!acc.needs[loss->id]) {
-        free(acc.needs), free(acc.owned);
+        free(acc.needs), free(acc.owned), free(acc.held);
         return keel_fail("autodiff: loss '%s' does not depend on any parameter", loss->name);
     }
     loss->flags |= KEEL_FLAG_LOSS;
@@ -120,6 +246,7 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
     int64_t n_forward = g->n_nodes;
     for (int64_t i = n_forward - 1; i >= 0; i--) {
         keel_tensor *t = g->nodes[i];
+        if (settle_of(&acc, t)) goto fail;
         keel_tensor *dy = t->id < acc.cap ? g->grads[t->id] : NULL;
         if (!acc.needs[t->id] || !dy) continue;
         keel_grad_rule rule = keel_grad_rule_of(t->op);
@@ -136,6 +263,8 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
             goto fail;
         }
     }
+    while (acc.n_held) /* windows of leaves (a parameter viewed) */
+        if (settle(&acc, &acc.held[acc.n_held - 1])) goto fail;
     /* Name and keep parameter gradients; a parameter the loss does not reach gets none. A gradient
      * gets a copy of its own (CONT) unless it is already one: a contiguous tensor the backward made
      * (the accumulator's, or a rule's result that is no view and no other parameter's gradient).
@@ -199,9 +328,11 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
     free(want);
     free(acc.needs);
     free(acc.owned);
+    free(acc.held);
     return 0;
 fail:
     free(acc.needs);
     free(acc.owned);
+    free(acc.held);
     return -1;
 }

@@ -288,14 +288,16 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
     keel_tensor *src[7] = {t->src[0], t->src[1], t->src[2], t->src[3], t->src[4], t->src[5], dy};
     keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GATED_DELTA_NET_BACK, src, 7, t->ip, 1, NULL, 0);
     if (!pk) return -1;
-    int64_t es = (int64_t)keel_type_size(pk->type), nqk = Dk * Hv * T * B, nv = Dv * Hv * T * B, ng = Hv * T * B;
+    /* a token's row of the packed gradient holds its dq, dk, dv (keel_gdn_back_layout): windows of
+     * it, read where they lie */
+    keel_gdn_back_layout L = keel_gdn_back_layout_of(Dk, Dv, Hv, T, B);
+    int64_t es = (int64_t)keel_type_size(pk->type), ng = Hv * T * B;
     for (int which = 0; which < 2; which++) { /* dq, dk: per value head, summed over each key head's group */
         if (!WANT(which)) continue;
-        keel_tensor *per =
-            keel_view_4d(ctx, pk, Dk, Hv, T, B, Dk * es, Dk * Hv * es, Dk * Hv * T * es, which * nqk * es);
+        keel_tensor *per = keel_view_4d(ctx, pk, Dk, Hv, T, B, Dk * es, L.row * es, L.row * T * es, which * L.dk * es);
         keel_tensor *sum;
         if (r == 1) {
-            sum = per; /* a contiguous slice of the packed gradient: read where it lies, no copy */
+            sum = per;
         } else {       /* value head hv = hk*r + j: [Dk, r, Hk, T*B] -> sum over j */
             keel_tensor *g4 = keel_reshape_4d(ctx, keel_cont(ctx, per), Dk, r, Hk, T * B);
             keel_tensor *rows = keel_sum_rows(ctx, keel_cont(ctx, keel_permute(ctx, g4, 1, 0, 2, 3)));
@@ -303,12 +305,9 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
         }
         ADD(which, sum);
     }
-    if (WANT(2)) ADD(2, keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, Dv * Hv * es, Dv * Hv * T * es, 2 * nqk * es));
-    if (WANT(3))
-        ADD(3, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, (2 * nqk + nv) * es)));
-    if (WANT(4))
-        ADD(4, keel_cont(ctx,
-                         keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, (2 * nqk + nv + ng) * es)));
+    if (WANT(2)) ADD(2, keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, L.row * es, L.row * T * es, L.dv * es));
+    if (WANT(3)) ADD(3, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, L.dg * es)));
+    if (WANT(4)) ADD(4, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, L.db * es)));
     return 0;
 }
 /* FLASH_ATTN: one backward op for dq, dk and dv from the whole packed gradient [do | dlse] */

@@ -123,7 +123,7 @@
       "before a step at position 0; ip0 1: the CUDA kernels' products on the tensor cores (split TF32, about "         \
       "float32's precision; the bf16 mode), 0: float32 on the CUDA cores (other backends: float32 or float64 either way)") \
     X(GATED_DELTA_NET_BACK, OWN, 7, OPF_BACKWARD, 0, 32,                                                               \
-      "q,k,v,g,beta,positions,do; ip0 as GATED_DELTA_NET -> packed [dq|dk (per value head)|dv|dg|dbeta]")               \
+      "q,k,v,g,beta,positions,do; ip0 as GATED_DELTA_NET -> packed [a row a token: dq|dk|dv (per value head)] then dg, dbeta (keel_gdn_back_layout)")\
     X(GATED_DELTA_NET_STATE, OWN, 7, 0, 0, 32,                                                                         \
       "q,k,v,g,beta,positions as GATED_DELTA_NET, S0 [Dv,Dk,Hv,B] -> packed [o | final state] (decoding)")             \
     X(CROSS_ENTROPY_LOSS, OWN, 2, 0, 1, 2,                                                                                     \

@@ -157,6 +157,22 @@ keel_tensor *keel_gdn_conv(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_t
  * packed example starts from a fresh state, as it would alone. */
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
                                   keel_tensor *beta, keel_tensor *pos, bool tensor_cores);
+/* GATED_DELTA_NET_BACK's packed result: for each token (t, b) a row of (2 Dk + Dv) Hv elements,
+ * [dq of every value head | dk of every value head | dv of every value head] (dq and dk per value
+ * head: the rule sums a key head's group), then dg [Hv,T,B] and dbeta [Hv,T,B]. With as many key
+ * heads as value heads the row is the layout of the q, k and v channels the model views out of the
+ * conv's output (keel_gdn_conv), so that output's gradient is this block as it lies (autodiff takes
+ * such windows in place: no zero fill and no accumulation into it). Offsets in elements: dq(i, hv,
+ * t, b) at (b T + t) row + hv Dk + i, dk there + dk, dv(j, hv, t, b) at (b T + t) row + dv + hv Dv
+ * + j, dg(hv, t, b) at dg + (b T + t) Hv + hv, dbeta likewise from db. */
+typedef struct {
+    int64_t row, dk, dv, dg, db;
+} keel_gdn_back_layout;
+static inline keel_gdn_back_layout keel_gdn_back_layout_of(int64_t Dk, int64_t Dv, int64_t Hv, int64_t T, int64_t B) {
+    keel_gdn_back_layout L;
+    L.row = (2 * Dk + Dv) * Hv, L.dk = Dk * Hv, L.dv = 2 * Dk * Hv, L.dg = L.row * T * B, L.db = L.dg + Hv * T * B;
+    return L;
+}
 /* Decoding: as keel_gated_delta_net from the state s0 [Dv,Dk,Hv,B] -> packed [o | final state]. */
 keel_tensor *keel_gated_delta_net_state(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
                                         keel_tensor *beta, keel_tensor *pos, keel_tensor *s0);

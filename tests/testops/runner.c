@@ -288,27 +288,42 @@ static const char *inst_guards_broken(inst *x, keel_backend *be) {
 
 /* ---- comparisons ---- */
 
-static double nmse(const double *x, const double *ref, int64_t n) {
+/* A part of a result laid out in rows (the delta rule's dq, dk, dv share each token's row):
+ * `rows` runs of `width` elements from `at`, `stride` apart */
+typedef struct {
+    int64_t at, width, stride, rows;
+} strided_part;
+
+static double nmse_strided(const double *x, const double *ref, strided_part p) {
     double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(x[i]) && isfinite(ref[i])) return INFINITY;
-        double d = x[i] - ref[i];
-        num += d * d;
-        den += ref[i] * ref[i];
-    }
+    for (int64_t r = 0; r < p.rows; r++)
+        for (int64_t e = p.at + r * p.stride, i = 0; i < p.width; i++, e++) {
+            if (!isfinite(x[e]) && isfinite(ref[e])) return INFINITY;
+            double d = x[e] - ref[e];
+            num += d * d;
+            den += ref[e] * ref[e];
+        }
     return den > 0 ? num / den : num;
+}
+static double nmse(const double *x, const double *ref, int64_t n) {
+    return nmse_strided(x, ref, (strided_part){0, n, n, 1});
 }
 
 /* The parts of a packed result (several tensors end to end), each compared on its own: one NMSE
  * over the whole would let a small part (the delta rule's dg, dbeta beside dq, dk, dv) be wrong
- * unseen. Returns the count (1: not packed) and their sizes. */
-static int packed_parts(const keel_tensor *t, int64_t *size) {
+ * unseen. Returns the count (1: not packed) and their sizes, or 0 with the parts in `sp` for a
+ * result whose parts are interleaved. */
+static int packed_parts(const keel_tensor *t, int64_t *size, strided_part *sp, int *n_sp) {
     const keel_tensor *q = t->src[0], *v = t->src[2];
     switch (t->op) {
     case KEEL_OP_GATED_DELTA_NET_BACK: {
-        int64_t rows = q->ne[2] * q->ne[3] * v->ne[1];
-        size[0] = size[1] = q->ne[0] * rows, size[2] = v->ne[0] * rows, size[3] = size[4] = rows;
-        return 5;
+        int64_t Dk = q->ne[0], Dv = v->ne[0], Hv = v->ne[1], T = q->ne[2], B = q->ne[3];
+        keel_gdn_back_layout L = keel_gdn_back_layout_of(Dk, Dv, Hv, T, B);
+        sp[0] = (strided_part){0, Dk * Hv, L.row, T * B}, sp[1] = (strided_part){L.dk, Dk * Hv, L.row, T * B};
+        sp[2] = (strided_part){L.dv, Dv * Hv, L.row, T * B};
+        sp[3] = (strided_part){L.dg, Hv * T * B, Hv * T * B, 1}, sp[4] = (strided_part){L.db, Hv * T * B, Hv * T * B, 1};
+        *n_sp = 5;
+        return 0;
     }
     case KEEL_OP_GATED_DELTA_NET_STATE:
         size[0] = keel_nelements(v), size[1] = v->ne[0] * q->ne[0] * v->ne[1] * v->ne[3];
@@ -348,9 +363,11 @@ static int packed_parts(const keel_tensor *t, int64_t *size) {
 /* The largest NMSE over the parts of a packed result (the whole, when not packed). */
 static double nmse_parts(const keel_tensor *t, const double *x, const double *ref) {
     int64_t size[5], at = 0;
-    int n = packed_parts(t, size);
+    strided_part sp[5];
+    int n_sp = 0, n = packed_parts(t, size, sp, &n_sp);
     double e = 0;
     for (int i = 0; i < n; i++) e = fmax(e, nmse(x + at, ref + at, size[i])), at += size[i];
+    for (int i = 0; i < n_sp; i++) e = fmax(e, nmse_strided(x, ref, sp[i])), at += sp[i].width * sp[i].rows;
     return at == keel_nelements(t) ? e : INFINITY; /* parts that do not add up: the harness is wrong, fail */
 }
 

@@ -146,6 +146,83 @@ static void packed_head_gradients(void **st) {
     keel_ctx_free(ctx);
 }
 
+/* Windows in place: the delta rule's q, k and v viewed from one tensor s, as the model views them
+ * from the conv's output. Its backward writes dq, dk, dv in s's layout, so s's gradient is that
+ * result as it lies (a VIEW of GATED_DELTA_NET_BACK, no FILL, no ACC); where the windows do not tile
+ * s (v from a tensor of its own), or do not lie in s's layout (key heads shared by two value heads:
+ * dq and dk are sums, and the rows of the result are wider than s's), they go through a FILL and
+ * ACCs as before. Every way gives x's gradient of the same graph with q, k and v copied out of s
+ * (CONT: no window of the result reaches s), value for value on cpu and ref. */
+enum { GW_DK = 4, GW_DV = 3, GW_HV = 2, GW_T = 5, GW_B = 2 };
+typedef enum { GW_TILED, GW_V_OWN, GW_SHARED_KEYS } gw_kind;
+static keel_graph *gdn_windows_graph(keel_ctx *ctx, gw_kind kind, bool copies, keel_tensor **leaves) {
+    int64_t Hk = kind == GW_SHARED_KEYS ? 1 : GW_HV, kd = GW_DK * Hk, C = 2 * kd + GW_DV * GW_HV, es = 4;
+    keel_tensor *x = keel_set_flags(keel_set_name(keel_new_3d(ctx, KEEL_F32, C, GW_T, GW_B), "x"), KEEL_FLAG_PARAM);
+    keel_tensor *xv = keel_set_flags(keel_new_4d(ctx, KEEL_F32, GW_DV, GW_HV, GW_T, GW_B), KEEL_FLAG_PARAM);
+    keel_tensor *g = keel_set_flags(keel_new_3d(ctx, KEEL_F32, GW_HV, GW_T, GW_B), KEEL_FLAG_INPUT);
+    keel_tensor *beta = keel_set_flags(keel_new_3d(ctx, KEEL_F32, GW_HV, GW_T, GW_B), KEEL_FLAG_INPUT);
+    keel_tensor *pos = keel_set_flags(keel_new_2d(ctx, KEEL_I32, GW_T, GW_B), KEEL_FLAG_INPUT);
+    keel_tensor *s = keel_scale(ctx, x, 0.5, 0.0);
+    keel_tensor *q = keel_view_4d(ctx, s, GW_DK, Hk, GW_T, GW_B, GW_DK * es, C * es, C * GW_T * es, 0);
+    keel_tensor *k = keel_view_4d(ctx, s, GW_DK, Hk, GW_T, GW_B, GW_DK * es, C * es, C * GW_T * es, kd * es);
+    keel_tensor *v = keel_view_4d(ctx, s, GW_DV, GW_HV, GW_T, GW_B, GW_DV * es, C * es, C * GW_T * es, 2 * kd * es);
+    if (copies) q = keel_cont(ctx, q), k = keel_cont(ctx, k), v = keel_cont(ctx, v);
+    if (kind == GW_V_OWN) v = keel_scale(ctx, xv, 1.0, 0.0);
+    keel_tensor *o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos, false);
+    keel_tensor *loss = keel_add(ctx, keel_sum(ctx, keel_sqr(ctx, o)), keel_sum(ctx, xv));
+    keel_graph *gr = keel_graph_build(ctx, &loss, 1);
+    assert_int_equal(keel_build_backward(gr, loss), 0);
+    leaves[0] = x, leaves[1] = xv, leaves[2] = g, leaves[3] = beta, leaves[4] = pos;
+    return gr;
+}
+
+static double *gdn_windows_run(const char *backend, keel_graph *g, keel_tensor **lv) {
+    int n = (int)keel_nelements(lv[0]), nv = (int)keel_nelements(lv[1]), ng = (int)keel_nelements(lv[2]);
+    double *xs = malloc((size_t)n * sizeof *xs), *vs = malloc((size_t)nv * sizeof *vs),
+           *gs = malloc((size_t)ng * sizeof *gs), *bs = malloc((size_t)ng * sizeof *bs), ps[GW_T * GW_B];
+    for (int i = 0; i < n; i++) xs[i] = 0.1 * ((i * 37) % 17) - 0.85; /* never 0 */
+    for (int i = 0; i < nv; i++) vs[i] = 0.05 * ((i * 11) % 7) - 0.175;
+    for (int i = 0; i < ng; i++) gs[i] = -0.1 - 0.05 * (i % 5), bs[i] = 0.2 + 0.1 * (i % 6);
+    for (int i = 0; i < GW_T * GW_B; i++) ps[i] = i % GW_T < 3 ? i % GW_T : i % GW_T - 3; /* a start inside */
+    double *vals[5] = {xs, vs, gs, bs, ps};
+    double *r = run_graph(backend, g, lv, vals, 5, keel_graph_grad(g, lv[0]));
+    free(xs), free(vs), free(gs), free(bs);
+    return r;
+}
+
+static void windows_in_place(void **st) {
+    (void)st;
+    for (gw_kind kind = GW_TILED; kind <= GW_SHARED_KEYS; kind++) {
+        keel_ctx *ctx = keel_ctx_new(), *cc = keel_ctx_new();
+        keel_tensor *lv[5], *lc[5];
+        keel_graph *g = gdn_windows_graph(ctx, kind, false, lv), *oracle = gdn_windows_graph(cc, kind, true, lc);
+        int fills = 0, accs = 0;
+        for (int64_t i = g->n_forward; i < g->n_nodes; i++)
+            fills += g->nodes[i]->op == KEEL_OP_FILL, accs += g->nodes[i]->op == KEEL_OP_ACC;
+        keel_tensor *sg = keel_graph_grad(g, lv[0])->src[0]; /* x's gradient is SCALE's of s's */
+        if (kind == GW_TILED) {
+            assert_int_equal(sg->op, KEEL_OP_VIEW);
+            assert_int_equal(sg->src[0]->op, KEEL_OP_GATED_DELTA_NET_BACK);
+            assert_int_equal(accs, 0);
+        } else {
+            assert_int_equal(sg->op, KEEL_OP_ACC);
+            assert_int_equal(accs, kind == GW_V_OWN ? 2 : 3);
+        }
+        assert_int_equal(fills, 1 + (kind != GW_TILED)); /* the loss's gradient, then s's */
+        int64_t n = keel_nelements(lv[0]), C = lv[0]->ne[0], v0 = C - GW_DV * GW_HV;
+        for (int b = 0; b < 2; b++) {
+            double *r = gdn_windows_run(b ? "ref" : "cpu", g, lv), *want = gdn_windows_run(b ? "ref" : "cpu", oracle, lc);
+            for (int64_t i = 0; i < n; i++) {
+                assert_true(r[i] == want[i]);
+                assert_true(r[i] != 0.0 || (kind == GW_V_OWN && i % C >= v0)); /* every window reached */
+            }
+            free(r), free(want);
+        }
+        keel_graph_free(g), keel_graph_free(oracle);
+        keel_ctx_free(ctx), keel_ctx_free(cc);
+    }
+}
+
 static void errors(void **st) {
     (void)st;
     keel_ctx *ctx = keel_ctx_new();
@@ -173,6 +250,7 @@ int main(void) {
         cmocka_unit_test(multiple_uses_sum),
         cmocka_unit_test(products_accumulate_in_place),
         cmocka_unit_test(packed_head_gradients),
+        cmocka_unit_test(windows_in_place),
         cmocka_unit_test(errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

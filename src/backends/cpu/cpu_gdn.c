@@ -165,15 +165,14 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
         return;
     }
     float *out = c->t->data;
-    int64_t off_dk = Dk * Hv * T * B, off_dv = 2 * Dk * Hv * T * B, off_dg = off_dv + Dv * Hv * T * B,
-            off_db = off_dg + Hv * T * B;
+    keel_gdn_back_layout P = keel_gdn_back_layout_of(Dk, Dv, Hv, T, B);
     for (int64_t lane = begin; lane < end; lane++) {
         int64_t b = lane / Hv, hv = lane % Hv;
         gather(c, b, hv, &L, true);
         for (int64_t t = 0; t < T; t++) { /* dq and dk are summed over the blocks */
-            int64_t row = (b * T + t) * Hv + hv;
-            memset(out + row * Dk, 0, (size_t)Dk * sizeof(float));
-            memset(out + off_dk + row * Dk, 0, (size_t)Dk * sizeof(float));
+            float *row = out + (b * T + t) * P.row + hv * Dk;
+            memset(row, 0, (size_t)Dk * sizeof(float));
+            memset(row + P.dk, 0, (size_t)Dk * sizeof(float));
         }
         for (int64_t t = 0; t < 2 * T; t++) dgb[t] = 0;
         for (int64_t j0 = 0; j0 < Dv; j0 += VB) {
@@ -195,8 +194,7 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
                 for (int64_t t = t1 - 1; t >= t0; t--) {
                     const float *q = L.q + t * Dk, *k = L.k + t * Dk;
                     float eg = expf(L.g[t]), bt = L.beta[t];
-                    int64_t row = (b * T + t) * Hv + hv;
-                    float *dq = out + row * Dk, *dk = out + off_dk + row * Dk;
+                    float *row = out + (b * T + t) * P.row, *dq = row + hv * Dk, *dk = dq + P.dk;
                     for (int64_t jj = 0; jj < nb; jj++) {
                         int64_t j = j0 + jj;
                         const float *sp = Sl + (t - t0) * n + jj * Dk, *st = sp + n;
@@ -210,7 +208,7 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
                         }
                         /* st = sa + k d: dd = ds . k; dv = beta dd; dbeta += dd (v - u); du = -beta dd */
                         float dd = dot_lanes(ds, k, Dk), du = -bt * dd;
-                        out[off_dv + row * Dv + j] = bt * dd;
+                        row[P.dv + hv * Dv + j] = bt * dd;
                         dgb[T + t] += (double)dd * (vj - u);
                         /* dk += ds d + sa du; dsa = ds + k du; dg += sa . dsa; ds = eg dsa */
                         double pg[LANES] = {0};
@@ -236,9 +234,9 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
             }
         }
         for (int64_t t = 0; t < T; t++) {
-            int64_t row = (b * T + t) * Hv + hv;
-            out[off_dg + row] = (float)dgb[t];
-            out[off_db + row] = (float)dgb[T + t];
+            int64_t at = (b * T + t) * Hv + hv;
+            out[P.dg + at] = (float)dgb[t];
+            out[P.db + at] = (float)dgb[T + t];
         }
     }
     free(mem), free(Sck), free(Sl), free(dS), free(dgb);

@@ -476,7 +476,8 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, kh = state_kh(Dk), ldx = PAD_LD(kh), jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
     float *dS = sm, *X = dS + Dk * LDJ, *dRt = X + CH * ldx, *bt = dRt + CH * LDJ;
-    int64_t off_dv = 2 * A.Dk * A.Hv * A.T * A.B, last = P.nc - 1;
+    /* dv's place in a token's row of the packed result (keel_gdn_back_layout) */
+    int64_t prow = (2 * A.Dk + A.Dv) * A.Hv, off_dv = 2 * A.Dk * A.Hv + hv * Dv, last = P.nc - 1;
     for (int e = threadIdx.x; e < Dk * LDJ; e += NT) dS[e] = 0.0f;
     int64_t lc = l * P.nc + last, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
     int n = chunk_len(A.T, last);
@@ -516,7 +517,7 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
         store_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
         for (int e = threadIdx.x; e < n * jw; e += NT) {
             int t = e / jw, x = e - t * jw;
-            out[off_dv + ((b * A.T + t0 + t) * A.Hv + hv) * Dv + j0 + x] = bt[t] * dRt[t * LDJ + x];
+            out[(b * A.T + t0 + t) * prow + off_dv + j0 + x] = bt[t] * dRt[t * LDJ + x];
         }
         float gc = P.GamC[lc], *dSo = P.dSc + lc * Dk * (int64_t)Dv + j0;
 #pragma unroll
@@ -690,7 +691,9 @@ template <int NB, bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn
         gE[t * CH + s] = low ? dmm * d.bt[t] * D : 0.0f;
     }
     __syncthreads();
-    int64_t rows = A.Hv * A.T * A.B, off_dk = A.Dk * rows, off_dg = 2 * off_dk + A.Dv * rows, off_db = off_dg + rows;
+    /* the packed result (keel_gdn_back_layout): a row a token [dq | dk | dv], then dg, dbeta */
+    int64_t prow = (2 * A.Dk + A.Dv) * A.Hv, off_dk = A.Dk * A.Hv, off_dg = prow * A.T * A.B,
+            off_db = off_dg + A.Hv * A.T * A.B;
     int64_t rk = lc * CH * (int64_t)Dk;
     for (int t = w; t < n; t += NT / 32) { /* a warp a row: dot products over Dk, 4 loads of each in flight */
         float x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
@@ -751,8 +754,8 @@ template <int NB, bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn
     /* dq, then dk, in registers: each element's first terms, then the products added as bmm adds
      * them to C (bmm_reg: the same sums in the same order), and one store; NB: the turns of a
      * thread's blocks over n x Dk (2 up to Dk = 128, 4 up to 256) */
-    float *oq = out + ((b * A.T + t0) * A.Hv + hv) * A.Dk, *ok = oq + off_dk, acc[NB][4][4];
-    int64_t ld = A.Hv * A.Dk;
+    float *oq = out + (b * A.T + t0) * prow + hv * A.Dk, *ok = oq + off_dk, acc[NB][4][4];
+    int64_t ld = prow;
     const float *qa = P.dQa + rk, *ka = P.dKa + rk, *kb = P.dKb + rk;
     if (TC) { /* the same on the tensor cores: a warp's 32 x 32 tiles (NB / 2 turns) in registers */
         float s[NB / 2][2][4][4];

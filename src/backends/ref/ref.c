@@ -371,8 +371,7 @@ static int ref_gdn_back(const keel_tensor *t) {
                       *pos = t->src[5], *dO = t->src[6];
     int64_t Dk = q->ne[0], Hk = q->ne[1], T = q->ne[2], B = q->ne[3], Dv = v->ne[0], Hv = v->ne[1];
     int64_t r = Hv / Hk, n = Dk * Dv;
-    int64_t off_dk = Dk * Hv * T * B, off_dv = 2 * Dk * Hv * T * B, off_dg = off_dv + Dv * Hv * T * B,
-            off_db = off_dg + Hv * T * B;
+    keel_gdn_back_layout P = keel_gdn_back_layout_of(Dk, Dv, Hv, T, B);
     double *Sall = malloc((size_t)((T + 1) * n) * sizeof(double));
     double *dS = malloc((size_t)n * sizeof(double)), *dd = malloc((size_t)Dv * sizeof(double)),
            *d = malloc((size_t)Dv * sizeof(double)), *du = malloc((size_t)Dv * sizeof(double));
@@ -412,7 +411,7 @@ static int ref_gdn_back(const keel_tensor *t) {
                 for (int64_t i = 0; i < Dk; i++) {
                     double s = 0;
                     for (int64_t j = 0; j < Dv; j++) s += St[i * Dv + j] * get(dO, j, hv, tt, b);
-                    putf(t, ((b * T + tt) * Hv + hv) * Dk + i, s); /* dq first in the packed result */
+                    putf(t, (b * T + tt) * P.row + hv * Dk + i, s); /* dq first in a token's row */
                 }
                 for (int64_t i = 0; i < Dk; i++)
                     for (int64_t j = 0; j < Dv; j++) dS[i * Dv + j] += get(q, i, hk, tt, b) * get(dO, j, hv, tt, b);
@@ -423,7 +422,7 @@ static int ref_gdn_back(const keel_tensor *t) {
                     for (int64_t i = 0; i < Dk; i++) s += dS[i * Dv + j] * get(k, i, hk, tt, b);
                     dd[j] = s;
                     dbeta += s * (get(v, j, hv, tt, b) - du[j]);
-                    putf(t, off_dv + ((b * T + tt) * Hv + hv) * Dv + j, bt * s);
+                    putf(t, (b * T + tt) * P.row + P.dv + hv * Dv + j, bt * s);
                 }
                 for (int64_t i = 0; i < Dk; i++) {
                     double s1 = 0, s2 = 0;
@@ -431,7 +430,7 @@ static int ref_gdn_back(const keel_tensor *t) {
                         s1 += dS[i * Dv + j] * d[j];
                         s2 += eg * Sp[i * Dv + j] * (-bt * dd[j]);
                     }
-                    putf(t, off_dk + ((b * T + tt) * Hv + hv) * Dk + i, s1 + s2);
+                    putf(t, (b * T + tt) * P.row + P.dk + hv * Dk + i, s1 + s2);
                 }
                 /* u = Sa^T k: dSa += k du^T with du = -beta dd */
                 for (int64_t i = 0; i < Dk; i++)
@@ -440,8 +439,8 @@ static int ref_gdn_back(const keel_tensor *t) {
                 double dg = 0;
                 for (int64_t i = 0; i < n; i++) dg += eg * Sp[i] * dS[i];
                 for (int64_t i = 0; i < n; i++) dS[i] *= eg;
-                putf(t, off_dg + (b * T + tt) * Hv + hv, dg);
-                putf(t, off_db + (b * T + tt) * Hv + hv, dbeta);
+                putf(t, P.dg + (b * T + tt) * Hv + hv, dg);
+                putf(t, P.db + (b * T + tt) * Hv + hv, dbeta);
             }
         }
     free(Sall), free(dS), free(dd), free(d), free(du);
