@@ -35,6 +35,8 @@ struct keel_grad_acc {
     int64_t cap;
     held_windows *held; /* the tensors whose windows are held back (few: each until its rule runs) */
     int n_held, cap_held;
+    uint8_t *uses; /* by id of a forward tensor: the forward nodes that read it (2: two or more) */
+    int64_t n_uses;
 };
 
 static int grow(keel_grad_acc *a) {
@@ -53,6 +55,18 @@ static int grow(keel_grad_acc *a) {
     a->cap = c;
     a->g->n_grads = c;
     return 0;
+}
+
+/* A tensor whose gradient only ever becomes a bf16 product operand: a float32 product of bf16
+ * operands (MUL_MAT's rule rounds dy to bf16 and reads nothing else of it) read by one node alone,
+ * no output, no gradient yet. A contribution to it may come in bf16, rounded as CAST rounds it
+ * (keel_grad_bf16_ok): the bits the product's rule would make, without the float32 tensor. */
+bool keel_grad_bf16_ok(const keel_grad_acc *acc, int src) {
+    const keel_tensor *s = acc->node->src[src];
+    return keel_grad_wanted(acc, src) && s->op == KEEL_OP_MUL_MAT && s->type == KEEL_F32 &&
+           s->src[0]->type == KEEL_BF16 && s->src[1]->type == KEEL_BF16 && s->id < acc->n_uses &&
+           acc->uses[s->id] == 1 && !(s->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_LOSS | KEEL_FLAG_PARAM)) &&
+           !acc->g->grads[s->id];
 }
 
 bool keel_grad_wanted(const keel_grad_acc *acc, int src) {
@@ -139,7 +153,8 @@ int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib) {
     if (!keel_grad_wanted(acc, src)) return 0;
     keel_tensor *s = acc->node->src[src];
     if (settle_of(acc, s)) return -1;
-    if (!keel_same_shape(s, contrib) || contrib->type != keel_grad_type(s->type)) {
+    bool bf16 = contrib->type == KEEL_BF16 && keel_grad_bf16_ok(acc, src);
+    if (!keel_same_shape(s, contrib) || (contrib->type != keel_grad_type(s->type) && !bf16)) {
         char a[64], b[64];
         return keel_fail("autodiff: %s rule gave a %s %s gradient for source '%s' (%s %s)",
                          keel_op_get(acc->node->op)->name, keel_type_name(contrib->type),
@@ -234,8 +249,20 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
         for (int s = 0; s < info->arity; s++)
             if ((info->grad_srcs >> s & 1) && acc.needs[t->src[s]->id]) acc.needs[t->id] = 1;
     }
+    acc.n_uses = keel_ctx_count(g->ctx);
+    if (!(acc.uses = calloc((size_t)acc.n_uses, 1))) {
+        free(acc.needs), free(acc.owned);
+        return keel_fail("out of memory building the backward graph");
+    }
+    for (int64_t i = 0; i < g->n_nodes; i++) {
+        const keel_tensor *t = g->nodes[i];
+        for (int s = 0; s < keel_op_get(t->op)->arity; s++) {
+            uint8_t *u = &acc.uses[t->src[s]->id];
+            *u = *u < 2 ? *u + 1 : 2;
+        }
+    }
     if (!acc.needs[loss->id]) {
-        free(acc.needs), free(acc.owned), free(acc.held);
+        free(acc.needs), free(acc.owned), free(acc.held), free(acc.uses);
         return keel_fail("autodiff: loss '%s' does not depend on any parameter", loss->name);
     }
     loss->flags |= KEEL_FLAG_LOSS;
@@ -329,10 +356,12 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
     free(acc.needs);
     free(acc.owned);
     free(acc.held);
+    free(acc.uses);
     return 0;
 fail:
     free(acc.needs);
     free(acc.owned);
     free(acc.held);
+    free(acc.uses);
     return -1;
 }

@@ -25,7 +25,11 @@ typedef int (*keel_grad_rule)(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, ke
 
 /* Does source i of the node being differentiated need a gradient? */
 bool keel_grad_wanted(const keel_grad_acc *acc, int src);
-/* Add a contribution (shaped like source i) to source i's gradient. */
+/* May source i's gradient come in bf16? Where it only ever becomes a bf16 product operand (a float32
+ * product of bf16 operands that only this node reads): the contribution rounded as CAST rounds it
+ * gives the bits the product's rule makes from a float32 one, without that float32 tensor. */
+bool keel_grad_bf16_ok(const keel_grad_acc *acc, int src);
+/* Add a contribution (shaped like source i; bf16 where keel_grad_bf16_ok) to source i's gradient. */
 int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib);
 /* Add dy into the window (strides nb1..3, byte offset) of source i's gradient. */
 int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t nb1, int64_t nb2, int64_t nb3,

@@ -133,10 +133,13 @@ static int r_silu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     return 0;
 }
 /* d gate = silu'(gate) (dy * up), d up = dy * silu(gate): one op for both, viewed apart */
+/* both gradients in bf16 where both go only to bf16 products (mixed precision's gate and up
+ * projections): the bits of the float32 ones and the CASTs of their products' rules, in half the bytes */
 static int r_swiglu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *g = t->src[0];
-    keel_tensor *pk =
-        keel_op_new(ctx, KEEL_OP_SWIGLU_BACK, (keel_tensor *const[]){g, t->src[1], dy}, 3, NULL, 0, NULL, 0);
+    int64_t bf = keel_grad_bf16_ok(acc, 0) && keel_grad_bf16_ok(acc, 1) && dy->type == KEEL_F32 ? KEEL_BF16 : 0;
+    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_SWIGLU_BACK, (keel_tensor *const[]){g, t->src[1], dy}, 3,
+                                  (int64_t[]){bf}, 1, NULL, 0);
     if (!pk) return -1;
     int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(g);
     for (int which = 0; which < 2; which++)
@@ -262,11 +265,14 @@ static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_ac
     if (gated && WANT(2)) ADD(2, part[1]);
     return 0;
 }
-/* CONV1D's gradients given the gradient du of its output (x, w, pos: its sources) */
+/* CONV1D's gradients given the gradient du of its output (x, w, pos: its sources); x's in bf16
+ * where it goes only to a bf16 product (the DeltaNet's input projection) */
 static int conv1d_grads(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, keel_tensor *du,
                         keel_grad_acc *acc) {
+    int64_t bf = keel_grad_bf16_ok(acc, 0) && du->type == KEEL_F32 ? KEEL_BF16 : 0;
     if (WANT(0))
-        ADD(0, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_INPUT, (keel_tensor *const[]){du, w, pos}, 3, NULL, 0, NULL, 0));
+        ADD(0, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_INPUT, (keel_tensor *const[]){du, w, pos}, 3, (int64_t[]){bf}, 1,
+                           NULL, 0));
     if (WANT(1))
         ADD(1, keel_op_new(ctx, KEEL_OP_CONV1D_BACK_WEIGHT, (keel_tensor *const[]){x, du, pos}, 3,
                            (int64_t[]){w->ne[0]}, 1, NULL, 0));

@@ -89,6 +89,14 @@ void keel_rows_by_id(const int32_t *ids, int64_t n, int64_t R, int64_t *start, i
     start[0] = 0;
 }
 
+/* every source float32, but the index sources int32 */
+static bool f32_sources(const keel_tensor *t) {
+    const keel_op_info *info = keel_op_get(t->op);
+    for (int i = 0; i < info->arity; i++)
+        if (t->src[i]->type != (info->index_srcs >> i & 1 ? KEEL_I32 : KEEL_F32)) return false;
+    return true;
+}
+
 bool keel_backend_f32_supports(const keel_tensor *t) {
     const keel_op_info *info = keel_op_get(t->op);
     if (info->flags & OPF_VIEW) return true;
@@ -126,6 +134,9 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
     case KEEL_OP_SWIGLU: /* float32 gate and up, a float32 or (rounded) bf16 result */
         if (t->type == KEEL_BF16) return t->src[0]->type == KEEL_F32 && t->src[1]->type == KEEL_F32;
         break;
+    case KEEL_OP_SWIGLU_BACK:
+    case KEEL_OP_CONV1D_BACK_INPUT: /* float32 sources, a float32 or (rounded) bf16 result */
+        return (t->type == KEEL_F32 || t->type == KEEL_BF16) && f32_sources(t);
     case KEEL_OP_MUL_MAT_ADD: /* the same, the addend and the result float32 */
         if (t->src[0]->type == KEEL_BF16)
             return t->src[1]->type == KEEL_BF16 && t->src[2]->type == KEEL_F32 && t->type == KEEL_F32;
@@ -133,12 +144,7 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
     default:
         break;
     }
-    if (t->type != KEEL_F32) return false;
-    for (int i = 0; i < info->arity; i++) {
-        keel_type want = info->index_srcs >> i & 1 ? KEEL_I32 : KEEL_F32;
-        if (t->src[i]->type != want) return false;
-    }
-    return true;
+    return t->type == KEEL_F32 && f32_sources(t);
 }
 
 int keel_backend_run_acc_set(keel_backend *be, const keel_tensor *t) {

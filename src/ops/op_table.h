@@ -86,7 +86,8 @@
     X(SWIGLU, OWN, 2, 0, 3, 0,                                                                                         \
       "src0 gate, src1 up, one shape: silu(gate) * up, the SILU and MUL it replaces; ip0 result type (0: the sources', " \
       "bf16 for float32 sources: the float32 result rounded, the CAST it replaces)")                                   \
-    X(SWIGLU_BACK, OWN, 3, OPF_BACKWARD, 0, 0, "src0 gate, src1 up, src2 dy -> packed [d gate | d up], each src0's shape")     \
+    X(SWIGLU_BACK, OWN, 3, OPF_BACKWARD, 0, 0, "src0 gate, src1 up, src2 dy -> packed [d gate | d up], each src0's shape; ip0 its " \
+      "type: 0 the sources', or bf16 (float32 sources, each float32 value rounded as CAST rounds it)")             \
     X(SIGMOID, UNARY, 1, 0, 1, 0, "")                                                                                            \
     X(SOFTPLUS, UNARY, 1, 0, 1, 0, "log(1+exp(x)); x when x > 20 (as torch)")                                                    \
     X(DROPOUT, OWN, 1, 0, 1, 0,                                                                                                \
@@ -94,7 +95,8 @@
     X(CONV1D, OWN, 3, 0, 3, 4,                                                                                                 \
       "src0 x [C,T,B], src1 w [K,C], src2 i32 positions [T,B]: causal depthwise, no bias; y[t] reads x[t-d] for "      \
       "d <= pos[t] only")                                                                                              \
-    X(CONV1D_BACK_INPUT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 dy [C,T,B], src1 w [K,C], src2 positions -> dx")                   \
+    X(CONV1D_BACK_INPUT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 dy [C,T,B], src1 w [K,C], src2 positions -> dx; ip0 its type: 0 dy's, or " \
+      "bf16 (float32 dy: each float32 sum rounded as CAST rounds it; autodiff's, where dx only feeds a bf16 product)") \
     X(CONV1D_BACK_WEIGHT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 x [C,T,B], src1 dy, src2 positions, ip0 K -> dw [K,C]")           \
     X(RMS_NORM_W, OWN, 2, 0, 3, 0,                                                                                     \
       "src0 x, src1 w [ne0]; fp0 eps, ip0 1: the 1 + w form: rms_norm(x) * w (or * (1 + w)), the RMS_NORM, MUL (and " \

@@ -274,7 +274,9 @@ static int shape_rule(keel_tensor *t) {
         REQ(a->type == b->type && a->type == t->src[2]->type && keel_type_is_float(a->type),
             "gate, up and dy must have one real type");
         REQ(keel_same_shape(a, b) && keel_same_shape(a, t->src[2]), "gate, up and dy must have one shape");
-        set_shape(t, a->type, 2 * keel_nelements(a), 1, 1, 1);
+        REQ(t->ip[0] == 0 || (t->ip[0] == KEEL_BF16 && a->type == KEEL_F32),
+            "result type %lld: 0 (the sources') or bf16 for float32 sources", (long long)t->ip[0]);
+        set_shape(t, t->ip[0] ? KEEL_BF16 : a->type, 2 * keel_nelements(a), 1, 1, 1);
         return 0;
     case KEEL_OP_SWIGLU:
         REQ(a->type == b->type && keel_same_shape(a, b), "src0 and src1 must have one type and shape");
@@ -348,7 +350,9 @@ static int shape_rule(keel_tensor *t) {
     case KEEL_OP_CONV1D_BACK_INPUT:
         REQ(a->type == b->type && a->ne[3] == 1 && b->ne[1] == a->ne[0], "want dy [C,T,B] and w [K,C]");
         REQ(is_positions(t->src[2], a->ne[1], a->ne[2]), "positions must be i32 [T,B]");
-        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], 1);
+        REQ(t->ip[0] == 0 || (t->ip[0] == KEEL_BF16 && a->type == KEEL_F32),
+            "result type %lld: 0 (the sources') or bf16 for float32 sources", (long long)t->ip[0]);
+        set_shape(t, t->ip[0] ? KEEL_BF16 : a->type, a->ne[0], a->ne[1], a->ne[2], 1);
         return 0;
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         REQ(a->type == b->type && keel_same_shape(a, b) && a->ne[3] == 1, "want x and dy of one shape [C,T,B]");

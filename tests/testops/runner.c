@@ -432,7 +432,7 @@ static void make_label(op_case *c) {
         k = snprintf(p, left, ",1+w"), p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_GATED_DELTA_NET || c->op == KEEL_OP_GATED_DELTA_NET_BACK) && c->ip[0])
         k = snprintf(p, left, ",tensor cores"), p += k, left -= (size_t)k;
-    if (c->op == KEEL_OP_SWIGLU && c->ip[0])
+    if ((c->op == KEEL_OP_SWIGLU || c->op == KEEL_OP_SWIGLU_BACK || c->op == KEEL_OP_CONV1D_BACK_INPUT) && c->ip[0])
         k = snprintf(p, left, "->%s", keel_type_name((keel_type)c->ip[0])), p += k, left -= (size_t)k;
     snprintf(p, left, ")");
 }

@@ -21,7 +21,8 @@ typedef struct {
     double adamw_f;  /* ADAMW: the gradients' factor (keel_adamw_factor) */
     int64_t *csr_start, *csr_items;
     float *wt;   /* CONV1D, GDN_CONV: the weight as [K][C] */
-    float *rows; /* GDN_CONV: 2 C floats a thread (the conv's output and its SiLU); QK_NORM_ROPE: a row a thread */
+    float *rows; /* GDN_CONV: 2 C floats a thread (the conv's output and its SiLU); QK_NORM_ROPE, and
+                  * CONV1D_BACK_INPUT with a bf16 result: a row a thread */
     double *acc; /* REPEAT_BACK: one row of float64 sums per thread (NULL: sum element by element) */
 } node_ctx;
 
@@ -319,7 +320,6 @@ static void conv_row(const keel_tensor *x, const keel_tensor *p, const float *wt
 enum { CONV_CB = 64 };
 
 static void conv_task(void *arg, int64_t b, int64_t e, int th) {
-    (void)th;
     node_ctx *c = arg;
     const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1], *p = t->src[2];
     if (t->op == KEEL_OP_CONV1D_BACK_WEIGHT) { /* item = block of CONV_CB channels; src1 is dy */
@@ -340,9 +340,14 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
         }
         return;
     }
+    /* a bf16 result (CONV1D_BACK_INPUT's ip0): each row's float32 sums, then rounded as CAST rounds them */
+    float *row = t->type == KEEL_BF16 ? c->rows + (int64_t)th * t->ne[0] : NULL;
     for (int64_t r = b; r < e; r++) { /* item = (t, b) row of the result */
         int64_t tt = r % t->ne[1], bb = r / t->ne[1];
-        conv_row(x, p, c->wt, w->ne[0], tt, bb, (float *)(void *)cpu_row(t, tt, bb, 0), t->op != KEEL_OP_CONV1D);
+        char *out = cpu_row(t, tt, bb, 0);
+        conv_row(x, p, c->wt, w->ne[0], tt, bb, row ? row : (float *)(void *)out, t->op != KEEL_OP_CONV1D);
+        for (int64_t ch = 0; row && ch < t->ne[0]; ch++)
+            *(uint16_t *)(void *)(out + ch * t->nb[0]) = keel_cvt_f32_to_bf16(row[ch]);
     }
 }
 
@@ -527,6 +532,15 @@ static void swiglu_task(void *arg, int64_t b, int64_t e, int th) {
             continue;
         }
         const char *ds = cpu_row(dy, i1, i2, i3);
+        if (t->type == KEEL_BF16) { /* each float32 value rounded, as CAST rounds it */
+            uint16_t *dg = (uint16_t *)t->data + r * n, *du = (uint16_t *)t->data + all + r * n;
+            for (int64_t i = 0; i < n; i++) {
+                float x = F(gs + i * g->nb[0]), d = F(ds + i * dy->nb[0]);
+                dg[i] = keel_cvt_f32_to_bf16(silu_back_f32(x, d * F(us + i * u->nb[0])));
+                du[i] = keel_cvt_f32_to_bf16(d * silu_f32(x));
+            }
+            continue;
+        }
         float *dg = (float *)t->data + r * n, *du = (float *)t->data + all + r * n;
         for (int64_t i = 0; i < n; i++) {
             float x = F(gs + i * g->nb[0]), d = F(ds + i * dy->nb[0]);
@@ -743,10 +757,12 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return a->type == KEEL_BF16 ? product_bf16(be, t, out_prod) : out_prod(be, t);
     case KEEL_OP_CONV1D:
     case KEEL_OP_CONV1D_BACK_INPUT: {
-        if (!(c.wt = conv_taps(b))) return keel_fail("cpu: out of memory in '%s'", t->name);
-        keel_pool_for(pool, t->ne[1] * t->ne[2], conv_task, &c);
-        free(c.wt);
-        return 0;
+        c.wt = conv_taps(b);
+        if (t->type == KEEL_BF16) c.rows = malloc((size_t)(keel_pool_size(pool) * t->ne[0]) * sizeof(float));
+        bool ok = c.wt && (t->type != KEEL_BF16 || c.rows);
+        if (ok) keel_pool_for(pool, t->ne[1] * t->ne[2], conv_task, &c);
+        free(c.wt), free(c.rows);
+        return ok ? 0 : keel_fail("cpu: out of memory in '%s'", t->name);
     }
     case KEEL_OP_CONV1D_BACK_WEIGHT:
         keel_pool_for(pool, (t->ne[1] + CONV_CB - 1) / CONV_CB, conv_task, &c);

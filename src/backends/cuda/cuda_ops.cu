@@ -391,25 +391,29 @@ __device__ static inline float rope_elem(const norm_w_args &A, const char *row, 
 /* PM > 0: rows of at most 32 PM elements, without the rotation; a lane loads its elements of x,
  * z and dy into registers before the first sum (all its loads in flight at once) and the
  * second pass reads them there. PM = 0: every element from memory in both passes (a load waits
- * for the stores before it: the pointers may alias). The same terms in the same order either way. */
-template <int PM> __global__ void k_norm_w(norm_w_args A) {
+ * for the stores before it: the pointers may alias). The same terms in the same order either way.
+ * GB: the gated (1) and backward (2) flags known when compiled, so that a variant keeps only the
+ * registers its rows need (the 1024-wide forward: 166 a thread with them at run time, three blocks
+ * of 128 a multiprocessor); -1: read from A (the rotation's variant). */
+template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
+    const bool gated = GB < 0 ? A.gated != 0 : (GB & 1) != 0, back = GB < 0 ? A.back != 0 : (GB & 2) != 0;
     int64_t n = A.x.ne[0], R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3], N = n * R;
     int lane = threadIdx.x & 31, kn = PM ? PM : (int)((n + 31) / 32);
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t r = w0; r < R; r += ws) {
         int64_t i1 = r % A.x.ne[1], i2 = (r / A.x.ne[1]) % A.x.ne[2], i3 = r / (A.x.ne[1] * A.x.ne[2]);
-        const char *xs = kt_at(A.x, 0, i1, i2, i3), *zs = A.gated ? kt_at(A.z, 0, i1, i2, i3) : NULL;
-        const char *gs = A.back ? kt_at(A.dy, 0, i1, i2, i3) : NULL;
+        const char *xs = kt_at(A.x, 0, i1, i2, i3), *zs = gated ? kt_at(A.z, 0, i1, i2, i3) : NULL;
+        const char *gs = back ? kt_at(A.dy, 0, i1, i2, i3) : NULL;
         const bool rope = PM == 0 && A.rope; /* known false at compile time in the register variants */
         int64_t p = rope ? pos_at(A.pos, i2, i3) : 0;
         float xr[PM ? PM : 1], zr[PM ? PM : 1], gr[PM ? PM : 1];
 #pragma unroll
-        for (int k = 0; k < PM; k++) {
-            int64_t i = lane + 32 * k;
+        for (int k = 0; k < PM; k++) { /* rows of unit stride here: one address a row, offsets known */
+            int i = lane + 32 * k;
             if (i < n) {
-                xr[k] = ldf(xs + i * A.x.nb[0]);
-                if (A.gated) zr[k] = ldf(zs + i * A.z.nb[0]);
-                if (A.back) gr[k] = ldf(gs + i * A.dy.nb[0]);
+                xr[k] = ((const float *)xs)[i];
+                if (gated) zr[k] = ((const float *)zs)[i];
+                if (back) gr[k] = ((const float *)gs)[i];
             }
         }
         double ss = 0, sd = 0;
@@ -419,15 +423,15 @@ template <int PM> __global__ void k_norm_w(norm_w_args A) {
             if (i >= n) break;
             double xv = PM ? xr[k] : ldf(xs + i * A.x.nb[0]);
             ss += xv * xv;
-            if (A.back) { /* QK_NORM_ROPE: ROPE_BACK's g */
+            if (back) { /* QK_NORM_ROPE: ROPE_BACK's g */
                 float db = PM ? gr[k] : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false);
-                if (A.gated)
+                if (gated)
                     db = __fmul_rn(db, keel_unary_f32(KEEL_OP_SILU, PM ? zr[k] : ldf(zs + i * A.z.nb[0]), 0.0f, 0.0f));
                 sd += xv * __fmul_rn(db, norm_w_weight(A, i));
             }
         }
         for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-        if (A.back)
+        if (back)
             for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
         float sc = (float)(1.0 / sqrt(ss / (double)n + A.eps));
         double sb = 1.0 / sqrt(ss / (double)n + A.eps), f2 = sb * sb * sb * sd / (double)n;
@@ -436,21 +440,37 @@ template <int PM> __global__ void k_norm_w(norm_w_args A) {
             int64_t i = lane + 32 * k;
             if (i >= n) break;
             float xv = PM ? xr[k] : ldf(xs + i * A.x.nb[0]), wv = norm_w_weight(A, i), a = __fmul_rn(xv, sc);
-            float zv = A.gated ? (PM ? zr[k] : ldf(zs + i * A.z.nb[0])) : 0.0f;
-            float sg = A.gated ? keel_unary_f32(KEEL_OP_SILU, zv, 0.0f, 0.0f) : 1.0f;
-            if (!A.back) {
+            float zv = gated ? (PM ? zr[k] : ldf(zs + i * A.z.nb[0])) : 0.0f;
+            float sg = gated ? keel_unary_f32(KEEL_OP_SILU, zv, 0.0f, 0.0f) : 1.0f;
+            if (!back) {
                 float y = __fmul_rn(a, wv);
                 if (rope) y = rope_elem(A, xs, A.x.nb[0], i, p, 1.0, sc, true); /* the normed row, rotated */
-                stf(kt_at(A.t, i, i1, i2, i3), A.gated ? __fmul_rn(y, sg) : y);
+                stf(kt_at(A.t, i, i1, i2, i3), gated ? __fmul_rn(y, sg) : y);
                 continue;
             }
             float g = PM ? gr[k] : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false),
-                  db = A.gated ? __fmul_rn(g, sg) : g;
+                  db = gated ? __fmul_rn(g, sg) : g;
             float *o = (float *)A.t.p + r * n + i;
             o[0] = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
-            if (A.gated) o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
-            o[(A.gated ? 2 : 1) * N] = __fmul_rn(db, a);
+            if (gated) o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
+            o[(gated ? 2 : 1) * N] = __fmul_rn(db, a);
         }
+    }
+}
+
+template <int PM> static void launch_norm_w(const norm_w_args &A, unsigned blocks, int threads, cudaStream_t s) {
+    switch ((A.gated ? 1 : 0) | (A.back ? 2 : 0)) {
+    case 0:
+        k_norm_w<PM, 0><<<blocks, threads, 0, s>>>(A);
+        break;
+    case 1:
+        k_norm_w<PM, 1><<<blocks, threads, 0, s>>>(A);
+        break;
+    case 2:
+        k_norm_w<PM, 2><<<blocks, threads, 0, s>>>(A);
+        break;
+    default:
+        k_norm_w<PM, 3><<<blocks, threads, 0, s>>>(A);
     }
 }
 
@@ -686,37 +706,48 @@ __device__ static inline void swiglu_back1(float g, float u, float d, float *dg,
     *dg = silu_back1(g, __fmul_rn(d, u));
     *du = __fmul_rn(d, keel_unary_f32(KEEL_OP_SILU, g, 0.0f, 0.0f));
 }
+/* 4 results at group q of a dense float32 (bf 0) or bf16 (bf 1, each rounded by CAST's function) array */
+__device__ static inline void store4(void *p, int64_t q, float4 r, int bf) {
+    if (bf)
+        ((ushort4 *)p)[q] = make_ushort4(keel_cvt_f32_to_bf16(r.x), keel_cvt_f32_to_bf16(r.y),
+                                         keel_cvt_f32_to_bf16(r.z), keel_cvt_f32_to_bf16(r.w));
+    else
+        ((float4 *)p)[q] = r;
+}
+__device__ static inline void store1(void *p, int64_t e, float r, int bf) {
+    if (bf)
+        ((uint16_t *)p)[e] = keel_cvt_f32_to_bf16(r);
+    else
+        ((float *)p)[e] = r;
+}
 __global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec, int bf) {
     int64_t n = g.ne[0] * g.ne[1] * g.ne[2] * g.ne[3];
     const float *gp = (const float *)g.p, *up = (const float *)u.p, *dp = (const float *)dy.p;
-    float *y = (float *)t.p, *y2 = y + n; /* SWIGLU_BACK: [d gate | d up] */
+    /* SWIGLU_BACK: [d gate | d up], the second half n elements on */
+    char *y2 = t.p + n * (bf ? 2 : 4);
     if (vec) {
         VEC_LOOP(q, n) {
             float4 a = ((const float4 *)gp)[q], b = ((const float4 *)up)[q], r, r2;
             if (!back) {
                 r = make_float4(swiglu1(a.x, b.x), swiglu1(a.y, b.y), swiglu1(a.z, b.z), swiglu1(a.w, b.w));
-                if (bf) {
-                    ((ushort4 *)t.p)[q] = make_ushort4(keel_cvt_f32_to_bf16(r.x), keel_cvt_f32_to_bf16(r.y),
-                                                       keel_cvt_f32_to_bf16(r.z), keel_cvt_f32_to_bf16(r.w));
-                    continue;
-                }
             } else {
                 float4 d = ((const float4 *)dp)[q];
                 swiglu_back1(a.x, b.x, d.x, &r.x, &r2.x);
                 swiglu_back1(a.y, b.y, d.y, &r.y, &r2.y);
                 swiglu_back1(a.z, b.z, d.z, &r.z, &r2.z);
                 swiglu_back1(a.w, b.w, d.w, &r.w, &r2.w);
-                ((float4 *)y2)[q] = r2;
+                store4(y2, q, r2, bf);
             }
-            ((float4 *)y)[q] = r;
+            store4(t.p, q, r, bf);
         }
         VEC_TAIL(e, n) {
-            if (!back && bf)
-                ((uint16_t *)t.p)[e] = keel_cvt_f32_to_bf16(swiglu1(gp[e], up[e]));
-            else if (!back)
-                y[e] = swiglu1(gp[e], up[e]);
-            else
-                swiglu_back1(gp[e], up[e], dp[e], y + e, y2 + e);
+            if (!back) {
+                store1(t.p, e, swiglu1(gp[e], up[e]), bf);
+            } else {
+                float r, r2;
+                swiglu_back1(gp[e], up[e], dp[e], &r, &r2);
+                store1(t.p, e, r, bf), store1(y2, e, r2, bf);
+            }
         }
         return;
     }
@@ -724,12 +755,15 @@ __global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec, int bf) {
         int64_t i[4];
         kt_unflat(g, e, i);
         float a = ldf(kt_at(g, i[0], i[1], i[2], i[3])), b = ldf(kt_at(u, i[0], i[1], i[2], i[3]));
-        if (!back && bf)
+        if (!back && bf) {
             *(uint16_t *)kt_at(t, i[0], i[1], i[2], i[3]) = keel_cvt_f32_to_bf16(swiglu1(a, b));
-        else if (!back)
+        } else if (!back) {
             stf(kt_at(t, i[0], i[1], i[2], i[3]), swiglu1(a, b));
-        else
-            swiglu_back1(a, b, ldf(kt_at(dy, i[0], i[1], i[2], i[3])), y + e, y2 + e);
+        } else { /* the packed result is dense: element e of each half */
+            float r, r2;
+            swiglu_back1(a, b, ldf(kt_at(dy, i[0], i[1], i[2], i[3])), &r, &r2);
+            store1(t.p, e, r, bf), store1(y2, e, r2, bf);
+        }
     }
 }
 
@@ -771,7 +805,10 @@ __global__ void k_conv(kt t, kt x, kt w, kt pos, int fwd) {
             if (ts >= 0 && ts < T && K - 1 - j <= pos_at(pos, fwd ? tt : ts, bb))
                 acc += __fmul_rn(ldf(kt_at(w, j, ch, 0, 0)), ldf(kt_at(x, ch, ts, bb, 0)));
         }
-        stf(kt_at(t, ch, tt, bb, 0), acc);
+        if (t.type == KEEL_BF16) /* CONV1D_BACK_INPUT's bf16 result: the float32 sum rounded as CAST rounds it */
+            *(uint16_t *)kt_at(t, ch, tt, bb, 0) = keel_cvt_f32_to_bf16(acc);
+        else
+            stf(kt_at(t, ch, tt, bb, 0), acc);
     }
 }
 
@@ -784,8 +821,8 @@ __global__ void k_conv(kt t, kt x, kt w, kt pos, int fwd) {
  * 0.8B's input gradient at batch 8; tiled 0.17). The taps counted from the end of KM, as in
  * k_gconv_heads_tiled. */
 template <int KM>
-__global__ void k_conv4_tiled(float *y, const float *x, const float *w, kt pos, int64_t C, int64_t T, int64_t B, int K,
-                              int fwd) {
+__global__ void k_conv4_tiled(void *y, const float *x, const float *w, kt pos, int64_t C, int64_t T, int64_t B, int K,
+                              int fwd, int bf) {
     int64_t C4 = C / 4, c4 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, R = T * B,
             nt = (R + CONV_TILE - 1) / CONV_TILE, s = fwd ? -1 : 1; /* a tap d steps away reads row r + s d */
     int jlo = KM - K;
@@ -822,7 +859,7 @@ __global__ void k_conv4_tiled(float *y, const float *x, const float *w, kt pos, 
                 int64_t d = KM - 1 - j, ts = tt + s * d;
                 if (j >= jlo && ts >= 0 && ts < T && d <= pos_at(pos, fwd ? tt : ts, bb)) tap_add4(acc, wv[j], win[j]);
             }
-            ((float4 *)(y + r * C))[c4] = acc;
+            store4(y, r * C4 + c4, acc, bf); /* bf: CONV1D_BACK_INPUT's bf16 result */
             if (fwd && ++tt == T) tt = 0, bb++;
             if (!fwd && --tt < 0) tt = T - 1, bb--;
         }
@@ -1472,15 +1509,14 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
             int64_t rows = a->ne[1] * a->ne[2];
             int64_t nt = (rows + CONV_TILE - 1) / CONV_TILE; /* tiles of rows, looped past 65535 */
             dim3 tgrid((unsigned)((a->ne[0] / 4 + 255) / 256), (unsigned)(nt < 65535 ? nt : 65535));
-            int fwd = t->op == KEEL_OP_CONV1D ? 1 : 0, K = (int)b->ne[0];
+            int fwd = t->op == KEEL_OP_CONV1D ? 1 : 0, K = (int)b->ne[0], bf = t->type == KEEL_BF16 ? 1 : 0;
             if (n > 0 && K <= 4)
-                k_conv4_tiled<4><<<tgrid, 256, 0, st(be)>>>((float *)t->data, (const float *)a->data,
-                                                            (const float *)b->data, kt_of(t->src[2]), a->ne[0],
-                                                            a->ne[1], a->ne[2], K, fwd);
+                k_conv4_tiled<4><<<tgrid, 256, 0, st(be)>>>(t->data, (const float *)a->data, (const float *)b->data,
+                                                            kt_of(t->src[2]), a->ne[0], a->ne[1], a->ne[2], K, fwd, bf);
             else if (n > 0)
-                k_conv4_tiled<CONV_TAPS_MAX><<<tgrid, 256, 0, st(be)>>>((float *)t->data, (const float *)a->data,
+                k_conv4_tiled<CONV_TAPS_MAX><<<tgrid, 256, 0, st(be)>>>(t->data, (const float *)a->data,
                                                                         (const float *)b->data, kt_of(t->src[2]),
-                                                                        a->ne[0], a->ne[1], a->ne[2], K, fwd);
+                                                                        a->ne[0], a->ne[1], a->ne[2], K, fwd, bf);
         } else {
             EW(k_conv, n, kt_of(t), kt_of(a), kt_of(b), kt_of(t->src[2]), t->op == KEEL_OP_CONV1D ? 1 : 0);
         }
@@ -1512,16 +1548,17 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         int64_t R = keel_nrows(a), w = a->ne[0];
         unsigned blocks = cuda_blocks(R * 32, 256), half = cuda_blocks(R * 32, 128);
         if (R == 0) return 0;
-        if (A.rope || w > 32 * 32)
-            k_norm_w<0><<<blocks, 256, 0, st(be)>>>(A);
+        bool unit = a->nb[0] == 4 && (!A.gated || t->src[2]->nb[0] == 4) && (!A.back || A.dy.nb[0] == 4);
+        if (A.rope || w > 32 * 32 || !unit)
+            k_norm_w<0, -1><<<blocks, 256, 0, st(be)>>>(A);
         else if (w <= 32 * 4)
-            k_norm_w<4><<<blocks, 256, 0, st(be)>>>(A);
+            launch_norm_w<4>(A, blocks, 256, st(be));
         else if (w <= 32 * 8)
-            k_norm_w<8><<<blocks, 256, 0, st(be)>>>(A);
+            launch_norm_w<8>(A, blocks, 256, st(be));
         else if (w <= 32 * 16)
-            k_norm_w<16><<<half, 128, 0, st(be)>>>(A);
+            launch_norm_w<16>(A, half, 128, st(be));
         else
-            k_norm_w<32><<<half, 128, 0, st(be)>>>(A);
+            launch_norm_w<32>(A, half, 128, st(be));
         return 0;
     }
     case KEEL_OP_GDN_CONV:
