@@ -135,7 +135,9 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
         if (t->type == KEEL_BF16) return t->src[0]->type == KEEL_F32 && t->src[1]->type == KEEL_F32;
         break;
     case KEEL_OP_SWIGLU_BACK:
-    case KEEL_OP_CONV1D_BACK_INPUT: /* float32 sources, a float32 or (rounded) bf16 result */
+    case KEEL_OP_CONV1D_BACK_INPUT:
+    case KEEL_OP_RMS_NORM_W:
+    case KEEL_OP_GATED_RMS_NORM: /* float32 sources, a float32 or (rounded) bf16 result */
         return (t->type == KEEL_F32 || t->type == KEEL_BF16) && f32_sources(t);
     case KEEL_OP_MUL_MAT_ADD: /* the same, the addend and the result float32 */
         if (t->src[0]->type == KEEL_BF16)

@@ -235,8 +235,19 @@ void keel_qwen35_free(keel_qwen35 *m) {
 }
 
 /* x * rsqrt(mean(x^2) + eps) * (1 + w), one op */
-static keel_tensor *norm1p(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps) {
-    return keel_rms_norm_w(ctx, x, w, eps, true);
+/* the (1 + w) RMS norm, its result in `out` (a norm that only feeds products: mixed precision's
+ * bf16 operand made by the norm, the bits of the norm then CAST) */
+static keel_tensor *norm1p(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, keel_type out) {
+    return keel_rms_norm_w_to(ctx, x, w, eps, true, out);
+}
+
+/* the activations' type (norm weights are never a bf16 base's) */
+static keel_type act_type(const keel_qwen35 *m) { return m->final_norm->type; }
+
+/* the type of a result that only becomes a product operand: bf16 in mixed precision without LoRA
+ * (whose adapter reads the float32 value), else the activations' */
+static keel_type operand_result_type(const keel_qwen35 *m) {
+    return m->operand_type == KEEL_BF16 && !m->lora ? KEEL_BF16 : act_type(m);
 }
 
 /* a weight in the activations' type: itself, or a copy made here (a bf16 base) */
@@ -252,7 +263,7 @@ typedef struct {
 
 static operand operand_of(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *x) {
     operand o = {x, x};
-    if (x && m->operand_type == KEEL_BF16) o.op = keel_cast(ctx, x, KEEL_BF16);
+    if (x && m->operand_type == KEEL_BF16 && x->type != KEEL_BF16) o.op = keel_cast(ctx, x, KEEL_BF16);
     return o;
 }
 
@@ -271,7 +282,7 @@ static operand swiglu_operand(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *
  * adapter when it has one */
 static keel_tensor *linear(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, operand in) {
     if (!in.x) return NULL;
-    keel_tensor *y = m->operand_type == KEEL_BF16 ? keel_mul_mat_to(ctx, as_type(ctx, w, KEEL_BF16), in.op, in.x->type)
+    keel_tensor *y = m->operand_type == KEEL_BF16 ? keel_mul_mat_to(ctx, as_type(ctx, w, KEEL_BF16), in.op, act_type(m))
                                                   : keel_mul_mat(ctx, as_type(ctx, w, in.x->type), in.x);
     return m->lora ? keel_lora_linear(ctx, m, w, in.x, y) : y;
 }
@@ -291,7 +302,7 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
                                     keel_tensor **kout, keel_tensor **vout) {
     const keel_qwen35_config *c = &m->cfg;
     int64_t hd = c->head_dim, H = c->heads, KV = c->kv_heads, T = h->ne[1], B = h->ne[2];
-    int64_t es = (int64_t)keel_type_size(h->type);
+    int64_t es = (int64_t)keel_type_size(act_type(m));
     operand hin = operand_of(ctx, m, h);
     keel_tensor *qg = linear(ctx, m, L->q, hin); /* per head [q | gate] */
     keel_tensor *q = keel_view_4d(ctx, qg, hd, H, T, B, 2 * hd * es, 2 * hd * H * es, 2 * hd * H * T * es, 0);
@@ -309,7 +320,7 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
      * the softmax and the output float32 */
     if (m->operand_type == KEEL_BF16)
         q = keel_cast(ctx, q, KEEL_BF16), k = keel_cast(ctx, k, KEEL_BF16), v = keel_cast(ctx, v, KEEL_BF16);
-    keel_tensor *pk = keel_flash_attn(ctx, q, k, v, pos, 1.0 / sqrt((double)hd), h->type); /* [o | lse] */
+    keel_tensor *pk = keel_flash_attn(ctx, q, k, v, pos, 1.0 / sqrt((double)hd), act_type(m)); /* [o | lse] */
     if (!pk) return NULL;
     int64_t os = (int64_t)keel_type_size(pk->type);
     keel_tensor *o = keel_view_4d(ctx, pk, hd, H, T, B, hd * os, hd * H * os, hd * H * T * os, 0); /* [hd, H, T, B] */
@@ -322,7 +333,7 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
                                    keel_tensor *conv_pos, keel_tensor **S_out, keel_tensor **conv_out) {
     const keel_qwen35_config *c = &m->cfg;
     int64_t Dk = c->lk_dim, Hk = c->lk_heads, Dv = c->lv_dim, Hv = c->lv_heads, T = h->ne[1], B = h->ne[2];
-    int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(h->type), K = c->conv_kernel;
+    int64_t kd = Dk * Hk, vd = Dv * Hv, C = 2 * kd + vd, es = (int64_t)keel_type_size(act_type(m)), K = c->conv_kernel;
     operand hin = operand_of(ctx, m, h);
     keel_tensor *pre = linear(ctx, m, L->qkv, hin), *mixed; /* [C, T, B]: q, k, v after conv, SiLU, norms */
     double qs = 1.0 / sqrt((double)Dk), eps = 1e-6;
@@ -356,7 +367,8 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
         o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos, m->operand_type == KEEL_BF16);
     }
     keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, hin), Dv, Hv, T, B);
-    o = keel_gated_rms_norm(ctx, o, L->norm, z, c->rms_eps); /* rms_norm(o) * norm * silu(z), one op */
+    /* rms_norm(o) * norm * silu(z), one op (in mixed precision the out projection's bf16 operand) */
+    o = keel_gated_rms_norm_to(ctx, o, L->norm, z, c->rms_eps, operand_result_type(m));
     return linear_add(ctx, m, L->out, operand_of(ctx, m, keel_reshape_3d(ctx, o, vd, T, B)), res);
 }
 
@@ -364,7 +376,7 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
                    keel_qwen35_out *out, const keel_qwen35_cache *cin, keel_qwen35_cache *cout) {
     const keel_qwen35_config *c = &m->cfg;
     memset(out, 0, sizeof *out);
-    keel_type act = m->final_norm->type; /* the activations' type (norm weights are never a bf16 base's) */
+    keel_type act = act_type(m);
     keel_tensor *x = as_type(ctx, keel_get_rows(ctx, m->embed, ids), act); /* [D, T, B] */
     out->hidden[0] = x;
     out->layers.n_layers = (int)c->layers;
@@ -372,13 +384,13 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
     for (int i = 0; i < c->layers; i++) {
         const keel_qwen35_layer *L = &m->layer[i];
         out->layers.first_id[i] = keel_ctx_count(ctx);
-        keel_tensor *h = norm1p(ctx, x, L->in_norm, c->rms_eps);
+        keel_tensor *h = norm1p(ctx, x, L->in_norm, c->rms_eps, operand_result_type(m));
         x = c->full_attention[i]
                 ? gated_attention(ctx, m, L, x, h, pos, cin ? cin->k[i] : NULL, cin ? cin->v[i] : NULL,
                                   cout ? &cout->k[i] : NULL, cout ? &cout->v[i] : NULL)
                 : gated_deltanet(ctx, m, L, x, h, pos, cin ? cin->S[i] : NULL, cin ? cin->conv[i] : NULL,
                                  cin ? cin->conv_pos : NULL, cout ? &cout->S[i] : NULL, cout ? &cout->conv[i] : NULL);
-        keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps);
+        keel_tensor *h2 = norm1p(ctx, x, L->post_norm, c->rms_eps, operand_result_type(m));
         operand h2in = operand_of(ctx, m, h2);
         keel_tensor *gate = linear(ctx, m, L->gate, h2in); /* before up: the graph's node order */
         keel_tensor *up = linear(ctx, m, L->up, h2in);
@@ -388,7 +400,7 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
         out->layers.end_id[i] = keel_ctx_count(ctx);
         out->layers.boundary[i + 1] = x;
     }
-    keel_tensor *xn = norm1p(ctx, x, m->final_norm, c->rms_eps);
+    keel_tensor *xn = norm1p(ctx, x, m->final_norm, c->rms_eps, act_type(m));
     out->normed = xn;
     operand xin = operand_of(ctx, m, xn);
     bool mixed = m->operand_type == KEEL_BF16;

@@ -100,7 +100,8 @@
     X(CONV1D_BACK_WEIGHT, OWN, 3, OPF_BACKWARD, 0, 4, "src0 x [C,T,B], src1 dy, src2 positions, ip0 K -> dw [K,C]")           \
     X(RMS_NORM_W, OWN, 2, 0, 3, 0,                                                                                     \
       "src0 x, src1 w [ne0]; fp0 eps, ip0 1: the 1 + w form: rms_norm(x) * w (or * (1 + w)), the RMS_NORM, MUL (and " \
-      "SCALE of w) it replaces, formula by formula")                                                                   \
+      "SCALE of w) it replaces, formula by formula; ip1 the result's type: 0 x's, or bf16 (float32 x, each value "   \
+      "rounded as CAST rounds it)")                                                                                    \
     X(RMS_NORM_W_BACK, OWN, 3, OPF_BACKWARD, 0, 0,                                                                     \
       "x, w, dy; params as RMS_NORM_W -> packed [dx | dy rms_norm(x), whose rows sum to dw], each x's shape")          \
     X(QK_NORM_ROPE, OWN, 3, 0, 3, 4,                                                                                   \
@@ -111,7 +112,7 @@
       "ROPE_BACK(dy), each x's shape")                                                                                 \
     X(GATED_RMS_NORM, OWN, 3, 0, 7, 0,                                                                                 \
       "src0 x, src1 w [ne0], src2 z (x's shape); fp0 eps: rms_norm(x) * w * silu(z) (the DeltaNet's output norm: "     \
-      "the RMS_NORM, MUL, SILU, MUL it replaces, formula by formula)")                                                 \
+      "the RMS_NORM, MUL, SILU, MUL it replaces, formula by formula); ip1 the result's type, as RMS_NORM_W's")      \
     X(GATED_RMS_NORM_BACK, OWN, 4, OPF_BACKWARD, 0, 0,                                                                 \
       "x, w, z, dy -> packed [dx | dz | (dy silu(z)) rms_norm(x), whose rows sum to dw], each x's shape")              \
     X(GDN_CONV, OWN, 3, 0, 3, 4,                                                                                       \

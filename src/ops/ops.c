@@ -373,8 +373,10 @@ static int shape_rule(keel_tensor *t) {
         REQ(t->fp[0] >= 0 && isfinite(t->fp[0]), "eps %g must be finite and >= 0", t->fp[0]);
         REQ(gated ? t->ip[0] == 0 : (t->ip[0] == 0 || t->ip[0] == 1), "ip0 %lld: 1 for the 1 + w form, else 0",
             (long long)t->ip[0]);
+        REQ(t->ip[1] == 0 || (!back && t->ip[1] == KEEL_BF16 && a->type == KEEL_F32),
+            "result type (ip1) %lld: 0 (x's), or bf16 for a float32 x (not for the backward)", (long long)t->ip[1]);
         if (!back) {
-            set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+            set_shape(t, t->ip[1] ? KEEL_BF16 : a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         } else {
             const keel_tensor *dy = t->src[gated ? 3 : 2];
             REQ(keel_same_shape(dy, a) && dy->type == a->type, "dy must be shaped like x");
@@ -789,12 +791,22 @@ keel_tensor *keel_qk_norm_rope(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, ke
 keel_tensor *keel_rms_norm_w(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus) {
     return OP(KEEL_OP_RMS_NORM_W, (x, w), IPS(one_plus ? 1 : 0), 1, FPS(eps), 1);
 }
+keel_tensor *keel_rms_norm_w_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus,
+                                keel_type out) {
+    if (!x || out == x->type) return keel_rms_norm_w(ctx, x, w, eps, one_plus);
+    return OP(KEEL_OP_RMS_NORM_W, (x, w), IPS(one_plus ? 1 : 0, out), 2, FPS(eps), 1);
+}
 keel_tensor *keel_flash_attn(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *pos,
                              double scale, keel_type out) {
     return OP(KEEL_OP_FLASH_ATTN, (q, k, v, pos), IPS(out), 1, FPS(scale), 1);
 }
 keel_tensor *keel_gated_rms_norm(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *z, double eps) {
     return OP(KEEL_OP_GATED_RMS_NORM, (x, w, z), NULL, 0, FPS(eps), 1);
+}
+keel_tensor *keel_gated_rms_norm_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *z, double eps,
+                                    keel_type out) {
+    if (!x || out == x->type) return keel_gated_rms_norm(ctx, x, w, z, eps);
+    return OP(KEEL_OP_GATED_RMS_NORM, (x, w, z), IPS(0, out), 2, FPS(eps), 1);
 }
 keel_tensor *keel_gdn_conv(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, int64_t n_qk, int64_t head,
                            double eps, double q_scale) {

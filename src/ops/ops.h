@@ -131,6 +131,10 @@ keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_ten
  * element of a row: formula for formula keel_rms_norm, keel_mul (and keel_scale(w, 1, 1)); its
  * backward gives dx and the products whose row sums are dw. */
 keel_tensor *keel_rms_norm_w(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus);
+/* The same with its result in `out` (bf16 from a float32 x: each float32 value rounded as CAST
+ * rounds it, the bits of keel_cast of the float32 result; mixed precision's product operands) */
+keel_tensor *keel_rms_norm_w_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus,
+                                keel_type out);
 /* keel_rope(keel_rms_norm_w(x, w, eps, one_plus), pos, n_rot, theta) as one op, formula for formula
  * those two (attention's q and k norms and rotation); its backward rotates dy back and gives dx and
  * the products whose row sums are dw. */
@@ -147,6 +151,9 @@ keel_tensor *keel_flash_attn(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel
  * Gated DeltaNet's output norm as one op, formula for formula keel_rms_norm, keel_mul, keel_silu,
  * keel_mul; its backward gives dx, dz and the products whose row sums are dw. */
 keel_tensor *keel_gated_rms_norm(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *z, double eps);
+/* The same with its result in `out`, as keel_rms_norm_w_to */
+keel_tensor *keel_gated_rms_norm_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *z, double eps,
+                                    keel_type out);
 /* The Gated DeltaNet's input path in one op: y = silu(keel_conv1d(x, w, pos)) [C,T,B], then each
  * head of `head` channels among the first 2 n_qk (q, then k) divided by sqrt(sum of squares + eps),
  * and the first n_qk (q) times q_scale. Its backward gives the conv output's gradient from the

@@ -712,6 +712,18 @@ int keel_cases_all(op_case **out) {
                     I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
                 P(c, gated ? 0 : 1, (int64_t[]){s % 2}, 1, (double[]){1e-6 * (double)x[4]});
             }
+            /* the forward's bf16 result (ip1; mixed precision's product operands): the float32 value
+             * rounded once (2e-5); the 0.8B's rows of 1024 and heads of 128, a strided x, odd rows */
+            for (int s = 1; (op == KEEL_OP_RMS_NORM_W || op == KEEL_OP_GATED_RMS_NORM) && s < 10; s += 2) {
+                const int64_t *x = sh[s];
+                bool gated = op == KEEL_OP_GATED_RMS_NORM;
+                c = C(&l, op);
+                c->keep_types = true, c->tol = 2e-5, c->no_fd = "bf16 rounding of the result";
+                I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 3 ? VIEW_STRIDED : VIEW_NONE;
+                I(c, KEEL_F32, x[0], 1, 1, 1);
+                if (gated) I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                P(c, 2, (int64_t[]){gated ? 0 : 1, KEEL_BF16}, 1, (double[]){1e-6 * (double)x[4]});
+            }
             break;
         }
         case KEEL_OP_QK_NORM_ROPE:

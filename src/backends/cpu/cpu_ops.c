@@ -379,6 +379,14 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
         }
         float sc = (float)(1.0 / sqrt(ss / (double)n + t->fp[0]));
         int64_t pos = rope ? cpu_pos(t->src[2], i2, i3) : 0;
+        if (!dy && t->type == KEEL_BF16) { /* ip1: the float32 value rounded, as CAST rounds it */
+            uint16_t *d = (uint16_t *)(void *)cpu_row(t, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++) {
+                float y = F(xs + i * xn) * sc * NW_W(i);
+                d[i] = keel_cvt_f32_to_bf16(z ? y * NW_SG(i) : y);
+            }
+            continue;
+        }
         if (!dy) {
             float *d = (float *)(void *)cpu_row(t, i1, i2, i3), *o = rope ? row : d;
             for (int64_t i = 0; i < n; i++) {

@@ -445,7 +445,11 @@ template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
             if (!back) {
                 float y = __fmul_rn(a, wv);
                 if (rope) y = rope_elem(A, xs, A.x.nb[0], i, p, 1.0, sc, true); /* the normed row, rotated */
-                stf(kt_at(A.t, i, i1, i2, i3), gated ? __fmul_rn(y, sg) : y);
+                float v = gated ? __fmul_rn(y, sg) : y;
+                if (A.t.type == KEEL_BF16) /* ip1's bf16 result: rounded as CAST rounds it */
+                    *(uint16_t *)kt_at(A.t, i, i1, i2, i3) = keel_cvt_f32_to_bf16(v);
+                else
+                    stf(kt_at(A.t, i, i1, i2, i3), v);
                 continue;
             }
             float g = PM ? gr[k] : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false),
