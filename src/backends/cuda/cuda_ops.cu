@@ -394,8 +394,8 @@ __device__ static inline float rope_elem(const norm_w_args &A, const char *row, 
  * second pass reads them there. PM = 0: every element from memory in both passes (a load waits
  * for the stores before it: the pointers may alias). The same terms in the same order either way.
  * GB: the gated (1) and backward (2) flags known when compiled, so that a variant keeps only the
- * registers its rows need (the 1024-wide forward: 166 a thread with them at run time, three blocks
- * of 128 a multiprocessor); -1: read from A (the rotation's variant). */
+ * registers its rows need (the 1024-wide forward: 103 a thread, against 166 with them read at run
+ * time); -1: read from A (the rotation's variant and the backward, see launch_norm_w). */
 template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
     const bool gated = GB < 0 ? A.gated != 0 : (GB & 1) != 0, back = GB < 0 ? A.back != 0 : (GB & 2) != 0;
     int64_t n = A.x.ne[0], R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3], N = n * R;
@@ -463,20 +463,16 @@ template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
     }
 }
 
+/* the forward's variants known when compiled; the backward's flags read at run time (compiled for
+ * them, the 1024-wide backward took 211 registers a thread, two blocks a multiprocessor, against
+ * 166 and three) */
 template <int PM> static void launch_norm_w(const norm_w_args &A, unsigned blocks, int threads, cudaStream_t s) {
-    switch ((A.gated ? 1 : 0) | (A.back ? 2 : 0)) {
-    case 0:
-        k_norm_w<PM, 0><<<blocks, threads, 0, s>>>(A);
-        break;
-    case 1:
+    if (A.back)
+        k_norm_w<PM, -1><<<blocks, threads, 0, s>>>(A);
+    else if (A.gated)
         k_norm_w<PM, 1><<<blocks, threads, 0, s>>>(A);
-        break;
-    case 2:
-        k_norm_w<PM, 2><<<blocks, threads, 0, s>>>(A);
-        break;
-    default:
-        k_norm_w<PM, 3><<<blocks, threads, 0, s>>>(A);
-    }
+    else
+        k_norm_w<PM, 0><<<blocks, threads, 0, s>>>(A);
 }
 
 /* GDN_CONV and GDN_CONV_BACK (ops.h): k_conv's float32 sum, the unary SILU, k_rows' warp-a-row
