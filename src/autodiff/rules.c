@@ -249,8 +249,8 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
 static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     bool gated = t->op == KEEL_OP_GATED_RMS_NORM, rope = t->op == KEEL_OP_QK_NORM_ROPE, three = gated || rope;
     keel_tensor *x = t->src[0], *w = t->src[1];
-    keel_tensor *so_far = !three && x->type == KEEL_F32 ? keel_grad_so_far(acc, 0) : NULL;
-    if (so_far && (so_far->type != KEEL_F32 || !keel_same_shape(so_far, x))) so_far = NULL;
+    keel_tensor *so_far = !three ? keel_grad_so_far(acc, 0) : NULL; /* any real type: the oracle's graph is the same */
+    if (so_far && (so_far->type != x->type || !keel_same_shape(so_far, x))) so_far = NULL;
     keel_tensor *src[4] = {x, w, three ? t->src[2] : dy, three ? dy : so_far};
     int back = gated ? KEEL_OP_GATED_RMS_NORM_BACK
                : rope ? KEEL_OP_QK_NORM_ROPE_BACK

@@ -244,10 +244,11 @@ static keel_tensor *norm1p(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double
 /* the activations' type (norm weights are never a bf16 base's) */
 static keel_type act_type(const keel_qwen35 *m) { return m->final_norm->type; }
 
-/* the type of a result that only becomes a product operand: bf16 in mixed precision without LoRA
- * (whose adapter reads the float32 value), else the activations' */
+/* the type of a result that only becomes a product operand: bf16 in mixed precision with float32
+ * activations and no LoRA (whose adapter reads the float32 value), else the activations' (the
+ * float64 oracle's mixed runs round at the CAST) */
 static keel_type operand_result_type(const keel_qwen35 *m) {
-    return m->operand_type == KEEL_BF16 && !m->lora ? KEEL_BF16 : act_type(m);
+    return m->operand_type == KEEL_BF16 && !m->lora && act_type(m) == KEEL_F32 ? KEEL_BF16 : act_type(m);
 }
 
 /* a weight in the activations' type: itself, or a copy made here (a bf16 base) */
