@@ -214,7 +214,7 @@ static void cuda_destroy(keel_backend *be) {
         cudaEventDestroy(im->ev0), cudaEventDestroy(im->ev1);
     }
     for (int64_t i = 0; i < im->n_live; i++) cudaFree(im->live_p[i]);
-    for (int i = 0; i < im->n_rope; i++) cudaFree(im->rope[i].dev);
+    for (int i = 0; i < im->n_rope; i++) cudaFree(im->rope[i].dev), cudaFree(im->rope[i].cs);
     cuda_graphs_free(im);
     cudaFree(im->bad_node), cudaFree(im->ce_div), cudaFree(im->hp_dev), cudaFreeHost(im->bad_node_host);
     free(im->rope);

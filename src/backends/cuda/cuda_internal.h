@@ -123,6 +123,9 @@ typedef struct {
     int64_t n_rot;
     double theta;
     double *dev;
+    /* n_pos > 0: instead, the float cos and sin of positions [0, n_pos) (rope_cs) */
+    int64_t n_pos;
+    float2 *cs;
 } cuda_rope_table;
 
 typedef struct {

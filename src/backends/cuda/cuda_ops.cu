@@ -360,7 +360,8 @@ typedef struct {
     int has_add;          /* RMS_NORM_W_BACK_ADD: dx goes out as add + dx, ADD's float32 sum */
     int rope;             /* QK_NORM_ROPE: k_rope's rotation after the norm (and back before its gradient) */
     const double *freq;   /* its n_rot/2 frequencies (host-made, keel_rope_freq) */
-    int64_t nr;
+    const float2 *cs;     /* and the float cos, sin of positions [0, n_cs) (rope_cs): the same bits */
+    int64_t nr, n_cs;
 } norm_w_args;
 
 __device__ static inline float norm_w_weight(const norm_w_args &A, int64_t i) {
@@ -383,8 +384,15 @@ __device__ static inline float rope_elem(const norm_w_args &A, const char *row, 
                                          double dir, float sc, bool normed) {
     if (!A.rope || i >= A.nr) return nw_val(A, row, nb, i, sc, normed);
     int64_t h = A.nr / 2, f = i < h ? i : i - h;
-    double ang = (double)p * A.freq[f];
-    float cs = (float)cos(ang), sn = (float)(dir * sin(ang));
+    float cs, sn;
+    if (p >= 0 && p < A.n_cs) { /* the table's entry: these two expressions, evaluated once (float64 cos
+                                 * and sin an element made the kernel slow) */
+        float2 c = A.cs[p * h + f];
+        cs = c.x, sn = dir < 0 ? -c.y : c.y;
+    } else {
+        double ang = (double)p * A.freq[f];
+        cs = (float)cos(ang), sn = (float)(dir * sin(ang));
+    }
     float x1 = nw_val(A, row, nb, f, sc, normed), x2 = nw_val(A, row, nb, f + h, sc, normed);
     return i < h ? __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)) : __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
 }
@@ -456,7 +464,10 @@ template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
             float g = PM ? gr[k] : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false),
                   db = gated ? __fmul_rn(g, sg) : g;
             float *o = (float *)A.t.p + r * n + i, d = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
-            o[0] = A.has_add ? __fadd_rn(ldf(kt_at(A.add, i, i1, i2, i3)), d) : d;
+            /* the addend through the read-only path, as the weight: its loads need not wait for
+             * the stores before them (a plain load did, 32 round trips a row: 151 us a 1024-wide
+             * norm at batch 8 against 97 without the addend) */
+            o[0] = A.has_add ? __fadd_rn(__ldg((const float *)kt_at(A.add, i, i1, i2, i3)), d) : d;
             if (gated) o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
             o[(gated ? 2 : 1) * N] = __fmul_rn(db, a);
         }
@@ -577,7 +588,7 @@ __device__ static inline void tap_add4(float4 &acc, float4 w, float4 x) {
  * are counted from the end of KM (an array size known at compile time, so the window stays in
  * registers): tap j of K is j + KM - K, the first KM - K unused. */
 #define CONV_TILE 16
-template <int KM> __global__ void k_gconv_heads_tiled(gconv_dense A) {
+template <int KM> __global__ void __launch_bounds__(256, KM <= 4 ? 3 : 1) k_gconv_heads_tiled(gconv_dense A) {
     int64_t H = 2 * A.n / A.hd, R = A.T * A.B, nt = (R + CONV_TILE - 1) / CONV_TILE, tasks = nt * H;
     int lane = threadIdx.x & 31, per = A.hd / 32, K = A.K, jlo = KM - K;
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
@@ -1302,7 +1313,7 @@ int cuda_ce_divisor(keel_backend *be, const keel_tensor *t) {
 static const double *rope_freqs(keel_backend *be, const keel_tensor *t, int64_t nr, double theta) {
     cuda_impl *im = cuda_im(be);
     for (int i = 0; i < im->n_rope; i++)
-        if (im->rope[i].n_rot == nr && im->rope[i].theta == theta) return im->rope[i].dev;
+        if (im->rope[i].n_rot == nr && im->rope[i].theta == theta && !im->rope[i].n_pos) return im->rope[i].dev;
     if (im->n_rope == im->cap_rope) {
         int cap = im->cap_rope ? 2 * im->cap_rope : 8;
         cuda_rope_table *r = (cuda_rope_table *)realloc(im->rope, (size_t)cap * sizeof *r);
@@ -1327,8 +1338,49 @@ static const double *rope_freqs(keel_backend *be, const keel_tensor *t, int64_t 
         return NULL;
     }
     im->rope[im->n_rope].n_rot = nr, im->rope[im->n_rope].theta = theta, im->rope[im->n_rope].dev = dev;
+    im->rope[im->n_rope].n_pos = 0, im->rope[im->n_rope].cs = NULL;
     im->n_rope++;
     return dev;
+}
+
+/* The float cos and sin of every angle p freq_f for positions p in [0, n_pos): k_rope_cs evaluates
+ * rope_elem's own expressions on the device, so a table entry holds the bits rope_elem would make.
+ * Made once a (n_rot, theta, n_pos) in the first (uncaptured) run that needs it and kept until the
+ * backend goes: a captured graph keeps the address it saw. */
+__global__ void k_rope_cs(float2 *cs, const double *freq, int64_t h, int64_t n_pos) {
+    GRID_STRIDE(e, h * n_pos) {
+        int64_t p = e / h, f = e % h;
+        double ang = (double)p * freq[f];
+        cs[e] = make_float2((float)cos(ang), (float)sin(ang));
+    }
+}
+static const float2 *rope_cs(keel_backend *be, const keel_tensor *t, int64_t nr, double theta, int64_t n_pos) {
+    cuda_impl *im = cuda_im(be);
+    for (int i = 0; i < im->n_rope; i++)
+        if (im->rope[i].n_rot == nr && im->rope[i].theta == theta && im->rope[i].n_pos == n_pos) return im->rope[i].cs;
+    const double *freq = rope_freqs(be, t, nr, theta); /* first: it may grow the list */
+    if (!freq) return NULL;
+    if (im->n_rope == im->cap_rope) {
+        int cap = 2 * im->cap_rope;
+        cuda_rope_table *r = (cuda_rope_table *)realloc(im->rope, (size_t)cap * sizeof *r);
+        if (!r) {
+            keel_fail("out of memory in '%s'", t->name);
+            return NULL;
+        }
+        im->rope = r, im->cap_rope = cap;
+    }
+    int64_t h = nr / 2;
+    float2 *cs = NULL;
+    if (cuda_check(cudaMalloc(&cs, (size_t)(h * n_pos > 0 ? h * n_pos : 1) * sizeof(float2)), "RoPE cos/sin table", t))
+        return NULL;
+    if (h * n_pos > 0) k_rope_cs<<<cuda_blocks(h * n_pos, 256), 256, 0, st(be)>>>(cs, freq, h, n_pos);
+    if (cuda_check(cudaGetLastError(), "RoPE cos/sin table launch", t)) {
+        cudaFree(cs);
+        return NULL;
+    }
+    cuda_rope_table *r = &im->rope[im->n_rope++];
+    r->n_rot = nr, r->theta = theta, r->dev = NULL, r->n_pos = n_pos, r->cs = cs;
+    return cs;
 }
 
 static int rope(keel_backend *be, const keel_tensor *t) {
@@ -1545,6 +1597,8 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
             A.pos = kt_of(t->src[2]), A.nr = t->ip[1];
             A.freq = rope_freqs(be, t, t->ip[1], t->fp[1]);
             if (!A.freq) return -1;
+            A.n_cs = a->ne[2]; /* positions below the window's length (a window's own), from the table */
+            if (A.n_cs > 0 && !(A.cs = rope_cs(be, t, t->ip[1], t->fp[1], A.n_cs))) return -1;
         }
         /* the register variants of long rows take ~170 registers a thread: blocks of 128 threads,
          * so that a multiprocessor holds three of them rather than one of 256 */
