@@ -177,24 +177,6 @@ int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib) {
     return 0;
 }
 
-keel_tensor *keel_grad_so_far(keel_grad_acc *acc, int src) {
-    if (!keel_grad_wanted(acc, src)) return NULL;
-    keel_tensor *s = acc->node->src[src];
-    if (settle_of(acc, s) || grow(acc)) return NULL;
-    return acc->g->grads[s->id];
-}
-
-int keel_grad_replace(keel_grad_acc *acc, int src, keel_tensor *sum) {
-    if (!sum) return -1;
-    keel_tensor *s = acc->node->src[src];
-    if (!keel_same_shape(s, sum) || sum->type != keel_grad_type(s->type))
-        return keel_fail("autodiff: %s rule gave a sum of the wrong shape or type for '%s'",
-                         keel_op_get(acc->node->op)->name, s->name);
-    if (grow(acc)) return -1;
-    acc->g->grads[s->id] = sum;
-    return 0;
-}
-
 int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t nb1, int64_t nb2, int64_t nb3,
                          int64_t offset) {
     if (!dy) return -1;

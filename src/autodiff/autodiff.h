@@ -31,11 +31,6 @@ bool keel_grad_wanted(const keel_grad_acc *acc, int src);
 bool keel_grad_bf16_ok(const keel_grad_acc *acc, int src);
 /* Add a contribution (shaped like source i; bf16 where keel_grad_bf16_ok) to source i's gradient. */
 int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib);
-/* Source i's gradient so far (NULL: none yet, or not wanted), for a rule whose op can add its
- * contribution to it in the same pass; such a rule then hands over the sum with keel_grad_replace
- * (the bits of keel_grad_add's ADD of the sum so far and the contribution). */
-keel_tensor *keel_grad_so_far(keel_grad_acc *acc, int src);
-int keel_grad_replace(keel_grad_acc *acc, int src, keel_tensor *sum);
 /* Add dy into the window (strides nb1..3, byte offset) of source i's gradient. */
 int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t nb1, int64_t nb2, int64_t nb3,
                          int64_t offset);

@@ -362,13 +362,10 @@ static int shape_rule(keel_tensor *t) {
         return 0;
     case KEEL_OP_RMS_NORM_W:
     case KEEL_OP_RMS_NORM_W_BACK:
-    case KEEL_OP_RMS_NORM_W_BACK_ADD:
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK: {
         bool gated = op == KEEL_OP_GATED_RMS_NORM || op == KEEL_OP_GATED_RMS_NORM_BACK;
-        bool back = op == KEEL_OP_RMS_NORM_W_BACK || op == KEEL_OP_RMS_NORM_W_BACK_ADD || op == KEEL_OP_GATED_RMS_NORM_BACK;
-        if (op == KEEL_OP_RMS_NORM_W_BACK_ADD)
-            REQ(keel_same_shape(t->src[3], a) && t->src[3]->type == a->type, "the addend must be shaped like x");
+        bool back = op == KEEL_OP_RMS_NORM_W_BACK || op == KEEL_OP_GATED_RMS_NORM_BACK;
         REQ(keel_type_is_float(a->type) && b->type == a->type, "x and w must have one real type");
         REQ(b->ne[0] == a->ne[0] && keel_nelements(b) == a->ne[0], "w must hold one weight per element of a row (%lld)",
             (long long)a->ne[0]);

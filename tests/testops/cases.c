@@ -690,7 +690,6 @@ int keel_cases_all(op_case **out) {
         }
         case KEEL_OP_RMS_NORM_W:
         case KEEL_OP_RMS_NORM_W_BACK:
-        case KEEL_OP_RMS_NORM_W_BACK_ADD:
         case KEEL_OP_GATED_RMS_NORM:
         case KEEL_OP_GATED_RMS_NORM_BACK: {
             /* row length, rows (3 dims), eps (1e-6 x): the DeltaNet's heads of 128 and the fixture's 24;
@@ -709,10 +708,8 @@ int keel_cases_all(op_case **out) {
                 I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 3 ? VIEW_STRIDED : VIEW_NONE;
                 I(c, KEEL_F32, x[0], 1, 1, 1);
                 if (gated) I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 2 ? VIEW_PERMUTED : VIEW_NONE;
-                if (op == KEEL_OP_GATED_RMS_NORM_BACK || op == KEEL_OP_RMS_NORM_W_BACK || op == KEEL_OP_RMS_NORM_W_BACK_ADD)
+                if (op == KEEL_OP_GATED_RMS_NORM_BACK || op == KEEL_OP_RMS_NORM_W_BACK)
                     I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
-                if (op == KEEL_OP_RMS_NORM_W_BACK_ADD) /* the gradient so far; a permuted one once */
-                    I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 2 ? VIEW_PERMUTED : VIEW_NONE;
                 P(c, gated ? 0 : 1, (int64_t[]){s % 2}, 1, (double[]){1e-6 * (double)x[4]});
             }
             /* the forward's bf16 result (ip1; mixed precision's product operands): the float32 value

@@ -354,10 +354,9 @@ __global__ void k_silu_back(kt t, kt x, kt dy, int vec) {
  * backward writes [dx | dz (gated) | the products dy silu(z) rms_norm(x) that REPEAT_BACK sums into
  * dw], each row at its flat place. */
 typedef struct {
-    kt t, x, w, z, dy, pos, add; /* z: gated only; dy: backward only; pos: QK_NORM_ROPE; add: RMS_NORM_W_BACK_ADD */
+    kt t, x, w, z, dy, pos; /* z: gated only; dy: backward only; pos: QK_NORM_ROPE */
     double eps;
     int gated, back, one; /* one: the 1 + w form */
-    int has_add;          /* RMS_NORM_W_BACK_ADD: dx goes out as add + dx, ADD's float32 sum */
     int rope;             /* QK_NORM_ROPE: k_rope's rotation after the norm (and back before its gradient) */
     const double *freq;   /* its n_rot/2 frequencies (host-made, keel_rope_freq) */
     const float2 *cs;     /* and the float cos, sin of positions [0, n_cs) (rope_cs): the same bits */
@@ -463,11 +462,8 @@ template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
             }
             float g = PM ? gr[k] : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false),
                   db = gated ? __fmul_rn(g, sg) : g;
-            float *o = (float *)A.t.p + r * n + i, d = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
-            /* the addend through the read-only path, as the weight: its loads need not wait for
-             * the stores before them (a plain load did, 32 round trips a row: 151 us a 1024-wide
-             * norm at batch 8 against 97 without the addend) */
-            o[0] = A.has_add ? __fadd_rn(__ldg((const float *)kt_at(A.add, i, i1, i2, i3)), d) : d;
+            float *o = (float *)A.t.p + r * n + i;
+            o[0] = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
             if (gated) o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
             o[(gated ? 2 : 1) * N] = __fmul_rn(db, a);
         }
@@ -1578,7 +1574,6 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return reduce_terms(be, t, terms_of(t));
     case KEEL_OP_RMS_NORM_W:
     case KEEL_OP_RMS_NORM_W_BACK:
-    case KEEL_OP_RMS_NORM_W_BACK_ADD:
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK:
     case KEEL_OP_QK_NORM_ROPE:
@@ -1587,9 +1582,8 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         memset(&A, 0, sizeof A);
         A.gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
         A.rope = t->op == KEEL_OP_QK_NORM_ROPE || t->op == KEEL_OP_QK_NORM_ROPE_BACK;
-        A.back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ||
-                 t->op == KEEL_OP_GATED_RMS_NORM_BACK || t->op == KEEL_OP_QK_NORM_ROPE_BACK;
-        if (t->op == KEEL_OP_RMS_NORM_W_BACK_ADD) A.add = kt_of(t->src[3]), A.has_add = 1;
+        A.back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK ||
+                 t->op == KEEL_OP_QK_NORM_ROPE_BACK;
         A.t = kt_of(t), A.x = kt_of(a), A.w = kt_of(b), A.eps = t->fp[0], A.one = t->ip[0] != 0;
         if (A.gated) A.z = kt_of(t->src[2]);
         if (A.back) A.dy = kt_of(t->src[A.gated || A.rope ? 3 : 2]);
