@@ -4,7 +4,9 @@
  * Accumulation order (fixed, so gradients are deterministic): nodes are visited in reverse
  * execution order; each node hands its sources their contributions in source order; a tensor's
  * contributions are summed left to right in the order they arrive. A contribution through a VIEW
- * goes into a zero-filled gradient buffer (a real FILL) by an in-place ACC into the view's window. */
+ * goes into a zero-filled gradient buffer (a real FILL) by an in-place ACC into the view's window,
+ * unless the windows lie in one tensor as they lie in the base and tile its rows: then that tensor's
+ * first bytes are the base's gradient (autodiff.c, windows in place; the same values). */
 #ifndef KEEL_AUTODIFF_H
 #define KEEL_AUTODIFF_H
 
