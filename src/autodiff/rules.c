@@ -132,9 +132,9 @@ static int r_silu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     ADD(0, keel_op_new(ctx, KEEL_OP_SILU_BACK, (keel_tensor *const[]){t->src[0], dy}, 2, NULL, 0, NULL, 0));
     return 0;
 }
-/* d gate = silu'(gate) (dy * up), d up = dy * silu(gate): one op for both, viewed apart */
-/* both gradients in bf16 where both go only to bf16 products (mixed precision's gate and up
- * projections): the bits of the float32 ones and the CASTs of their products' rules, in half the bytes */
+/* d gate = silu'(gate) (dy * up), d up = dy * silu(gate): one op for both, viewed apart; both in
+ * bf16 where both go only to bf16 products (mixed precision's gate and up projections): the bits of
+ * the float32 ones and the CASTs of their products' rules, in half the bytes */
 static int r_swiglu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *g = t->src[0];
     int64_t bf = keel_grad_bf16_ok(acc, 0) && keel_grad_bf16_ok(acc, 1) && dy->type == KEEL_F32 ? KEEL_BF16 : 0;

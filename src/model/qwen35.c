@@ -234,9 +234,8 @@ void keel_qwen35_free(keel_qwen35 *m) {
     free(m);
 }
 
-/* x * rsqrt(mean(x^2) + eps) * (1 + w), one op */
-/* the (1 + w) RMS norm, its result in `out` (a norm that only feeds products: mixed precision's
- * bf16 operand made by the norm, the bits of the norm then CAST) */
+/* x * rsqrt(mean(x^2) + eps) * (1 + w), one op, its result in `out` (a norm that only feeds
+ * products: mixed precision's bf16 operand made by the norm, the bits of the norm then CAST) */
 static keel_tensor *norm1p(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, keel_type out) {
     return keel_rms_norm_w_to(ctx, x, w, eps, true, out);
 }
