@@ -67,8 +67,8 @@ static size_t odd_scratch(void *ud, const keel_tensor *t) {
 }
 
 /* pool[0..2]: three inputs [40, 3]; pool[3..n-1]: a random chain of ADD and SQR over them, each node
- * reading the one or two before it, so all reach the last (seeded by seed) */
-static void random_chain(keel_ctx *ctx, keel_tensor **pool, int n, uint64_t seed) {
+ * reading the one or two before it, so all reach the last (seeded by seed); returns the graph of the last */
+static keel_graph *random_chain(keel_ctx *ctx, keel_tensor **pool, int n, uint64_t seed) {
     int k = 0;
     for (int i = 0; i < 3; i++) pool[k++] = keel_set_flags(keel_new_2d(ctx, KEEL_F32, 40, 3), KEEL_FLAG_INPUT);
     for (uint64_t s = seed; k < n;) {
@@ -76,6 +76,7 @@ static void random_chain(keel_ctx *ctx, keel_tensor **pool, int n, uint64_t seed
         keel_tensor *a = pool[k - 1 - (int)((s >> 33) % 2)], *b = pool[(s >> 45) % (uint64_t)k];
         pool[k++] = (s >> 20) % 3 ? keel_add(ctx, a, b) : keel_sqr(ctx, a);
     }
+    return keel_graph_build(ctx, &pool[n - 1], 1);
 }
 
 /* A node's scratch is a block of the arena live while that node runs: it overlaps nothing live
@@ -86,8 +87,7 @@ static void scratch_per_node(void **st) {
     keel_ctx *ctx = keel_ctx_new();
     keel_tensor *pool[48];
     int n = 48;
-    random_chain(ctx, pool, n, 11);
-    keel_graph *g = keel_graph_build(ctx, &pool[n - 1], 1);
+    keel_graph *g = random_chain(ctx, pool, n, 11);
     keel_plan_opts o = {.scratch_bytes = odd_scratch};
     keel_plan *p = keel_plan_make(g, &o), *plain = keel_plan_make(g, NULL);
     assert_non_null(p);
@@ -154,8 +154,7 @@ static void carried_blocks(void **st) {
     keel_ctx *ctx = keel_ctx_new();
     keel_tensor *pool[64];
     int n = 64;
-    random_chain(ctx, pool, n, 5);
-    keel_graph *g = keel_graph_build(ctx, &pool[n - 1], 1);
+    keel_graph *g = random_chain(ctx, pool, n, 5);
     keel_plan_opts o = {.scratch_bytes = paired_scratch, .carry = test_carry};
     keel_plan *p = keel_plan_make(g, &o);
     assert_non_null(p);

@@ -1309,19 +1309,21 @@ int cuda_ce_divisor(keel_backend *be, const keel_tensor *t) {
 /* The n_rot/2 rotation frequencies in float64 (keel_rope_freq) on the device: made and uploaded the
  * first time a (n_rot, theta) is seen (a small allocation and a wait, once), then the same table;
  * NULL with an error */
+/* room for one more table in the backend's list (the caller fills im->rope[im->n_rope] and counts it) */
+static int rope_room(cuda_impl *im, const keel_tensor *t) {
+    if (im->n_rope < im->cap_rope) return 0;
+    int cap = im->cap_rope ? 2 * im->cap_rope : 8;
+    cuda_rope_table *r = (cuda_rope_table *)realloc(im->rope, (size_t)cap * sizeof *r);
+    if (!r) return keel_fail("out of memory in '%s'", t->name);
+    im->rope = r, im->cap_rope = cap;
+    return 0;
+}
+
 static const double *rope_freqs(keel_backend *be, const keel_tensor *t, int64_t nr, double theta) {
     cuda_impl *im = cuda_im(be);
     for (int i = 0; i < im->n_rope; i++)
         if (im->rope[i].n_rot == nr && im->rope[i].theta == theta && !im->rope[i].n_pos) return im->rope[i].dev;
-    if (im->n_rope == im->cap_rope) {
-        int cap = im->cap_rope ? 2 * im->cap_rope : 8;
-        cuda_rope_table *r = (cuda_rope_table *)realloc(im->rope, (size_t)cap * sizeof *r);
-        if (!r) {
-            keel_fail("out of memory in '%s'", t->name);
-            return NULL;
-        }
-        im->rope = r, im->cap_rope = cap;
-    }
+    if (rope_room(im, t)) return NULL;
     int64_t h = nr / 2;
     double *freq = (double *)malloc((size_t)(h ? h : 1) * sizeof(double)), *dev = NULL;
     if (!freq) {
@@ -1358,16 +1360,7 @@ static const float2 *rope_cs(keel_backend *be, const keel_tensor *t, int64_t nr,
     for (int i = 0; i < im->n_rope; i++)
         if (im->rope[i].n_rot == nr && im->rope[i].theta == theta && im->rope[i].n_pos == n_pos) return im->rope[i].cs;
     const double *freq = rope_freqs(be, t, nr, theta); /* first: it may grow the list */
-    if (!freq) return NULL;
-    if (im->n_rope == im->cap_rope) {
-        int cap = 2 * im->cap_rope;
-        cuda_rope_table *r = (cuda_rope_table *)realloc(im->rope, (size_t)cap * sizeof *r);
-        if (!r) {
-            keel_fail("out of memory in '%s'", t->name);
-            return NULL;
-        }
-        im->rope = r, im->cap_rope = cap;
-    }
+    if (!freq || rope_room(im, t)) return NULL;
     int64_t h = nr / 2;
     float2 *cs = NULL;
     if (cuda_check(cudaMalloc(&cs, (size_t)(h * n_pos > 0 ? h * n_pos : 1) * sizeof(float2)), "RoPE cos/sin table", t))
