@@ -674,52 +674,81 @@ template <int NB, bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn
     fetch_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
     fetch_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
     fetch_commit();
+    /* what this thread's row of dG and dbeta reads of the contractions' results (the first of a row's
+     * 4 threads), loaded now: behind a barrier later, they were a memory latency of their own */
+    float r3v = threadIdx.x < 4 * n && (threadIdx.x & 3) == 0 ? P.r3[lc * CH + (threadIdx.x >> 2)] : 0.0f,
+          dgc = P.dGamC[lc];
     decay_load(A, d, b, hv, t0, n); /* while the tiles are in flight */
     fetch_wait(0);
     __syncthreads();
     bmm_sel<TC, false, true>(X, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     bmm_sel<TC, false, true>(Y, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     __syncthreads();
-    for (int e = threadIdx.x; e < n * n; e += NT) {
-        int t = e / n, s = e - t * n;
-        float D = dmask(d, t, s), dpm = gPd[t * CH + s], dmm = gE[t * CH + s], y = Y[t * LDC + s];
-        bool low = s < t;
-        /* X: D_ts times the gradient of D_ts (the diagonal's D is 1 and cancels in dG: left out) */
-        X[t * LDC + s] = low ? D * (dpm * X[t * LDC + s] + dmm * d.bt[t] * y) : 0.0f;
-        Y[t * LDC + s] = low ? dmm * D * y : 0.0f;
-        gPd[t * CH + s] = D * dpm;
-        gE[t * CH + s] = low ? dmm * d.bt[t] * D : 0.0f;
+    /* a thread's elements of dPm and dMm, 8 of each in flight at once (one after another, each
+     * waited on, they cost a memory latency each) */
+    for (int e0 = threadIdx.x; e0 < n * n; e0 += 8 * NT) {
+        float dpv[8], dmv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int e = e0 + u * NT, t = e / n, s = e - t * n;
+            dpv[u] = e < n * n ? gPd[t * CH + s] : 0.0f, dmv[u] = e < n * n ? gE[t * CH + s] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int e = e0 + u * NT, t = e / n, s = e - t * n;
+            if (e >= n * n) break;
+            float D = dmask(d, t, s), dpm = dpv[u], dmm = dmv[u], y = Y[t * LDC + s];
+            bool low = s < t;
+            /* X: D_ts times the gradient of D_ts (the diagonal's D is 1 and cancels in dG: left out) */
+            X[t * LDC + s] = low ? D * (dpm * X[t * LDC + s] + dmm * d.bt[t] * y) : 0.0f;
+            Y[t * LDC + s] = low ? dmm * D * y : 0.0f;
+            gPd[t * CH + s] = D * dpm;
+            gE[t * CH + s] = low ? dmm * d.bt[t] * D : 0.0f;
+        }
     }
     __syncthreads();
     /* the packed result (keel_gdn_back_layout): a row a token [dq | dk | dv], then dg, dbeta */
     int64_t prow = (2 * A.Dk + A.Dv) * A.Hv, off_dk = A.Dk * A.Hv, off_dg = prow * A.T * A.B,
             off_db = off_dg + A.Hv * A.T * A.B;
     int64_t rk = lc * CH * (int64_t)Dk;
-    for (int t = w; t < n; t += NT / 32) { /* a warp a row: dot products over Dk, 4 loads of each in flight */
-        float x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
-        const float *qa = P.dQa + rk + t * Dk, *ka = P.dKa + rk + t * Dk, *kbr = P.dKb + rk + t * Dk;
+    /* a warp two rows at a time (t and t + NT / 32): dot products over Dk, 4 loads of each row's
+     * three arrays in flight together */
+    for (int t = w; t < n; t += 2 * (NT / 32)) {
+        int rows[2] = {t, t + NT / 32};
+        float x1[2] = {0.0f, 0.0f}, x2[2] = {0.0f, 0.0f}, x3[2] = {0.0f, 0.0f};
         for (int i0 = lane; i0 < Dk; i0 += 128) {
-            float a1[4], a2[4], a3[4];
+            float a1[2][4], a2[2][4], a3[2][4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int i = i0 + 32 * u;
-                a1[u] = i < Dk ? qa[i] : 0.0f, a2[u] = i < Dk ? kbr[i] : 0.0f, a3[u] = i < Dk ? ka[i] : 0.0f;
-            }
+            for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int i = i0 + 32 * u;
-                if (i < Dk) {
-                    x1 += Q[t * ldk + i] * a1[u];
-                    x2 += K[t * ldk + i] * a2[u];
-                    x3 += K[t * ldk + i] * a3[u];
+                for (int u = 0; u < 4; u++) {
+                    int i = i0 + 32 * u;
+                    bool in = i < Dk && rows[h] < n;
+                    int64_t at = rk + rows[h] * Dk + i;
+                    a1[h][u] = in ? P.dQa[at] : 0.0f, a2[h][u] = in ? P.dKb[at] : 0.0f,
+                    a3[h][u] = in ? P.dKa[at] : 0.0f;
                 }
-            }
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    int i = i0 + 32 * u, r = rows[h];
+                    if (i < Dk && r < n) {
+                        x1[h] += Q[r * ldk + i] * a1[h][u];
+                        x2[h] += K[r * ldk + i] * a2[h][u];
+                        x3[h] += K[r * ldk + i] * a3[h][u];
+                    }
+                }
         }
-        x1 = warp_sum(x1), x2 = warp_sum(x2), x3 = warp_sum(x3);
-        if (lane == 0) {
-            dGam[t] = x1 - d.bt[t] * x2;
-            dDC[t] = x3;
-            kdKb[t] = x2; /* k_t . dKb_t */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float s1 = warp_sum(x1[h]), s2 = warp_sum(x2[h]), s3 = warp_sum(x3[h]);
+            int r = rows[h];
+            if (lane == 0 && r < n) {
+                dGam[r] = s1 - d.bt[r] * s2;
+                dDC[r] = s3;
+                kdKb[r] = s2; /* k_t . dKb_t */
+            }
         }
     }
     __syncthreads();
@@ -734,9 +763,9 @@ template <int NB, bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn
         s = quad_sum(s), y = quad_sum(y), e = quad_sum(e);
         if (t < n && h == 0) {
             s += d.Gam[t] * dGam[t] - d.DC[t] * dDC[t];
-            if (t == n - 1) s += d.Gam[n - 1] * P.dGamC[lc] + e;
+            if (t == n - 1) s += d.Gam[n - 1] * dgc + e;
             dG[t] = s;
-            out[off_db + (b * A.T + t0 + t) * A.Hv + hv] = P.r3[lc * CH + t] - d.Gam[t] * kdKb[t] + y;
+            out[off_db + (b * A.T + t0 + t) * A.Hv + hv] = r3v - d.Gam[t] * kdKb[t] + y;
         }
     }
     __syncthreads(); /* X and Y are read: they take the scaled dPm and dMm, in flight during what follows */
@@ -898,8 +927,7 @@ static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A,
         return keel_fail("cuda: '%s': the delta rule's carried states take %zu bytes, %zu planned", t->name, need,
                          t->carry_bytes);
     carve(A, CARRIED_PARTS, (float *)t->carry, &C);
-    P->Qg = C.Qg, P->Uc = C.Uc, P->Pm = C.Pm, P->Sc = C.Sc, P->GamC = C.GamC, P->Kb = C.Kb, P->Ac = C.Ac,
-    P->Am = C.Am;
+    P->Qg = C.Qg, P->Uc = C.Uc, P->Pm = C.Pm, P->Sc = C.Sc, P->GamC = C.GamC, P->Kb = C.Kb, P->Ac = C.Ac, P->Am = C.Am;
     return 0;
 }
 
