@@ -7,7 +7,7 @@
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
 # Stages: ops grad fault reference recompute model bf16 adamw hf lora chat cross bench trace, gdn (the delta rule's
 # cases, gradients and GPU time alone: a quick first look), gdn-ncu (its kernels' time, issue slots
-# and stall reasons under ncu), attn (flash attention's cases, gradients, and its kernels' time under
+# and stall reasons under ncu), gdn-ncu16 (the same in the bf16 step, a line a kernel), attn (flash attention's cases, gradients, and its kernels' time under
 # ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full),
 # bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit),
 # and multi (needs 2 GPUs) and profile
@@ -150,6 +150,12 @@ if want gdn-ncu; then # the delta rule's kernels under ncu: the last forward lay
     ncu_m='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,smsp__inst_executed.sum,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active'
     run "ncu: the delta rule's kernels (f32 batch 8)" gdn-ncu.log ncu --clock-control none -k regex:k_gdn --launch-skip 51 --launch-count 9 --metrics "$ncu_m" $keel bench train --backend cuda --precision f32 --batch 8 --no-torch --steps 1
     grep -E '^  k_gdn|duration|fma_cycles|issue_active.avg' "$out/gdn-ncu.log"
+fi
+if want gdn-ncu16; then # the same for the bf16 step, whose backward reads the states its forward carried: the last
+    # forward layer's three kernels and the first backward's four, a line each (scripts/ncu_table.py)
+    ncu_m='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active'
+    run "ncu: the delta rule's kernels (bf16 batch 8)" gdn-ncu16.log bash -c "ncu --csv --clock-control none -k regex:k_gdn --launch-skip 51 --launch-count 7 --metrics '$ncu_m' $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >$out/gdn-ncu16.csv && python3 scripts/ncu_table.py $out/gdn-ncu16.csv"
+    cat "$out/gdn-ncu16.log"
 fi
 if want grad; then
     run "test-ops --backend cuda --grad" grad.log $keel test-ops --grad --backend cuda

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""One line a profiled kernel from `ncu --csv` output: its time, the other metrics asked for, and
+the largest stall reasons (smsp__average_warps_issue_stalled_*_per_issue_active: cycles a warp
+spends stalled for that reason per instruction issued). Usage: ncu_table.py FILE.csv [N_STALLS]"""
+import collections
+import csv
+import sys
+
+STALL = "smsp__average_warps_issue_stalled_"
+
+
+def number(text):
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: ncu_table.py FILE.csv [N_STALLS]")
+    n_stalls = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    try:
+        with open(sys.argv[1], newline="") as f:
+            rows = [r for r in csv.reader(f) if len(r) > 10]
+    except OSError as e:
+        sys.exit(f"{sys.argv[1]}: {e.strerror}")
+    if not rows or "Kernel Name" not in rows[0]:
+        sys.exit(f"{sys.argv[1]}: no ncu CSV rows (did ncu run? see its log)")
+    head = rows[0]
+    at = {name: head.index(name) for name in ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")}
+    kernels = collections.OrderedDict()
+    for r in rows[1:]:
+        key = (r[at["ID"]], r[at["Kernel Name"]].split("(")[0].replace("void ", ""))
+        kernels.setdefault(key, {})[r[at["Metric Name"]]] = (r[at["Metric Value"]], r[at["Metric Unit"]])
+    for (kid, name), m in kernels.items():
+        t = m.get("gpu__time_duration.sum")
+        time = f"{number(t[0]) / 1000:9.1f} us" if t and t[1] == "ns" and number(t[0]) is not None else "        ?   "
+        other = []
+        for metric, (value, unit) in m.items():
+            if metric.startswith(STALL) or metric == "gpu__time_duration.sum":
+                continue
+            short = metric.split("__", 1)[-1].split(".")[0]
+            other.append(f"{short}={value}{'%' if unit == '%' else ''}")
+        stalls = sorted(((number(v), k[len(STALL):].replace("_per_issue_active.ratio", ""))
+                         for k, (v, _) in m.items() if k.startswith(STALL) and number(v) is not None), reverse=True)
+        top = " ".join(f"{reason}:{value:.2f}" for value, reason in stalls[:n_stalls])
+        print(f"{kid:>4} {name[:32]:32s} {time} {' '.join(other)}  stalls {top}")
+
+
+if __name__ == "__main__":
+    main()
