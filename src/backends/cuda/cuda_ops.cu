@@ -377,21 +377,23 @@ __device__ static inline float nw_val(const norm_w_args &A, const char *row, int
     float v = ldf(row + j * nb);
     return normed ? __fmul_rn(__fmul_rn(v, sc), norm_w_weight(A, j)) : v;
 }
+/* The float cos and sin of the angle p freq_f (in float64, as on the cpu); sin's sign turned by
+ * dir (+1 forward, -1 back: exact, so either sign's bits are the turned bits). k_rope, the table
+ * of k_rope_cs and rope_elem all take them from here, so a table entry holds what the kernels make. */
+__device__ static inline float2 rope_cos_sin(int64_t p, const double *freq, int64_t f, double dir) {
+    double ang = (double)p * freq[f];
+    float s = (float)sin(ang);
+    return make_float2((float)cos(ang), dir < 0 ? -s : s);
+}
 /* k_rope's rotation of element i of that row: pairs f, f + nr/2 turned by the angle pos * freq_f
  * (dir -1: back), the same float32 formulas; past n_rot (or without rope) the element itself */
 __device__ static inline float rope_elem(const norm_w_args &A, const char *row, int64_t nb, int64_t i, int64_t p,
                                          double dir, float sc, bool normed) {
     if (!A.rope || i >= A.nr) return nw_val(A, row, nb, i, sc, normed);
     int64_t h = A.nr / 2, f = i < h ? i : i - h;
-    float cs, sn;
-    if (p >= 0 && p < A.n_cs) { /* the table's entry: these two expressions, evaluated once (float64 cos
-                                 * and sin an element made the kernel slow) */
-        float2 c = A.cs[p * h + f];
-        cs = c.x, sn = dir < 0 ? -c.y : c.y;
-    } else {
-        double ang = (double)p * A.freq[f];
-        cs = (float)cos(ang), sn = (float)(dir * sin(ang));
-    }
+    /* the table's entry where there is one (float64 cos and sin an element made the kernel slow) */
+    float2 c = p >= 0 && p < A.n_cs ? A.cs[p * h + f] : rope_cos_sin(p, A.freq, f, 1.0);
+    float cs = c.x, sn = dir < 0 ? -c.y : c.y;
     float x1 = nw_val(A, row, nb, f, sc, normed), x2 = nw_val(A, row, nb, f + h, sc, normed);
     return i < h ? __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)) : __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
 }
@@ -789,8 +791,8 @@ __global__ void k_rope(kt t, kt a, kt pos, const double *freq, int64_t nr, doubl
         const char *s = kt_at(a, 0, i1, i2, i3);
         char *d = kt_at(t, 0, i1, i2, i3);
         if (c < h) {
-            double ang = (double)pos_at(pos, i2, i3) * freq[c];
-            float cs = (float)cos(ang), sn = (float)(dir * sin(ang));
+            float2 r = rope_cos_sin(pos_at(pos, i2, i3), freq, c, dir);
+            float cs = r.x, sn = r.y;
             float x1 = ldf(s + c * a.nb[0]), x2 = ldf(s + (c + h) * a.nb[0]);
             stf(d + c * t.nb[0], __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
             stf(d + (c + h) * t.nb[0], __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
@@ -1345,14 +1347,13 @@ static const double *rope_freqs(keel_backend *be, const keel_tensor *t, int64_t 
 }
 
 /* The float cos and sin of every angle p freq_f for positions p in [0, n_pos): k_rope_cs evaluates
- * rope_elem's own expressions on the device, so a table entry holds the bits rope_elem would make.
+ * rope_cos_sin on the device, as k_rope and rope_elem do, so a table entry holds the bits they make.
  * Made once a (n_rot, theta, n_pos) in the first (uncaptured) run that needs it and kept until the
  * backend goes: a captured graph keeps the address it saw. */
 __global__ void k_rope_cs(float2 *cs, const double *freq, int64_t h, int64_t n_pos) {
     GRID_STRIDE(e, h * n_pos) {
         int64_t p = e / h, f = e % h;
-        double ang = (double)p * freq[f];
-        cs[e] = make_float2((float)cos(ang), (float)sin(ang));
+        cs[e] = rope_cos_sin(p, freq, f, 1.0);
     }
 }
 static const float2 *rope_cs(keel_backend *be, const keel_tensor *t, int64_t nr, double theta, int64_t n_pos) {
