@@ -433,7 +433,8 @@ static int shape_rule(keel_tensor *t) {
         REQ(g->ne[0] == Hv && g->ne[1] == T && g->ne[2] == B && keel_same_shape(g, be), "g and beta must be [Hv,T,B]");
         for (int i = 1; i < 5; i++) REQ(t->src[i]->type == a->type, "types differ");
         REQ(is_positions(t->src[5], T, B), "positions must be i32 [T,B]");
-        REQ(t->ip[0] == 0 || t->ip[0] == 1, "ip0 (products on tensor cores) must be 0 or 1, not %lld",
+        REQ(t->ip[0] >= KEEL_GDN_FLOAT32 && t->ip[0] <= KEEL_GDN_SPLIT_BF16,
+            "ip0 (the products: 0 float32, 1 split TF32, 2 split bf16) must be 0, 1 or 2, not %lld",
             (long long)t->ip[0]);
         if (op == KEEL_OP_GATED_DELTA_NET) {
             set_shape(t, a->type, Dv, Hv, T, B);
@@ -813,8 +814,8 @@ keel_tensor *keel_gdn_conv(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_t
     return OP(KEEL_OP_GDN_CONV, (x, w, pos), IPS(n_qk, head), 2, FPS(eps, q_scale), 2);
 }
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
-                                  keel_tensor *beta, keel_tensor *pos, bool tensor_cores) {
-    return OP(KEEL_OP_GATED_DELTA_NET, (q, k, v, g, beta, pos), IPS(tensor_cores ? 1 : 0), 1, NULL, 0);
+                                  keel_tensor *beta, keel_tensor *pos, int products) {
+    return OP(KEEL_OP_GATED_DELTA_NET, (q, k, v, g, beta, pos), IPS(products), 1, NULL, 0);
 }
 keel_tensor *keel_gated_delta_net_state(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
                                         keel_tensor *beta, keel_tensor *pos, keel_tensor *s0) {

@@ -160,10 +160,18 @@ keel_tensor *keel_gated_rms_norm_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *
  * conv recomputed; CONV1D's backward ops take it from there. */
 keel_tensor *keel_gdn_conv(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, int64_t n_qk, int64_t head,
                            double eps, double q_scale);
+/* How the CUDA kernels of the delta rule take their per-chunk products (the op's ip0; the other
+ * backends compute in float32 or float64 whatever it says) */
+enum {
+    KEEL_GDN_FLOAT32 = 0,    /* float32 on the CUDA cores (the float32 mode) */
+    KEEL_GDN_SPLIT_TF32 = 1, /* the tensor cores, operands split in two TF32 parts: about float32's precision */
+    KEEL_GDN_SPLIT_BF16 = 2, /* the tensor cores, operands split in two bf16 parts (16 bits), float32 sums (the
+                              * bf16 mode) */
+};
 /* The gated delta rule; the state is reset to 0 before every step whose position is 0 (<= 0): a
- * packed example starts from a fresh state, as it would alone. */
+ * packed example starts from a fresh state, as it would alone. products: a KEEL_GDN_ value. */
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
-                                  keel_tensor *beta, keel_tensor *pos, bool tensor_cores);
+                                  keel_tensor *beta, keel_tensor *pos, int products);
 /* GATED_DELTA_NET_BACK's packed result: for each token (t, b) a row of (2 Dk + Dv) Hv elements,
  * [dq of every value head | dk of every value head | dv of every value head] (dq and dk per value
  * head: the rule sums a key head's group), then dg [Hv,T,B] and dbeta [Hv,T,B]. With as many key

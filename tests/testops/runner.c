@@ -321,7 +321,8 @@ static int packed_parts(const keel_tensor *t, int64_t *size, strided_part *sp, i
         keel_gdn_back_layout L = keel_gdn_back_layout_of(Dk, Dv, Hv, T, B);
         sp[0] = (strided_part){0, Dk * Hv, L.row, T * B}, sp[1] = (strided_part){L.dk, Dk * Hv, L.row, T * B};
         sp[2] = (strided_part){L.dv, Dv * Hv, L.row, T * B};
-        sp[3] = (strided_part){L.dg, Hv * T * B, Hv * T * B, 1}, sp[4] = (strided_part){L.db, Hv * T * B, Hv * T * B, 1};
+        sp[3] = (strided_part){L.dg, Hv * T * B, Hv * T * B, 1},
+        sp[4] = (strided_part){L.db, Hv * T * B, Hv * T * B, 1};
         *n_sp = 5;
         return 0;
     }
@@ -433,7 +434,9 @@ static void make_label(op_case *c) {
     if ((c->op == KEEL_OP_RMS_NORM_W || c->op == KEEL_OP_RMS_NORM_W_BACK) && c->ip[0])
         k = snprintf(p, left, ",1+w"), p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_GATED_DELTA_NET || c->op == KEEL_OP_GATED_DELTA_NET_BACK) && c->ip[0])
-        k = snprintf(p, left, ",tensor cores"), p += k, left -= (size_t)k;
+        k = snprintf(p, left,
+                     c->ip[0] == KEEL_GDN_SPLIT_BF16 ? ",tensor cores split bf16" : ",tensor cores split tf32"),
+        p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_SWIGLU || c->op == KEEL_OP_SWIGLU_BACK || c->op == KEEL_OP_CONV1D_BACK_INPUT) && c->ip[0])
         k = snprintf(p, left, "->%s", keel_type_name((keel_type)c->ip[0])), p += k, left -= (size_t)k;
     snprintf(p, left, ")");

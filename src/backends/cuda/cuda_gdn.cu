@@ -1,5 +1,6 @@
 /* keel: the gated delta rule on CUDA in the chunked (WY) form, forward and backward, float32 (with
- * the op's ip0, the bf16 mode's variant: the per-chunk products on the tensor cores, TC below).
+ * the op's ip0, TC below: the per-chunk products on the tensor cores, 1 in split TF32, 2 in split bf16,
+ * the bf16 mode's variant; see bmm_tc).
  *
  * Per (batch, value head) lane the recurrence is, with the state S (Dk x Dv), for each step t:
  * S = e^g_t S (0 where an example starts);  u_t = beta_t (v_t - S^T k_t);  S = S + k_t u_t^T;
@@ -167,7 +168,7 @@ __device__ static int v_cols(int room, int Dv) {
 }
 
 /* Per chunk (grid: chunks x lanes): decays, A, W, U0, the scaled rows; the backward's A, Kb, A^T Kc. */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd) {
+template <int TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, gdn_scr P, int bwd) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
@@ -314,7 +315,7 @@ static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_L
  * multiprocessor (169 KB of shared memory) waits on its own barriers and products (tensor pipes
  * 21% busy). The same design for the reverse pass ran 512 us against 508 and was not kept. */
 #define STATE_TC_MAX 128
-__global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P) {
+template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), ldv = PAD_LD(Dv);
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P) {
             for (int j = 0; j < 4; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) u[0][i][j][e] = 0.0f;
-        tc_acc<false, false, 2, 4, 1>(u, Xw, ldk, Ss, ldv, n, Dv, Dk);
+        tc_acc<TC, false, false, 2, 4, 1>(u, Xw, ldk, Ss, ldv, n, Dv, Dk);
         const float *U0 = P.U0 + rv;
         tc_each<2, 4, 1>(n, Dv, [&](int t, int i, int j, int e, int r, int x) {
             Us[r * ldv + x] = 1.0f * U0[r * Dv + x] + -1.0f * u[t][i][j][e];
@@ -361,7 +362,7 @@ __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P) {
                 for (int j = 0; j < 4; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) s[t][i][j][e] *= g;
-        tc_acc<true, false, 2, 4, 2>(s, Xk, ldk, Us, ldv, Dk, Dv, n);
+        tc_acc<TC, true, false, 2, 4, 2>(s, Xk, ldk, Us, ldv, Dk, Dv, n);
         __syncthreads(); /* Kc and U are read */
         fetch_mat(Xk, ldk, P.Kc + rk + CH * Dk, Dk, n1, Dk);
         fetch_commit();
@@ -378,7 +379,7 @@ __host__ __device__ static inline int state_kh(int Dk) { return (Dk / 2 + 3) / 4
 
 /* The output per chunk (grid: chunks x lanes x blocks of JO value columns): O = Qg S + Pm U,
  * written to o (or to packed: the same layout). */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o) {
+template <int TC> __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o) {
     extern __shared__ float sm[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
             j0 = (int64_t)blockIdx.z * JO;
@@ -397,10 +398,10 @@ template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, g
     int64_t ld = A.Hv * A.Dv;
     if (TC) { /* on the tensor cores: a warp's 32 x 16 tiles, one turn */
         float s[1][2][2][4] = {};
-        tc_acc<false, false, 2, 2, 1>(s, X, ldk, St, LDO, n, jw, Dk);
+        tc_acc<TC, false, false, 2, 2, 1>(s, X, ldk, St, LDO, n, jw, Dk);
         fetch_wait(0);
         __syncthreads();
-        tc_acc<false, false, 2, 2, 1>(s, Pm, LDC, Ut, LDO, n, jw, n);
+        tc_acc<TC, false, false, 2, 2, 1>(s, Pm, LDC, Ut, LDO, n, jw, n);
         tc_each<2, 2, 1>(n, jw, [&](int u, int i, int j, int e, int t, int x) {
             out[t * ld + x] = s[u][i][j][e];
         });
@@ -421,7 +422,7 @@ static size_t out_smem(int64_t Dk) {
 
 /* Per chunk (grid: chunks x lanes x blocks of JO value columns), what the reverse pass needs that
  * does not depend on dS: G0 = Qg^T dO into dSc, dR0 = A^T (Pm^T dO) into dR. */
-template <bool TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
+template <int TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
     extern __shared__ float sm[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
             j0 = (int64_t)blockIdx.z * JO;
@@ -563,8 +564,7 @@ static size_t state_back_smem(int64_t Dk) {
  * multiprocessor (the float32 variant then spills 88 bytes a thread, and still runs the float32
  * backward 3.58 ms a layer against 3.87 with one block). NB: bmm_reg's turns of n x Dk (2 up to
  * Dk = 128, 4 up to 256). */
-template <bool TC, int NB>
-__global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A, gdn_scr P) {
+template <int TC, int NB> __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A, gdn_scr P) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, t0 = c * CH, lc = l * P.nc + c;
     int part = blockIdx.z, n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv;
@@ -598,8 +598,8 @@ __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A
         fetch_wait(0);
         __syncthreads();
         if (TC) {
-            tc_acc<false, true, 2, 4, NB / 2>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
-            if (part != 1) tc_acc<false, true, 2, 2, 1>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
+            tc_acc<TC, false, true, 2, 4, NB / 2>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
+            if (part != 1) tc_acc<TC, false, true, 2, 2, 1>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
         } else {
             bmm_reg<false, true, NB>(acc1, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
             if (part != 1)
@@ -659,7 +659,7 @@ static size_t contract_smem(int64_t Dk) {
  *   dbeta_t = r3_t - Gam_t k_t.dKb_t + sum_s<t dMm_ts D_ts k_t.k_s
  * and dG_t, the gradient of the summed gate G_t, from everything a decay multiplies; dg is the
  * sum of dG over the later steps of the same example in the chunk (0 where an example starts). */
-template <int NB, bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *out) {
+template <int NB, int TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
@@ -793,14 +793,14 @@ template <int NB, bool TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn
         });
         fetch_wait(0);
         __syncthreads(); /* Pd and E have landed */
-        tc_acc<false, false, 2, 4, NB / 2>(s, Pd, LDC, K, ldk, n, Dk, n);
+        tc_acc<TC, false, false, 2, 4, NB / 2>(s, Pd, LDC, K, ldk, n, Dk, n);
         tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int t, int c) {
             oq[t * ld + c] = s[u][i][j][e];
             s[u][i][j][e] = d.DC[t] * ka[t * Dk + c] - d.bt[t] * d.Gam[t] * kb[t * Dk + c];
         });
-        tc_acc<false, false, 2, 4, NB / 2>(s, E, LDC, K, ldk, n, Dk, n);
-        tc_acc<true, false, 2, 4, NB / 2>(s, E, LDC, K, ldk, n, Dk, n);
-        tc_acc<true, false, 2, 4, NB / 2>(s, Pd, LDC, Q, ldk, n, Dk, n);
+        tc_acc<TC, false, false, 2, 4, NB / 2>(s, E, LDC, K, ldk, n, Dk, n);
+        tc_acc<TC, true, false, 2, 4, NB / 2>(s, E, LDC, K, ldk, n, Dk, n);
+        tc_acc<TC, true, false, 2, 4, NB / 2>(s, Pd, LDC, Q, ldk, n, Dk, n);
         tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int t, int c) {
             ok[t * ld + c] = s[u][i][j][e];
         });
@@ -932,19 +932,27 @@ static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A,
 }
 
 /* The forward, and the backward's first half: prep, the state pass (S and U of every chunk). TC: the
- * products on the tensor cores (bmm_tc; the op's ip0). */
-template <bool TC>
+ * products on the CUDA cores (0) or the tensor cores (bmm_tc's precision; the op's ip0). */
+template <int TC>
 static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd,
                           float *packed) {
     dim3 chunks((unsigned)P.nc, (unsigned)(A.B * A.Hv)),
         lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_prep<TC>, chunks, NT, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
     if (TC && !packed && !A.s0.p && A.Dk <= STATE_TC_MAX && A.Dv <= STATE_TC_MAX)
-        TILE_LAUNCH(k_gdn_state_tc, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv),
+        TILE_LAUNCH(k_gdn_state_tc < TC ? TC : 1 >, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv),
                     "gated delta rule state pass launch", A, P);
     else
         TILE_LAUNCH(k_gdn_state, lanes, NT, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
     return 0;
+}
+
+/* forward_states for the op's ip0 (KEEL_GDN_: 0 float32, 1 split TF32, 2 split bf16 = bmm_tc's PR) */
+static int forward_any(int tc, keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd,
+                       float *packed) {
+    return tc == 2   ? forward_states<2>(be, t, A, P, bwd, packed)
+           : tc == 1 ? forward_states<1>(be, t, A, P, bwd, packed)
+                     : forward_states<0>(be, t, A, P, bwd, packed);
 }
 
 static bool grid_fits(const gdn_args &A) { return A.B * A.Hv <= 65535 && (A.Dv + JB - 1) / JB <= 65535; }
@@ -963,18 +971,18 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     float *packed = st ? (float *)t->data : NULL;
     /* carrying its states to the backward, the preparation makes the backward's arrays too */
     int bwd = t->carry_peer != NULL;
-    if (t->ip[0] ? forward_states<true>(be, t, A, P, bwd, packed) : forward_states<false>(be, t, A, P, bwd, packed))
-        return -1;
+    int tc = (int)t->ip[0];
+    if (forward_any(tc, be, t, A, P, bwd, packed)) return -1;
     dim3 outs((unsigned)P.nc, (unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JO - 1) / JO));
-    void (*outk)(gdn_args, gdn_scr, float *) = t->ip[0] ? k_gdn_out<true> : k_gdn_out<false>;
+    void (*outk)(gdn_args, gdn_scr, float *) = tc == 2 ? k_gdn_out<2> : tc == 1 ? k_gdn_out<1> : k_gdn_out<0>;
     TILE_LAUNCH(outk, outs, NT, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
     return 0;
 }
 
-template <bool TC> static int backward(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P) {
+template <int TC> static int backward(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P) {
     int64_t L = A.B * A.Hv;
     float *out = (float *)t->data;
-    if (!t->carry_peer && forward_states<TC>(be, t, A, P, 1, NULL)) return -1; /* else its forward made them */
+    if (!t->carry_peer && forward_any((int)t->ip[0], be, t, A, P, 1, NULL)) return -1; /* else its forward made them */
     dim3 outs((unsigned)P.nc, (unsigned)L, (unsigned)((A.Dv + JO - 1) / JO)), chunks((unsigned)P.nc, (unsigned)L),
         parts((unsigned)P.nc, (unsigned)L, 3), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_pre_back<TC>, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
@@ -997,5 +1005,6 @@ int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
         return keel_fail("cuda: '%s': %lld lanes of the gated delta rule, the most is 65535", t->name, (long long)L);
     gdn_scr P;
     if (scratch_of(be, t, A, &P)) return -1;
-    return t->ip[0] ? backward<true>(be, t, A, P) : backward<false>(be, t, A, P);
+    int tc = (int)t->ip[0];
+    return tc == 2 ? backward<2>(be, t, A, P) : tc == 1 ? backward<1>(be, t, A, P) : backward<0>(be, t, A, P);
 }

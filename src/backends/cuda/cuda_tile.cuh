@@ -242,15 +242,98 @@ __device__ static inline void tc_step(float (*s)[WN][4], const float *A, int lda
 #pragma unroll
         for (int j = 0; j < WN; j++) mma_tf32(s[i][j], ab[i], bb[j]);
 }
-/* The warp tile at (m0, n0) of an m x n product: s += op(A) op(B) over depth k */
-template <bool TA, bool TB, int WM, int WN>
+
+/* The same tiles with each operand split in two bf16 parts (mma.sync m16n8k16, float32 sums): big = x
+ * rounded to bf16 (to nearest even), small = x - big rounded (x - big is exact, so big + small holds
+ * 16 bits of x), and a b = big_a big_b + big_a small_b + small_a big_b, the small terms first; what is
+ * left out is about 2^-16 of a b (the split TF32 above: 2^-21). Per 16 in depth, three products a
+ * tile where the split TF32 takes six, and two operands to a conversion. One bf16 part alone (8 bits)
+ * was measured too: the delta rule's gate gradients on the transformers fixture then went past 1.5x
+ * PyTorch autocast's error (README, "Where the delta rule's time goes"). Precision PR of the
+ * products below: 1 the split TF32, 2 the split bf16. The results are laid out as above (tc_elems
+ * holds for both). */
+__device__ static inline uint32_t bf16_pair(float lo, float hi) { /* lo in the low half, as mma reads it */
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ static inline void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* Depths p and p + 1 at row (or column) r of X: X[r ld + p], X[r ld + p + 1] (ALONG: the depth runs
+ * along X's rows; one 8-byte load when V2) or X[p ld + r], X[(p + 1) ld + r]; TAIL: depth at or past
+ * k reads 0 (and nothing past k - 1 is read). */
+template <bool ALONG, bool TAIL>
+__device__ static inline float2 depth_pair(const float *X, int ld, int r, int p, int k, bool v2) {
+    if (TAIL) {
+        int p1 = min(p + 1, k - 1), p0 = min(p, k - 1);
+        float x0 = ALONG ? X[r * ld + p0] : X[p0 * ld + r], x1 = ALONG ? X[r * ld + p1] : X[p1 * ld + r];
+        return make_float2(p < k ? x0 : 0.0f, p + 1 < k ? x1 : 0.0f);
+    }
+    if (ALONG && v2) return *(const float2 *)(X + r * ld + p);
+    return ALONG ? make_float2(X[r * ld + p], X[r * ld + p + 1]) : make_float2(X[p * ld + r], X[(p + 1) * ld + r]);
+}
+/* two depths of x as their big bf16 parts and their small ones (each pair's low half the first depth) */
+__device__ static inline void bf16_split(float2 x, uint32_t *big, uint32_t *small) {
+    *big = bf16_pair(x.x, x.y);
+    *small =
+        bf16_pair(__fsub_rn(x.x, __uint_as_float(*big << 16)), __fsub_rn(x.y, __uint_as_float(*big & 0xffff0000u)));
+}
+/* One step of 16 in depth from p0: a0 (g, 2q..2q+1), a1 (g + 8, 2q..), a2 (g, 2q+8..), a3 (g + 8,
+ * 2q+8..); b0 (depth 2q..2q+1, column g), b1 (depth 2q+8.., column g); then the products, tile after
+ * tile. va, vb: whether A's and B's rows may be read 8 bytes at a time. */
+template <bool TA, bool TB, int WM, int WN, bool TAIL>
+__device__ static inline void tc_step16(float (*s)[WN][4], const float *A, int lda, const float *B, int ldb,
+                                        const int (*ar)[2], const int *bc, int p0, int k, int q, bool va, bool vb) {
+    uint32_t a[WM][4], as[WM][4], b[WN][2], bs[WN][2];
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            bf16_split(depth_pair<!TA, TAIL>(A, lda, ar[i][e & 1], p0 + 2 * q + 8 * (e >> 1), k, va), &a[i][e],
+                       &as[i][e]);
+#pragma unroll
+    for (int j = 0; j < WN; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            bf16_split(depth_pair<TB, TAIL>(B, ldb, bc[j], p0 + 2 * q + 8 * e, k, vb), &b[j][e], &bs[j][e]);
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++) mma_bf16(s[i][j], as[i], b[j]);
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++) mma_bf16(s[i][j], a[i], bs[j]);
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++) mma_bf16(s[i][j], a[i], b[j]);
+}
+/* 8-byte loads of two depths at once: the matrix and its row length both keep 8-byte alignment */
+__device__ static inline bool al8(const float *X, int ld) { return ((uintptr_t)X & 7) == 0 && (ld & 1) == 0; }
+
+/* The warp tile at (m0, n0) of an m x n product: s += op(A) op(B) over depth k, precision PR */
+template <int PR, bool TA, bool TB, int WM, int WN>
 __device__ static inline void tc_sum(float (*s)[WN][4], const float *A, int lda, const float *B, int ldb, int m, int n,
                                      int k, int m0, int n0) {
-    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, k8 = k & ~7, ar[WM][2], bc[WN];
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, ar[WM][2], bc[WN];
 #pragma unroll
     for (int i = 0; i < WM; i++) ar[i][0] = min(m0 + 16 * i + g, m - 1), ar[i][1] = min(m0 + 16 * i + g + 8, m - 1);
 #pragma unroll
     for (int j = 0; j < WN; j++) bc[j] = min(n0 + 8 * j + g, n - 1);
+    if (PR == 2) {
+        int k16 = k & ~15;
+        bool va = al8(A, lda), vb = al8(B, ldb);
+        for (int p0 = 0; p0 < k16; p0 += 16)
+            tc_step16<TA, TB, WM, WN, false>(s, A, lda, B, ldb, ar, bc, p0, k, q, va, vb);
+        if (k16 < k) tc_step16<TA, TB, WM, WN, true>(s, A, lda, B, ldb, ar, bc, k16, k, q, va, vb);
+        return;
+    }
+    int k8 = k & ~7;
     for (int p0 = 0; p0 < k8; p0 += 8) tc_step<TA, TB, WM, WN, false>(s, A, lda, B, ldb, ar, bc, p0, k, q);
     if (k8 < k) tc_step<TA, TB, WM, WN, true>(s, A, lda, B, ldb, ar, bc, k8, k, q);
 }
@@ -282,7 +365,7 @@ template <int WM, int WN, typename F> __device__ static inline void tc_elems(int
                 if (r < m && c < n) f(i, j, e, r, c);
             }
 }
-template <bool TA, bool TB, int WM, int WN>
+template <int PR, bool TA, bool TB, int WM, int WN>
 __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m,
                                     int n, int k, float alpha, float beta, bool acc) {
     tc_turns<WM, WN, 0>(m, n, [&](int, int m0, int n0) {
@@ -293,7 +376,7 @@ __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int l
             for (int j = 0; j < WN; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[i][j][e] = 0.0f;
-        tc_sum<TA, TB, WM, WN>(s, A, lda, B, ldb, m, n, k, m0, n0);
+        tc_sum<PR, TA, TB, WM, WN>(s, A, lda, B, ldb, m, n, k, m0, n0);
         tc_elems<WM, WN>(m, n, m0, n0, [&](int i, int j, int e, int r, int c) {
             float *p = C + r * ldc + c;
             *p = acc ? beta * *p + alpha * s[i][j][e] : alpha * s[i][j][e];
@@ -303,11 +386,11 @@ __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int l
 /* The tensor-core bmm_reg: a warp's NB turns of WM x WN tiles of an m x n result kept in registers,
  * s[b] its b-th turn (tc_turns); tc_acc adds op(A) op(B) to them (the tensor cores' sums, from the
  * values s holds), tc_each visits their elements: f(b, i, j, e, r, c). */
-template <bool TA, bool TB, int WM, int WN, int NB>
+template <int PR, bool TA, bool TB, int WM, int WN, int NB>
 __device__ static void tc_acc(float (*s)[WM][WN][4], const float *A, int lda, const float *B, int ldb, int m, int n,
                               int k) {
     tc_turns<WM, WN, NB>(m, n, [&](int b, int m0, int n0) {
-        tc_sum<TA, TB, WM, WN>(s[b], A, lda, B, ldb, m, n, k, m0, n0);
+        tc_sum<PR, TA, TB, WM, WN>(s[b], A, lda, B, ldb, m, n, k, m0, n0);
     });
 }
 template <int WM, int WN, int NB, typename F> __device__ static void tc_each(int m, int n, F f) {
@@ -317,22 +400,22 @@ template <int WM, int WN, int NB, typename F> __device__ static void tc_each(int
         });
     });
 }
-template <bool TA, bool TB>
+template <int PR, bool TA, bool TB>
 __device__ static void bmm_tc(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n,
                               int k, float alpha, float beta, bool acc) {
     if (m * n >= 8 * 32 * 32) /* 64 x 128 and up: 32 x 32 a warp */
-        bmm_tc_tiles<TA, TB, 2, 4>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+        bmm_tc_tiles<PR, TA, TB, 2, 4>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
     else if (m * n >= 8 * 32 * 16) /* 64 x 64: 32 x 16 */
-        bmm_tc_tiles<TA, TB, 2, 2>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+        bmm_tc_tiles<PR, TA, TB, 2, 2>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
     else
-        bmm_tc_tiles<TA, TB, 1, 2>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+        bmm_tc_tiles<PR, TA, TB, 1, 2>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
 }
-/* bmm (float32 on the CUDA cores) or, with TC, bmm_tc */
-template <bool TC, bool TA, bool TB, int RB = 4>
+/* bmm (float32 on the CUDA cores: TC 0) or bmm_tc in precision TC */
+template <int TC, bool TA, bool TB, int RB = 4>
 __device__ static inline void bmm_sel(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m,
                                       int n, int k, float alpha, float beta, bool acc) {
     if (TC)
-        bmm_tc<TA, TB>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+        bmm_tc<TC ? TC : 1, TA, TB>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
     else
         bmm<TA, TB, RB>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
 }
