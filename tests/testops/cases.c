@@ -816,7 +816,8 @@ int keel_cases_all(op_case **out) {
              * chunks and columns, a long permuted one with a partial last chunk (ref and cpu ignore ip0:
              * these cost CI time there, so not all 8). Bounds: split TF32, float32's; split bf16, 16 bits
              * of each operand: about 1e-10 where nothing cancels, 4.5e-8 measured on the backward's T = 1
-             * case, whose one scalar dO.u cancels; one bf16 part alone (8 bits) gave 1e-5 to 2.6e-4. */
+             * case with inputs whose one scalar dO.u cancels (the label seeds the inputs: those were
+             * another label's); one bf16 part alone (8 bits) gave 1e-5 to 2.6e-4. */
             static const int tc_rows[] = {0, 2, 3, 5, 7};
             int n_ch = op == KEEL_OP_GATED_DELTA_NET_STATE ? 8 : 18;
             for (int s = 0; s < n_ch; s++) {
