@@ -7,7 +7,8 @@
 #   scripts/gpu-check.sh ops grad   only those stages (build always runs)
 # Stages: ops grad fault reference recompute model bf16 adamw hf lora chat cross bench trace, gdn (the delta rule's
 # cases, gradients and GPU time alone: a quick first look), gdn-ncu (its kernels' time, issue slots
-# and stall reasons under ncu), gdn-ncu16 (the same in the bf16 step, a line a kernel), attn (flash attention's cases, gradients, and its kernels' time under
+# and stall reasons under ncu), gdn-ncu16 (the same in the bf16 step, a line a kernel), gdn-sass (those
+# kernels under ncu's full set: stall samples by reason, the opcodes' shares of samples and instructions), attn (flash attention's cases, gradients, and its kernels' time under
 # ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full),
 # bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit),
 # and multi (needs 2 GPUs) and profile
@@ -156,6 +157,11 @@ if want gdn-ncu16; then # the same for the bf16 step, whose backward reads the s
     ncu_m='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active'
     run "ncu: the delta rule's kernels (bf16 batch 8)" gdn-ncu16.log bash -c "ncu --csv --clock-control none -k regex:k_gdn --launch-skip 51 --launch-count 7 --metrics '$ncu_m' $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >$out/gdn-ncu16.csv && python3 scripts/ncu_table.py $out/gdn-ncu16.csv"
     cat "$out/gdn-ncu16.log"
+fi
+if want gdn-sass; then # the same seven kernels under ncu's full set: per kernel, stall samples by reason and the
+    # opcodes' shares of samples and instructions (scripts/ncu_sass_mix.py); the report stays in the logs
+    run "ncu --set full: the delta rule's kernels (bf16 batch 8)" gdn-sass.log bash -c "ncu --clock-control none --set full --import-source no -k regex:k_gdn --launch-skip 51 --launch-count 7 -o $out/gdn-sass -f $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 && ncu -i $out/gdn-sass.ncu-rep --page source --csv --print-source sass >$out/gdn-sass.csv && python3 scripts/ncu_sass_mix.py $out/gdn-sass.csv"
+    grep -A2 "^k_gdn" "$out/gdn-sass.log"
 fi
 if want grad; then
     run "test-ops --backend cuda --grad" grad.log $keel test-ops --grad --backend cuda
