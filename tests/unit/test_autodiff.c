@@ -96,7 +96,7 @@ static keel_graph *head_graph(keel_ctx *ctx, int kind, keel_tensor **xw) {
                                   : keel_linear_cross_entropy_with_grads(ctx, x, w, tg, 2);
     if (kind == 2) loss = keel_scale(ctx, loss, 0.5, 0.0);
     if (kind == 3) loss = keel_sum(ctx, loss->view_src); /* every element of the packed result */
-    if (kind == 4) loss = keel_add(ctx, loss, loss);      /* the loss used twice: dloss 2 */
+    if (kind == 4) loss = keel_add(ctx, loss, loss);     /* the loss used twice: dloss 2 */
     xw[0] = x, xw[1] = w, xw[2] = tg;
     keel_graph *g = keel_graph_build(ctx, &loss, 1);
     assert_non_null(g);
@@ -168,7 +168,7 @@ static keel_graph *gdn_windows_graph(keel_ctx *ctx, gw_kind kind, bool copies, k
     keel_tensor *v = keel_view_4d(ctx, s, GW_DV, GW_HV, GW_T, GW_B, GW_DV * es, C * es, C * GW_T * es, 2 * kd * es);
     if (copies) q = keel_cont(ctx, q), k = keel_cont(ctx, k), v = keel_cont(ctx, v);
     if (kind == GW_V_OWN) v = keel_scale(ctx, xv, 1.0, 0.0);
-    keel_tensor *o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos, false);
+    keel_tensor *o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos, KEEL_GDN_FLOAT32);
     keel_tensor *loss = keel_add(ctx, keel_sum(ctx, keel_sqr(ctx, o)), keel_sum(ctx, xv));
     keel_graph *gr = keel_graph_build(ctx, &loss, 1);
     assert_int_equal(keel_build_backward(gr, loss), 0);
@@ -216,7 +216,8 @@ static void windows_in_place(void **st) {
         assert_int_equal(fills, 1 + (kind != GW_TILED && kind != GW_LEAF)); /* the loss's gradient, then s's */
         int64_t n = keel_nelements(lv[0]), C = lv[0]->ne[0], v0 = C - GW_DV * GW_HV;
         for (int b = 0; b < 2; b++) {
-            double *r = gdn_windows_run(b ? "ref" : "cpu", g, lv), *want = gdn_windows_run(b ? "ref" : "cpu", oracle, lc);
+            double *r = gdn_windows_run(b ? "ref" : "cpu", g, lv),
+                   *want = gdn_windows_run(b ? "ref" : "cpu", oracle, lc);
             for (int64_t i = 0; i < n; i++) {
                 assert_true(r[i] == want[i]);
                 assert_true(r[i] != 0.0 || (kind == GW_V_OWN && i % C >= v0)); /* every window reached */
