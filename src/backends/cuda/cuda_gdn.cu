@@ -936,11 +936,12 @@ static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A,
 template <int TC>
 static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd,
                           float *packed) {
+    constexpr int PR = TC ? TC : 1; /* k_gdn_state_tc runs only for TC > 0; TC 0 needs a name to compile */
     dim3 chunks((unsigned)P.nc, (unsigned)(A.B * A.Hv)),
         lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_prep<TC>, chunks, NT, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
     if (TC && !packed && !A.s0.p && A.Dk <= STATE_TC_MAX && A.Dv <= STATE_TC_MAX)
-        TILE_LAUNCH(k_gdn_state_tc < TC ? TC : 1 >, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv),
+        TILE_LAUNCH(k_gdn_state_tc<PR>, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv),
                     "gated delta rule state pass launch", A, P);
     else
         TILE_LAUNCH(k_gdn_state, lanes, NT, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
