@@ -5,19 +5,19 @@ instructions executed, its stall samples by reason, and per opcode (the SASS mne
 predicate and suffixes) its share of the samples and of the instructions executed.
 Usage: ncu_sass_mix.py FILE.csv [N_OPCODES]"""
 import collections
-import csv
 import re
 import sys
+
+from ncu_csv import number as ncu_number
+from ncu_csv import rows_and_count
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
 
 
 def number(text):
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return 0.0
+    """an empty or non-numeric cell counts 0"""
+    return ncu_number(text) or 0.0
 
 
 def kernels_of(rows):
@@ -47,14 +47,7 @@ def opcode(sass):
 
 
 def main():
-    if len(sys.argv) < 2:
-        sys.exit("usage: ncu_sass_mix.py FILE.csv [N_OPCODES]")
-    n_ops = int(sys.argv[2]) if len(sys.argv) > 2 else 10
-    try:
-        with open(sys.argv[1], newline="") as f:
-            rows = list(csv.reader(f))
-    except OSError as e:
-        sys.exit(f"{sys.argv[1]}: {e.strerror}")
+    rows, n_ops = rows_and_count("ncu_sass_mix.py FILE.csv [N_OPCODES]", 10)
     kernels = kernels_of(rows)
     if not kernels:
         sys.exit(f"{sys.argv[1]}: no kernel with per-instruction samples (ncu --set full, then --page source --csv)")

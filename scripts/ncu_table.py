@@ -3,28 +3,16 @@
 the largest stall reasons (smsp__average_warps_issue_stalled_*_per_issue_active: cycles a warp
 spends stalled for that reason per instruction issued). Usage: ncu_table.py FILE.csv [N_STALLS]"""
 import collections
-import csv
 import sys
+
+from ncu_csv import number, rows_and_count
 
 STALL = "smsp__average_warps_issue_stalled_"
 
 
-def number(text):
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return None
-
-
 def main():
-    if len(sys.argv) < 2:
-        sys.exit("usage: ncu_table.py FILE.csv [N_STALLS]")
-    n_stalls = int(sys.argv[2]) if len(sys.argv) > 2 else 4
-    try:
-        with open(sys.argv[1], newline="") as f:
-            rows = [r for r in csv.reader(f) if len(r) > 10]
-    except OSError as e:
-        sys.exit(f"{sys.argv[1]}: {e.strerror}")
+    rows, n_stalls = rows_and_count("ncu_table.py FILE.csv [N_STALLS]", 4)
+    rows = [r for r in rows if len(r) > 10]
     if not rows or "Kernel Name" not in rows[0]:
         sys.exit(f"{sys.argv[1]}: no ncu CSV rows (did ncu run? see its log)")
     head = rows[0]

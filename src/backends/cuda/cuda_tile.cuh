@@ -201,6 +201,33 @@ __device__ static inline void mma_tf32(float d[4], const uint32_t a[4], const ui
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+/* the same on bf16 operand pairs, 16 in depth (the split bf16 below) */
+__device__ static inline void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+/* The three products of a split step for a warp's WM x WN tiles, small_a big_b, big_a small_b, then
+ * big_a big_b, tile after tile in each round, so that no product waits on the one before it; the
+ * fragments' parts ab, as (A's big and small), bb, bs (B's), in TF32 or (BF16) as bf16 pairs. */
+template <bool BF16, int WM, int WN>
+__device__ static inline void split_products(float (*s)[WN][4], const uint32_t (*ab)[4], const uint32_t (*as)[4],
+                                             const uint32_t (*bb)[2], const uint32_t (*bs)[2]) {
+    void (*mma)(float *, const uint32_t *, const uint32_t *) = BF16 ? mma_bf16 : mma_tf32;
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++) mma(s[i][j], as[i], bb[j]);
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++) mma(s[i][j], ab[i], bs[j]);
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++) mma(s[i][j], ab[i], bb[j]);
+}
 /* x as big (TF32 bits) and small (float32 bits) */
 __device__ static inline void tf32_split(float x, uint32_t *big, uint32_t *small) {
     *big = tf32_big(x);
@@ -229,18 +256,7 @@ __device__ static inline void tc_step(float (*s)[WN][4], const float *A, int lda
             float x = TB ? B[c * ldb + pl] : B[pl * ldb + c];
             tf32_split(TAIL && p >= k ? 0.0f : x, &bb[j][e], &bs[j][e]);
         }
-#pragma unroll
-    for (int i = 0; i < WM; i++)
-#pragma unroll
-        for (int j = 0; j < WN; j++) mma_tf32(s[i][j], as[i], bb[j]);
-#pragma unroll
-    for (int i = 0; i < WM; i++)
-#pragma unroll
-        for (int j = 0; j < WN; j++) mma_tf32(s[i][j], ab[i], bs[j]);
-#pragma unroll
-    for (int i = 0; i < WM; i++)
-#pragma unroll
-        for (int j = 0; j < WN; j++) mma_tf32(s[i][j], ab[i], bb[j]);
+    split_products<false, WM, WN>(s, ab, as, bb, bs);
 }
 
 /* The same tiles with each operand split in two bf16 parts (mma.sync m16n8k16, float32 sums): big = x
@@ -256,12 +272,6 @@ __device__ static inline uint32_t bf16_pair(float lo, float hi) { /* lo in the l
     uint32_t r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
-}
-__device__ static inline void mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 /* Depths p and p + 1 at row (or column) r of X: X[r ld + p], X[r ld + p + 1] (ALONG: the depth runs
  * along X's rows; one 8-byte load when V2) or X[p ld + r], X[(p + 1) ld + r]; TAIL: depth at or past
@@ -300,18 +310,7 @@ __device__ static inline void tc_step16(float (*s)[WN][4], const float *A, int l
 #pragma unroll
         for (int e = 0; e < 2; e++)
             bf16_split(depth_pair<TB, TAIL>(B, ldb, bc[j], p0 + 2 * q + 8 * e, k, vb), &b[j][e], &bs[j][e]);
-#pragma unroll
-    for (int i = 0; i < WM; i++)
-#pragma unroll
-        for (int j = 0; j < WN; j++) mma_bf16(s[i][j], as[i], b[j]);
-#pragma unroll
-    for (int i = 0; i < WM; i++)
-#pragma unroll
-        for (int j = 0; j < WN; j++) mma_bf16(s[i][j], a[i], bs[j]);
-#pragma unroll
-    for (int i = 0; i < WM; i++)
-#pragma unroll
-        for (int j = 0; j < WN; j++) mma_bf16(s[i][j], a[i], b[j]);
+    split_products<true, WM, WN>(s, a, as, b, bs);
 }
 /* 8-byte loads of two depths at once: the matrix and its row length both keep 8-byte alignment */
 __device__ static inline bool al8(const float *X, int ld) { return ((uintptr_t)X & 7) == 0 && (ld & 1) == 0; }
