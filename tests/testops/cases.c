@@ -389,6 +389,15 @@ int keel_cases_all(op_case **out) {
                 I(c, KEEL_F32, in[0], in[1], in[2], in[3])->view = s == 2 ? VIEW_TRANSPOSED : VIEW_NONE;
                 P(c, 4, to, 0, NULL);
             }
+            /* wide results summed over many rows (a norm weight's gradient): cuda's 16-byte pass 1
+             * (a multiple of 4 wide) and its pass 2 of 4 elements a block (512 wide or more), with a
+             * last block of fewer (514) */
+            static const int64_t wide[][4] = {{1024, 300, 1, 1}, {516, 4100, 1, 1}, {514, 70, 2, 1}};
+            for (int s = 0; op == KEEL_OP_REPEAT_BACK && s < 3; s++) {
+                c = C(&l, op);
+                I(c, KEEL_F32, wide[s][0], wide[s][1], wide[s][2], wide[s][3]);
+                P(c, 4, (int64_t[]){wide[s][0], 1, 1, 1}, 0, NULL);
+            }
             break;
         }
         case KEEL_OP_CONCAT:
@@ -712,6 +721,16 @@ int keel_cases_all(op_case **out) {
                     I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
                 P(c, gated ? 0 : 1, (int64_t[]){s % 2}, 1, (double[]){1e-6 * (double)x[4]});
             }
+            { /* rows not one stride apart (dims 1 and 2 swapped): cuda's row copies placed by index */
+                bool gated = op == KEEL_OP_GATED_RMS_NORM || op == KEEL_OP_GATED_RMS_NORM_BACK;
+                c = C(&l, op);
+                I(c, KEEL_F32, 128, 6, 5, 2)->view = VIEW_ROWS_SWAPPED;
+                I(c, KEEL_F32, 128, 1, 1, 1);
+                if (gated) I(c, KEEL_F32, 128, 6, 5, 2)->view = VIEW_ROWS_SWAPPED;
+                if (op == KEEL_OP_GATED_RMS_NORM_BACK || op == KEEL_OP_RMS_NORM_W_BACK)
+                    I(c, KEEL_F32, 128, 6, 5, 2)->view = VIEW_ROWS_SWAPPED;
+                P(c, gated ? 0 : 1, (int64_t[]){1}, 1, (double[]){1e-6});
+            }
             /* the forward's bf16 result (ip1; mixed precision's product operands): the float32 value
              * rounded once (2e-5); the 0.8B's rows of 1024 and heads of 128, a strided x, odd rows */
             for (int s = 1; (op == KEEL_OP_RMS_NORM_W || op == KEEL_OP_GATED_RMS_NORM) && s < 10; s += 2) {
@@ -750,6 +769,13 @@ int keel_cases_all(op_case **out) {
                 if (op == KEEL_OP_QK_NORM_ROPE_BACK) I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
                 P(c, 2, (int64_t[]){x[8], x[4]}, 2, (double[]){1e-6 * (double)x[7], (double)x[6]});
             }
+            /* heads of 256, a quarter rotated, rows not one stride apart (dims 1 and 2 swapped) */
+            c = C(&l, op);
+            I(c, KEEL_F32, 256, 4, 6, 2)->view = VIEW_ROWS_SWAPPED;
+            I(c, KEEL_F32, 256, 1, 1, 1)->scale = 0.3;
+            IDX(c, 6, 1, 64);
+            if (op == KEEL_OP_QK_NORM_ROPE_BACK) I(c, KEEL_F32, 256, 4, 6, 2)->view = VIEW_ROWS_SWAPPED;
+            P(c, 2, (int64_t[]){1, 64}, 2, (double[]){1e-6, 10000000.0});
             break;
         }
         case KEEL_OP_GDN_CONV:

@@ -58,6 +58,9 @@ static void leaf_shape(const case_input *in, int64_t ne[4]) {
     case VIEW_STRIDED:
         ne[0] = in->ne[0] + 3, ne[1] = in->ne[1] + 1;
         break;
+    case VIEW_ROWS_SWAPPED:
+        ne[1] = in->ne[2], ne[2] = in->ne[1];
+        break;
     default:
         break;
     }
@@ -196,6 +199,9 @@ static int inst_build(inst *x, keel_backend *be, const op_case *c, uint64_t seed
             break;
         case VIEW_PERMUTED:
             ins[i] = keel_permute(ctx, lf, 1, 2, 0, 3);
+            break;
+        case VIEW_ROWS_SWAPPED:
+            ins[i] = keel_permute(ctx, lf, 0, 2, 1, 3);
             break;
         case VIEW_STRIDED:
             ins[i] = keel_view_4d(ctx, lf, in->ne[0], in->ne[1], in->ne[2], in->ne[3], lf->nb[1], lf->nb[2], lf->nb[3],
@@ -390,6 +396,8 @@ static const char *view_name(case_view v) {
         return "permuted";
     case VIEW_STRIDED:
         return "strided";
+    case VIEW_ROWS_SWAPPED:
+        return "rows swapped";
     default:
         return "";
     }

@@ -3,6 +3,7 @@
  * row and reduce in float64 over a fixed thread layout and a fixed tree, so results repeat
  * bitwise and never use floating-point atomics. Formulas follow the cpu backend's (cpu_ops.c)
  * operation for operation. */
+#include <cuda_pipeline_primitives.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -194,6 +195,29 @@ __global__ void k_repeat_back_part_lead(const float *a, int64_t n_out, int64_t n
     }
 }
 
+/* The same, 4 result elements a thread through 16-byte loads (n_out a multiple of 4, a on a 16-byte
+ * boundary): each element's terms and order are the kernel's above, with four times the bytes in
+ * flight a thread (ncu on the H200: the kernel above waited on its loads, about 1.5 TB/s). */
+__global__ void k_repeat_back_part_lead4(const float *a, int64_t n_out, int64_t n_tiles, int64_t per, int64_t n_chunks,
+                                         double *part) {
+    int64_t n4 = n_out / 4;
+    GRID_STRIDE(e, n4 * n_chunks) {
+        int64_t o = (e % n4) * 4, c = e / n4, q = c * per, q1 = q + per < n_tiles ? q + per : n_tiles;
+        double acc[4] = {0, 0, 0, 0};
+        for (; q < q1; q += 8) {
+            float4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                v[u] = q + u < q1 ? *(const float4 *)(a + (q + u) * n_out + o) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (q + u < q1) acc[0] += v[u].x, acc[1] += v[u].y, acc[2] += v[u].z, acc[3] += v[u].w;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) part[c * n_out + o + j] = acc[j];
+    }
+}
+
 /* The conv weight gradient, pass 1: dw[j, ch] = sum over (b, t) of dy[ch, t, b] x[ch, t-(K-1)+j, b]. */
 __global__ void k_conv_back_w_part(kt t, kt x, kt dy, kt pos, int64_t per, int64_t n_chunks, double *part) {
     int64_t K = t.ne[0], C = t.ne[1], T = x.ne[1], n_out = K * C, n_terms = T * x.ne[2];
@@ -317,6 +341,34 @@ __global__ void k_finish_parts_blocks(kt t, const double *part, int64_t n_out, i
     }
 }
 
+/* k_finish_parts_blocks for FO consecutive result elements a block: thread tid's sum over chunks tid,
+ * tid + RT, ... and block_sum's tree, each element's own, so the same bits; a thread reads FO
+ * partials of a chunk together (one 32-byte sector at FO = 4, where a block an element reads 8 bytes of
+ * each sector it fetches). */
+#define FO 4
+__global__ void k_finish_parts_blocks4(kt t, const double *part, int64_t n_out, int64_t n_chunks, int conv) {
+    __shared__ double sh[FO][RT];
+    for (int64_t o0 = (int64_t)blockIdx.x * FO; o0 < n_out; o0 += (int64_t)gridDim.x * FO) {
+        int m = n_out - o0 < FO ? (int)(n_out - o0) : FO;
+        double acc[FO] = {0, 0, 0, 0};
+        for (int64_t c = threadIdx.x; c < n_chunks; c += RT)
+#pragma unroll
+            for (int j = 0; j < FO; j++)
+                if (j < m) acc[j] += part[c * n_out + o0 + j];
+#pragma unroll
+        for (int j = 0; j < FO; j++) sh[j][threadIdx.x] = acc[j];
+        __syncthreads();
+        for (int s = RT / 2; s > 0; s >>= 1) { /* block_sum's tree */
+            if ((int)threadIdx.x < s)
+#pragma unroll
+                for (int j = 0; j < FO; j++) sh[j][threadIdx.x] += sh[j][threadIdx.x + s];
+            __syncthreads();
+        }
+        if ((int)threadIdx.x < m) store_part_sum(t, o0 + threadIdx.x, sh[threadIdx.x][0], conv);
+        __syncthreads();
+    }
+}
+
 __device__ static inline float silu_back1(float xv, float d) {
     float sg = 1.0f / (1.0f + expf(-xv));
     return d * sg * (1.0f + xv * (1.0f - sg));
@@ -361,6 +413,7 @@ typedef struct {
     const double *freq;   /* its n_rot/2 frequencies (host-made, keel_rope_freq) */
     const float2 *cs;     /* and the float cos, sin of positions [0, n_cs) (rope_cs): the same bits */
     int64_t nr, n_cs;
+    int64_t fx, fz, fg; /* k_norm_w_pipe: the byte stride of x's (z's, dy's) rows where it is one (else 0) */
 } norm_w_args;
 
 __device__ static inline float norm_w_weight(const norm_w_args &A, int64_t i) {
@@ -385,6 +438,11 @@ __device__ static inline float2 rope_cos_sin(int64_t p, const double *freq, int6
     float s = (float)sin(ang);
     return make_float2((float)cos(ang), dir < 0 ? -s : s);
 }
+/* the same as a call (positions past the table: rare), so that its float64 sin and cos do not take
+ * the registers of every kernel that rotates */
+__device__ static __noinline__ float2 rope_cos_sin_call(int64_t p, const double *freq, int64_t f) {
+    return rope_cos_sin(p, freq, f, 1.0);
+}
 /* k_rope's rotation of element i of that row: pairs f, f + nr/2 turned by the angle pos * freq_f
  * (dir -1: back), the same float32 formulas; past n_rot (or without rope) the element itself */
 __device__ static inline float rope_elem(const norm_w_args &A, const char *row, int64_t nb, int64_t i, int64_t p,
@@ -392,10 +450,65 @@ __device__ static inline float rope_elem(const norm_w_args &A, const char *row, 
     if (!A.rope || i >= A.nr) return nw_val(A, row, nb, i, sc, normed);
     int64_t h = A.nr / 2, f = i < h ? i : i - h;
     /* the table's entry where there is one (float64 cos and sin an element made the kernel slow) */
-    float2 c = p >= 0 && p < A.n_cs ? A.cs[p * h + f] : rope_cos_sin(p, A.freq, f, 1.0);
+    float2 c = p >= 0 && p < A.n_cs ? A.cs[p * h + f] : rope_cos_sin_call(p, A.freq, f);
     float cs = c.x, sn = dir < 0 ? -c.y : c.y;
     float x1 = nw_val(A, row, nb, f, sc, normed), x2 = nw_val(A, row, nb, f + h, sc, normed);
     return i < h ? __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)) : __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+}
+
+/* Row r (at i1, i2, i3) of RMS_NORM_W, GATED_RMS_NORM, QK_NORM_ROPE or a backward of them, by the
+ * calling warp: lane l takes elements i = l + 32 k for k < KN (known when compiled; 0: kn, at run
+ * time), sums their squares (and the backward's products) in k's order in float64, then adds the
+ * lanes' sums over the butterfly. Every kernel below runs its rows through here, so the bits do not
+ * depend on where a kernel keeps the row. X(k, i), Z(k, i): element i of x and of z; G(k, i): the
+ * gradient reaching the norm's output (dy, or ROPE_BACK's g); Y(i, sc, y): the forward's value
+ * before the gate, from y = x sc w (the rotation's variant turns the normed row); trow: the forward's
+ * result row. */
+template <int KN, int UNR, typename FX, typename FZ, typename FG, typename FY>
+__device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, char *trow, int kn, bool gated, bool back,
+                                         FX X, FZ Z, FG G, FY Y) {
+    int64_t n = A.x.ne[0], N = n * A.x.ne[1] * A.x.ne[2] * A.x.ne[3];
+    int lane = threadIdx.x & 31;
+    double ss = 0, sd = 0;
+#pragma unroll(UNR)
+    for (int k = 0; k < (KN ? KN : kn); k++) {
+        int64_t i = lane + 32 * k;
+        if (i >= n) break;
+        double xv = X(k, i);
+        ss += xv * xv;
+        if (back) {
+            float db = G(k, i);
+            if (gated) db = __fmul_rn(db, keel_unary_f32(KEEL_OP_SILU, Z(k, i), 0.0f, 0.0f));
+            sd += xv * __fmul_rn(db, norm_w_weight(A, i));
+        }
+    }
+    for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+    if (back)
+        for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
+    float sc = (float)(1.0 / sqrt(ss / (double)n + A.eps));
+    double sb = 1.0 / sqrt(ss / (double)n + A.eps), f2 = sb * sb * sb * sd / (double)n;
+#pragma unroll(UNR)
+    for (int k = 0; k < (KN ? KN : kn); k++) {
+        int64_t i = lane + 32 * k;
+        if (i >= n) break;
+        float xv = X(k, i), wv = norm_w_weight(A, i), a = __fmul_rn(xv, sc);
+        float zv = gated ? Z(k, i) : 0.0f;
+        float sg = gated ? keel_unary_f32(KEEL_OP_SILU, zv, 0.0f, 0.0f) : 1.0f;
+        if (!back) {
+            float y = Y(i, sc, __fmul_rn(a, wv));
+            float v = gated ? __fmul_rn(y, sg) : y;
+            if (A.t.type == KEEL_BF16) /* ip1's bf16 result: rounded as CAST rounds it */
+                *(uint16_t *)(trow + i * A.t.nb[0]) = keel_cvt_f32_to_bf16(v);
+            else
+                stf(trow + i * A.t.nb[0], v);
+            continue;
+        }
+        float g = G(k, i), db = gated ? __fmul_rn(g, sg) : g;
+        float *o = (float *)A.t.p + r * n + i;
+        o[0] = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
+        if (gated) o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
+        o[(gated ? 2 : 1) * N] = __fmul_rn(db, a);
+    }
 }
 
 /* PM > 0: rows of at most 32 PM elements, without the rotation; a lane loads its elements of x,
@@ -407,7 +520,7 @@ __device__ static inline float rope_elem(const norm_w_args &A, const char *row, 
  * time); -1: read from A (the rotation's variant and the backward, see launch_norm_w). */
 template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
     const bool gated = GB < 0 ? A.gated != 0 : (GB & 1) != 0, back = GB < 0 ? A.back != 0 : (GB & 2) != 0;
-    int64_t n = A.x.ne[0], R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3], N = n * R;
+    int64_t n = A.x.ne[0], R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3];
     int lane = threadIdx.x & 31, kn = PM ? PM : (int)((n + 31) / 32);
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t r = w0; r < R; r += ws) {
@@ -426,49 +539,21 @@ template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
                 if (back) gr[k] = ((const float *)gs)[i];
             }
         }
-        double ss = 0, sd = 0;
-#pragma unroll
-        for (int k = 0; k < kn; k++) {
-            int64_t i = lane + 32 * k;
-            if (i >= n) break;
-            double xv = PM ? xr[k] : ldf(xs + i * A.x.nb[0]);
-            ss += xv * xv;
-            if (back) { /* QK_NORM_ROPE: ROPE_BACK's g */
-                float db = PM ? gr[k] : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false);
-                if (gated)
-                    db = __fmul_rn(db, keel_unary_f32(KEEL_OP_SILU, PM ? zr[k] : ldf(zs + i * A.z.nb[0]), 0.0f, 0.0f));
-                sd += xv * __fmul_rn(db, norm_w_weight(A, i));
-            }
-        }
-        for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-        if (back)
-            for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
-        float sc = (float)(1.0 / sqrt(ss / (double)n + A.eps));
-        double sb = 1.0 / sqrt(ss / (double)n + A.eps), f2 = sb * sb * sb * sd / (double)n;
-#pragma unroll
-        for (int k = 0; k < kn; k++) {
-            int64_t i = lane + 32 * k;
-            if (i >= n) break;
-            float xv = PM ? xr[k] : ldf(xs + i * A.x.nb[0]), wv = norm_w_weight(A, i), a = __fmul_rn(xv, sc);
-            float zv = gated ? (PM ? zr[k] : ldf(zs + i * A.z.nb[0])) : 0.0f;
-            float sg = gated ? keel_unary_f32(KEEL_OP_SILU, zv, 0.0f, 0.0f) : 1.0f;
-            if (!back) {
-                float y = __fmul_rn(a, wv);
-                if (rope) y = rope_elem(A, xs, A.x.nb[0], i, p, 1.0, sc, true); /* the normed row, rotated */
-                float v = gated ? __fmul_rn(y, sg) : y;
-                if (A.t.type == KEEL_BF16) /* ip1's bf16 result: rounded as CAST rounds it */
-                    *(uint16_t *)kt_at(A.t, i, i1, i2, i3) = keel_cvt_f32_to_bf16(v);
-                else
-                    stf(kt_at(A.t, i, i1, i2, i3), v);
-                continue;
-            }
-            float g = PM ? gr[k] : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false),
-                  db = gated ? __fmul_rn(g, sg) : g;
-            float *o = (float *)A.t.p + r * n + i;
-            o[0] = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
-            if (gated) o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
-            o[(gated ? 2 : 1) * N] = __fmul_rn(db, a);
-        }
+        norm_w_row<PM, PM ? PM : 1>(
+            A, r, kt_at(A.t, 0, i1, i2, i3), kn, gated, back,
+            [&](int k, int64_t i) {
+                return PM ? xr[k] : ldf(xs + i * A.x.nb[0]);
+            },
+            [&](int k, int64_t i) {
+                return PM ? zr[k] : ldf(zs + i * A.z.nb[0]);
+            },
+            [&](int k, int64_t i) {
+                return PM ? gr[k]
+                          : rope_elem(A, gs, A.dy.nb[0], i, p, -1.0, 0.0f, false); /* QK_NORM_ROPE: ROPE_BACK's g */
+            },
+            [&](int64_t i, float sc, float y) { /* the normed row, rotated */
+                                                return rope ? rope_elem(A, xs, A.x.nb[0], i, p, 1.0, sc, true) : y;
+            });
     }
 }
 
@@ -482,6 +567,98 @@ template <int PM> static void launch_norm_w(const norm_w_args &A, unsigned block
         k_norm_w<PM, 1><<<blocks, threads, 0, s>>>(A);
     else
         k_norm_w<PM, 0><<<blocks, threads, 0, s>>>(A);
+}
+
+/* The same on rows of unit stride whose starts lie on 16-byte boundaries, n a multiple of 4 up to
+ * 32 PM (PM, GB: the elements a lane takes and the gated (1), backward (2) and rotation (4) flags,
+ * known when compiled), with w of unit stride and a contiguous result. A warp takes rows r, r + (the
+ * grid's warps), ..., each row's x (z, dy) copied into shared memory by 16-byte asynchronous copies
+ * while the warp works on the row before. Rows laid out at one stride (norm_w_args' fx, fz, fg) are
+ * found without divisions. ncu on the H200 showed the kernels above issue-bound, not waiting on memory
+ * (1.5 TB/s for the 0.8B's 1024-wide rows; the 128-wide gated norm's rows cost more in index
+ * divisions and float64 row statistics than in elements). Rows are independent, so the grid (sized
+ * by occupancy) does not change any bits; the row itself is norm_w_row's. */
+#define NORM_PIPE_WARPS 4
+__host__ __device__ static inline int norm_pipe_arrays(int gb) { return 1 + (gb & 1) + ((gb & 2) >> 1); }
+/* the start of row r of x (flat: its rows at one stride, 0: found from the indices) */
+__device__ static inline const char *norm_row(const kt &x, int64_t r, int64_t flat) {
+    return flat ? x.p + r * flat : kt_at(x, 0, r % x.ne[1], (r / x.ne[1]) % x.ne[2], r / (x.ne[1] * x.ne[2]));
+}
+template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS, 4) k_norm_w_pipe(norm_w_args A) {
+    extern __shared__ float nsm[];
+    constexpr bool gated = (GB & 1) != 0, back = (GB & 2) != 0, rope = (GB & 4) != 0;
+    constexpr int na = 1 + gated + back;
+    int64_t n = A.x.ne[0], R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3], es = A.t.type == KEEL_BF16 ? 2 : 4;
+    int lane = threadIdx.x & 31;
+    float *buf = nsm + (size_t)(threadIdx.x >> 5) * 2 * na * n; /* the warp's two stages */
+    int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    /* row r's x, z, dy into stage s; an empty batch past the last row, so that every wait below
+     * counts the same batches */
+    auto fetch = [&](int64_t r, int s) {
+        if (r < R) {
+            float *d = buf + (size_t)s * na * n;
+            const char *xs = norm_row(A.x, r, A.fx), *zs = gated ? norm_row(A.z, r, A.fz) : NULL,
+                       *gs = back ? norm_row(A.dy, r, A.fg) : NULL;
+            for (int64_t c = 4 * lane; c < n; c += 128) {
+                __pipeline_memcpy_async(d + c, xs + c * 4, 16);
+                if (gated) __pipeline_memcpy_async(d + n + c, zs + c * 4, 16);
+                if (back) __pipeline_memcpy_async(d + (na - 1) * n + c, gs + c * 4, 16);
+            }
+        }
+        __pipeline_commit();
+    };
+    fetch(w0, 0);
+    int s = 0;
+    for (int64_t r = w0; r < R; r += ws, s ^= 1) {
+        fetch(r + ws, s ^ 1);
+        __pipeline_wait_prior(1); /* this row's copies (this lane's) */
+        __syncwarp();             /* and the other lanes' */
+        const float *xb = buf + (size_t)s * na * n, *zb = xb + n, *gb = xb + (na - 1) * n;
+        int64_t p = rope ? pos_at(A.pos, (r / A.x.ne[1]) % A.x.ne[2], r / (A.x.ne[1] * A.x.ne[2])) : 0;
+        /* the rotation reads the row in shared memory as k_norm_w reads it in global memory */
+        norm_w_row < PM,
+            (GB & 4)
+                ? 2
+                : PM<8 ? PM : 8>(
+                      A, r, A.t.p + r * n * es, PM, gated, back,
+                      [&](int, int64_t i) {
+                          return xb[i];
+                      },
+                      [&](int, int64_t i) {
+                          return zb[i];
+                      },
+                      [&](int, int64_t i) {
+                          return rope ? rope_elem(A, (const char *)gb, sizeof(float), i, p, -1.0, 0.0f, false) : gb[i];
+                      },
+                      [&](int64_t i, float sc, float y) {
+                          return rope ? rope_elem(A, (const char *)xb, sizeof(float), i, p, 1.0, sc, true) : y;
+                      });
+        __syncwarp(); /* every lane has read the stage before the next fetch into it */
+    }
+}
+
+template <int PM, int GB>
+static int launch_norm_pipe(keel_backend *be, const keel_tensor *t, const norm_w_args &A, int64_t R) {
+    size_t shm = (size_t)NORM_PIPE_WARPS * 2 * (size_t)norm_pipe_arrays(GB) * (size_t)A.x.ne[0] * sizeof(float);
+    int dev = 0, sms = 0, per = 0;
+    if (cuda_check(cudaFuncSetAttribute(k_norm_w_pipe<PM, GB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
+                   "norm launch", t) ||
+        cuda_check(cudaGetDevice(&dev), "norm launch", t) ||
+        cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "norm launch", t) ||
+        cuda_check(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_norm_w_pipe<PM, GB>, 32 * NORM_PIPE_WARPS, shm),
+            "norm launch", t))
+        return -1;
+    int64_t need = (R + NORM_PIPE_WARPS - 1) / NORM_PIPE_WARPS, most = (int64_t)(per > 0 ? per : 1) * sms;
+    k_norm_w_pipe<PM, GB><<<(unsigned)(need < most ? need : most), 32 * NORM_PIPE_WARPS, shm, st(be)>>>(A);
+    return cuda_check(cudaGetLastError(), "norm launch", t);
+}
+/* the variant for the row length and the op: GB from A's flags */
+template <int PM>
+static int launch_norm_pipe_w(keel_backend *be, const keel_tensor *t, const norm_w_args &A, int64_t R) {
+    if (A.rope) return A.back ? launch_norm_pipe<PM, 6>(be, t, A, R) : launch_norm_pipe<PM, 4>(be, t, A, R);
+    if (A.back) return A.gated ? launch_norm_pipe<PM, 3>(be, t, A, R) : launch_norm_pipe<PM, 2>(be, t, A, R);
+    return A.gated ? launch_norm_pipe<PM, 1>(be, t, A, R) : launch_norm_pipe<PM, 0>(be, t, A, R);
 }
 
 /* GDN_CONV and GDN_CONV_BACK (ops.h): k_conv's float32 sum, the unary SILU, k_rows' warp-a-row
@@ -1396,6 +1573,28 @@ static bool vec_tensors(const keel_tensor *x, const keel_tensor *y, const keel_t
     return true;
 }
 
+/* Whether each row of t (dim 0) has unit stride and starts on a 16-byte boundary: the 16-byte copies
+ * of k_norm_w_pipe. */
+static bool rows16(const keel_tensor *t) {
+    if (t->nb[0] != (int64_t)sizeof(float) || !vec_ok(t->data)) return false;
+    for (int d = 1; d < 4; d++)
+        if (t->ne[d] > 1 && t->nb[d] % 16) return false;
+    return true;
+}
+
+/* The byte stride between t's consecutive rows (dim 0) where there is one, row r at r times it;
+ * 0 where there is none (or a single row) */
+static int64_t flat_rows(const keel_tensor *t) {
+    int64_t stride = 0, next = 0;
+    for (int d = 1; d < 4; d++) {
+        if (t->ne[d] == 1) continue;
+        if (stride && t->nb[d] != next) return 0;
+        if (!stride) stride = t->nb[d];
+        next = t->nb[d] * t->ne[d];
+    }
+    return stride;
+}
+
 /* Whether t is a's leading dimensions (both contiguous; t.ne[d] is a.ne[d] up to some d and 1 after). */
 static bool leading_dims(const keel_tensor *t, const keel_tensor *a) {
     if (!keel_is_contiguous(t) || !keel_is_contiguous(a)) return false;
@@ -1428,13 +1627,19 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     else if (conv)
         k_conv_back_w_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(
             kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), kt_of(t->src[2]), per, n_chunks, part);
+    else if (leading_dims(t, x) && n_out % 4 == 0 && vec_ok(x->data))
+        k_repeat_back_part_lead4<<<cuda_blocks(n_out / 4 * n_chunks, 256), 256, 0, st(be)>>>(
+            (const float *)x->data, n_out, n_terms, per, n_chunks, part);
     else if (leading_dims(t, x))
         k_repeat_back_part_lead<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>((const float *)x->data, n_out,
                                                                                         n_terms, per, n_chunks, part);
     else
         k_repeat_back_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), per,
                                                                                    n_chunks, part);
-    if (n_chunks >= 64) /* few result elements: a block each */
+    if (n_chunks >= 64 && n_out >= 512) /* a few hundred result elements: a block per FO of them */
+        k_finish_parts_blocks4<<<(unsigned)((n_out + FO - 1) / FO < 65535 ? (n_out + FO - 1) / FO : 65535), RT, 0,
+                                 st(be)>>>(kt_of(t), part, n_out, n_chunks, conv ? 1 : 0);
+    else if (n_chunks >= 64) /* few result elements: a block each */
         k_finish_parts_blocks<<<(unsigned)(n_out < 65535 ? n_out : 65535), RT, 0, st(be)>>>(kt_of(t), part, n_out,
                                                                                             n_chunks, conv ? 1 : 0);
     else
@@ -1597,6 +1802,15 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         unsigned blocks = cuda_blocks(R * 32, 256), half = cuda_blocks(R * 32, 128);
         if (R == 0) return 0;
         bool unit = a->nb[0] == 4 && (!A.gated || t->src[2]->nb[0] == 4) && (!A.back || A.dy.nb[0] == 4);
+        const keel_tensor *dyt = A.back ? t->src[A.gated || A.rope ? 3 : 2] : NULL;
+        if (w % 4 == 0 && w <= WARP_ROW_MAX && rows16(a) && (!A.gated || rows16(t->src[2])) &&
+            (!A.back || rows16(dyt)) && b->nb[0] == (int64_t)sizeof(float) && keel_is_contiguous(t)) {
+            A.fx = flat_rows(a), A.fz = A.gated ? flat_rows(t->src[2]) : 0, A.fg = A.back ? flat_rows(dyt) : 0;
+            return w <= 32 * 4    ? launch_norm_pipe_w<4>(be, t, A, R)
+                   : w <= 32 * 8  ? launch_norm_pipe_w<8>(be, t, A, R)
+                   : w <= 32 * 16 ? launch_norm_pipe_w<16>(be, t, A, R)
+                                  : launch_norm_pipe_w<32>(be, t, A, R);
+        }
         if (A.rope || w > 32 * 32 || !unit)
             k_norm_w<0, -1><<<blocks, 256, 0, st(be)>>>(A);
         else if (w <= 32 * 4)
