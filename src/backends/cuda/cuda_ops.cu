@@ -462,24 +462,24 @@ __device__ static inline float rope_elem(const norm_w_args &A, const char *row, 
  * lanes' sums over the butterfly. Every kernel below runs its rows through here, so the bits do not
  * depend on where a kernel keeps the row. X(k, i), Z(k, i): element i of x and of z; G(k, i): the
  * gradient reaching the norm's output (dy, or ROPE_BACK's g); Y(i, sc, y): the forward's value
- * before the gate, from y = x sc w (the rotation's variant turns the normed row); trow: the forward's
- * result row. */
-template <int KN, int UNR, typename FX, typename FZ, typename FG, typename FY>
-__device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, char *trow, int kn, bool gated, bool back,
-                                         FX X, FZ Z, FG G, FY Y) {
+ * before the gate, from y = x sc w (the rotation's variant turns the normed row); W(i): w_i (or
+ * 1 + w_i) as norm_w_weight gives it; S(i, v): the forward stores v as element i of its row. */
+template <int KN, int UNR, typename FX, typename FZ, typename FG, typename FY, typename FW, typename FS>
+__device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, int kn, bool gated, bool back, FX X, FZ Z,
+                                         FG G, FY Y, FW W, FS S) {
     int64_t n = A.x.ne[0], N = n * A.x.ne[1] * A.x.ne[2] * A.x.ne[3];
     int lane = threadIdx.x & 31;
     double ss = 0, sd = 0;
 #pragma unroll(UNR)
     for (int k = 0; k < (KN ? KN : kn); k++) {
-        int64_t i = lane + 32 * k;
+        int i = lane + 32 * k;
         if (i >= n) break;
         double xv = X(k, i);
         ss += xv * xv;
         if (back) {
             float db = G(k, i);
             if (gated) db = __fmul_rn(db, keel_unary_f32(KEEL_OP_SILU, Z(k, i), 0.0f, 0.0f));
-            sd += xv * __fmul_rn(db, norm_w_weight(A, i));
+            sd += xv * __fmul_rn(db, W(i));
         }
     }
     for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
@@ -487,28 +487,33 @@ __device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, char *
         for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
     float sc = (float)(1.0 / sqrt(ss / (double)n + A.eps));
     double sb = 1.0 / sqrt(ss / (double)n + A.eps), f2 = sb * sb * sb * sd / (double)n;
+    float *o = back ? (float *)A.t.p + r * n : NULL;
 #pragma unroll(UNR)
     for (int k = 0; k < (KN ? KN : kn); k++) {
-        int64_t i = lane + 32 * k;
+        int i = lane + 32 * k;
         if (i >= n) break;
-        float xv = X(k, i), wv = norm_w_weight(A, i), a = __fmul_rn(xv, sc);
+        float xv = X(k, i), wv = W(i), a = __fmul_rn(xv, sc);
         float zv = gated ? Z(k, i) : 0.0f;
         float sg = gated ? keel_unary_f32(KEEL_OP_SILU, zv, 0.0f, 0.0f) : 1.0f;
         if (!back) {
             float y = Y(i, sc, __fmul_rn(a, wv));
-            float v = gated ? __fmul_rn(y, sg) : y;
-            if (A.t.type == KEEL_BF16) /* ip1's bf16 result: rounded as CAST rounds it */
-                *(uint16_t *)(trow + i * A.t.nb[0]) = keel_cvt_f32_to_bf16(v);
-            else
-                stf(trow + i * A.t.nb[0], v);
+            S(i, gated ? __fmul_rn(y, sg) : y);
             continue;
         }
         float g = G(k, i), db = gated ? __fmul_rn(g, sg) : g;
-        float *o = (float *)A.t.p + r * n + i;
-        o[0] = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
-        if (gated) o[N] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
-        o[(gated ? 2 : 1) * N] = __fmul_rn(db, a);
+        o[i] = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
+        if (gated) o[N + i] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
+        o[(gated ? 2 : 1) * N + i] = __fmul_rn(db, a);
     }
+}
+
+/* the forward's store of v at element i of row trow (any strides): as float32, or as ip1's bf16
+ * result, rounded as CAST rounds it */
+__device__ static inline void norm_w_store(const norm_w_args &A, char *trow, int i, float v) {
+    if (A.t.type == KEEL_BF16)
+        *(uint16_t *)(trow + i * A.t.nb[0]) = keel_cvt_f32_to_bf16(v);
+    else
+        stf(trow + i * A.t.nb[0], v);
 }
 
 /* PM > 0: rows of at most 32 PM elements, without the rotation; a lane loads its elements of x,
@@ -539,8 +544,9 @@ template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
                 if (back) gr[k] = ((const float *)gs)[i];
             }
         }
+        char *trow = back ? NULL : kt_at(A.t, 0, i1, i2, i3);
         norm_w_row<PM, PM ? PM : 1>(
-            A, r, kt_at(A.t, 0, i1, i2, i3), kn, gated, back,
+            A, r, kn, gated, back,
             [&](int k, int64_t i) {
                 return PM ? xr[k] : ldf(xs + i * A.x.nb[0]);
             },
@@ -553,6 +559,12 @@ template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
             },
             [&](int64_t i, float sc, float y) { /* the normed row, rotated */
                                                 return rope ? rope_elem(A, xs, A.x.nb[0], i, p, 1.0, sc, true) : y;
+            },
+            [&](int i) {
+                return norm_w_weight(A, i);
+            },
+            [&](int i, float v) {
+                norm_w_store(A, trow, i, v);
             });
     }
 }
@@ -570,14 +582,15 @@ template <int PM> static void launch_norm_w(const norm_w_args &A, unsigned block
 }
 
 /* The same on rows of unit stride whose starts lie on 16-byte boundaries, n a multiple of 4 up to
- * 32 PM (PM, GB: the elements a lane takes and the gated (1), backward (2) and rotation (4) flags,
- * known when compiled), with w of unit stride and a contiguous result. A warp takes rows r, r + (the
- * grid's warps), ..., each row's x (z, dy) copied into shared memory by 16-byte asynchronous copies
- * while the warp works on the row before. Rows laid out at one stride (norm_w_args' fx, fz, fg) are
- * found without divisions. ncu on the H200 showed the kernels above issue-bound, not waiting on memory
- * (1.5 TB/s for the 0.8B's 1024-wide rows; the 128-wide gated norm's rows cost more in index
- * divisions and float64 row statistics than in elements). Rows are independent, so the grid (sized
- * by occupancy) does not change any bits; the row itself is norm_w_row's. */
+ * 32 PM, w of unit stride, a contiguous result (PM: the elements a lane takes; GB: the gated (1),
+ * backward (2), rotation (4) and bf16-result (8) flags; all known when compiled). A warp takes rows
+ * r, r + (the grid's warps), ..., each row's x (z, dy) copied into shared memory by 16-byte
+ * asynchronous copies while the warp works on the row before; w (or 1 + w) sits in shared memory
+ * once a block; rows laid out at one stride (norm_w_args' fx, fz, fg) are found without divisions.
+ * ncu on the H200: the register kernels above are issue-bound (a 1024-wide row spent some 40
+ * instructions an element on 64-bit addresses, the weight's loads and the result type's branch; the
+ * 128-wide gated norm more on index divisions than on elements). Rows are independent, so the grid
+ * (sized by occupancy) does not change any bits; the row itself is norm_w_row's. */
 #define NORM_PIPE_WARPS 4
 __host__ __device__ static inline int norm_pipe_arrays(int gb) { return 1 + (gb & 1) + ((gb & 2) >> 1); }
 /* the start of row r of x (flat: its rows at one stride, 0: found from the indices) */
@@ -586,11 +599,14 @@ __device__ static inline const char *norm_row(const kt &x, int64_t r, int64_t fl
 }
 template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS, 4) k_norm_w_pipe(norm_w_args A) {
     extern __shared__ float nsm[];
-    constexpr bool gated = (GB & 1) != 0, back = (GB & 2) != 0, rope = (GB & 4) != 0;
-    constexpr int na = 1 + gated + back;
-    int64_t n = A.x.ne[0], R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3], es = A.t.type == KEEL_BF16 ? 2 : 4;
-    int lane = threadIdx.x & 31;
-    float *buf = nsm + (size_t)(threadIdx.x >> 5) * 2 * na * n; /* the warp's two stages */
+    constexpr bool gated = (GB & 1) != 0, back = (GB & 2) != 0, rope = (GB & 4) != 0, bf = (GB & 8) != 0;
+    constexpr int na = 1 + gated + back, unr = rope ? 2 : PM < 8 ? PM : 8; /* the rotation's registers: 2 */
+    int n = (int)A.x.ne[0], lane = threadIdx.x & 31;
+    int64_t R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3];
+    float *buf = nsm + (size_t)(threadIdx.x >> 5) * 2 * na * n, /* the warp's two stages */
+        *wsm = nsm + (size_t)NORM_PIPE_WARPS * 2 * na * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) wsm[i] = norm_w_weight(A, i);
+    __syncthreads();
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
     /* row r's x, z, dy into stage s; an empty batch past the last row, so that every wait below
      * counts the same batches */
@@ -599,7 +615,7 @@ template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS
             float *d = buf + (size_t)s * na * n;
             const char *xs = norm_row(A.x, r, A.fx), *zs = gated ? norm_row(A.z, r, A.fz) : NULL,
                        *gs = back ? norm_row(A.dy, r, A.fg) : NULL;
-            for (int64_t c = 4 * lane; c < n; c += 128) {
+            for (int c = 4 * lane; c < n; c += 128) {
                 __pipeline_memcpy_async(d + c, xs + c * 4, 16);
                 if (gated) __pipeline_memcpy_async(d + n + c, zs + c * 4, 16);
                 if (back) __pipeline_memcpy_async(d + (na - 1) * n + c, gs + c * 4, 16);
@@ -615,31 +631,38 @@ template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS
         __syncwarp();             /* and the other lanes' */
         const float *xb = buf + (size_t)s * na * n, *zb = xb + n, *gb = xb + (na - 1) * n;
         int64_t p = rope ? pos_at(A.pos, (r / A.x.ne[1]) % A.x.ne[2], r / (A.x.ne[1] * A.x.ne[2])) : 0;
+        char *trow = A.t.p + r * n * (bf ? 2 : 4);
         /* the rotation reads the row in shared memory as k_norm_w reads it in global memory */
-        norm_w_row < PM,
-            (GB & 4)
-                ? 2
-                : PM<8 ? PM : 8>(
-                      A, r, A.t.p + r * n * es, PM, gated, back,
-                      [&](int, int64_t i) {
-                          return xb[i];
-                      },
-                      [&](int, int64_t i) {
-                          return zb[i];
-                      },
-                      [&](int, int64_t i) {
-                          return rope ? rope_elem(A, (const char *)gb, sizeof(float), i, p, -1.0, 0.0f, false) : gb[i];
-                      },
-                      [&](int64_t i, float sc, float y) {
-                          return rope ? rope_elem(A, (const char *)xb, sizeof(float), i, p, 1.0, sc, true) : y;
-                      });
+        norm_w_row<PM, unr>(
+            A, r, PM, gated, back,
+            [&](int, int i) {
+                return xb[i];
+            },
+            [&](int, int i) {
+                return zb[i];
+            },
+            [&](int, int i) {
+                return rope ? rope_elem(A, (const char *)gb, sizeof(float), i, p, -1.0, 0.0f, false) : gb[i];
+            },
+            [&](int i, float sc, float y) {
+                return rope ? rope_elem(A, (const char *)xb, sizeof(float), i, p, 1.0, sc, true) : y;
+            },
+            [&](int i) {
+                return wsm[i];
+            },
+            [&](int i, float v) {
+                if (bf) /* ip1's bf16 result: rounded as CAST rounds it */
+                    ((uint16_t *)trow)[i] = keel_cvt_f32_to_bf16(v);
+                else
+                    ((float *)trow)[i] = v;
+            });
         __syncwarp(); /* every lane has read the stage before the next fetch into it */
     }
 }
 
 template <int PM, int GB>
 static int launch_norm_pipe(keel_backend *be, const keel_tensor *t, const norm_w_args &A, int64_t R) {
-    size_t shm = (size_t)NORM_PIPE_WARPS * 2 * (size_t)norm_pipe_arrays(GB) * (size_t)A.x.ne[0] * sizeof(float);
+    size_t shm = ((size_t)NORM_PIPE_WARPS * 2 * (size_t)norm_pipe_arrays(GB) + 1) * (size_t)A.x.ne[0] * sizeof(float);
     int dev = 0, sms = 0, per = 0;
     if (cuda_check(cudaFuncSetAttribute(k_norm_w_pipe<PM, GB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
                    "norm launch", t) ||
@@ -653,12 +676,17 @@ static int launch_norm_pipe(keel_backend *be, const keel_tensor *t, const norm_w
     k_norm_w_pipe<PM, GB><<<(unsigned)(need < most ? need : most), 32 * NORM_PIPE_WARPS, shm, st(be)>>>(A);
     return cuda_check(cudaGetLastError(), "norm launch", t);
 }
-/* the variant for the row length and the op: GB from A's flags */
+/* the variant for the row length and the op: GB from A's flags and the result's type */
 template <int PM>
 static int launch_norm_pipe_w(keel_backend *be, const keel_tensor *t, const norm_w_args &A, int64_t R) {
-    if (A.rope) return A.back ? launch_norm_pipe<PM, 6>(be, t, A, R) : launch_norm_pipe<PM, 4>(be, t, A, R);
+    bool bf = A.t.type == KEEL_BF16;
+    if (A.rope)
+        return A.back ? launch_norm_pipe<PM, 6>(be, t, A, R)
+               : bf   ? launch_norm_pipe<PM, 12>(be, t, A, R)
+                      : launch_norm_pipe<PM, 4>(be, t, A, R);
     if (A.back) return A.gated ? launch_norm_pipe<PM, 3>(be, t, A, R) : launch_norm_pipe<PM, 2>(be, t, A, R);
-    return A.gated ? launch_norm_pipe<PM, 1>(be, t, A, R) : launch_norm_pipe<PM, 0>(be, t, A, R);
+    if (A.gated) return bf ? launch_norm_pipe<PM, 9>(be, t, A, R) : launch_norm_pipe<PM, 1>(be, t, A, R);
+    return bf ? launch_norm_pipe<PM, 8>(be, t, A, R) : launch_norm_pipe<PM, 0>(be, t, A, R);
 }
 
 /* GDN_CONV and GDN_CONV_BACK (ops.h): k_conv's float32 sum, the unary SILU, k_rows' warp-a-row
