@@ -6,7 +6,7 @@ if(NOT CMOCKA_INCLUDE_DIR OR NOT CMOCKA_LIBRARY)
   message(FATAL_ERROR "cmocka not found: run scripts/setup-deps.sh (Debian package libcmocka-dev)")
 endif()
 
-foreach(t tensor plan graph autodiff threadpool gemm vec_math dropout fused safetensors tokenizer grad_sync data trace)
+foreach(t tensor plan graph autodiff threadpool gemm vec_math dropout fused safetensors tokenizer grad_sync data trace op_profile)
   add_executable(test_${t} tests/unit/test_${t}.c)
   target_include_directories(test_${t} PRIVATE ${CMOCKA_INCLUDE_DIR})
   target_link_libraries(test_${t} PRIVATE keelcore ${CMOCKA_LIBRARY})

@@ -14,7 +14,8 @@ typedef struct keel_op_profile keel_op_profile;
 keel_op_profile *keel_op_profile_from_env(const char *env);
 /* Adds node t's time (milliseconds) to its op and to its (op, operand shapes) group. */
 void keel_op_profile_add(keel_op_profile *p, const keel_tensor *t, double ms);
-/* The per-op table, largest first, then the 30 groups with the most time; `what` names the clock
+/* The per-op table, largest first, then the 30 groups with the most time, each with its bytes over
+ * its time (node_bytes in op_profile.c: a floor on the bandwidth reached); `what` names the clock
  * ("GPU time", "wall time on 2 threads"). */
 void keel_op_profile_print(const keel_op_profile *p, FILE *f, const char *title, const char *what);
 /* Back to empty, as from keel_op_profile_from_env. */
