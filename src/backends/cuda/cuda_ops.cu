@@ -456,11 +456,12 @@ __device__ static inline float rope_elem(const norm_w_args &A, const char *row, 
     return i < h ? __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)) : __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
 }
 
-/* Row r (at i1, i2, i3) of RMS_NORM_W, GATED_RMS_NORM, QK_NORM_ROPE or a backward of them, by the
- * calling warp: lane l takes elements i = l + 32 k for k < KN (known when compiled; 0: kn, at run
- * time), sums their squares (and the backward's products) in k's order in float64, then adds the
- * lanes' sums over the butterfly. Every kernel below runs its rows through here, so the bits do not
- * depend on where a kernel keeps the row. X(k, i), Z(k, i): element i of x and of z; G(k, i): the
+/* Row r of RMS_NORM_W, GATED_RMS_NORM, QK_NORM_ROPE or a backward of them (the backward's result at
+ * its flat place: r n in each part of the packed result), by the calling warp: lane l takes elements
+ * i = l + 32 k for k < KN (known when compiled; 0: kn, at run time), sums their squares (and the
+ * backward's products) in k's order in float64, then adds the lanes' sums over the butterfly. Every
+ * kernel below runs its rows through here, so the bits do not depend on where a kernel keeps the
+ * row. X(k, i), Z(k, i): element i of x and of z; G(k, i): the
  * gradient reaching the norm's output (dy, or ROPE_BACK's g); Y(i, sc, y): the forward's value
  * before the gate, from y = x sc w (the rotation's variant turns the normed row); W(i): w_i (or
  * 1 + w_i) as norm_w_weight gives it; S(i, v): the forward stores v as element i of its row. */
