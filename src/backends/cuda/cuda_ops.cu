@@ -664,10 +664,13 @@ template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS
 template <int PM, int GB>
 static int launch_norm_pipe(keel_backend *be, const keel_tensor *t, const norm_w_args &A, int64_t R) {
     size_t shm = ((size_t)NORM_PIPE_WARPS * 2 * (size_t)norm_pipe_arrays(GB) + 1) * (size_t)A.x.ne[0] * sizeof(float);
-    int dev = 0, sms = 0, per = 0;
+    int dev = 0, sms = 0, per = 0, most_shm = 0;
+    if (cuda_check(cudaGetDevice(&dev), "norm launch", t) ||
+        cuda_check(cudaDeviceGetAttribute(&most_shm, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "norm launch", t))
+        return -1;
+    if (shm > (size_t)most_shm) return 1; /* a GPU with less shared memory a block than the H200's 227 KB */
     if (cuda_check(cudaFuncSetAttribute(k_norm_w_pipe<PM, GB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm),
                    "norm launch", t) ||
-        cuda_check(cudaGetDevice(&dev), "norm launch", t) ||
         cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "norm launch", t) ||
         cuda_check(
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_norm_w_pipe<PM, GB>, 32 * NORM_PIPE_WARPS, shm),
@@ -677,7 +680,8 @@ static int launch_norm_pipe(keel_backend *be, const keel_tensor *t, const norm_w
     k_norm_w_pipe<PM, GB><<<(unsigned)(need < most ? need : most), 32 * NORM_PIPE_WARPS, shm, st(be)>>>(A);
     return cuda_check(cudaGetLastError(), "norm launch", t);
 }
-/* the variant for the row length and the op: GB from A's flags and the result's type */
+/* the variant for the row length and the op: GB from A's flags and the result's type. 0: launched;
+ * 1: not (its shared memory is more than the device gives a block); -1: an error */
 template <int PM>
 static int launch_norm_pipe_w(keel_backend *be, const keel_tensor *t, const norm_w_args &A, int64_t R) {
     bool bf = A.t.type == KEEL_BF16;
@@ -1835,10 +1839,11 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         if (w % 4 == 0 && w <= WARP_ROW_MAX && rows16(a) && (!A.gated || rows16(t->src[2])) &&
             (!A.back || rows16(dyt)) && b->nb[0] == (int64_t)sizeof(float) && keel_is_contiguous(t)) {
             A.fx = flat_rows(a), A.fz = A.gated ? flat_rows(t->src[2]) : 0, A.fg = A.back ? flat_rows(dyt) : 0;
-            return w <= 32 * 4    ? launch_norm_pipe_w<4>(be, t, A, R)
-                   : w <= 32 * 8  ? launch_norm_pipe_w<8>(be, t, A, R)
-                   : w <= 32 * 16 ? launch_norm_pipe_w<16>(be, t, A, R)
-                                  : launch_norm_pipe_w<32>(be, t, A, R);
+            int rc = w <= 32 * 4    ? launch_norm_pipe_w<4>(be, t, A, R)
+                     : w <= 32 * 8  ? launch_norm_pipe_w<8>(be, t, A, R)
+                     : w <= 32 * 16 ? launch_norm_pipe_w<16>(be, t, A, R)
+                                    : launch_norm_pipe_w<32>(be, t, A, R);
+            if (rc <= 0) return rc; /* else the register kernels below */
         }
         if (A.rope || w > 32 * 32 || !unit)
             k_norm_w<0, -1><<<blocks, 256, 0, st(be)>>>(A);
