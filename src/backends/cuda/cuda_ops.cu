@@ -593,7 +593,8 @@ template <int PM> static void launch_norm_w(const norm_w_args &A, unsigned block
  * 128-wide gated norm more on index divisions than on elements). Rows are independent, so the grid
  * (sized by occupancy) does not change any bits; the row itself is norm_w_row's. */
 #define NORM_PIPE_WARPS 4
-__host__ __device__ static inline int norm_pipe_arrays(int gb) { return 1 + (gb & 1) + ((gb & 2) >> 1); }
+/* the rows a warp's stage holds: x, and z (gated) and dy (backward) */
+__host__ __device__ constexpr int norm_pipe_arrays(int gb) { return 1 + (gb & 1) + ((gb & 2) >> 1); }
 /* the start of row r of x (flat: its rows at one stride, 0: found from the indices) */
 __device__ static inline const char *norm_row(const kt &x, int64_t r, int64_t flat) {
     return flat ? x.p + r * flat : kt_at(x, 0, r % x.ne[1], (r / x.ne[1]) % x.ne[2], r / (x.ne[1] * x.ne[2]));
@@ -601,7 +602,7 @@ __device__ static inline const char *norm_row(const kt &x, int64_t r, int64_t fl
 template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS, 4) k_norm_w_pipe(norm_w_args A) {
     extern __shared__ float nsm[];
     constexpr bool gated = (GB & 1) != 0, back = (GB & 2) != 0, rope = (GB & 4) != 0, bf = (GB & 8) != 0;
-    constexpr int na = 1 + gated + back, unr = rope ? 2 : PM < 8 ? PM : 8; /* the rotation's registers: 2 */
+    constexpr int na = norm_pipe_arrays(GB), unr = rope ? 2 : PM < 8 ? PM : 8; /* the rotation's registers: 2 */
     int n = (int)A.x.ne[0], lane = threadIdx.x & 31;
     int64_t R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3];
     float *buf = nsm + (size_t)(threadIdx.x >> 5) * 2 * na * n, /* the warp's two stages */
