@@ -186,10 +186,9 @@ template <int TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, g
     bmm_sel<TC, false, true>(M, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     bmm_sel<TC, false, true>(Pm, LDC, Q, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     int64_t rk = lc * CH * (int64_t)Dk;
-    for (int e = threadIdx.x; e < n * Dk; e += NT) {
-        int t = e / Dk;
-        P.Qg[rk + e] = d.Gam[t] * Q[t * ldk + e - t * Dk];
-    }
+    grid_walk(n, Dk, [&](int t, int i) {
+        P.Qg[rk + t * Dk + i] = d.Gam[t] * Q[t * ldk + i];
+    });
     __syncthreads();
     for (int e = threadIdx.x; e < CH * CH; e += NT) {
         int t = e / CH, s = e - t * CH;
@@ -201,14 +200,13 @@ template <int TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, g
     __syncthreads();
     invert_unit_lower(M, Ad, T);
     /* M <- A, Pm (once written out) <- A diag(beta), for U0 = A diag(beta) V */
-    for (int e = threadIdx.x; e < n * n; e += NT) {
-        int t = e / n, s = e - t * n;
+    grid_walk(n, n, [&](int t, int s) {
         float a = (float)Ad[t * CH + s];
         P.Pm[lc * CH * CH + t * CH + s] = Pm[t * LDC + s];
         if (bwd) P.Am[lc * CH * CH + t * CH + s] = a;
         M[t * LDC + s] = a;
         Pm[t * LDC + s] = (float)(Ad[t * CH + s] * (double)d.bt[s]);
-    }
+    });
     /* V for U0 = A diag(beta) V, as many columns at a time as fit (all of them at the 0.8B's
      * shape, one fetch and one product that keeps every thread busy): the forward puts them in
      * Q's and T's space, free once Ad is read, so they are in flight during the W product; the
@@ -221,14 +219,13 @@ template <int TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, g
         fetch_rows(Vt, ldv, A.v, hv, t0, b, n, 0, vb);
         fetch_commit();
     }
-    for (int e = threadIdx.x; e < n * Dk; e += NT) {
-        int t = e / Dk, i = e - t * Dk;
+    grid_walk(n, Dk, [&](int t, int i) {
         float kc = d.DC[t] * K[t * ldk + i], kb = d.bt[t] * d.Gam[t] * K[t * ldk + i];
-        P.Kc[rk + e] = kc;
+        P.Kc[rk + t * Dk + i] = kc;
         if (bwd) Q[t * ldk + i] = kc;
         K[t * ldk + i] = kb;
-        if (bwd) P.Kb[rk + e] = kb;
-    }
+        if (bwd) P.Kb[rk + t * Dk + i] = kb;
+    });
     if (threadIdx.x == 0) P.GamC[lc] = d.Gam[n - 1];
     __syncthreads();
     bmm_sel<TC, false, false>(P.W + rk, Dk, M, LDC, K, ldk, n, Dk, n, 1.0f, 0.0f, false);
@@ -516,10 +513,9 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
         fetch_mat(X, ldx, P.Kb + rk, Dk, n, kh);
         fetch_commit();
         store_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
-        for (int e = threadIdx.x; e < n * jw; e += NT) {
-            int t = e / jw, x = e - t * jw;
+        grid_walk(n, jw, [&](int t, int x) {
             out[(b * A.T + t0 + t) * prow + off_dv + j0 + x] = bt[t] * dRt[t * LDJ + x];
-        }
+        });
         float gc = P.GamC[lc], *dSo = P.dSc + lc * Dk * (int64_t)Dv + j0;
 #pragma unroll
         for (int h = 0; h < 2; h++) { /* half of the thread's elements at a time: registers for four blocks */
@@ -606,10 +602,9 @@ template <int TC, int NB> __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1)
                 bmm_reg<false, true, 1>(acc2, Ta, LDJ, Tb, LDJ, n, n, jw, part == 0 ? 1.0f : -1.0f, 1.0f, more);
         }
         if (part == 1)
-            for (int e = threadIdx.x; e < Dk * jw; e += NT) {
-                int i = e / jw, x = e - i * jw;
+            grid_walk(Dk, jw, [&](int i, int x) {
                 part_sum += (double)St2[i * LDJ + x] * St[i * LDJ + x];
-            }
+            });
         if (part == 2) { /* 4 threads a row (a thread a row left 3 of 4 warps waiting) */
             int t = threadIdx.x >> 2, h = threadIdx.x & 3;
             float s = 0.0f;
@@ -685,18 +680,24 @@ template <int NB, int TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_
     bmm_sel<TC, false, true>(Y, LDC, K, ldk, K, ldk, n, n, Dk, 1.0f, 0.0f, false);
     __syncthreads();
     /* a thread's elements of dPm and dMm, 8 of each in flight at once (one after another, each
-     * waited on, they cost a memory latency each) */
-    for (int e0 = threadIdx.x; e0 < n * n; e0 += 8 * NT) {
+     * waited on, they cost a memory latency each): e = t n + s from threadIdx.x in steps of NT, the
+     * row and column stepped as grid_walk steps them, twice over each 8 (the loads, then the work) */
+    int wt = (int)threadIdx.x / n, ws = (int)threadIdx.x - wt * n, dwt = NT / n, dws = NT - dwt * n;
+    while (wt < n) {
         float dpv[8], dmv[8];
+        int t = wt, s = ws;
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            int e = e0 + u * NT, t = e / n, s = e - t * n;
-            dpv[u] = e < n * n ? gPd[t * CH + s] : 0.0f, dmv[u] = e < n * n ? gE[t * CH + s] : 0.0f;
+            dpv[u] = t < n ? gPd[t * CH + s] : 0.0f, dmv[u] = t < n ? gE[t * CH + s] : 0.0f;
+            t += dwt, s += dws;
+            if (s >= n) s -= n, t++;
         }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            int e = e0 + u * NT, t = e / n, s = e - t * n;
-            if (e >= n * n) break;
+            t = wt, s = ws;
+            wt += dwt, ws += dws;
+            if (ws >= n) ws -= n, wt++;
+            if (t >= n) break;
             float D = dmask(d, t, s), dpm = dpv[u], dmm = dmv[u], y = Y[t * LDC + s];
             bool low = s < t;
             /* X: D_ts times the gradient of D_ts (the diagonal's D is 1 and cancels in dG: left out) */
