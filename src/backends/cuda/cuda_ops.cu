@@ -796,44 +796,48 @@ __device__ static inline void tap_add4(float4 &acc, float4 w, float4 x) {
  * this row's sums. The sums are the row kernels': the same bits. The taps
  * are counted from the end of KM (an array size known at compile time, so the window stays in
  * registers): tap j of K is j + KM - K, the first KM - K unused. The heads kernel of up to 4 taps
- * runs three blocks a multiprocessor (80 registers a thread and 92 bytes spilled, against 106 and
- * two blocks: 203 -> 191 us for the 0.8B's forward at batch 8; latency-bound either way, a row's
- * float64 sums and square root one after another with one row fetched ahead). */
+ * runs three blocks a multiprocessor (80 registers a thread, against 106 and two blocks: 203 -> 191 us
+ * for the 0.8B's forward at batch 8). With a lane's channel count and the direction known when
+ * compiled and 32-bit row offsets (the twentieth session): 191 -> 117 us forward, 263 -> 189
+ * backward (ncu, same call), the same bits. */
 #define CONV_TILE 16
-template <int KM> __global__ void __launch_bounds__(256, KM <= 4 ? 3 : 1) k_gconv_heads_tiled(gconv_dense A) {
+template <int KM, int PER, bool BACK>
+__global__ void __launch_bounds__(256, KM <= 4 ? 3 : 1) k_gconv_heads_tiled(gconv_dense A) {
+    /* PER (a lane's channels of a head, hd / 32) and BACK are known when compiled, and a tile's rows
+     * are addressed by 32-bit offsets from its first (the launcher checks they fit): the kernel was
+     * issue-bound (75% of issue slots), much of it on 64-bit index arithmetic and branches */
     int64_t H = 2 * A.n / A.hd, R = A.T * A.B, nt = (R + CONV_TILE - 1) / CONV_TILE, tasks = nt * H;
-    int lane = threadIdx.x & 31, per = A.hd / 32, K = A.K, jlo = KM - K;
+    int lane = threadIdx.x & 31, K = A.K, jlo = KM - K, C = (int)A.C, T = (int)A.T;
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t wi = w0; wi < tasks; wi += ws) {
-        int64_t h0 = (wi % H) * A.hd, r0 = (wi / H) * CONV_TILE, r1 = r0 + CONV_TILE < R ? r0 + CONV_TILE : R;
-        int64_t tt = r0 % A.T, bb = r0 / A.T;
+        int64_t h0 = (wi % H) * A.hd, r0 = (wi / H) * CONV_TILE, bb = r0 / A.T;
+        int nr = (int)(R - r0 < CONV_TILE ? R - r0 : CONV_TILE), tt = (int)(r0 % A.T);
         bool q = h0 < A.n;
-        float wv[4][KM], win[4][KM], nx[4], nd[4];
+        const float *xr = A.x + r0 * A.C + h0 + lane, *dr = BACK ? A.dy + r0 * A.C + h0 + lane : NULL;
+        float *yr = A.y + r0 * A.C + h0 + lane;
+        float wv[PER][KM], win[PER][KM], nx[PER], nd[PER];
 #pragma unroll
-        for (int m = 0; m < 4; m++) {
-            if (m >= per) continue;
+        for (int m = 0; m < PER; m++) {
             int64_t ch = h0 + lane + 32 * m;
 #pragma unroll
             for (int j = 0; j < KM; j++) { /* the window as the row before r0 left it (see below) */
-                int64_t d = KM - j;
+                int d = KM - j;
                 wv[m][j] = j >= jlo ? A.w[ch * K + j - jlo] : 0.0f;
-                win[m][j] = j > jlo && r0 - d >= 0 ? A.x[(r0 - d) * A.C + ch] : 0.0f;
+                win[m][j] = j > jlo && r0 - d >= 0 ? xr[32 * m - d * C] : 0.0f;
             }
-            nx[m] = A.x[r0 * A.C + ch];
-            nd[m] = A.back ? A.dy[r0 * A.C + ch] : 0.0f;
+            nx[m] = xr[32 * m];
+            nd[m] = BACK ? dr[32 * m] : 0.0f;
         }
-        for (int64_t r = r0; r < r1; r++) {
+        for (int i = 0; i < nr; i++) {
             int64_t p = pos_at(A.pos, tt, bb);
-            float u[4], sv[4], g[4];
+            float u[PER], sv[PER], g[PER];
             double ss = 0, sd = 0;
 #pragma unroll
-            for (int m = 0; m < 4; m++) {
-                if (m >= per) continue;
-                int64_t ch = h0 + lane + 32 * m;
+            for (int m = 0; m < PER; m++) {
                 float xn = nx[m], dn = nd[m];
-                if (r + 1 < r1) {
-                    nx[m] = A.x[(r + 1) * A.C + ch];
-                    if (A.back) nd[m] = A.dy[(r + 1) * A.C + ch];
+                if (i + 1 < nr) {
+                    nx[m] = xr[(i + 1) * C + 32 * m];
+                    if (BACK) nd[m] = dr[(i + 1) * C + 32 * m];
                 }
 #pragma unroll
                 for (int j = 0; j < KM - 1; j++) win[m][j] = win[m][j + 1];
@@ -841,34 +845,52 @@ template <int KM> __global__ void __launch_bounds__(256, KM <= 4 ? 3 : 1) k_gcon
                 float acc = 0.0f;
 #pragma unroll
                 for (int j = 0; j < KM; j++) {
-                    int64_t d = KM - 1 - j;
+                    int d = KM - 1 - j;
                     if (j >= jlo && tt - d >= 0 && d <= p) acc += __fmul_rn(wv[m][j], win[m][j]);
                 }
                 u[m] = acc;
                 sv[m] = keel_unary_f32(KEEL_OP_SILU, u[m], 0.0f, 0.0f);
                 double x = sv[m];
                 ss += x * x;
-                if (A.back) {
+                if (BACK) {
                     g[m] = q ? keel_unary_f32(KEEL_OP_SCALE, dn, A.a, 0.0f) : dn;
                     sd += x * g[m];
                 }
             }
             for (int m = 16; m > 0; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-            if (A.back)
+            if (BACK)
                 for (int m = 16; m > 0; m >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, m);
             float scf = (float)(1.0 / sqrt(ss + A.eps));
             double sc = 1.0 / sqrt(ss / 1.0 + A.eps), f2 = sc * sc * sc * sd / 1.0;
 #pragma unroll
-            for (int m = 0; m < 4; m++) {
-                if (m >= per) continue;
-                int64_t ch = h0 + lane + 32 * m;
-                float v = A.back ? silu_back1(u[m], (float)(sc * g[m] - f2 * sv[m]))
-                                 : (q ? keel_unary_f32(KEEL_OP_SCALE, sv[m] * scf, A.a, 0.0f) : sv[m] * scf);
-                A.y[r * A.C + ch] = v;
+            for (int m = 0; m < PER; m++) {
+                float v = BACK ? silu_back1(u[m], (float)(sc * g[m] - f2 * sv[m]))
+                               : (q ? keel_unary_f32(KEEL_OP_SCALE, sv[m] * scf, A.a, 0.0f) : sv[m] * scf);
+                yr[i * C + 32 * m] = v;
             }
-            if (++tt == A.T) tt = 0, bb++;
+            if (++tt == T) tt = 0, bb++;
         }
     }
+}
+/* the heads kernel for a's lane count and direction */
+template <int KM> static void gconv_heads_launch(keel_backend *be, const gconv_dense &D, unsigned blocks) {
+#define GCONV_HEADS(PER)                                                                                               \
+    (D.back ? k_gconv_heads_tiled<KM, PER, true> : k_gconv_heads_tiled<KM, PER, false>)<<<blocks, 256, 0, st(be)>>>(D)
+    switch (D.hd / 32) {
+    case 1:
+        GCONV_HEADS(1);
+        break;
+    case 2:
+        GCONV_HEADS(2);
+        break;
+    case 3:
+        GCONV_HEADS(3);
+        break;
+    default:
+        GCONV_HEADS(4);
+        break;
+    }
+#undef GCONV_HEADS
 }
 
 template <int KM> __global__ void k_gconv_values_tiled(gconv_dense A) {
@@ -1869,19 +1891,21 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         int64_t R = a->ne[1] * a->ne[2], heads = R * (2 * A.n / A.hd);
         const keel_tensor *w = b, *dy = A.back ? t->src[3] : NULL;
         bool wdense = w->nb[0] == (int64_t)sizeof(float) && w->nb[1] == w->ne[0] * (int64_t)sizeof(float);
+        /* the dense kernels address a tile's rows (and the K rows before it) by 32-bit offsets */
+        bool fits32 = a->ne[0] <= INT32_MAX / (CONV_TILE + CONV_TAPS_MAX) && a->ne[1] <= INT32_MAX;
         if (vec_tensors(a, t, dy) && wdense && w->ne[0] <= CONV_TAPS_MAX && A.hd % 32 == 0 && A.hd <= 128 &&
-            A.n % 4 == 0 && a->ne[0] % 4 == 0) {
+            A.n % 4 == 0 && a->ne[0] % 4 == 0 && fits32) {
             gconv_dense D;
             D.x = (const float *)a->data, D.w = (const float *)w->data, D.dy = dy ? (const float *)dy->data : NULL;
             D.y = (float *)t->data, D.pos = A.pos, D.C = a->ne[0], D.T = a->ne[1], D.B = a->ne[2], D.n = A.n;
             D.K = (int)w->ne[0], D.hd = (int)A.hd, D.eps = A.eps, D.a = A.a, D.back = A.back;
             int64_t nt = (R + CONV_TILE - 1) / CONV_TILE, nv4 = (D.C - 2 * D.n) / 4;
+            unsigned hb = (unsigned)cuda_blocks(nt * (heads / R) * 32, 256);
             if (D.K <= 4) {
-                if (heads > 0) k_gconv_heads_tiled<4><<<cuda_blocks(nt * (heads / R) * 32, 256), 256, 0, st(be)>>>(D);
+                if (heads > 0) gconv_heads_launch<4>(be, D, hb);
                 EW(k_gconv_values_tiled<4>, nv4 * nt, D);
             } else {
-                if (heads > 0)
-                    k_gconv_heads_tiled<CONV_TAPS_MAX><<<cuda_blocks(nt * (heads / R) * 32, 256), 256, 0, st(be)>>>(D);
+                if (heads > 0) gconv_heads_launch<CONV_TAPS_MAX>(be, D, hb);
                 EW(k_gconv_values_tiled<CONV_TAPS_MAX>, nv4 * nt, D);
             }
             return 0;
