@@ -783,7 +783,8 @@ int keel_cases_all(op_case **out) {
             /* C, T, B, K, n (channels of q and of k), head, longest example, eps (1e-6 x), q scale
              * (x 1/8): q, k and v; no v (2n = C); no q or k (n 0); the fixture's (16-channel heads,
              * 32 + 32 + 96) packed and not; the 0.8B model's heads of 128 (dense, C % 4 == 0: the
-             * cuda backend's dense path, as are heads of 32 and 64); eps large against the squares; a
+             * cuda backend's dense path, as are heads of 32, 64 and 96: a lane's 4, 1, 2 and 3 channels,
+             * each its own compiled kernel there); eps large against the squares; a
              * row of 4097 channels; dense with taps of 3 and 6 (cuda's windows of 4 and 8 taps).
              * The input viewed strided, the weight transposed. */
             static const int64_t sh[][9] = {{14, 5, 1, 4, 4, 2, 5, 1, 8},         {40, 9, 2, 4, 16, 8, 4, 1, 3},
@@ -792,8 +793,8 @@ int keel_cases_all(op_case **out) {
                                             {768, 33, 2, 4, 256, 128, 9, 1, 1},   {24, 10, 2, 4, 8, 4, 10, 1000000, 8},
                                             {4097, 3, 1, 4, 2048, 1024, 3, 1, 1}, {200, 40, 3, 4, 64, 32, 7, 1, 8},
                                             {256, 20, 2, 4, 64, 64, 1000, 1, 3},  {256, 40, 2, 3, 64, 32, 13, 1, 8},
-                                            {192, 37, 2, 6, 64, 64, 1000, 1, 8}};
-            for (int s = 0; s < 13; s++) {
+                                            {192, 37, 2, 6, 64, 64, 1000, 1, 8},  {288, 21, 2, 4, 96, 96, 1000, 1, 8}};
+            for (int s = 0; s < (int)(sizeof sh / sizeof sh[0]); s++) {
                 const int64_t *x = sh[s];
                 c = C(&l, op);
                 if (x[0] > 1000) c->no_fd = "large: each backend against ref's backward, proven on the small cases";
