@@ -421,8 +421,9 @@ __device__ static inline void bmm_sel(float *C, int64_t ldc, const float *A, int
 
 /* f(r, c) for a thread's elements of a rows x cols grid laid out by rows, e = r cols + c = threadIdx.x,
  * threadIdx.x + NT, ... in that order (the order of `for (e = threadIdx.x; e < rows cols; e += NT)`),
- * the row and column stepped by NT without a division an element: the delta rule's kernels spent
- * a third of their instructions on those divisions (ncu's SASS counts, README). */
+ * the row and column stepped by NT without a division an element: the delta rule's contractions
+ * spent a third of their instructions on their copies' index arithmetic, a division a copy (ncu's
+ * SASS counts, README). */
 template <typename F> __device__ static inline void grid_walk(int rows, int cols, F f) {
     if (cols <= 0) return;
     int r, c, dr, dc;
