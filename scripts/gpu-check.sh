@@ -8,7 +8,9 @@
 # Stages: ops grad fault reference recompute model bf16 adamw hf lora chat cross bench trace, gdn (the delta rule's
 # cases, gradients and GPU time alone: a quick first look), gdn-ncu (its kernels' time, issue slots
 # and stall reasons under ncu), gdn-ncu16 (the same in the bf16 step, a line a kernel), gdn-sass (those
-# kernels under ncu's full set: stall samples by reason, the opcodes' shares of samples and instructions), attn (flash attention's cases, gradients, and its kernels' time under
+# kernels under ncu's full set: stall samples by reason, the opcodes' shares of samples and instructions), conv-ncu
+# (the DeltaNet conv's heads and value kernels in the bf16 step: the last forward layer's and the first backward's;
+# with bitwise in the same call, also the base build's, for a same-call before/after), attn (flash attention's cases, gradients, and its kernels' time under
 # ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full),
 # bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit),
 # and multi (needs 2 GPUs) and profile
@@ -271,6 +273,7 @@ if want bitwise; then # training against another build of keel, byte for byte: a
         bt=$(date +%s)
         if tar -xf "$base_tar" -C "$bdir" && build_tree "$bdir" "$bdir/build" base-build.log; then
             record "bitwise: the base build" PASS "$(( $(date +%s) - bt )) s"
+            base_keel=$bdir/build/keel # for conv-ncu's same-call before/after
             same=0 differ=0
             for m in fixture qwen35-128 qwen35-1024; do
                 src=(--model $fx/causal-f32-sharded)
@@ -300,6 +303,18 @@ if want bitwise; then # training against another build of keel, byte for byte: a
             record "bitwise: the base build" FAIL "see base-build.log"
         fi
     fi
+fi
+if want conv-ncu; then # the command the twentieth session ran by hand (README, "Index arithmetic out of ...")
+    conv_m='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum'
+    for v in this base; do
+        k=$keel
+        if [ $v = base ]; then
+            k=${base_keel:-}
+            [ -n "$k" ] || continue # no bitwise stage in this call: no base build
+        fi
+        run "ncu: the conv's kernels (bf16 batch 8, $v build)" conv-ncu-$v.log bash -c "ncu --csv --clock-control none -k regex:k_gconv --launch-skip 34 --launch-count 4 --metrics '$conv_m' $k bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >$out/conv-ncu-$v.csv && python3 scripts/ncu_table.py $out/conv-ncu-$v.csv"
+        cat "$out/conv-ncu-$v.log"
+    done
 fi
 if want profile; then
     run "GPU time per op and shape (KEEL_CUDA_PROFILE)" profile.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --no-torch --steps 3
