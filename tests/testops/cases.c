@@ -783,8 +783,8 @@ int keel_cases_all(op_case **out) {
             /* C, T, B, K, n (channels of q and of k), head, longest example, eps (1e-6 x), q scale
              * (x 1/8): q, k and v; no v (2n = C); no q or k (n 0); the fixture's (16-channel heads,
              * 32 + 32 + 96) packed and not; the 0.8B model's heads of 128 (dense, C % 4 == 0: the
-             * cuda backend's dense path, as are heads of 32, 64 and 96: a lane's 4, 1, 2 and 3 channels,
-             * each its own compiled kernel there); eps large against the squares; a
+             * cuda backend's dense path, a lane's 4 channels; as are heads of 32, 64 and 96, a lane's
+             * 1, 2 and 3: each its own compiled kernel there); eps large against the squares; a
              * row of 4097 channels; dense with taps of 3 and 6 (cuda's windows of 4 and 8 taps).
              * The input viewed strided, the weight transposed. */
             static const int64_t sh[][9] = {{14, 5, 1, 4, 4, 2, 5, 1, 8},         {40, 9, 2, 4, 16, 8, 4, 1, 3},

@@ -797,9 +797,9 @@ __device__ static inline void tap_add4(float4 &acc, float4 w, float4 x) {
  * are counted from the end of KM (an array size known at compile time, so the window stays in
  * registers): tap j of K is j + KM - K, the first KM - K unused. The heads kernel of up to 4 taps
  * runs three blocks a multiprocessor (80 registers a thread, the backward spilling 96 bytes, against
- * 106 and two blocks: 203 -> 191 us for the 0.8B's forward at batch 8). With a lane's channel count and the direction known when
- * compiled and 32-bit row offsets (the twentieth session): 191 -> 117 us forward, 263 -> 189
- * backward (ncu, same call), the same bits. */
+ * 106 and two blocks: 203 -> 191 us for the 0.8B's forward at batch 8). With a lane's channel count
+ * and the direction known when compiled and 32-bit row offsets (the twentieth session): 191 -> 117
+ * us forward, 263 -> 189 backward (ncu, same call), the same bits. */
 #define CONV_TILE 16
 template <int KM, int PER, bool BACK>
 __global__ void __launch_bounds__(256, KM <= 4 ? 3 : 1) k_gconv_heads_tiled(gconv_dense A) {
