@@ -138,8 +138,8 @@ static int r_silu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
 static int r_swiglu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *g = t->src[0];
     int64_t bf = keel_grad_bf16_ok(acc, 0) && keel_grad_bf16_ok(acc, 1) && dy->type == KEEL_F32 ? KEEL_BF16 : 0;
-    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_SWIGLU_BACK, (keel_tensor *const[]){g, t->src[1], dy}, 3,
-                                  (int64_t[]){bf}, 1, NULL, 0);
+    keel_tensor *pk =
+        keel_op_new(ctx, KEEL_OP_SWIGLU_BACK, (keel_tensor *const[]){g, t->src[1], dy}, 3, (int64_t[]){bf}, 1, NULL, 0);
     if (!pk) return -1;
     int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(g);
     for (int which = 0; which < 2; which++)
@@ -148,8 +148,25 @@ static int r_swiglu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_ac
                                     g->ne[0] * g->ne[1] * es, g->ne[0] * g->ne[1] * g->ne[2] * es, which * n * es));
     return 0;
 }
+/* dy * (y * (1 - y)) in one op, the bits of the SCALE and two MULs this rule made before */
 static int r_sigmoid(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    ADD(0, keel_mul(ctx, dy, keel_mul(ctx, t, keel_scale(ctx, t, -1.0, 1.0))));
+    ADD(0, keel_sigmoid_back(ctx, t, dy));
+    return 0;
+}
+/* da, dA_log and ddt_bias from one op, viewed apart (the bits of the ADD, SOFTPLUS, EXP, NEG and
+ * MUL rules' ops, which made ten nodes) */
+static int r_gdn_gate(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GDN_GATE_BACK,
+                                  (keel_tensor *const[]){t->src[0], t->src[1], t->src[2], dy}, 4, NULL, 0, NULL, 0);
+    if (!pk) return -1;
+    int64_t es = (int64_t)keel_type_size(pk->type), at = 0;
+    for (int i = 0; i < 3; i++) {
+        const keel_tensor *x = t->src[i];
+        if (WANT(i))
+            ADD(i, keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es,
+                                x->ne[0] * x->ne[1] * es, x->ne[0] * x->ne[1] * x->ne[2] * es, at * es));
+        at += keel_nelements(x);
+    }
     return 0;
 }
 static int r_softplus(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
@@ -219,8 +236,8 @@ static int r_linear_ce(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad
         pk = NULL;
     }
     if (!pk)
-        pk = keel_op_new(ctx, KEEL_OP_LINEAR_CROSS_ENTROPY_BACK, (keel_tensor *const[]){x, w, t->src[2], dy}, 4, t->ip, 1,
-                         t->fp, 1);
+        pk = keel_op_new(ctx, KEEL_OP_LINEAR_CROSS_ENTROPY_BACK, (keel_tensor *const[]){x, w, t->src[2], dy}, 4, t->ip,
+                         1, t->fp, 1);
     if (!pk) return -1;
     int64_t es = (int64_t)keel_type_size(pk->type), nx = keel_nelements(x);
     if (WANT(0))
@@ -304,7 +321,7 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
         keel_tensor *sum;
         if (r == 1) {
             sum = per;
-        } else {       /* value head hv = hk*r + j: [Dk, r, Hk, T*B] -> sum over j */
+        } else { /* value head hv = hk*r + j: [Dk, r, Hk, T*B] -> sum over j */
             keel_tensor *g4 = keel_reshape_4d(ctx, keel_cont(ctx, per), Dk, r, Hk, T * B);
             keel_tensor *rows = keel_sum_rows(ctx, keel_cont(ctx, keel_permute(ctx, g4, 1, 0, 2, 3)));
             sum = keel_reshape_4d(ctx, rows, Dk, Hk, T, B);
@@ -312,8 +329,9 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
         ADD(which, sum);
     }
     if (WANT(2)) ADD(2, keel_view_4d(ctx, pk, Dv, Hv, T, B, Dv * es, L.row * es, L.row * T * es, L.dv * es));
-    if (WANT(3)) ADD(3, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, L.dg * es)));
-    if (WANT(4)) ADD(4, keel_cont(ctx, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, L.db * es)));
+    /* dg and dbeta are contiguous blocks of it: read where they lie, as dv is */
+    if (WANT(3)) ADD(3, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, L.dg * es));
+    if (WANT(4)) ADD(4, keel_view_4d(ctx, pk, Hv, T, B, 1, Hv * es, Hv * T * es, ng * es, L.db * es));
     return 0;
 }
 /* FLASH_ATTN: one backward op for dq, dk and dv from the whole packed gradient [do | dlse] */
@@ -383,6 +401,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_SWIGLU] = r_swiglu,
     [KEEL_OP_SIGMOID] = r_sigmoid,
     [KEEL_OP_SOFTPLUS] = r_softplus,
+    [KEEL_OP_GDN_GATE] = r_gdn_gate,
     [KEEL_OP_DROPOUT] = r_dropout,
     [KEEL_OP_CONV1D] = r_conv1d,
     [KEEL_OP_RMS_NORM_W] = r_norm_w,

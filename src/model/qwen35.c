@@ -354,8 +354,8 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
         k = keel_l2_norm(ctx, k, eps);
     }
     keel_tensor *beta = keel_sigmoid(ctx, linear(ctx, m, L->b, hin)); /* [Hv, T, B] */
-    keel_tensor *g = keel_mul(ctx, keel_softplus(ctx, keel_add(ctx, linear(ctx, m, L->a, hin), L->dt_bias)),
-                              keel_neg(ctx, keel_exp(ctx, L->A_log)));
+    /* g = softplus(a + dt_bias) * -exp(A_log), one op (the ADD, SOFTPLUS, EXP, NEG, MUL it replaces) */
+    keel_tensor *g = keel_gdn_gate(ctx, linear(ctx, m, L->a, hin), L->A_log, L->dt_bias);
     keel_tensor *o;
     if (S_in) { /* decoding: start from S_in, keep the final state */
         keel_tensor *pk = keel_gated_delta_net_state(ctx, q, k, v, g, beta, pos, S_in);

@@ -89,6 +89,9 @@
     X(SWIGLU_BACK, OWN, 3, OPF_BACKWARD, 0, 0, "src0 gate, src1 up, src2 dy -> packed [d gate | d up], each src0's shape; ip0 its " \
       "type: 0 the sources', or bf16 (float32 sources, each float32 value rounded as CAST rounds it)")             \
     X(SIGMOID, UNARY, 1, 0, 1, 0, "")                                                                                            \
+    X(SIGMOID_BACK, OWN, 2, OPF_BACKWARD, 0, 0,                                                                        \
+      "src0 y (SIGMOID's result), src1 dy -> dy * (y * (1 - y)): the SCALE and the two MULs of SIGMOID's old rule, "  \
+      "formula by formula")                                                                                            \
     X(SOFTPLUS, UNARY, 1, 0, 1, 0, "log(1+exp(x)); x when x > 20 (as torch)")                                                    \
     X(DROPOUT, OWN, 1, 0, 1, 0,                                                                                                \
       "fp0 p, ip0 seed, ip1 stream, ip2 counter, ip3 threshold: x/(1-p) where ops/dropout_mask.h keeps it, else 0")     \
@@ -121,6 +124,12 @@
       "conv, SiLU, q/k norms and q scale: the ops it replaces, formula by formula)")                                  \
     X(GDN_CONV_BACK, OWN, 4, OPF_BACKWARD, 0, 4,                                                                       \
       "x, w, positions, dy; params as GDN_CONV -> the gradient of the conv's output [C,T,B] (the conv recomputed)")    \
+    X(GDN_GATE, OWN, 3, 0, 7, 0,                                                                                       \
+      "src0 a [H,N..], src1 A_log, src2 dt_bias (H elements each) -> softplus(a + dt_bias) * -exp(A_log) (the "       \
+      "DeltaNet's decay gate: the ADD, SOFTPLUS, EXP, NEG and MUL it replaces, formula by formula)")                  \
+    X(GDN_GATE_BACK, OWN, 4, OPF_BACKWARD, 0, 0,                                                                       \
+      "a, A_log, dt_bias, dy -> packed [da (a's shape) | dA_log [H] | ddt_bias [H]]: the bits of the old rules' ops, " \
+      "the two sums over a's rows as REPEAT_BACK makes them on each backend")                                          \
     X(GATED_DELTA_NET, OWN, 6, 0, 31, 32,                                                                              \
       "q,k [Dk,Hk,T,B], v [Dv,Hv,T,B], g,beta [Hv,T,B], i32 positions [T,B] -> o [Dv,Hv,T,B]; the state is 0 "         \
       "before a step at position 0; ip0: the CUDA kernels' products, 0 float32 on the CUDA cores, 1 the tensor "     \

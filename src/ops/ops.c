@@ -284,7 +284,24 @@ static int shape_rule(keel_tensor *t) {
             "result type %lld: 0 (the sources') or bf16 for float32 sources", (long long)t->ip[0]);
         set_shape(t, t->ip[0] ? KEEL_BF16 : a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         return 0;
+    case KEEL_OP_GDN_GATE:
+    case KEEL_OP_GDN_GATE_BACK: {
+        const keel_tensor *dy = t->src[3];
+        REQ(keel_type_is_float(a->type) && a->type == b->type && a->type == t->src[2]->type,
+            "a, A_log and dt_bias must have one real type");
+        REQ(keel_nelements(b) == a->ne[0] && b->ne[0] == a->ne[0] && keel_nelements(t->src[2]) == a->ne[0] &&
+                t->src[2]->ne[0] == a->ne[0],
+            "A_log and dt_bias must hold one value a head: [%lld], a's rows", (long long)a->ne[0]);
+        if (op == KEEL_OP_GDN_GATE) {
+            set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+            return 0;
+        }
+        REQ(dy->type == a->type && keel_same_shape(dy, a), "dy must be shaped like a");
+        set_shape(t, a->type, keel_nelements(a) + 2 * a->ne[0], 1, 1, 1);
+        return 0;
+    }
     case KEEL_OP_SILU_BACK:
+    case KEEL_OP_SIGMOID_BACK:
     case KEEL_OP_RMS_NORM_BACK:
     case KEEL_OP_L2_NORM_BACK:
     case KEEL_OP_SOFT_MAX_BACK:
@@ -705,6 +722,12 @@ keel_tensor *keel_swiglu_bf16(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up)
 }
 keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SIGMOID, a); }
 keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SOFTPLUS, a); }
+keel_tensor *keel_sigmoid_back(keel_ctx *ctx, keel_tensor *y, keel_tensor *dy) {
+    return OP(KEEL_OP_SIGMOID_BACK, (y, dy), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_gdn_gate(keel_ctx *ctx, keel_tensor *a, keel_tensor *A_log, keel_tensor *dt_bias) {
+    return OP(KEEL_OP_GDN_GATE, (a, A_log, dt_bias), NULL, 0, NULL, 0);
+}
 keel_tensor *keel_sum(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SUM, a); }
 keel_tensor *keel_sum_rows(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SUM_ROWS, a); }
 keel_tensor *keel_mean(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_MEAN, a); }

@@ -87,6 +87,12 @@ keel_tensor *keel_swiglu(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up);
 keel_tensor *keel_swiglu_bf16(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up);
 keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a);
+/* dy * (y * (1 - y)) for y = sigmoid(x): SIGMOID's gradient in one pass (its rule's op) */
+keel_tensor *keel_sigmoid_back(keel_ctx *ctx, keel_tensor *y, keel_tensor *dy);
+/* The DeltaNet's decay gate g = softplus(a + dt_bias) * -exp(A_log), a [H,T,B], A_log and dt_bias one
+ * value a head: one op, bitwise the ADD, SOFTPLUS, EXP, NEG and MUL it replaces, forward and backward
+ * (its gradient op sums over a's rows as REPEAT_BACK does on each backend) */
+keel_tensor *keel_gdn_gate(keel_ctx *ctx, keel_tensor *a, keel_tensor *A_log, keel_tensor *dt_bias);
 keel_tensor *keel_sum(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_sum_rows(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_mean(keel_ctx *ctx, keel_tensor *a);

@@ -436,6 +436,7 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_SUM_ROWS:
         case KEEL_OP_MEAN:
         case KEEL_OP_SILU_BACK:
+        case KEEL_OP_SIGMOID_BACK:
         case KEEL_OP_SWIGLU:
         case KEEL_OP_SWIGLU_BACK:
             rows_family(&l, op, keel_op_get(op)->arity, DOM_NORMAL, NULL, 0, NULL, 0);
@@ -803,6 +804,29 @@ int keel_cases_all(op_case **out) {
                 SEG(c, x[1], x[2], x[6]);
                 if (op == KEEL_OP_GDN_CONV_BACK) I(c, KEEL_F32, x[0], x[1], x[2], 1);
                 P(c, 2, (int64_t[]){x[4], x[5]}, 2, (double[]){1e-6 * (double)x[7], (double)x[8] / 8.0});
+            }
+            break;
+        }
+        case KEEL_OP_GDN_GATE:
+        case KEEL_OP_GDN_GATE_BACK: {
+            /* heads, rows (T, B): the 0.8B model's 16 heads; fewer than 64 rows (cuda sums them in a
+             * thread), more than 65535, and 600,000 (cuda's chunks of 2 rows); one head, one row; a
+             * wide a (softplus's threshold: x > 20 is x) strided, transposed, A_log and dt_bias viewed
+             * strided, dy permuted */
+            static const int64_t sh[][3] = {{16, 40, 2}, {4, 7, 3},  {2, 70000, 1}, {2, 600000, 1},
+                                            {1, 1, 1},   {31, 5, 2}, {16, 33, 4},   {8, 9, 2}};
+            for (int s = 0; s < (int)(sizeof sh / sizeof sh[0]); s++) {
+                const int64_t *x = sh[s];
+                c = C(&l, op);
+                if (x[1] * x[2] > 65535)
+                    c->no_fd = "large: each backend against ref's backward, proven on the small cases";
+                case_input *a = I(c, KEEL_F32, x[0], x[1], x[2], 1);
+                a->view = s == 5 ? VIEW_STRIDED : s == 7 ? VIEW_TRANSPOSED : VIEW_NONE;
+                a->scale = s == 6 ? 12.0 : 1.0;
+                I(c, KEEL_F32, x[0], 1, 1, 1)->view = s == 1 ? VIEW_STRIDED : VIEW_NONE;
+                I(c, KEEL_F32, x[0], 1, 1, 1)->view = s == 5 ? VIEW_STRIDED : VIEW_NONE;
+                if (op == KEEL_OP_GDN_GATE_BACK)
+                    I(c, KEEL_F32, x[0], x[1], x[2], 1)->view = s == 2 ? VIEW_PERMUTED : VIEW_NONE;
             }
             break;
         }

@@ -348,6 +348,9 @@ static int packed_parts(const keel_tensor *t, int64_t *size, strided_part *sp, i
     case KEEL_OP_SWIGLU_BACK:
         size[0] = size[1] = keel_nelements(q);
         return 2;
+    case KEEL_OP_GDN_GATE_BACK: /* [da | dA_log | ddt_bias] */
+        size[0] = keel_nelements(q), size[1] = size[2] = q->ne[0];
+        return 3;
     case KEEL_OP_GATED_RMS_NORM_BACK:
         size[0] = size[1] = size[2] = keel_nelements(q);
         return 3;

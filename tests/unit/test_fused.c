@@ -1,7 +1,8 @@
 /* The fused ops are the ops they replace, bit for bit, on the float32 backends (cpu, and cuda where
  * a GPU is present; ref keeps a fused op's intermediates in float64, the ops' in their tensors):
  * GDN_CONV against CONV1D, SILU, L2_NORM and SCALE; SWIGLU against SILU and MUL; GATED_RMS_NORM
- * against RMS_NORM, MUL, SILU and MUL; RMS_NORM_W against RMS_NORM and MUL (and SCALE of w). Each
+ * against RMS_NORM, MUL, SILU and MUL; RMS_NORM_W against RMS_NORM and MUL (and SCALE of w); GDN_GATE
+ * against ADD, SOFTPLUS, EXP, NEG and MUL; SIGMOID_BACK against SCALE, MUL and MUL (values). Each
  * pair is built twice from the same inputs; their values and the gradients of sum(y * r) for a
  * random r must match element for element, so the backward ops are held to the backward ops of the
  * sequence too. */
@@ -32,8 +33,8 @@ typedef keel_tensor *(*pair_build)(keel_ctx *ctx, keel_tensor **in, bool fused, 
 
 /* Inputs of shapes ne[] (float32, each a parameter; i32: positions [T,B] of packed examples, 5
  * positions from each column's start, then examples of 3); both graphs on every backend present. */
-static void check_pair(const char *name, int n_in, const int64_t (*ne)[4], const keel_type *ty, pair_build build,
-                       const double *p) {
+static void check_pair_of(const char *name, int n_in, const int64_t (*ne)[4], const keel_type *ty, pair_build build,
+                          const double *p, bool grads) {
     keel_graph *g[2];
     keel_ctx *cx[2];
     keel_tensor *in[2][MAX_IN + 1], *out[2][MAX_IN + 1];
@@ -50,9 +51,10 @@ static void check_pair(const char *name, int n_in, const int64_t (*ne)[4], const
         keel_tensor *r = in[f][n_in] = keel_new_4d(ctx, KEEL_F32, y->ne[0], y->ne[1], y->ne[2], y->ne[3]);
         keel_tensor *loss = keel_sum(ctx, keel_mul(ctx, y, r));
         g[f] = keel_graph_build(ctx, &loss, 1);
-        assert_int_equal(keel_build_backward(g[f], loss), 0);
         n_out = 1;
         out[f][0] = y;
+        if (!grads) continue; /* a backward op: its values only */
+        assert_int_equal(keel_build_backward(g[f], loss), 0);
         for (int i = 0; i < n_in; i++)
             if (ty[i] == KEEL_F32) out[f][n_out++] = keel_graph_grad(g[f], in[f][i]);
     }
@@ -90,6 +92,11 @@ static void check_pair(const char *name, int n_in, const int64_t (*ne)[4], const
         keel_graph_free(g[f]);
         keel_ctx_free(cx[f]);
     }
+}
+
+static void check_pair(const char *name, int n_in, const int64_t (*ne)[4], const keel_type *ty, pair_build build,
+                       const double *p) {
+    check_pair_of(name, n_in, ne, ty, build, p, true);
 }
 
 /* in: x [C,T,B], w [K,C], positions [T,B]; p: n channels of q and of k, heads of p[1] */
@@ -177,6 +184,42 @@ static void qk_norm_rope_is_its_ops(void **st) {
     check_pair("QK_NORM_ROPE", 3, small, ty, qk_norm_rope_pair, (const double[]){32, 10000});
 }
 
+/* in: a [H,...], A_log [H], dt_bias [H] */
+static keel_tensor *gdn_gate_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    (void)p;
+    if (fused) return keel_gdn_gate(ctx, in[0], in[1], in[2]);
+    return keel_mul(ctx, keel_softplus(ctx, keel_add(ctx, in[0], in[2])), keel_neg(ctx, keel_exp(ctx, in[1])));
+}
+
+static void gdn_gate_is_its_ops(void **st) {
+    (void)st;
+    const keel_type ty[3] = {KEEL_F32, KEEL_F32, KEEL_F32};
+    /* the sums over rows as cuda's REPEAT_BACK makes them: 80 rows (a chunk a row, a block's tree over
+     * them), 21 (fewer than 64 chunks: a thread's sum), 600,000 rows of 2 heads (chunks of 2 rows) */
+    const int64_t model[3][4] = {{16, 40, 2, 1}, {16, 1, 1, 1}, {16, 1, 1, 1}},
+                  few[3][4] = {{4, 7, 3, 1}, {4, 1, 1, 1}, {4, 1, 1, 1}},
+                  many[3][4] = {{2, 600000, 1, 1}, {2, 1, 1, 1}, {2, 1, 1, 1}};
+    check_pair("GDN_GATE", 3, model, ty, gdn_gate_pair, NULL);
+    check_pair("GDN_GATE", 3, few, ty, gdn_gate_pair, NULL);
+    check_pair("GDN_GATE", 3, many, ty, gdn_gate_pair, NULL);
+}
+
+/* in: x, dy: SIGMOID_BACK of sigmoid(x) against the SCALE and two MULs of SIGMOID's old rule */
+static keel_tensor *sigmoid_back_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    (void)p;
+    keel_tensor *y = keel_sigmoid(ctx, in[0]);
+    if (fused) return keel_sigmoid_back(ctx, y, in[1]);
+    return keel_mul(ctx, in[1], keel_mul(ctx, y, keel_scale(ctx, y, -1.0, 1.0)));
+}
+
+static void sigmoid_back_is_its_ops(void **st) {
+    (void)st;
+    const keel_type ty[2] = {KEEL_F32, KEEL_F32};
+    const int64_t dense[2][4] = {{256, 8, 6, 2}, {256, 8, 6, 2}}, odd[2][4] = {{7, 5, 3, 1}, {7, 5, 3, 1}};
+    check_pair_of("SIGMOID_BACK", 2, dense, ty, sigmoid_back_pair, NULL, false);
+    check_pair_of("SIGMOID_BACK", 2, odd, ty, sigmoid_back_pair, NULL, false);
+}
+
 /* Bad shapes and parameters: no node, and a message naming what is wrong. */
 static void gdn_conv_rejects_bad_input(void **st) {
     (void)st;
@@ -215,7 +258,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gdn_conv_is_its_ops),       cmocka_unit_test(swiglu_is_its_ops),
         cmocka_unit_test(gated_rms_norm_is_its_ops), cmocka_unit_test(rms_norm_w_is_its_ops),
-        cmocka_unit_test(qk_norm_rope_is_its_ops),   cmocka_unit_test(gdn_conv_rejects_bad_input),
+        cmocka_unit_test(qk_norm_rope_is_its_ops),   cmocka_unit_test(gdn_gate_is_its_ops),
+        cmocka_unit_test(sigmoid_back_is_its_ops),   cmocka_unit_test(gdn_conv_rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -193,6 +193,14 @@ static void row_task(void *arg, int64_t b, int64_t e, int th) {
             for (int64_t i = 0; i < n; i++) W(d + 4 * i) = silu_back_f32(F(s + i * an), F(dy + i * y->nb[0]));
             break;
         }
+        case KEEL_OP_SIGMOID_BACK: { /* SIGMOID's old rule, SCALE(y, -1, 1), MUL, MUL: the same roundings */
+            const char *dy = cpu_row(y, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++) {
+                float yv = F(s + i * an);
+                W(d + 4 * i) = F(dy + i * y->nb[0]) * (yv * keel_unary_f32(KEEL_OP_SCALE, yv, -1.0f, 1.0f));
+            }
+            break;
+        }
         case KEEL_OP_ROPE:
         case KEEL_OP_ROPE_BACK:
             rope_row((float *)(void *)d, s, an, n, t->ip[0], t->fp[0], cpu_pos(y, i2, i3),
@@ -518,6 +526,45 @@ static void dropout_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
+/* GDN_GATE over rows of a, and GDN_GATE_BACK over heads (each head's two sums run over every row,
+ * in order, as REPEAT_BACK sums them): the formulas of the ops they replace (keel_unary_f32,
+ * keel_binary_f32), each rounding where those ops' results round. */
+static void gdn_gate_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *a = t->src[0], *al = t->src[1], *dt = t->src[2], *dy = t->src[3];
+    int64_t H = a->ne[0], rows = keel_nrows(a), n = keel_nelements(a);
+#define HEAD(x, h) F(cpu_row_flat(x, 0) + (h) * (x)->nb[0]) /* one value a head: a row of H */
+    if (t->op == KEEL_OP_GDN_GATE) {
+        for (int64_t r = b; r < e; r++) {
+            const char *s = cpu_row_flat(a, r);
+            char *d = cpu_row_flat(t, r);
+            for (int64_t h = 0; h < H; h++) {
+                float x = keel_binary_f32(KEEL_OP_ADD, F(s + h * a->nb[0]), HEAD(dt, h));
+                float nexp = keel_unary_f32(KEEL_OP_NEG, keel_unary_f32(KEEL_OP_EXP, HEAD(al, h), 0, 0), 0, 0);
+                W(d + 4 * h) = keel_unary_f32(KEEL_OP_SOFTPLUS, x, 0, 0) * nexp;
+            }
+        }
+        return;
+    }
+    float *da = (float *)t->data;
+    for (int64_t h = b; h < e; h++) {
+        float ex = keel_unary_f32(KEEL_OP_EXP, HEAD(al, h), 0, 0), nexp = keel_unary_f32(KEEL_OP_NEG, ex, 0, 0);
+        double s_n = 0, s_dt = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            float x = keel_binary_f32(KEEL_OP_ADD, F(cpu_row_flat(a, r) + h * a->nb[0]), HEAD(dt, h));
+            float d = F(cpu_row_flat(dy, r) + h * dy->nb[0]);
+            float dx = (d * nexp) * keel_unary_f32(KEEL_OP_SIGMOID, x, 0, 0);
+            da[r * H + h] = dx;
+            s_n += d * keel_unary_f32(KEEL_OP_SOFTPLUS, x, 0, 0);
+            s_dt += dx;
+        }
+        da[n + h] = keel_unary_f32(KEEL_OP_NEG, (float)s_n, 0, 0) * ex;
+        da[n + H + h] = (float)s_dt;
+    }
+#undef HEAD
+}
+
 /* SWIGLU and SWIGLU_BACK over rows of the gate: silu_f32, silu_back_f32 and MUL's product. */
 static void swiglu_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
@@ -746,9 +793,16 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_SOFT_MAX_CAUSAL:
     case KEEL_OP_SOFT_MAX_BACK:
     case KEEL_OP_SILU_BACK:
+    case KEEL_OP_SIGMOID_BACK:
     case KEEL_OP_ROPE:
     case KEEL_OP_ROPE_BACK:
         keel_pool_for(pool, keel_nrows(a), row_task, &c);
+        return 0;
+    case KEEL_OP_GDN_GATE:
+        keel_pool_for(pool, keel_nrows(a), gdn_gate_task, &c);
+        return 0;
+    case KEEL_OP_GDN_GATE_BACK:
+        keel_pool_for(pool, a->ne[0], gdn_gate_task, &c);
         return 0;
     case KEEL_OP_SWIGLU:
     case KEEL_OP_SWIGLU_BACK:

@@ -373,30 +373,106 @@ __device__ static inline float silu_back1(float xv, float d) {
     float sg = 1.0f / (1.0f + expf(-xv));
     return d * sg * (1.0f + xv * (1.0f - sg));
 }
-__global__ void k_silu_back(kt t, kt x, kt dy, int vec) {
+/* GDN_GATE: softplus(a + dt_bias) * -exp(A_log), the unary and binary formulas of the ADD, SOFTPLUS,
+ * EXP, NEG and MUL it replaces (head h: a's dim 0; A_log and dt_bias one value a head) */
+__device__ static inline float gate_head(const kt &x, int64_t h) { return ldf(x.p + h * x.nb[0]); }
+__global__ void k_gdn_gate(kt t, kt a, kt al, kt dt) {
+    GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
+        int64_t i[4];
+        kt_unflat(t, e, i);
+        float x = keel_binary_f32(KEEL_OP_ADD, ldf(kt_at(a, i[0], i[1], i[2], i[3])), gate_head(dt, i[0]));
+        float ne =
+            keel_unary_f32(KEEL_OP_NEG, keel_unary_f32(KEEL_OP_EXP, gate_head(al, i[0]), 0.0f, 0.0f), 0.0f, 0.0f);
+        stf(kt_at(t, i[0], i[1], i[2], i[3]), __fmul_rn(keel_unary_f32(KEEL_OP_SOFTPLUS, x, 0.0f, 0.0f), ne));
+    }
+}
+
+/* GDN_GATE_BACK, pass 1: the old rules' elementwise ops (MUL by -exp(A_log), SIGMOID of a + dt_bias,
+ * MUL; MUL of dy by the softplus) for head o's rows q of chunk c, da written at its flat place and
+ * the two chunk sums (dy softplus and da) in float64 in row order: REPEAT_BACK's pass 1 for [H] from
+ * [H, rows] with the same chunks, so the same partials. part: [chunk][2 H]. */
+__global__ void k_gdn_gate_back_part(kt t, kt a, kt al, kt dt, kt dy, int64_t per, int64_t n_chunks, double *part) {
+    int64_t H = a.ne[0], rows = a.ne[1] * a.ne[2] * a.ne[3];
+    float *da = (float *)t.p;
+    GRID_STRIDE(e, H * n_chunks) {
+        int64_t o = e % H, c = e / H, q = c * per, q1 = q + per < rows ? q + per : rows;
+        float ex = keel_unary_f32(KEEL_OP_EXP, gate_head(al, o), 0.0f, 0.0f), bias = gate_head(dt, o);
+        float ne = keel_unary_f32(KEEL_OP_NEG, ex, 0.0f, 0.0f);
+        double s_n = 0, s_dt = 0;
+        for (; q < q1; q++) {
+            int64_t i1 = q % a.ne[1], i2 = q / a.ne[1] % a.ne[2], i3 = q / a.ne[1] / a.ne[2];
+            float x = keel_binary_f32(KEEL_OP_ADD, ldf(kt_at(a, o, i1, i2, i3)), bias),
+                  d = ldf(kt_at(dy, o, i1, i2, i3));
+            float dx = __fmul_rn(__fmul_rn(d, ne), keel_unary_f32(KEEL_OP_SIGMOID, x, 0.0f, 0.0f));
+            da[q * H + o] = dx;
+            s_n += __fmul_rn(d, keel_unary_f32(KEEL_OP_SOFTPLUS, x, 0.0f, 0.0f));
+            s_dt += dx;
+        }
+        part[c * 2 * H + o] = s_n;
+        part[c * 2 * H + H + o] = s_dt;
+    }
+}
+
+/* Pass 2: result j of [dA_log | ddt_bias] the sum of its chunks in REPEAT_BACK's order (many chunks:
+ * a block, thread tid's chunks tid, tid + RT, ... and block_sum's tree; else a thread, in order),
+ * then dA_log = NEG(sum) * exp(A_log), the old rules' NEG and EXP's MUL */
+__device__ static void gate_back_store(kt t, kt al, int64_t H, int64_t j, double acc) {
+    float *r = (float *)t.p + (t.ne[0] - 2 * H);
+    float s = (float)acc;
+    r[j] = j < H ? __fmul_rn(keel_unary_f32(KEEL_OP_NEG, s, 0.0f, 0.0f),
+                             keel_unary_f32(KEEL_OP_EXP, gate_head(al, j), 0.0f, 0.0f))
+                 : s;
+}
+__global__ void k_gdn_gate_back_sum(kt t, kt al, int64_t H, const double *part, int64_t n_chunks, int blocks) {
+    __shared__ double sh[RT];
+    if (!blocks) {
+        GRID_STRIDE(j, 2 * H) {
+            double acc = 0;
+            for (int64_t c = 0; c < n_chunks; c++) acc += part[c * 2 * H + j];
+            gate_back_store(t, al, H, j, acc);
+        }
+        return;
+    }
+    for (int64_t j = blockIdx.x; j < 2 * H; j += gridDim.x) {
+        double acc = 0;
+        for (int64_t c = threadIdx.x; c < n_chunks; c += RT) acc += part[c * 2 * H + j];
+        acc = block_sum(acc, sh);
+        if (threadIdx.x == 0) gate_back_store(t, al, H, j, acc);
+    }
+}
+
+/* SIGMOID_BACK from y = sigmoid(x): SIGMOID's old rule, SCALE(y, -1, 1) then two MULs, the same roundings */
+__device__ static inline float sigmoid_back1(float y, float d) {
+    return __fmul_rn(d, __fmul_rn(y, keel_unary_f32(KEEL_OP_SCALE, y, -1.0f, 1.0f)));
+}
+/* SILU_BACK (sg 0: of x) and SIGMOID_BACK (sg 1: of y) */
+__device__ static inline float unary_back1(int sg, float x, float d) {
+    return sg ? sigmoid_back1(x, d) : silu_back1(x, d);
+}
+__global__ void k_unary_back(kt t, kt x, kt dy, int vec, int sg) {
     if (vec) {
         const float *xp = (const float *)x.p, *dp = (const float *)dy.p;
         float *y = (float *)t.p;
         int64_t n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
         VEC_LOOP(q, n) {
             float4 u = ((const float4 *)xp)[q], v = ((const float4 *)dp)[q];
-            ((float4 *)y)[q] =
-                make_float4(silu_back1(u.x, v.x), silu_back1(u.y, v.y), silu_back1(u.z, v.z), silu_back1(u.w, v.w));
+            ((float4 *)y)[q] = make_float4(unary_back1(sg, u.x, v.x), unary_back1(sg, u.y, v.y),
+                                           unary_back1(sg, u.z, v.z), unary_back1(sg, u.w, v.w));
         }
-        VEC_TAIL(e, n) y[e] = silu_back1(xp[e], dp[e]);
+        VEC_TAIL(e, n) y[e] = unary_back1(sg, xp[e], dp[e]);
         return;
     }
     if (t.contig && x.contig && dy.contig) {
         const float *xp = (const float *)x.p, *dp = (const float *)dy.p;
         float *y = (float *)t.p;
-        GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) y[e] = silu_back1(xp[e], dp[e]);
+        GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) y[e] = unary_back1(sg, xp[e], dp[e]);
         return;
     }
     GRID_STRIDE(e, t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]) {
         int64_t i[4];
         kt_unflat(t, e, i);
         stf(kt_at(t, i[0], i[1], i[2], i[3]),
-            silu_back1(ldf(kt_at(x, i[0], i[1], i[2], i[3])), ldf(kt_at(dy, i[0], i[1], i[2], i[3]))));
+            unary_back1(sg, ldf(kt_at(x, i[0], i[1], i[2], i[3])), ldf(kt_at(dy, i[0], i[1], i[2], i[3]))));
     }
 }
 
@@ -1450,6 +1526,10 @@ static size_t node_scratch(const keel_tensor *t) {
         int64_t R = (keel_nelements(a) + KEEL_SUM_SQ_BLOCK - 1) / KEEL_SUM_SQ_BLOCK;
         return (size_t)(R ? R : 1) * sizeof(double);
     }
+    case KEEL_OP_GDN_GATE_BACK: { /* two float64 partials a head and chunk of rows */
+        int64_t H = a->ne[0], rows = keel_nrows(a);
+        return (size_t)(2 * H * ((rows + chunk_terms(H, rows) - 1) / chunk_terms(H, rows))) * sizeof(double);
+    }
     case KEEL_OP_REPEAT_BACK: /* a float64 partial per result element and chunk of terms */
     case KEEL_OP_CONV1D_BACK_WEIGHT: {
         int64_t n_out = keel_nelements(t), n_terms = terms_of(t);
@@ -1661,6 +1741,21 @@ static bool leading_dims(const keel_tensor *t, const keel_tensor *a) {
     return true;
 }
 
+/* GDN_GATE_BACK: da and the chunk partials, then the two sums a head (the chunks REPEAT_BACK of [H]
+ * from a's [H, rows] would take, so its bits). */
+static int gdn_gate_back(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *a = t->src[0];
+    int64_t H = a->ne[0], rows = keel_nrows(a), per = chunk_terms(H, rows), n_chunks = (rows + per - 1) / per;
+    double *part = (double *)cuda_scratch(be, node_scratch(t), t);
+    if (!part) return -1;
+    k_gdn_gate_back_part<<<cuda_blocks(H * n_chunks, 256), 256, 0, st(be)>>>(
+        kt_of(t), kt_of(a), kt_of(t->src[1]), kt_of(t->src[2]), kt_of(t->src[3]), per, n_chunks, part);
+    bool blocks = n_chunks >= 64;
+    unsigned grid = blocks ? (unsigned)(2 * H < 65535 ? 2 * H : 65535) : (unsigned)cuda_blocks(2 * H, RT);
+    k_gdn_gate_back_sum<<<grid, RT, 0, st(be)>>>(kt_of(t), kt_of(t->src[1]), H, part, n_chunks, blocks ? 1 : 0);
+    return 0;
+}
+
 /* REPEAT_BACK and CONV1D_BACK_WEIGHT: n_terms summed into each result element, in two passes. */
 static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms) {
     int64_t n_out = keel_nelements(t);
@@ -1765,15 +1860,22 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
            keel_dropout_key((uint64_t)t->ip[0], (uint64_t)t->ip[1], (uint64_t)t->ip[2]), (uint64_t)t->ip[3],
            (float)(1.0 / (1.0 - t->fp[0])));
         return 0;
-    case KEEL_OP_SILU_BACK: {
+    case KEEL_OP_SILU_BACK:
+    case KEEL_OP_SIGMOID_BACK: {
         kt kx = kt_of(t), ka = kt_of(a), kb = kt_of(b);
         bool vec = vec_tensors(t, a, b);
+        int sg = t->op == KEEL_OP_SIGMOID_BACK ? 1 : 0;
         if (vec && n > 0)
-            k_silu_back<<<vec_blocks(n), 256, 0, st(be)>>>(kx, ka, kb, 1);
+            k_unary_back<<<vec_blocks(n), 256, 0, st(be)>>>(kx, ka, kb, 1, sg);
         else
-            EW(k_silu_back, n, kx, ka, kb, 0);
+            EW(k_unary_back, n, kx, ka, kb, 0, sg);
         return 0;
     }
+    case KEEL_OP_GDN_GATE:
+        EW(k_gdn_gate, n, kt_of(t), kt_of(a), kt_of(b), kt_of(t->src[2]));
+        return 0;
+    case KEEL_OP_GDN_GATE_BACK:
+        return gdn_gate_back(be, t);
     case KEEL_OP_SWIGLU:
     case KEEL_OP_SWIGLU_BACK: {
         bool back = t->op == KEEL_OP_SWIGLU_BACK;

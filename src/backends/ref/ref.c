@@ -601,6 +601,34 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_SILU_BACK:
         FOR4(t) put(t, i0, i1, i2, i3, silu_back(get(a, i0, i1, i2, i3), get(b, i0, i1, i2, i3)));
         return 0;
+    case KEEL_OP_SIGMOID_BACK:
+        FOR4(t) {
+            double y = get(a, i0, i1, i2, i3);
+            put(t, i0, i1, i2, i3, get(b, i0, i1, i2, i3) * (y * (1.0 - y)));
+        }
+        return 0;
+    case KEEL_OP_GDN_GATE: /* softplus(a + dt_bias) * -exp(A_log) */
+        FOR4(t) {
+            double x = get(a, i0, i1, i2, i3) + getf(t->src[2], i0);
+            put(t, i0, i1, i2, i3, unary(KEEL_OP_SOFTPLUS, x, t->fp) * -exp(getf(b, i0)));
+        }
+        return 0;
+    case KEEL_OP_GDN_GATE_BACK: { /* [da | dA_log | ddt_bias]: d softplus(x) = sigmoid(x) */
+        const keel_tensor *dt = t->src[2], *dy = t->src[3];
+        int64_t H = a->ne[0], n = keel_nelements(a);
+        double *sum = calloc((size_t)(2 * H), sizeof(double)); /* float64 sums, whatever t's type */
+        if (!sum) return keel_fail("ref: out of memory in '%s'", t->name);
+        FOR4(a) {
+            double x = get(a, i0, i1, i2, i3) + getf(dt, i0), e = exp(getf(b, i0)), d = get(dy, i0, i1, i2, i3);
+            double dx = d * -e * unary(KEEL_OP_SIGMOID, x, t->fp);
+            putf(t, i0 + H * (i1 + a->ne[1] * (i2 + a->ne[2] * i3)), dx);
+            sum[i0] -= d * unary(KEEL_OP_SOFTPLUS, x, t->fp) * e;
+            sum[H + i0] += dx;
+        }
+        for (int64_t i = 0; i < 2 * H; i++) putf(t, n + i, sum[i]);
+        free(sum);
+        return 0;
+    }
     case KEEL_OP_SUM: {
         double s = 0;
         FOR4(a) s += get(a, i0, i1, i2, i3);
