@@ -67,9 +67,10 @@ static void rows_family(case_list *l, int op, int n_in, case_domain dom, const i
     op_case *c = C(l, op); /* more than 65535 rows */
     for (int i = 0; i < n_in; i++) I(c, KEEL_F32, 2, 65537, 1, 1)->dom = dom;
     P(c, n_ip, ip, n_fp, fp);
-    static const case_view views[] = {VIEW_TRANSPOSED, VIEW_PERMUTED, VIEW_STRIDED};
-    static const int64_t shapes[][4] = {{33, 17, 1, 1}, {5, 7, 3, 2}, {31, 5, 2, 1}};
-    for (int v = 0; v < 3; v++) {
+    /* half rows: rows of 64 (16-byte aligned) strided apart, cuda's unary rows_vec path */
+    static const case_view views[] = {VIEW_TRANSPOSED, VIEW_PERMUTED, VIEW_STRIDED, VIEW_HALF_ROWS};
+    static const int64_t shapes[][4] = {{33, 17, 1, 1}, {5, 7, 3, 2}, {31, 5, 2, 1}, {64, 9, 2, 3}};
+    for (int v = 0; v < 4; v++) {
         c = C(l, op);
         for (int i = 0; i < n_in; i++) {
             case_input *in = I(c, KEEL_F32, shapes[v][0], shapes[v][1], shapes[v][2], shapes[v][3]);
@@ -83,7 +84,7 @@ static void rows_family(case_list *l, int op, int n_in, case_domain dom, const i
 static void binary_family(case_list *l, int op) {
     case_domain d2 = op == KEEL_OP_DIV ? DOM_POSITIVE : DOM_NORMAL;
     rows_family(l, op, 2, DOM_NORMAL, NULL, 0, NULL, 0);
-    for (int i = l->n - 10; i < l->n; i++) l->v[i].in[1].dom = d2;
+    for (int i = l->n - 11; i < l->n; i++) l->v[i].in[1].dom = d2;
     static const int64_t bshape[][4] = {{31, 1, 1, 1}, {1, 6, 1, 1}, {31, 3, 1, 1}, {1, 1, 2, 1}, {4097, 1, 1, 1}};
     static const int64_t ashape[][4] = {{31, 6, 2, 1}, {31, 6, 2, 1}, {31, 6, 2, 1}, {31, 6, 2, 2}, {4097, 3, 1, 1}};
     for (int s = 0; s < 5; s++) {

@@ -61,6 +61,9 @@ static void leaf_shape(const case_input *in, int64_t ne[4]) {
     case VIEW_ROWS_SWAPPED:
         ne[1] = in->ne[2], ne[2] = in->ne[1];
         break;
+    case VIEW_HALF_ROWS:
+        ne[0] = 2 * in->ne[0];
+        break;
     default:
         break;
     }
@@ -206,6 +209,10 @@ static int inst_build(inst *x, keel_backend *be, const op_case *c, uint64_t seed
         case VIEW_STRIDED:
             ins[i] = keel_view_4d(ctx, lf, in->ne[0], in->ne[1], in->ne[2], in->ne[3], lf->nb[1], lf->nb[2], lf->nb[3],
                                   lf->nb[1] + 2 * lf->nb[0]);
+            break;
+        case VIEW_HALF_ROWS:
+            ins[i] = keel_view_4d(ctx, lf, in->ne[0], in->ne[1], in->ne[2], in->ne[3], lf->nb[1], lf->nb[2], lf->nb[3],
+                                  in->ne[0] * lf->nb[0]);
             break;
         default:
             ins[i] = lf;
@@ -401,6 +408,8 @@ static const char *view_name(case_view v) {
         return "strided";
     case VIEW_ROWS_SWAPPED:
         return "rows swapped";
+    case VIEW_HALF_ROWS:
+        return "half rows";
     default:
         return "";
     }

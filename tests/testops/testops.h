@@ -22,8 +22,10 @@ typedef enum {
     DOM_SEGMENTS, /* i32 positions [T,B]: each column starts inside an example, and examples of up to
                    * index_max tokens restart at 0 at random (packed windows) */
 } case_domain;
-/* VIEW_ROWS_SWAPPED: dims 1 and 2 swapped, rows (dim 0) left whole: rows that are not one stride apart */
-typedef enum { VIEW_NONE, VIEW_TRANSPOSED, VIEW_PERMUTED, VIEW_STRIDED, VIEW_ROWS_SWAPPED } case_view;
+/* VIEW_ROWS_SWAPPED: dims 1 and 2 swapped, rows (dim 0) left whole: rows that are not one stride apart;
+ * VIEW_HALF_ROWS: the second half of each row of a tensor twice as wide (attention's gate, beside q
+ * in each head's row of the q projection): whole rows, strided apart */
+typedef enum { VIEW_NONE, VIEW_TRANSPOSED, VIEW_PERMUTED, VIEW_STRIDED, VIEW_ROWS_SWAPPED, VIEW_HALF_ROWS } case_view;
 
 typedef struct {
     int64_t ne[4];  /* the shape the op sees */
