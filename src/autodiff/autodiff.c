@@ -84,7 +84,7 @@ static bool band_of(const keel_tensor *s, const int64_t *ne, int64_t nb1, int64_
     int64_t es = (int64_t)keel_type_size(s->type), R = s->ne[0] * es, rows = keel_nrows(s);
     int64_t nb[4] = {es, nb1, nb2, nb3}, run = es, span = R, count = 1;
     int d = 0;
-    while (d < 4 && (ne[d] == 1 || nb[d] == run)) run *= ne[d], d++; /* the run within a row */
+    while (d < 4 && (ne[d] == 1 || nb[d] == run)) run *= ne[d], d++;                   /* the run within a row */
     while (d < 4 && (ne[d] == 1 || nb[d] == span)) span *= ne[d], count *= ne[d], d++; /* whole rows */
     if (d < 4 || offset < 0) return false;
     if (count == 1 && run > R) { /* rows and all: the whole of s */
@@ -132,8 +132,8 @@ static int settle(keel_grad_acc *acc, held_windows *h) {
     *h = acc->held[--acc->n_held]; /* out of the list first: the ACCs below must not hold them again */
     keel_tensor *s = w.s;
     if (held_tiles(acc, &w)) {
-        keel_tensor *v = keel_view_4d(acc->ctx, w.P, s->ne[0], s->ne[1], s->ne[2], s->ne[3], s->nb[1], s->nb[2],
-                                      s->nb[3], 0);
+        keel_tensor *v =
+            keel_view_4d(acc->ctx, w.P, s->ne[0], s->ne[1], s->ne[2], s->ne[3], s->nb[1], s->nb[2], s->nb[3], 0);
         if (!v || grow(acc)) return -1;
         acc->g->grads[s->id] = v;
         return 0;
@@ -168,7 +168,11 @@ int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib) {
          * as its addend), not by a pass of its own over a product result written just for it; the
          * order stays the sum so far, then the contribution */
         bool product = contrib->op == KEEL_OP_MUL_MAT && contrib->type == cur->type && contrib->type != KEEL_BF16;
+        /* likewise the rows' sums of GET_ROWS_BACK (a tied embedding's input side), added where they
+         * are made: no [D, rows] result of zeros and sums, no pass to add it */
+        bool rows = contrib->op == KEEL_OP_GET_ROWS_BACK && contrib->type == cur->type;
         sum = product ? keel_mul_mat_add(acc->ctx, contrib->src[0], contrib->src[1], cur)
+              : rows  ? keel_get_rows_back_add(acc->ctx, contrib->src[0], contrib->src[1], cur)
                       : keel_add(acc->ctx, cur, contrib);
         if (!sum || grow(acc)) return -1;
         acc->owned[sum->id] = 1;
@@ -191,10 +195,9 @@ int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t n
     keel_tensor *P = dy->view_src;
     int64_t lo, hi;
     bool in_place = P && dy->op == KEEL_OP_VIEW && !acc->owned[P->id] && P->type == s->type &&
-                    keel_grad_type(s->type) == s->type && keel_is_contiguous(P) &&
-                    keel_nbytes(P) >= keel_nbytes(s) && dy->nb[0] == (int64_t)keel_type_size(s->type) &&
-                    dy->nb[1] == nb1 && dy->nb[2] == nb2 && dy->nb[3] == nb3 && dy->view_offs == offset &&
-                    band_of(s, dy->ne, nb1, nb2, nb3, offset, &lo, &hi);
+                    keel_grad_type(s->type) == s->type && keel_is_contiguous(P) && keel_nbytes(P) >= keel_nbytes(s) &&
+                    dy->nb[0] == (int64_t)keel_type_size(s->type) && dy->nb[1] == nb1 && dy->nb[2] == nb2 &&
+                    dy->nb[3] == nb3 && dy->view_offs == offset && band_of(s, dy->ne, nb1, nb2, nb3, offset, &lo, &hi);
     if (in_place && !acc->g->grads[s->id] && (!h || (h->P == P && h->n < HELD_MAX))) {
         if (!h) {
             if (acc->n_held == acc->cap_held) {

@@ -44,6 +44,7 @@ bool keel_backend_id_rule(const keel_tensor *t, const keel_tensor **ids, int64_t
         *ids = t->src[1], *limit = t->src[0]->ne[1];
         return true;
     case KEEL_OP_GET_ROWS_BACK:
+    case KEEL_OP_GET_ROWS_BACK_ADD:
         *ids = t->src[1], *limit = t->ne[1];
         return true;
     case KEEL_OP_CROSS_ENTROPY_LOSS:

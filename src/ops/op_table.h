@@ -29,6 +29,9 @@
     X(CAST, COPY, 1, 0, 1, 0, "ip0 type (keel_type): contiguous copy converted to it (to bf16/f16: nearest even)")           \
     X(GET_ROWS, OWN, 2, 0, 1, 2, "src0 [D,R], src1 i32 [N0,N1] -> [D,N0,N1]")                                                  \
     X(GET_ROWS_BACK, OWN, 2, OPF_BACKWARD, 0, 2, "src0 dy [D,N0,N1], src1 i32 ids -> [D,ip0]: sum rows")                       \
+    X(GET_ROWS_BACK_ADD, OWN, 3, OPF_BACKWARD, 0, 2,                                                                   \
+      "src0 dy [D,N0,N1], src1 i32 ids, src2 c [D,R] -> c + GET_ROWS_BACK(dy, ids) (autodiff's where the rows' sums " \
+      "join a gradient so far, a tied embedding's: the ADD after GET_ROWS_BACK in one pass, its bits)")               \
     X(ACC, COPY, 2, OPF_INPLACE0_OPT, 3, 0,                                                                                     \
       "ip0-2 window nb1..3, ip3 offset (bytes), ip4 inplace: src0 with src1 added in the window")                      \
     X(SET, COPY, 2, OPF_INPLACE0_OPT, 3, 0,                                                                                     \

@@ -217,6 +217,15 @@ static int shape_rule(keel_tensor *t) {
         REQ(t->ip[0] > 0, "row count must be positive");
         set_shape(t, a->type, a->ne[0], t->ip[0], 1, 1);
         return 0;
+    case KEEL_OP_GET_ROWS_BACK_ADD: {
+        const keel_tensor *c = t->src[2];
+        REQ(b->type == KEEL_I32, "ids must be i32");
+        REQ(a->ne[1] == b->ne[0] && a->ne[2] == b->ne[1] && a->ne[3] == 1, "dy rows do not match the ids");
+        REQ(c->type == a->type && c->ne[0] == a->ne[0] && c->ne[1] > 0 && c->ne[2] == 1 && c->ne[3] == 1,
+            "the addend must be %s [%lld, rows]", keel_type_name(a->type), (long long)a->ne[0]);
+        set_shape(t, a->type, c->ne[0], c->ne[1], 1, 1);
+        return 0;
+    }
     case KEEL_OP_ACC:
     case KEEL_OP_SET: {
         int r = check_window(t);
@@ -674,6 +683,9 @@ keel_tensor *keel_get_rows(keel_ctx *ctx, keel_tensor *a, keel_tensor *ids) {
 }
 keel_tensor *keel_get_rows_back(keel_ctx *ctx, keel_tensor *dy, keel_tensor *ids, int64_t n_rows) {
     return OP(KEEL_OP_GET_ROWS_BACK, (dy, ids), IPS(n_rows), 1, NULL, 0);
+}
+keel_tensor *keel_get_rows_back_add(keel_ctx *ctx, keel_tensor *dy, keel_tensor *ids, keel_tensor *c) {
+    return OP(KEEL_OP_GET_ROWS_BACK_ADD, (dy, ids, c), NULL, 0, NULL, 0);
 }
 keel_tensor *keel_acc(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t nb1, int64_t nb2, int64_t nb3,
                       int64_t offset, bool inplace) {

@@ -58,6 +58,9 @@ keel_tensor *keel_cont(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_dup(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_get_rows(keel_ctx *ctx, keel_tensor *a, keel_tensor *ids);
 keel_tensor *keel_get_rows_back(keel_ctx *ctx, keel_tensor *dy, keel_tensor *ids, int64_t n_rows);
+/* c + keel_get_rows_back(dy, ids, rows of c) in one op, bitwise the ADD of the two (a tied
+ * embedding's gradient: the head's part so far, plus the input side's rows) */
+keel_tensor *keel_get_rows_back_add(keel_ctx *ctx, keel_tensor *dy, keel_tensor *ids, keel_tensor *c);
 keel_tensor *keel_acc(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t nb1, int64_t nb2, int64_t nb3,
                       int64_t offset, bool inplace);
 keel_tensor *keel_set(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t nb1, int64_t nb2, int64_t nb3,

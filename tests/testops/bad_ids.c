@@ -1,4 +1,4 @@
-/* keel: ids out of range, on every backend. GET_ROWS, GET_ROWS_BACK and the cross-entropy ops read
+/* keel: ids out of range, on every backend. GET_ROWS, GET_ROWS_BACK(_ADD) and the cross-entropy ops read
  * int32 ids or targets; one outside its range must make the run fail with a message naming the node,
  * the value and where it is (never a wild read, never a loss computed from garbage), and the backend
  * must run the next, valid, batch as if nothing had happened. The CUDA backend checks ids on the
@@ -11,10 +11,10 @@
 #include "testops/testops.h"
 #include "util/error.h"
 
-typedef enum { BAD_GET_ROWS, BAD_GET_ROWS_BACK, BAD_CE, BAD_LINEAR_CE, BAD_COUNT } bad_kind;
+typedef enum { BAD_GET_ROWS, BAD_GET_ROWS_BACK, BAD_GET_ROWS_BACK_ADD, BAD_CE, BAD_LINEAR_CE, BAD_COUNT } bad_kind;
 
-static const int bad_op[BAD_COUNT] = {KEEL_OP_GET_ROWS, KEEL_OP_GET_ROWS_BACK, KEEL_OP_CROSS_ENTROPY_LOSS,
-                                      KEEL_OP_LINEAR_CROSS_ENTROPY};
+static const int bad_op[BAD_COUNT] = {KEEL_OP_GET_ROWS, KEEL_OP_GET_ROWS_BACK, KEEL_OP_GET_ROWS_BACK_ADD,
+                                      KEEL_OP_CROSS_ENTROPY_LOSS, KEEL_OP_LINEAR_CROSS_ENTROPY};
 
 /* The node under test over 3 ids of which ids[1] is the one varied; 5 rows (classes) everywhere */
 static keel_tensor *build(keel_ctx *ctx, bad_kind k, keel_tensor **vals, keel_tensor **ids) {
@@ -26,6 +26,10 @@ static keel_tensor *build(keel_ctx *ctx, bad_kind k, keel_tensor **vals, keel_te
     case BAD_GET_ROWS_BACK:
         *vals = keel_new_2d(ctx, KEEL_F32, 4, 3);
         return keel_get_rows_back(ctx, *vals, *ids, 5);
+    case BAD_GET_ROWS_BACK_ADD:
+        *vals = keel_new_2d(ctx, KEEL_F32, 4, 3);
+        return keel_get_rows_back_add(ctx, *vals, *ids,
+                                      keel_set_flags(keel_new_2d(ctx, KEEL_F32, 4, 5), KEEL_FLAG_INPUT));
     case BAD_CE:
         *vals = keel_new_2d(ctx, KEEL_F32, 5, 3);
         return keel_cross_entropy_loss(ctx, *vals, *ids);
@@ -42,7 +46,7 @@ static keel_tensor *build(keel_ctx *ctx, bad_kind k, keel_tensor **vals, keel_te
 /* One kind on one backend: a run with ids[1] = bad fails naming the node and the value (or, a
  * negative target, runs: no loss there), then a run with it valid succeeds. 1 on an unexpected outcome. */
 static int check(keel_backend *be, bad_kind k, int32_t bad) {
-    bool want_error = bad >= 0 || k == BAD_GET_ROWS || k == BAD_GET_ROWS_BACK;
+    bool want_error = bad >= 0 || k <= BAD_GET_ROWS_BACK_ADD;
     const char *op = keel_op_get(bad_op[k])->name;
     keel_ctx *ctx = keel_ctx_new();
     keel_tensor *vals, *ids, *out = ctx ? build(ctx, k, &vals, &ids) : NULL;

@@ -363,6 +363,30 @@ int keel_cases_all(op_case **out) {
             IDX(c, 9, 2, 3);
             P(c, 1, (int64_t[]){3}, 0, NULL);
             break;
+        case KEEL_OP_GET_ROWS_BACK_ADD: /* as GET_ROWS_BACK's, plus an addend (transposed once, strided once) */
+            for (int w = 0; w < N_WIDTHS; w += 2) {
+                c = C(&l, op);
+                I(c, KEEL_F32, WIDTHS[w], 7, 2, 1);
+                IDX(c, 7, 2, 5);
+                I(c, KEEL_F32, WIDTHS[w], 5, 1, 1)->view = w == 2 ? VIEW_STRIDED : VIEW_NONE;
+            }
+            c = C(&l, op);
+            I(c, KEEL_F32, 2, 65537, 1, 1);
+            IDX(c, 65537, 1, 70000);
+            I(c, KEEL_F32, 2, 70000, 1, 1);
+            c = C(&l, op); /* a strided dy, rows wider than a block's 4 x 256 registers, ids repeated */
+            I(c, KEEL_F32, 1100, 9, 2, 1)->view = VIEW_STRIDED;
+            IDX(c, 9, 2, 3);
+            I(c, KEEL_F32, 1100, 3, 1, 1);
+            c = C(&l, op); /* rows of 64 strided apart (cuda's rows_vec pass over the addend) */
+            I(c, KEEL_F32, 64, 9, 2, 1);
+            IDX(c, 9, 2, 40);
+            I(c, KEEL_F32, 64, 40, 1, 1)->view = VIEW_HALF_ROWS;
+            c = C(&l, op);
+            I(c, KEEL_F32, 24, 9, 1, 1);
+            IDX(c, 9, 1, 31);
+            I(c, KEEL_F32, 31, 24, 1, 1)->view = VIEW_TRANSPOSED;
+            break;
         case KEEL_OP_ACC:
         case KEEL_OP_SET:
             window_family(&l, op);

@@ -2,7 +2,8 @@
  * a GPU is present; ref keeps a fused op's intermediates in float64, the ops' in their tensors):
  * GDN_CONV against CONV1D, SILU, L2_NORM and SCALE; SWIGLU against SILU and MUL; GATED_RMS_NORM
  * against RMS_NORM, MUL, SILU and MUL; RMS_NORM_W against RMS_NORM and MUL (and SCALE of w); GDN_GATE
- * against ADD, SOFTPLUS, EXP, NEG and MUL; SIGMOID_BACK against SCALE, MUL and MUL (values). Each
+ * against ADD, SOFTPLUS, EXP, NEG and MUL; SIGMOID_BACK against SCALE, MUL and MUL, GET_ROWS_BACK_ADD
+ * against GET_ROWS_BACK and ADD (values: backward ops). Each
  * pair is built twice from the same inputs; their values and the gradients of sum(y * r) for a
  * random r must match element for element, so the backward ops are held to the backward ops of the
  * sequence too. */
@@ -220,6 +221,22 @@ static void sigmoid_back_is_its_ops(void **st) {
     check_pair_of("SIGMOID_BACK", 2, odd, ty, sigmoid_back_pair, NULL, false);
 }
 
+/* in: dy [D,N0,N1], ids [N0,N1] (ids 0..4, repeated), c [D,R]: the rows' sums added to c */
+static keel_tensor *get_rows_back_add_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    (void)p;
+    if (fused) return keel_get_rows_back_add(ctx, in[0], in[1], in[2]);
+    return keel_add(ctx, in[2], keel_get_rows_back(ctx, in[0], in[1], in[2]->ne[1]));
+}
+
+static void get_rows_back_add_is_its_ops(void **st) {
+    (void)st;
+    const keel_type ty[3] = {KEEL_F32, KEEL_I32, KEEL_F32};
+    const int64_t wide[3][4] = {{1100, 12, 2, 1}, {12, 2, 1, 1}, {1100, 7, 1, 1}},
+                  dense[3][4] = {{256, 12, 2, 1}, {12, 2, 1, 1}, {256, 9, 1, 1}};
+    check_pair_of("GET_ROWS_BACK_ADD", 3, wide, ty, get_rows_back_add_pair, NULL, false);
+    check_pair_of("GET_ROWS_BACK_ADD", 3, dense, ty, get_rows_back_add_pair, NULL, false);
+}
+
 /* Bad shapes and parameters: no node, and a message naming what is wrong. */
 static void gdn_conv_rejects_bad_input(void **st) {
     (void)st;
@@ -256,10 +273,11 @@ static void gdn_conv_rejects_bad_input(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gdn_conv_is_its_ops),       cmocka_unit_test(swiglu_is_its_ops),
-        cmocka_unit_test(gated_rms_norm_is_its_ops), cmocka_unit_test(rms_norm_w_is_its_ops),
-        cmocka_unit_test(qk_norm_rope_is_its_ops),   cmocka_unit_test(gdn_gate_is_its_ops),
-        cmocka_unit_test(sigmoid_back_is_its_ops),   cmocka_unit_test(gdn_conv_rejects_bad_input),
+        cmocka_unit_test(gdn_conv_is_its_ops),        cmocka_unit_test(swiglu_is_its_ops),
+        cmocka_unit_test(gated_rms_norm_is_its_ops),  cmocka_unit_test(rms_norm_w_is_its_ops),
+        cmocka_unit_test(qk_norm_rope_is_its_ops),    cmocka_unit_test(gdn_gate_is_its_ops),
+        cmocka_unit_test(sigmoid_back_is_its_ops),    cmocka_unit_test(get_rows_back_add_is_its_ops),
+        cmocka_unit_test(gdn_conv_rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -480,6 +480,11 @@ static void get_rows_back_task(void *arg, int64_t b, int64_t e, int th) {
             const char *s = cpu_row(dy, n % dy->ne[1], n / dy->ne[1], 0);
             for (int64_t i = 0; i < t->ne[0]; i++) d[i] += F(s + i * dy->nb[0]);
         }
+        if (t->op == KEEL_OP_GET_ROWS_BACK_ADD) { /* then the ADD: c + the sum */
+            const keel_tensor *ct = t->src[2];
+            const char *cs = cpu_row(ct, r, 0, 0);
+            for (int64_t i = 0; i < t->ne[0]; i++) d[i] = keel_binary_f32(KEEL_OP_ADD, F(cs + i * ct->nb[0]), d[i]);
+        }
     }
 }
 
@@ -744,7 +749,8 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         if (keel_backend_read_ids(be, t, NULL)) return -1;
         keel_pool_for(pool, keel_nelements(b), get_rows_task, &c);
         return 0;
-    case KEEL_OP_GET_ROWS_BACK: {
+    case KEEL_OP_GET_ROWS_BACK:
+    case KEEL_OP_GET_ROWS_BACK_ADD: {
         int32_t *idv;
         if (keel_backend_read_ids(be, t, &idv)) return -1;
         int64_t R = t->ne[1], N = keel_nelements(b);

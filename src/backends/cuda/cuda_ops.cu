@@ -1208,7 +1208,9 @@ __global__ void k_conv4_tiled(void *y, const float *x, const float *w, kt pos, i
  * for the stream every step; the scans read about n^2 / 2 ids from cache (34 M at 8,192 ids). An id
  * outside [0, rows) marks the node and is skipped. */
 #define GRB_COLS 4
-__global__ void k_get_rows_back(kt t, kt dy, kt ids, int64_t n, unsigned *bad, unsigned node) {
+/* GET_ROWS_BACK_ADD: the same sums, stored as c + the sum (ADD's formula); the rows no id names are
+ * c + 0 from the pass before (SCALE by 1 plus 0: ADD's bits with a zero). */
+__global__ void k_get_rows_back(kt t, kt dy, kt ids, int64_t n, kt cc, int add, unsigned *bad, unsigned node) {
     __shared__ int list[RT];
     __shared__ int wcount[RT / 32];
     int tid = (int)threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -1250,7 +1252,9 @@ __global__ void k_get_rows_back(kt t, kt dy, kt ids, int64_t n, unsigned *bad, u
 #pragma unroll
             for (int q = 0; q < GRB_COLS; q++) {
                 int64_t c = c0 + q * RT + tid;
-                if (c < t.ne[0]) stf(row + c * t.nb[0], acc[q]);
+                if (c < t.ne[0])
+                    stf(row + c * t.nb[0],
+                        add ? keel_binary_f32(KEEL_OP_ADD, ldf(kt_at(cc, c, id, 0, 0)), acc[q]) : acc[q]);
             }
         }
     }
@@ -1585,19 +1589,6 @@ extern "C" size_t keel_cuda_carry_bytes(const keel_graph *g, int64_t reader, int
     return cuda_gdn_carry(g, reader, writer);
 }
 
-static int get_rows_back(keel_backend *be, const keel_tensor *t) {
-    const keel_tensor *dy = t->src[0], *ids = t->src[1];
-    if (!keel_is_contiguous(t)) return keel_fail("cuda: '%s': GET_ROWS_BACK writes a contiguous result", t->name);
-    if (cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), st(be)), "memset", t)) return -1;
-    int64_t n = keel_nelements(ids);
-    if (n > INT32_MAX) return keel_fail("cuda: '%s': %lld ids, more than 2^31 - 1", t->name, (long long)n);
-    cuda_impl *im = cuda_im(be);
-    if (n > 0 && t->ne[0] > 0)
-        k_get_rows_back<<<(unsigned)(n < (1 << 20) ? n : (1 << 20)), RT, 0, st(be)>>>(kt_of(t), kt_of(dy), kt_of(ids),
-                                                                                      n, im->bad_node, im->node);
-    return 0;
-}
-
 /* The cross-entropy ops take their divisor from im->ce_div (cuda_ce_divisor runs first) */
 static int rows(keel_backend *be, const keel_tensor *t, double *partial) {
     kt none;
@@ -1824,6 +1815,30 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
         if ((n) > 0) kernel<<<cuda_blocks((n), 256), 256, 0, st(be)>>>(__VA_ARGS__);                                   \
     } while (0)
 
+static int get_rows_back(keel_backend *be, const keel_tensor *t) {
+    const keel_tensor *dy = t->src[0], *ids = t->src[1];
+    bool add = t->op == KEEL_OP_GET_ROWS_BACK_ADD;
+    if (!keel_is_contiguous(t)) return keel_fail("cuda: '%s': GET_ROWS_BACK writes a contiguous result", t->name);
+    kt kc = kt_of(add ? t->src[2] : t);
+    if (!add) {
+        if (cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), st(be)), "memset", t)) return -1;
+    } else { /* every row c + 0 (rows_vec or 16-byte groups where the addend allows) */
+        int64_t m = keel_nelements(t);
+        int vec = vec_tensors(t, t->src[2], NULL) ? 1 : rows_vec(t, t->src[2]) ? 2 : 0;
+        if (vec && m > 0)
+            k_unary<<<vec_blocks(m), 256, 0, st(be)>>>(kt_of(t), kc, KEEL_OP_SCALE, 1.0f, 0.0f, vec);
+        else
+            EW(k_unary, m, kt_of(t), kc, KEEL_OP_SCALE, 1.0f, 0.0f, 0);
+    }
+    int64_t n = keel_nelements(ids);
+    if (n > INT32_MAX) return keel_fail("cuda: '%s': %lld ids, more than 2^31 - 1", t->name, (long long)n);
+    cuda_impl *im = cuda_im(be);
+    if (n > 0 && t->ne[0] > 0)
+        k_get_rows_back<<<(unsigned)(n < (1 << 20) ? n : (1 << 20)), RT, 0, st(be)>>>(
+            kt_of(t), kt_of(dy), kt_of(ids), n, kc, add ? 1 : 0, im->bad_node, im->node);
+    return 0;
+}
+
 int cuda_node(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     int64_t n = keel_nelements(t);
@@ -1860,6 +1875,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_GET_ROWS:
         return cuda_copy_rows(be, t, a, b); /* ids checked by the copy kernel */
     case KEEL_OP_GET_ROWS_BACK:
+    case KEEL_OP_GET_ROWS_BACK_ADD:
         return get_rows_back(be, t);
     case KEEL_OP_FILL: { /* zeros (a gradient's start) by the driver's memset: k_fill's 4-byte stores
                           * took 0.18 ms for the DeltaNet's 201 MB conv gradient, a quarter of the bandwidth */

@@ -534,15 +534,18 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     }
     case KEEL_OP_GET_ROWS_BACK:
+    case KEEL_OP_GET_ROWS_BACK_ADD: /* the rows' sums, then (ADD) c plus them */
         FOR4(t) put(t, i0, i1, i2, i3, 0.0);
         for (int64_t n1 = 0; n1 < b->ne[1]; n1++)
             for (int64_t n0 = 0; n0 < b->ne[0]; n0++) {
                 int64_t r = (int64_t)get(b, n0, n1, 0, 0);
                 if (r < 0 || r >= t->ne[1])
-                    return keel_fail("GET_ROWS_BACK '%s': id %lld outside [0,%lld)", t->name, (long long)r,
-                                     (long long)t->ne[1]);
+                    return keel_fail("%s '%s': id %lld outside [0,%lld)", keel_op_get(t->op)->name, t->name,
+                                     (long long)r, (long long)t->ne[1]);
                 for (int64_t i = 0; i < t->ne[0]; i++) put(t, i, r, 0, 0, get(t, i, r, 0, 0) + get(a, i, n0, n1, 0));
             }
+        if (t->op == KEEL_OP_GET_ROWS_BACK_ADD)
+            FOR4(t) put(t, i0, i1, i2, i3, get(t->src[2], i0, i1, i2, i3) + get(t, i0, i1, i2, i3));
         return 0;
     case KEEL_OP_ACC:
     case KEEL_OP_SET: {
