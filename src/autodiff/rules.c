@@ -153,6 +153,19 @@ static int r_sigmoid(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_a
     ADD(0, keel_sigmoid_back(ctx, t, dy));
     return 0;
 }
+/* dx and dgate from one op, viewed apart: MUL's rule's products and SIGMOID_BACK, their bits */
+static int r_sigmoid_mul(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_tensor *x = t->src[0];
+    keel_tensor *pk =
+        keel_op_new(ctx, KEEL_OP_SIGMOID_MUL_BACK, (keel_tensor *const[]){x, t->src[1], dy}, 3, NULL, 0, NULL, 0);
+    if (!pk) return -1;
+    int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(x);
+    for (int which = 0; which < 2; which++)
+        if (WANT(which))
+            ADD(which, keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es,
+                                    x->ne[0] * x->ne[1] * es, x->ne[0] * x->ne[1] * x->ne[2] * es, which * n * es));
+    return 0;
+}
 /* da, dA_log and ddt_bias from one op, viewed apart (the bits of the ADD, SOFTPLUS, EXP, NEG and
  * MUL rules' ops, which made ten nodes) */
 static int r_gdn_gate(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
@@ -402,6 +415,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_SIGMOID] = r_sigmoid,
     [KEEL_OP_SOFTPLUS] = r_softplus,
     [KEEL_OP_GDN_GATE] = r_gdn_gate,
+    [KEEL_OP_SIGMOID_MUL] = r_sigmoid_mul,
     [KEEL_OP_DROPOUT] = r_dropout,
     [KEEL_OP_CONV1D] = r_conv1d,
     [KEEL_OP_RMS_NORM_W] = r_norm_w,

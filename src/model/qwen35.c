@@ -324,7 +324,7 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
     if (!pk) return NULL;
     int64_t os = (int64_t)keel_type_size(pk->type);
     keel_tensor *o = keel_view_4d(ctx, pk, hd, H, T, B, hd * os, hd * H * os, hd * H * T * os, 0); /* [hd, H, T, B] */
-    o = keel_mul(ctx, o, keel_sigmoid(ctx, gate));
+    o = keel_sigmoid_mul(ctx, o, gate); /* o * sigmoid(gate), one op (the SIGMOID and MUL it replaces) */
     return linear_add(ctx, m, L->o, operand_of(ctx, m, keel_reshape_3d(ctx, o, hd * H, T, B)), res);
 }
 

@@ -96,6 +96,12 @@
       "src0 y (SIGMOID's result), src1 dy -> dy * (y * (1 - y)): the SCALE and the two MULs of SIGMOID's old rule, "  \
       "formula by formula")                                                                                            \
     X(SOFTPLUS, UNARY, 1, 0, 1, 0, "log(1+exp(x)); x when x > 20 (as torch)")                                                    \
+    X(SIGMOID_MUL, OWN, 2, 0, 3, 0,                                                                                    \
+      "src0 x, src1 gate (x's shape) -> x * sigmoid(gate) (attention's output gate: the SIGMOID and MUL it replaces, " \
+      "formula by formula)")                                                                                           \
+    X(SIGMOID_MUL_BACK, OWN, 3, OPF_BACKWARD, 0, 0,                                                                    \
+      "x, gate, dy -> packed [dx | dgate], each x's shape: dy sigmoid(gate) and SIGMOID_BACK(sigmoid(gate), dy x), " \
+      "the bits of MUL's and SIGMOID's rules")                                                                         \
     X(DROPOUT, OWN, 1, 0, 1, 0,                                                                                                \
       "fp0 p, ip0 seed, ip1 stream, ip2 counter, ip3 threshold: x/(1-p) where ops/dropout_mask.h keeps it, else 0")     \
     X(CONV1D, OWN, 3, 0, 3, 4,                                                                                                 \

@@ -309,6 +309,17 @@ static int shape_rule(keel_tensor *t) {
         set_shape(t, a->type, keel_nelements(a) + 2 * a->ne[0], 1, 1, 1);
         return 0;
     }
+    case KEEL_OP_SIGMOID_MUL_BACK:
+        REQ(keel_same_shape(a, t->src[2]) && t->src[2]->type == a->type, "dy must be shaped like x");
+        /* fall through */
+    case KEEL_OP_SIGMOID_MUL:
+        REQ(a->type == b->type && keel_same_shape(a, b) && keel_type_is_float(a->type),
+            "x and gate must have one real type and shape");
+        if (op == KEEL_OP_SIGMOID_MUL)
+            set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        else
+            set_shape(t, a->type, 2 * keel_nelements(a), 1, 1, 1);
+        return 0;
     case KEEL_OP_SILU_BACK:
     case KEEL_OP_SIGMOID_BACK:
     case KEEL_OP_RMS_NORM_BACK:
@@ -734,6 +745,9 @@ keel_tensor *keel_swiglu_bf16(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up)
 }
 keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SIGMOID, a); }
 keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SOFTPLUS, a); }
+keel_tensor *keel_sigmoid_mul(keel_ctx *ctx, keel_tensor *x, keel_tensor *gate) {
+    return OP(KEEL_OP_SIGMOID_MUL, (x, gate), NULL, 0, NULL, 0);
+}
 keel_tensor *keel_sigmoid_back(keel_ctx *ctx, keel_tensor *y, keel_tensor *dy) {
     return OP(KEEL_OP_SIGMOID_BACK, (y, dy), NULL, 0, NULL, 0);
 }

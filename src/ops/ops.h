@@ -90,6 +90,9 @@ keel_tensor *keel_swiglu(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up);
 keel_tensor *keel_swiglu_bf16(keel_ctx *ctx, keel_tensor *gate, keel_tensor *up);
 keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a);
 keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a);
+/* x * sigmoid(gate) in one op, forward and backward (attention's output gate): bitwise the SIGMOID
+ * and MUL it replaces, with no sigmoid(gate) tensor kept for the backward */
+keel_tensor *keel_sigmoid_mul(keel_ctx *ctx, keel_tensor *x, keel_tensor *gate);
 /* dy * (y * (1 - y)) for y = sigmoid(x): SIGMOID's gradient in one pass (its rule's op) */
 keel_tensor *keel_sigmoid_back(keel_ctx *ctx, keel_tensor *y, keel_tensor *dy);
 /* The DeltaNet's decay gate g = softplus(a + dt_bias) * -exp(A_log), a [H,T,B], A_log and dt_bias one

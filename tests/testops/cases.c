@@ -462,6 +462,8 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_MEAN:
         case KEEL_OP_SILU_BACK:
         case KEEL_OP_SIGMOID_BACK:
+        case KEEL_OP_SIGMOID_MUL:
+        case KEEL_OP_SIGMOID_MUL_BACK:
         case KEEL_OP_SWIGLU:
         case KEEL_OP_SWIGLU_BACK:
             rows_family(&l, op, keel_op_get(op)->arity, DOM_NORMAL, NULL, 0, NULL, 0);

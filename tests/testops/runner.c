@@ -353,6 +353,7 @@ static int packed_parts(const keel_tensor *t, int64_t *size, strided_part *sp, i
         size[0] = keel_nelements(q), size[1] = keel_nelements(t->src[1]), size[2] = 1;
         return 3;
     case KEEL_OP_SWIGLU_BACK:
+    case KEEL_OP_SIGMOID_MUL_BACK:
         size[0] = size[1] = keel_nelements(q);
         return 2;
     case KEEL_OP_GDN_GATE_BACK: /* [da | dA_log | ddt_bias] */

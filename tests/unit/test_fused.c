@@ -2,7 +2,8 @@
  * a GPU is present; ref keeps a fused op's intermediates in float64, the ops' in their tensors):
  * GDN_CONV against CONV1D, SILU, L2_NORM and SCALE; SWIGLU against SILU and MUL; GATED_RMS_NORM
  * against RMS_NORM, MUL, SILU and MUL; RMS_NORM_W against RMS_NORM and MUL (and SCALE of w); GDN_GATE
- * against ADD, SOFTPLUS, EXP, NEG and MUL; SIGMOID_BACK against SCALE, MUL and MUL, GET_ROWS_BACK_ADD
+ * against ADD, SOFTPLUS, EXP, NEG and MUL; SIGMOID_MUL against SIGMOID and MUL; SIGMOID_BACK against
+ * SCALE, MUL and MUL, GET_ROWS_BACK_ADD
  * against GET_ROWS_BACK and ADD (values: backward ops). Each
  * pair is built twice from the same inputs; their values and the gradients of sum(y * r) for a
  * random r must match element for element, so the backward ops are held to the backward ops of the
@@ -205,6 +206,20 @@ static void gdn_gate_is_its_ops(void **st) {
     check_pair("GDN_GATE", 3, many, ty, gdn_gate_pair, NULL);
 }
 
+/* in: x, gate */
+static keel_tensor *sigmoid_mul_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    (void)p;
+    return fused ? keel_sigmoid_mul(ctx, in[0], in[1]) : keel_mul(ctx, in[0], keel_sigmoid(ctx, in[1]));
+}
+
+static void sigmoid_mul_is_its_ops(void **st) {
+    (void)st;
+    const keel_type ty[2] = {KEEL_F32, KEEL_F32};
+    const int64_t heads[2][4] = {{256, 4, 6, 2}, {256, 4, 6, 2}}, odd[2][4] = {{7, 5, 3, 1}, {7, 5, 3, 1}};
+    check_pair("SIGMOID_MUL", 2, heads, ty, sigmoid_mul_pair, NULL);
+    check_pair("SIGMOID_MUL", 2, odd, ty, sigmoid_mul_pair, NULL);
+}
+
 /* in: x, dy: SIGMOID_BACK of sigmoid(x) against the SCALE and two MULs of SIGMOID's old rule */
 static keel_tensor *sigmoid_back_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
     (void)p;
@@ -273,11 +288,11 @@ static void gdn_conv_rejects_bad_input(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gdn_conv_is_its_ops),        cmocka_unit_test(swiglu_is_its_ops),
-        cmocka_unit_test(gated_rms_norm_is_its_ops),  cmocka_unit_test(rms_norm_w_is_its_ops),
-        cmocka_unit_test(qk_norm_rope_is_its_ops),    cmocka_unit_test(gdn_gate_is_its_ops),
-        cmocka_unit_test(sigmoid_back_is_its_ops),    cmocka_unit_test(get_rows_back_add_is_its_ops),
-        cmocka_unit_test(gdn_conv_rejects_bad_input),
+        cmocka_unit_test(gdn_conv_is_its_ops),       cmocka_unit_test(swiglu_is_its_ops),
+        cmocka_unit_test(gated_rms_norm_is_its_ops), cmocka_unit_test(rms_norm_w_is_its_ops),
+        cmocka_unit_test(qk_norm_rope_is_its_ops),   cmocka_unit_test(gdn_gate_is_its_ops),
+        cmocka_unit_test(sigmoid_back_is_its_ops),   cmocka_unit_test(get_rows_back_add_is_its_ops),
+        cmocka_unit_test(sigmoid_mul_is_its_ops),    cmocka_unit_test(gdn_conv_rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -570,6 +570,32 @@ static void gdn_gate_task(void *arg, int64_t b, int64_t e, int th) {
 #undef HEAD
 }
 
+/* SIGMOID_MUL and SIGMOID_MUL_BACK over rows of x: keel_unary_f32's SIGMOID, MUL's products and
+ * SIGMOID_BACK's formula, so the bits of the ops they replace. */
+static void sigmoid_mul_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *x = t->src[0], *g = t->src[1], *dy = t->src[2];
+    int64_t n = x->ne[0], all = keel_nelements(x);
+    for (int64_t r = b; r < e; r++) {
+        int64_t i1 = r % x->ne[1], i2 = r / x->ne[1] % x->ne[2], i3 = r / x->ne[1] / x->ne[2];
+        const char *xs = cpu_row(x, i1, i2, i3), *gs = cpu_row(g, i1, i2, i3);
+        if (t->op == KEEL_OP_SIGMOID_MUL) {
+            float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++)
+                d[i] = F(xs + i * x->nb[0]) * keel_unary_f32(KEEL_OP_SIGMOID, F(gs + i * g->nb[0]), 0, 0);
+            continue;
+        }
+        const char *ds = cpu_row(dy, i1, i2, i3);
+        float *dx = (float *)t->data + r * n, *dg = (float *)t->data + all + r * n;
+        for (int64_t i = 0; i < n; i++) {
+            float s = keel_unary_f32(KEEL_OP_SIGMOID, F(gs + i * g->nb[0]), 0, 0), d = F(ds + i * dy->nb[0]);
+            dx[i] = d * s;
+            dg[i] = (d * F(xs + i * x->nb[0])) * (s * keel_unary_f32(KEEL_OP_SCALE, s, -1.0f, 1.0f));
+        }
+    }
+}
+
 /* SWIGLU and SWIGLU_BACK over rows of the gate: silu_f32, silu_back_f32 and MUL's product. */
 static void swiglu_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
@@ -806,6 +832,10 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_GDN_GATE:
         keel_pool_for(pool, keel_nrows(a), gdn_gate_task, &c);
+        return 0;
+    case KEEL_OP_SIGMOID_MUL:
+    case KEEL_OP_SIGMOID_MUL_BACK:
+        keel_pool_for(pool, keel_nrows(a), sigmoid_mul_task, &c);
         return 0;
     case KEEL_OP_GDN_GATE_BACK:
         keel_pool_for(pool, a->ne[0], gdn_gate_task, &c);

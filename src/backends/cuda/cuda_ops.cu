@@ -487,6 +487,57 @@ __global__ void k_unary_back(kt t, kt x, kt dy, int vec, int sg) {
     }
 }
 
+/* SIGMOID_MUL (x * sigmoid(gate)) and SIGMOID_MUL_BACK ([dx | dgate]): keel_unary_f32's SIGMOID,
+ * MUL's products and sigmoid_back1, the bits of the SIGMOID, MUL and their rules' ops. rows4: every
+ * source's rows dense, 4k wide and on 16-byte boundaries, strided apart (attention's gate is every
+ * other half row of the q projection), t dense, under 2^31 elements: a thread a group of 4, the row's
+ * place worked out in 32 bits once a group; else an element a thread. */
+__device__ static inline const float4 *row_group(const kt &a, unsigned r, unsigned c) {
+    unsigned n1 = (unsigned)a.ne[1], n2 = (unsigned)a.ne[2];
+    return (const float4 *)(a.p + (r % n1) * a.nb[1] + (r / n1 % n2) * a.nb[2] + (r / n1 / n2) * a.nb[3] + c * 4);
+}
+__device__ static inline float sigmoid1(float g) { return keel_unary_f32(KEEL_OP_SIGMOID, g, 0.0f, 0.0f); }
+__device__ static inline void sigmoid_mul_back1(float x, float g, float d, float *dx, float *dg) {
+    float s = sigmoid1(g);
+    *dx = __fmul_rn(d, s);
+    *dg = sigmoid_back1(s, __fmul_rn(d, x));
+}
+__global__ void k_sigmoid_mul(kt t, kt x, kt g, kt dy, int back, int rows4) {
+    int64_t n = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3];
+    if (rows4) {
+        unsigned n4 = (unsigned)(x.ne[0] / 4);
+        GRID_STRIDE(q, n / 4) {
+            unsigned r = (unsigned)q / n4, c = ((unsigned)q - r * n4) * 4;
+            float4 xv = *row_group(x, r, c), gv = *row_group(g, r, c), o, o2;
+            if (!back) {
+                o = make_float4(__fmul_rn(xv.x, sigmoid1(gv.x)), __fmul_rn(xv.y, sigmoid1(gv.y)),
+                                __fmul_rn(xv.z, sigmoid1(gv.z)), __fmul_rn(xv.w, sigmoid1(gv.w)));
+            } else {
+                float4 dv = *row_group(dy, r, c);
+                sigmoid_mul_back1(xv.x, gv.x, dv.x, &o.x, &o2.x);
+                sigmoid_mul_back1(xv.y, gv.y, dv.y, &o.y, &o2.y);
+                sigmoid_mul_back1(xv.z, gv.z, dv.z, &o.z, &o2.z);
+                sigmoid_mul_back1(xv.w, gv.w, dv.w, &o.w, &o2.w);
+                ((float4 *)t.p)[n / 4 + q] = o2;
+            }
+            ((float4 *)t.p)[q] = o;
+        }
+        return;
+    }
+    GRID_STRIDE(e, n) {
+        int64_t i[4];
+        kt_unflat(x, e, i);
+        float xv = ldf(kt_at(x, i[0], i[1], i[2], i[3])), gv = ldf(kt_at(g, i[0], i[1], i[2], i[3]));
+        if (!back) {
+            stf(kt_at(t, i[0], i[1], i[2], i[3]), __fmul_rn(xv, sigmoid1(gv)));
+        } else {
+            float dx, dg;
+            sigmoid_mul_back1(xv, gv, ldf(kt_at(dy, i[0], i[1], i[2], i[3])), &dx, &dg);
+            ((float *)t.p)[e] = dx, ((float *)t.p)[n + e] = dg;
+        }
+    }
+}
+
 /* RMS_NORM_W and GATED_RMS_NORM and their backward, a warp a row: k_rows' warp-a-row RMS_NORM and
  * RMS_NORM_BACK (the same lanes, the same butterfly), SCALE's 1 + w, MUL's products, the unary SILU
  * and silu_back1, so the bits of the ops they replace for rows of up to WARP_ROW_MAX elements. The
@@ -1528,8 +1579,8 @@ __global__ void k_ce_divisor(kt tg, int64_t limit, double fp0, double *div, unsi
  * SIGMOID of the 0.8B's gate at 139 us, a third of the bandwidth). */
 static bool rows_vec(const keel_tensor *t, const keel_tensor *a) {
     return t->type == KEEL_F32 && a->type == KEEL_F32 && keel_is_contiguous(t) && vec_ok(t->data) && vec_ok(a->data) &&
-           a->nb[0] == 4 && t->ne[0] % 4 == 0 && a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 && a->nb[3] % 16 == 0 &&
-           keel_nelements(t) < INT32_MAX;
+           a->nb[0] == 4 && t->ne[0] % 4 == 0 && a->ne[0] % 4 == 0 && a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 &&
+           a->nb[3] % 16 == 0 && keel_nelements(t) < INT32_MAX;
 }
 
 /* REPEAT_BACK and CONV1D_BACK_WEIGHT: the terms summed into each result element */
@@ -1911,6 +1962,19 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_GDN_GATE:
         EW(k_gdn_gate, n, kt_of(t), kt_of(a), kt_of(b), kt_of(t->src[2]));
         return 0;
+    case KEEL_OP_SIGMOID_MUL:
+    case KEEL_OP_SIGMOID_MUL_BACK: {
+        bool back = t->op == KEEL_OP_SIGMOID_MUL_BACK;
+        const keel_tensor *dy = back ? t->src[2] : a;
+        int64_t m = keel_nelements(a);
+        bool r4 = rows_vec(t, a) && rows_vec(t, b) && rows_vec(t, dy) && m % 4 == 0;
+        kt none;
+        memset(&none, 0, sizeof none);
+        if (m > 0)
+            k_sigmoid_mul<<<r4 ? vec_blocks(m) : cuda_blocks(m, 256), 256, 0, st(be)>>>(
+                kt_of(t), kt_of(a), kt_of(b), back ? kt_of(dy) : none, back ? 1 : 0, r4 ? 1 : 0);
+        return 0;
+    }
     case KEEL_OP_GDN_GATE_BACK:
         return gdn_gate_back(be, t);
     case KEEL_OP_SWIGLU:

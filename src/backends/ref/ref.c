@@ -604,6 +604,19 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_SILU_BACK:
         FOR4(t) put(t, i0, i1, i2, i3, silu_back(get(a, i0, i1, i2, i3), get(b, i0, i1, i2, i3)));
         return 0;
+    case KEEL_OP_SIGMOID_MUL:
+        FOR4(t) put(t, i0, i1, i2, i3, get(a, i0, i1, i2, i3) * unary(KEEL_OP_SIGMOID, get(b, i0, i1, i2, i3), t->fp));
+        return 0;
+    case KEEL_OP_SIGMOID_MUL_BACK: { /* [dx | dgate]: d sigmoid(g) = s (1 - s) */
+        const keel_tensor *dy = t->src[2];
+        int64_t n = keel_nelements(a);
+        for (int64_t e = 0; e < n; e++) {
+            double s = unary(KEEL_OP_SIGMOID, getf(b, e), t->fp), d = getf(dy, e);
+            putf(t, e, d * s);
+            putf(t, n + e, d * getf(a, e) * (s * (1.0 - s)));
+        }
+        return 0;
+    }
     case KEEL_OP_SIGMOID_BACK:
         FOR4(t) {
             double y = get(a, i0, i1, i2, i3);
