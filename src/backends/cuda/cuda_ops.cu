@@ -1031,29 +1031,32 @@ template <int KM> static void gconv_heads_launch(keel_backend *be, const gconv_d
 #undef GCONV_HEADS
 }
 
-template <int KM> __global__ void k_gconv_values_tiled(gconv_dense A) {
+/* The value channels, 4 a thread and CONV_TILE rows: as the heads kernel, the direction known when
+ * compiled and a tile's rows addressed by 32-bit offsets from its first (the launcher's fits32) */
+template <int KM, bool BACK> __global__ void k_gconv_values_tiled(gconv_dense A) {
     int64_t c0 = 2 * A.n, nv4 = (A.C - c0) / 4, R = A.T * A.B, nt = (R + CONV_TILE - 1) / CONV_TILE;
-    int K = A.K, jlo = KM - K;
+    int K = A.K, jlo = KM - K, C = (int)A.C, T = (int)A.T;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     GRID_STRIDE(e, nv4 * nt) {
-        int64_t ch = c0 + (e % nv4) * 4, r0 = (e / nv4) * CONV_TILE, r1 = r0 + CONV_TILE < R ? r0 + CONV_TILE : R;
-        int64_t tt = r0 % A.T, bb = r0 / A.T;
+        int64_t ch = c0 + (e % nv4) * 4, r0 = (e / nv4) * CONV_TILE, bb = r0 / A.T;
+        int nr = (int)(R - r0 < CONV_TILE ? R - r0 : CONV_TILE), tt = (int)(r0 % A.T);
+        const float *xr = A.x + r0 * A.C + ch, *dr = BACK ? A.dy + r0 * A.C + ch : NULL;
+        float *yr = A.y + r0 * A.C + ch;
         float4 wv[KM], win[KM];
 #pragma unroll
         for (int j = 0; j < KM; j++) {
-            int64_t d = KM - j, i = j - jlo; /* the window as the row before r0 left it */
+            int d = KM - j, i = j - jlo; /* the window as the row before r0 left it */
             wv[j] = j >= jlo ? make_float4(A.w[ch * K + i], A.w[(ch + 1) * K + i], A.w[(ch + 2) * K + i],
                                            A.w[(ch + 3) * K + i])
                              : zero;
-            win[j] = j > jlo && r0 - d >= 0 ? *(const float4 *)(A.x + (r0 - d) * A.C + ch) : zero;
+            win[j] = j > jlo && r0 - d >= 0 ? *(const float4 *)(xr - d * C) : zero;
         }
-        float4 nx = *(const float4 *)(A.x + r0 * A.C + ch),
-               nd = A.back ? *(const float4 *)(A.dy + r0 * A.C + ch) : zero;
-        for (int64_t r = r0; r < r1; r++) {
+        float4 nx = *(const float4 *)xr, nd = BACK ? *(const float4 *)dr : zero;
+        for (int i = 0; i < nr; i++) {
             float4 xn = nx, dn = nd;
-            if (r + 1 < r1) {
-                nx = *(const float4 *)(A.x + (r + 1) * A.C + ch);
-                if (A.back) nd = *(const float4 *)(A.dy + (r + 1) * A.C + ch);
+            if (i + 1 < nr) {
+                nx = *(const float4 *)(xr + (i + 1) * C);
+                if (BACK) nd = *(const float4 *)(dr + (i + 1) * C);
             }
 #pragma unroll
             for (int j = 0; j < KM - 1; j++) win[j] = win[j + 1];
@@ -1062,11 +1065,11 @@ template <int KM> __global__ void k_gconv_values_tiled(gconv_dense A) {
             float4 acc = zero;
 #pragma unroll
             for (int j = 0; j < KM; j++) { /* k_conv4's sums */
-                int64_t d = KM - 1 - j;
+                int d = KM - 1 - j;
                 if (j >= jlo && tt - d >= 0 && d <= p) tap_add4(acc, wv[j], win[j]);
             }
             float4 o;
-            if (A.back) {
+            if (BACK) {
                 o = make_float4(silu_back1(acc.x, dn.x), silu_back1(acc.y, dn.y), silu_back1(acc.z, dn.z),
                                 silu_back1(acc.w, dn.w));
             } else {
@@ -1074,10 +1077,18 @@ template <int KM> __global__ void k_gconv_values_tiled(gconv_dense A) {
                     keel_unary_f32(KEEL_OP_SILU, acc.x, 0.0f, 0.0f), keel_unary_f32(KEEL_OP_SILU, acc.y, 0.0f, 0.0f),
                     keel_unary_f32(KEEL_OP_SILU, acc.z, 0.0f, 0.0f), keel_unary_f32(KEEL_OP_SILU, acc.w, 0.0f, 0.0f));
             }
-            *(float4 *)(A.y + r * A.C + ch) = o;
-            if (++tt == A.T) tt = 0, bb++;
+            *(float4 *)(yr + i * C) = o;
+            if (++tt == T) tt = 0, bb++;
         }
     }
+}
+/* the value kernel for the direction */
+template <int KM> static void gconv_values_launch(keel_backend *be, const gconv_dense &D, int64_t n) {
+    if (n <= 0) return;
+    if (D.back)
+        k_gconv_values_tiled<KM, true><<<cuda_blocks(n, 256), 256, 0, st(be)>>>(D);
+    else
+        k_gconv_values_tiled<KM, false><<<cuda_blocks(n, 256), 256, 0, st(be)>>>(D);
 }
 
 /* SWIGLU and SWIGLU_BACK: the unary SILU's formula, MUL's product and silu_back1, so the bits of
@@ -2106,10 +2117,10 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
             unsigned hb = (unsigned)cuda_blocks(nt * (heads / R) * 32, 256);
             if (D.K <= 4) {
                 if (heads > 0) gconv_heads_launch<4>(be, D, hb);
-                EW(k_gconv_values_tiled<4>, nv4 * nt, D);
+                gconv_values_launch<4>(be, D, nv4 * nt);
             } else {
                 if (heads > 0) gconv_heads_launch<CONV_TAPS_MAX>(be, D, hb);
-                EW(k_gconv_values_tiled<CONV_TAPS_MAX>, nv4 * nt, D);
+                gconv_values_launch<CONV_TAPS_MAX>(be, D, nv4 * nt);
             }
             return 0;
         }
