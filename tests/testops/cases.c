@@ -385,7 +385,7 @@ int keel_cases_all(op_case **out) {
             c = C(&l, op);
             I(c, KEEL_F32, 24, 9, 1, 1);
             IDX(c, 9, 1, 31);
-            I(c, KEEL_F32, 31, 24, 1, 1)->view = VIEW_TRANSPOSED;
+            I(c, KEEL_F32, 24, 31, 1, 1)->view = VIEW_TRANSPOSED;
             break;
         case KEEL_OP_ACC:
         case KEEL_OP_SET:

@@ -127,23 +127,36 @@ static int gemm(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bool 
 /* MUL_MAT_ADD of bf16 operands over a short inner dimension (K <= SMALL_K; the DeltaNet's gate
  * projections' input gradient has K = 16): the product is a few flops an element, the addend and the
  * result are all the bytes, and cuBLASLt took 43 us for the 0.8B's [1024, 8192] at K = 16 on the
- * H200, a third of the bandwidth. Here a thread keeps a(k, m..m+3) for every k in registers and
- * walks SMALL_K_N columns n: t(m, n) = c(m, n) + the K products summed in order in float32 (each
+ * H200, a third of the bandwidth. Here a block reads a(k, m) for its 1,024 m into shared memory
+ * once, a thread keeps a(k, m..m+3) for every k in registers and walks SMALL_K_N columns n, their
+ * addend loads all in flight first: t(m, n) = c(m, n) + the K products summed in order in float32 (each
  * product of two bf16 values is exact in float32). Deterministic: one thread, one order an element. */
 #define SMALL_K   16
-#define SMALL_K_N 32
+#define SMALL_K_N 8 /* columns n a block: 1,024 blocks at N = 8,192 (at 32, 256 blocks ran slower than cuBLASLt) */
 __global__ void __launch_bounds__(256) k_small_k_add(float *t, const float *c, const char *a, int64_t a_k, int64_t a_m,
                                                      const uint16_t *b, int K, int64_t M, int64_t N) {
-    int64_t m = ((int64_t)blockIdx.y * blockDim.x + threadIdx.x) * 4, n0 = (int64_t)blockIdx.x * SMALL_K_N;
+    __shared__ uint16_t sa[SMALL_K][1024]; /* a(k, m) for the block's 1,024 m, read once a block */
+    int64_t mb = (int64_t)blockIdx.y * 1024, m = mb + threadIdx.x * 4, n0 = (int64_t)blockIdx.x * SMALL_K_N;
+    for (int e = threadIdx.x; e < SMALL_K * 1024; e += 256) {
+        int k = e / 1024, mm = e % 1024;
+        sa[k][mm] = k < K && mb + mm < M ? *(const uint16_t *)(a + k * a_k + (mb + mm) * a_m) : 0;
+    }
+    __syncthreads();
     if (m >= M) return;
+    int64_t n1 = n0 + SMALL_K_N < N ? n0 + SMALL_K_N : N;
+    float4 cv[SMALL_K_N];
+#pragma unroll
+    for (int q = 0; q < SMALL_K_N; q++) /* every addend load in flight before the sums */
+        if (n0 + q < n1) cv[q] = *(const float4 *)(c + (n0 + q) * M + m);
     float w[SMALL_K][4];
 #pragma unroll
     for (int k = 0; k < SMALL_K; k++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            w[k][j] = k < K ? keel_cvt_bf16_to_f32(*(const uint16_t *)(a + k * a_k + (m + j) * a_m)) : 0.0f;
-    int64_t n1 = n0 + SMALL_K_N < N ? n0 + SMALL_K_N : N;
-    for (int64_t n = n0; n < n1; n++) {
+        for (int j = 0; j < 4; j++) w[k][j] = keel_cvt_bf16_to_f32(sa[k][threadIdx.x * 4 + j]);
+#pragma unroll
+    for (int q = 0; q < SMALL_K_N; q++) {
+        int64_t n = n0 + q;
+        if (n >= n1) break;
         const uint16_t *bn = b + n * K;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -153,8 +166,8 @@ __global__ void __launch_bounds__(256) k_small_k_add(float *t, const float *c, c
 #pragma unroll
             for (int j = 0; j < 4; j++) acc[j] += __fmul_rn(w[k][j], bk);
         }
-        float4 cv = *(const float4 *)(c + n * M + m);
-        *(float4 *)(t + n * M + m) = make_float4(acc[0] + cv.x, acc[1] + cv.y, acc[2] + cv.z, acc[3] + cv.w);
+        *(float4 *)(t + n * M + m) =
+            make_float4(acc[0] + cv[q].x, acc[1] + cv[q].y, acc[2] + cv[q].z, acc[3] + cv[q].w);
     }
 }
 
@@ -174,7 +187,7 @@ static int small_k_add(keel_backend *be, const keel_tensor *t) {
     snprintf(cuda_im(be)->last_kernel, sizeof cuda_im(be)->last_kernel, "keel k_small_k_add (K %lld)",
              (long long)a->ne[0]);
     if (M == 0 || N == 0) return 0;
-    dim3 grid((unsigned)((N + SMALL_K_N - 1) / SMALL_K_N), (unsigned)((M / 4 + 255) / 256));
+    dim3 grid((unsigned)((N + SMALL_K_N - 1) / SMALL_K_N), (unsigned)((M + 1023) / 1024));
     k_small_k_add<<<grid, 256, 0, cuda_im(be)->stream>>>((float *)t->data, (const float *)t->src[2]->data,
                                                          (const char *)a->data, a->nb[0], a->nb[1],
                                                          (const uint16_t *)b->data, (int)a->ne[0], M, N);
