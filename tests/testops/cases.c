@@ -684,9 +684,8 @@ int keel_cases_all(op_case **out) {
                         P(c, 1, (int64_t[]){KEEL_F32}, 0, NULL);
                     }
                 }
-            /* bf16 with K <= 16 (cuda: k_small_k_add, not cuBLASLt): the DeltaNet gate projections'
-             * input gradient (a weight [1024, 16] transposed, N a multiple of its 32 columns a block
-             * and not), K = 5 with a plain a, one wider than 4 x 256 m a block */
+            /* bf16 with K <= 16: the DeltaNet gate projections' input gradient (a weight [1024, 16]
+             * transposed), N odd, K = 5 with a plain a, M of 1100 */
             static const int64_t sk[][6] = {
                 {16, 1024, 16, 64, 2, 1}, {16, 64, 16, 333, 1, 1}, {5, 12, 5, 70, 2, 1}, {16, 1100, 16, 40, 1, 1}};
             for (int s = 0; s < 4; s++) {

@@ -5,7 +5,6 @@
  * is. Operands with neither layout are first made contiguous by the copy path. With one stream and
  * a fixed call sequence cuBLAS gives bitwise repeatable results. */
 #include "backends/cuda/cuda_internal.h"
-#include "tensor/convert.h"
 
 typedef struct {
     const char *p;
@@ -71,9 +70,7 @@ static size_t layout(const keel_tensor *t, mat *ma, mat *mb, mat *mc, bool *oka,
            (*okc ? 0 : round_up((size_t)keel_nelements(t) * (f32_sum ? 4 : keel_type_size(t->type))));
 }
 
-static bool small_k(const keel_tensor *t);
 size_t cuda_matmul_scratch(const keel_tensor *t) {
-    if (small_k(t)) return 0;
     mat ma, mb, mc;
     bool oka, okb, okc;
     return layout(t, &ma, &mb, &mc, &oka, &okb, &okc);
@@ -124,81 +121,10 @@ static int gemm(keel_backend *be, const keel_tensor *t, void *ws, bool ta, bool 
     return cuda_gemm_run(be, &g, ws, t);
 }
 
-/* MUL_MAT_ADD of bf16 operands over a short inner dimension (K <= SMALL_K; the DeltaNet's gate
- * projections' input gradient has K = 16): the product is a few flops an element, the addend and the
- * result are all the bytes, and cuBLASLt took 43 us for the 0.8B's [1024, 8192] at K = 16 on the
- * H200, a third of the bandwidth. Here a block reads a(k, m) for its 1,024 m into shared memory
- * once, a thread keeps a(k, m..m+3) for every k in registers and walks SMALL_K_N columns n, their
- * addend loads all in flight first: t(m, n) = c(m, n) + the K products summed in order in float32 (each
- * product of two bf16 values is exact in float32). Deterministic: one thread, one order an element. */
-#define SMALL_K   16
-#define SMALL_K_N 8 /* columns n a block: 1,024 blocks at N = 8,192 (at 32, 256 blocks ran slower than cuBLASLt) */
-__global__ void __launch_bounds__(256) k_small_k_add(float *t, const float *c, const char *a, int64_t a_k, int64_t a_m,
-                                                     const uint16_t *b, int K, int64_t M, int64_t N) {
-    __shared__ uint16_t sa[SMALL_K][1024]; /* a(k, m) for the block's 1,024 m, read once a block */
-    int64_t mb = (int64_t)blockIdx.y * 1024, m = mb + threadIdx.x * 4, n0 = (int64_t)blockIdx.x * SMALL_K_N;
-    for (int e = threadIdx.x; e < SMALL_K * 1024; e += 256) {
-        int k = e / 1024, mm = e % 1024;
-        sa[k][mm] = k < K && mb + mm < M ? *(const uint16_t *)(a + k * a_k + (mb + mm) * a_m) : 0;
-    }
-    __syncthreads();
-    if (m >= M) return;
-    int64_t n1 = n0 + SMALL_K_N < N ? n0 + SMALL_K_N : N;
-    float4 cv[SMALL_K_N];
-#pragma unroll
-    for (int q = 0; q < SMALL_K_N; q++) /* every addend load in flight before the sums */
-        if (n0 + q < n1) cv[q] = *(const float4 *)(c + (n0 + q) * M + m);
-    float w[SMALL_K][4];
-#pragma unroll
-    for (int k = 0; k < SMALL_K; k++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) w[k][j] = keel_cvt_bf16_to_f32(sa[k][threadIdx.x * 4 + j]);
-#pragma unroll
-    for (int q = 0; q < SMALL_K_N; q++) {
-        int64_t n = n0 + q;
-        if (n >= n1) break;
-        const uint16_t *bn = b + n * K;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int k = 0; k < SMALL_K; k++) {
-            if (k >= K) break;
-            float bk = keel_cvt_bf16_to_f32(bn[k]);
-#pragma unroll
-            for (int j = 0; j < 4; j++) acc[j] += __fmul_rn(w[k][j], bk);
-        }
-        *(float4 *)(t + n * M + m) =
-            make_float4(acc[0] + cv[q].x, acc[1] + cv[q].y, acc[2] + cv[q].z, acc[3] + cv[q].w);
-    }
-}
-
-/* Whether MUL_MAT_ADD t goes to k_small_k_add: bf16 a [K, M] (any strides) and b [K, N..] (dense),
- * K <= SMALL_K, a float32 result and addend both dense, M a multiple of 4, 16-byte aligned */
-static bool small_k(const keel_tensor *t) {
-    const keel_tensor *a = t->src[0], *b = t->src[1], *c = t->src[2];
-    return t->op == KEEL_OP_MUL_MAT_ADD && a->type == KEEL_BF16 && b->type == KEEL_BF16 && t->type == KEEL_F32 &&
-           a->ne[0] <= SMALL_K && a->ne[2] == 1 && a->ne[3] == 1 && a->nb[0] % 2 == 0 && a->nb[1] % 2 == 0 &&
-           keel_is_contiguous(b) && keel_is_contiguous(t) && keel_is_contiguous(c) && t->ne[0] % 4 == 0 &&
-           ((uintptr_t)t->data & 15) == 0 && ((uintptr_t)c->data & 15) == 0;
-}
-
-static int small_k_add(keel_backend *be, const keel_tensor *t) {
-    const keel_tensor *a = t->src[0], *b = t->src[1];
-    int64_t M = t->ne[0], N = keel_nelements(t) / (M ? M : 1);
-    snprintf(cuda_im(be)->last_kernel, sizeof cuda_im(be)->last_kernel, "keel k_small_k_add (K %lld)",
-             (long long)a->ne[0]);
-    if (M == 0 || N == 0) return 0;
-    dim3 grid((unsigned)((N + SMALL_K_N - 1) / SMALL_K_N), (unsigned)((M + 1023) / 1024));
-    k_small_k_add<<<grid, 256, 0, cuda_im(be)->stream>>>((float *)t->data, (const float *)t->src[2]->data,
-                                                         (const char *)a->data, a->nb[0], a->nb[1],
-                                                         (const uint16_t *)b->data, (int)a->ne[0], M, N);
-    return 0;
-}
-
 /* MUL_MAT: t(m, n) = sum_k a(k, m) b(k, n) for every matrix of b; a broadcast over b's dims 2, 3.
  * MUL_MAT_ADD: plus c(m, n), cuBLASLt's C input when c is laid out as the result, else copied into
  * the result first and added there (beta 1). */
 int cuda_matmul(keel_backend *be, const keel_tensor *t) {
-    if (small_k(t)) return small_k_add(be, t);
     const keel_tensor *a = t->src[0], *b = t->src[1];
     keel_tensor ta, tb, tc;
     mat ma, mb, mc;
