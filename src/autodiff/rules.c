@@ -132,21 +132,28 @@ static int r_silu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     ADD(0, keel_op_new(ctx, KEEL_OP_SILU_BACK, (keel_tensor *const[]){t->src[0], dy}, 2, NULL, 0, NULL, 0));
     return 0;
 }
+/* A packed backward result's parts, end to end, to sources 0 .. n-1: part i shaped like source i */
+static int add_parts(keel_ctx *ctx, keel_tensor *t, keel_tensor *pk, int n, keel_grad_acc *acc) {
+    if (!pk) return -1;
+    int64_t es = (int64_t)keel_type_size(pk->type), at = 0;
+    for (int i = 0; i < n; i++) {
+        const keel_tensor *x = t->src[i];
+        if (WANT(i))
+            ADD(i, keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es,
+                                x->ne[0] * x->ne[1] * es, x->ne[0] * x->ne[1] * x->ne[2] * es, at * es));
+        at += keel_nelements(x);
+    }
+    return 0;
+}
 /* d gate = silu'(gate) (dy * up), d up = dy * silu(gate): one op for both, viewed apart; both in
  * bf16 where both go only to bf16 products (mixed precision's gate and up projections): the bits of
  * the float32 ones and the CASTs of their products' rules, in half the bytes */
 static int r_swiglu(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    keel_tensor *g = t->src[0];
     int64_t bf = keel_grad_bf16_ok(acc, 0) && keel_grad_bf16_ok(acc, 1) && dy->type == KEEL_F32 ? KEEL_BF16 : 0;
-    keel_tensor *pk =
-        keel_op_new(ctx, KEEL_OP_SWIGLU_BACK, (keel_tensor *const[]){g, t->src[1], dy}, 3, (int64_t[]){bf}, 1, NULL, 0);
-    if (!pk) return -1;
-    int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(g);
-    for (int which = 0; which < 2; which++)
-        if (WANT(which))
-            ADD(which, keel_view_4d(ctx, pk, g->ne[0], g->ne[1], g->ne[2], g->ne[3], g->ne[0] * es,
-                                    g->ne[0] * g->ne[1] * es, g->ne[0] * g->ne[1] * g->ne[2] * es, which * n * es));
-    return 0;
+    return add_parts(ctx, t,
+                     keel_op_new(ctx, KEEL_OP_SWIGLU_BACK, (keel_tensor *const[]){t->src[0], t->src[1], dy}, 3,
+                                 (int64_t[]){bf}, 1, NULL, 0),
+                     2, acc);
 }
 /* dy * (y * (1 - y)) in one op, the bits of the SCALE and two MULs this rule made before */
 static int r_sigmoid(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
@@ -155,32 +162,18 @@ static int r_sigmoid(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_a
 }
 /* dx and dgate from one op, viewed apart: MUL's rule's products and SIGMOID_BACK, their bits */
 static int r_sigmoid_mul(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    keel_tensor *x = t->src[0];
-    keel_tensor *pk =
-        keel_op_new(ctx, KEEL_OP_SIGMOID_MUL_BACK, (keel_tensor *const[]){x, t->src[1], dy}, 3, NULL, 0, NULL, 0);
-    if (!pk) return -1;
-    int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(x);
-    for (int which = 0; which < 2; which++)
-        if (WANT(which))
-            ADD(which, keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es,
-                                    x->ne[0] * x->ne[1] * es, x->ne[0] * x->ne[1] * x->ne[2] * es, which * n * es));
-    return 0;
+    return add_parts(ctx, t,
+                     keel_op_new(ctx, KEEL_OP_SIGMOID_MUL_BACK, (keel_tensor *const[]){t->src[0], t->src[1], dy}, 3,
+                                 NULL, 0, NULL, 0),
+                     2, acc);
 }
 /* da, dA_log and ddt_bias from one op, viewed apart (the bits of the ADD, SOFTPLUS, EXP, NEG and
  * MUL rules' ops, which made ten nodes) */
 static int r_gdn_gate(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_GDN_GATE_BACK,
-                                  (keel_tensor *const[]){t->src[0], t->src[1], t->src[2], dy}, 4, NULL, 0, NULL, 0);
-    if (!pk) return -1;
-    int64_t es = (int64_t)keel_type_size(pk->type), at = 0;
-    for (int i = 0; i < 3; i++) {
-        const keel_tensor *x = t->src[i];
-        if (WANT(i))
-            ADD(i, keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es,
-                                x->ne[0] * x->ne[1] * es, x->ne[0] * x->ne[1] * x->ne[2] * es, at * es));
-        at += keel_nelements(x);
-    }
-    return 0;
+    return add_parts(ctx, t,
+                     keel_op_new(ctx, KEEL_OP_GDN_GATE_BACK,
+                                 (keel_tensor *const[]){t->src[0], t->src[1], t->src[2], dy}, 4, NULL, 0, NULL, 0),
+                     3, acc);
 }
 static int r_softplus(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     ADD(0, keel_mul(ctx, dy, keel_sigmoid(ctx, t->src[0])));
