@@ -295,7 +295,6 @@ static int shape_rule(keel_tensor *t) {
         return 0;
     case KEEL_OP_GDN_GATE:
     case KEEL_OP_GDN_GATE_BACK: {
-        const keel_tensor *dy = t->src[3];
         REQ(keel_type_is_float(a->type) && a->type == b->type && a->type == t->src[2]->type,
             "a, A_log and dt_bias must have one real type");
         REQ(keel_nelements(b) == a->ne[0] && b->ne[0] == a->ne[0] && keel_nelements(t->src[2]) == a->ne[0] &&
@@ -305,7 +304,7 @@ static int shape_rule(keel_tensor *t) {
             set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
             return 0;
         }
-        REQ(dy->type == a->type && keel_same_shape(dy, a), "dy must be shaped like a");
+        REQ(t->src[3]->type == a->type && keel_same_shape(t->src[3], a), "dy must be shaped like a");
         set_shape(t, a->type, keel_nelements(a) + 2 * a->ne[0], 1, 1, 1);
         return 0;
     }

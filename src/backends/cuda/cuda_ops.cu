@@ -40,14 +40,19 @@ __device__ static float team_max(float v, double *sh, bool warp) {
 /* Contiguous float32 operands on 16-byte boundaries go 4 elements a thread (VEC_LOOP, VEC_TAIL in
  * cuda_internal.h); the per-element formulas are the scalar paths', so the bits are the same. */
 
+/* rows_vec (dispatch below): the 4 floats at column c of row r (flat over dims 1..3) of a, a view
+ * whose rows are dense and 16-byte aligned, strided apart; 32-bit index arithmetic */
+__device__ static inline const float4 *row_group(const kt &a, unsigned r, unsigned c) {
+    unsigned n1 = (unsigned)a.ne[1], n2 = (unsigned)a.ne[2];
+    return (const float4 *)(a.p + (r % n1) * a.nb[1] + (r / n1 % n2) * a.nb[2] + (r / n1 / n2) * a.nb[3] + c * 4);
+}
 __global__ void k_unary(kt t, kt a, int op, float s, float b, int vec) {
     int64_t n = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3];
     if (vec == 2) { /* rows_vec: t dense, a's rows dense and strided apart; a thread a group of 4 */
-        unsigned n4 = (unsigned)(t.ne[0] / 4), ne1 = (unsigned)t.ne[1], ne2 = (unsigned)t.ne[2];
+        unsigned n4 = (unsigned)(t.ne[0] / 4);
         GRID_STRIDE(q, n / 4) {
-            unsigned r = (unsigned)q / n4, c = ((unsigned)q - r * n4) * 4, i1 = r % ne1, i2 = r / ne1 % ne2,
-                     i3 = r / ne1 / ne2;
-            float4 v = *(const float4 *)(a.p + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3] + c * 4);
+            unsigned r = (unsigned)q / n4;
+            float4 v = *row_group(a, r, ((unsigned)q - r * n4) * 4);
             ((float4 *)t.p)[q] = make_float4(keel_unary_f32(op, v.x, s, b), keel_unary_f32(op, v.y, s, b),
                                              keel_unary_f32(op, v.z, s, b), keel_unary_f32(op, v.w, s, b));
         }
@@ -489,13 +494,8 @@ __global__ void k_unary_back(kt t, kt x, kt dy, int vec, int sg) {
 
 /* SIGMOID_MUL (x * sigmoid(gate)) and SIGMOID_MUL_BACK ([dx | dgate]): keel_unary_f32's SIGMOID,
  * MUL's products and sigmoid_back1, the bits of the SIGMOID, MUL and their rules' ops. rows4: every
- * source's rows dense, 4k wide and on 16-byte boundaries, strided apart (attention's gate is every
- * other half row of the q projection), t dense, under 2^31 elements: a thread a group of 4, the row's
- * place worked out in 32 bits once a group; else an element a thread. */
-__device__ static inline const float4 *row_group(const kt &a, unsigned r, unsigned c) {
-    unsigned n1 = (unsigned)a.ne[1], n2 = (unsigned)a.ne[2];
-    return (const float4 *)(a.p + (r % n1) * a.nb[1] + (r / n1 % n2) * a.nb[2] + (r / n1 / n2) * a.nb[3] + c * 4);
-}
+ * source rows_vec's (attention's gate is every other half row of the q projection): a thread a group
+ * of 4 (row_group); else an element a thread. */
 __device__ static inline float sigmoid1(float g) { return keel_unary_f32(KEEL_OP_SIGMOID, g, 0.0f, 0.0f); }
 __device__ static inline void sigmoid_mul_back1(float x, float g, float d, float *dx, float *dg) {
     float s = sigmoid1(g);
@@ -1594,6 +1594,13 @@ static bool rows_vec(const keel_tensor *t, const keel_tensor *a) {
            a->nb[3] % 16 == 0 && keel_nelements(t) < INT32_MAX;
 }
 
+/* GDN_GATE_BACK's chunks of a's rows: those of REPEAT_BACK of [H] from a's [H, rows] */
+static void gate_chunks(const keel_tensor *t, int64_t *per, int64_t *n_chunks) {
+    const keel_tensor *a = t->src[0];
+    int64_t rows = keel_nrows(a);
+    *per = chunk_terms(a->ne[0], rows), *n_chunks = (rows + *per - 1) / *per;
+}
+
 /* REPEAT_BACK and CONV1D_BACK_WEIGHT: the terms summed into each result element */
 static int64_t terms_of(const keel_tensor *t) {
     const keel_tensor *a = t->src[0];
@@ -1614,8 +1621,9 @@ static size_t node_scratch(const keel_tensor *t) {
         return (size_t)(R ? R : 1) * sizeof(double);
     }
     case KEEL_OP_GDN_GATE_BACK: { /* two float64 partials a head and chunk of rows */
-        int64_t H = a->ne[0], rows = keel_nrows(a);
-        return (size_t)(2 * H * ((rows + chunk_terms(H, rows) - 1) / chunk_terms(H, rows))) * sizeof(double);
+        int64_t per, n_chunks;
+        gate_chunks(t, &per, &n_chunks);
+        return (size_t)(2 * a->ne[0] * n_chunks) * sizeof(double);
     }
     case KEEL_OP_REPEAT_BACK: /* a float64 partial per result element and chunk of terms */
     case KEEL_OP_CONV1D_BACK_WEIGHT: {
@@ -1819,7 +1827,8 @@ static bool leading_dims(const keel_tensor *t, const keel_tensor *a) {
  * from a's [H, rows] would take, so its bits). */
 static int gdn_gate_back(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0];
-    int64_t H = a->ne[0], rows = keel_nrows(a), per = chunk_terms(H, rows), n_chunks = (rows + per - 1) / per;
+    int64_t H = a->ne[0], per, n_chunks;
+    gate_chunks(t, &per, &n_chunks);
     double *part = (double *)cuda_scratch(be, node_scratch(t), t);
     if (!part) return -1;
     k_gdn_gate_back_part<<<cuda_blocks(H * n_chunks, 256), 256, 0, st(be)>>>(
@@ -1877,6 +1886,17 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
         if ((n) > 0) kernel<<<cuda_blocks((n), 256), 256, 0, st(be)>>>(__VA_ARGS__);                                   \
     } while (0)
 
+/* t = op(a) elementwise (FAM_UNARY's formula, SCALE's s and b): 16-byte groups where both are dense,
+ * rows_vec groups where a's rows are, else an element a thread */
+static void unary(keel_backend *be, const keel_tensor *t, const keel_tensor *a, int op, float s, float b) {
+    int64_t n = keel_nelements(t);
+    int vec = vec_tensors(t, a, NULL) ? 1 : rows_vec(t, a) ? 2 : 0;
+    if (vec && n > 0)
+        k_unary<<<vec_blocks(n), 256, 0, st(be)>>>(kt_of(t), kt_of(a), op, s, b, vec);
+    else
+        EW(k_unary, n, kt_of(t), kt_of(a), op, s, b, 0);
+}
+
 static int get_rows_back(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *dy = t->src[0], *ids = t->src[1];
     bool add = t->op == KEEL_OP_GET_ROWS_BACK_ADD;
@@ -1884,13 +1904,8 @@ static int get_rows_back(keel_backend *be, const keel_tensor *t) {
     kt kc = kt_of(add ? t->src[2] : t);
     if (!add) {
         if (cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), st(be)), "memset", t)) return -1;
-    } else { /* every row c + 0 (rows_vec or 16-byte groups where the addend allows) */
-        int64_t m = keel_nelements(t);
-        int vec = vec_tensors(t, t->src[2], NULL) ? 1 : rows_vec(t, t->src[2]) ? 2 : 0;
-        if (vec && m > 0)
-            k_unary<<<vec_blocks(m), 256, 0, st(be)>>>(kt_of(t), kc, KEEL_OP_SCALE, 1.0f, 0.0f, vec);
-        else
-            EW(k_unary, m, kt_of(t), kc, KEEL_OP_SCALE, 1.0f, 0.0f, 0);
+    } else { /* every row c + 0: SCALE by 1 plus 0, ADD's bits with a zero */
+        unary(be, t, t->src[2], KEEL_OP_SCALE, 1.0f, 0.0f);
     }
     int64_t n = keel_nelements(ids);
     if (n > INT32_MAX) return keel_fail("cuda: '%s': %lld ids, more than 2^31 - 1", t->name, (long long)n);
@@ -1905,15 +1920,9 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     const keel_tensor *a = t->src[0], *b = t->src[1];
     int64_t n = keel_nelements(t);
     switch (keel_op_get(t->op)->family) { /* families first */
-    case FAM_UNARY: {
-        kt kx = kt_of(t), ka = kt_of(a);
-        int vec = vec_tensors(t, a, NULL) ? 1 : rows_vec(t, a) ? 2 : 0;
-        if (vec && n > 0)
-            k_unary<<<vec_blocks(n), 256, 0, st(be)>>>(kx, ka, t->op, (float)t->fp[0], (float)t->fp[1], vec);
-        else
-            EW(k_unary, n, kx, ka, t->op, (float)t->fp[0], (float)t->fp[1], 0);
+    case FAM_UNARY:
+        unary(be, t, a, t->op, (float)t->fp[0], (float)t->fp[1]);
         return 0;
-    }
     case FAM_BINARY: {
         kt kx = kt_of(t), ka = kt_of(a), kb = kt_of(b);
         int ymode = 0;
