@@ -181,6 +181,30 @@ int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib) {
     return 0;
 }
 
+keel_tensor *keel_grad_so_far(keel_grad_acc *acc, int src) {
+    if (!keel_grad_wanted(acc, src)) return NULL;
+    keel_tensor *s = acc->node->src[src];
+    if (settle_of(acc, s) || grow(acc)) return NULL; /* an error here comes back from keel_grad_add */
+    keel_tensor *cur = acc->g->grads[s->id];
+    keel_type want = keel_grad_type(s->type);
+    if (!cur || cur->type != want || (want != KEEL_F32 && want != KEEL_F64) || !keel_same_shape(cur, s) ||
+        !keel_is_contiguous(cur))
+        return NULL;
+    return cur;
+}
+
+int keel_grad_set(keel_grad_acc *acc, int src, keel_tensor *g) {
+    if (!g) return -1;
+    keel_tensor *s = acc->node->src[src];
+    if (!keel_same_shape(s, g) || g->type != keel_grad_type(s->type))
+        return keel_fail("autodiff: %s rule set a %s gradient for source '%s' (%s wanted)",
+                         keel_op_get(acc->node->op)->name, keel_type_name(g->type), s->name,
+                         keel_type_name(keel_grad_type(s->type)));
+    if (grow(acc)) return -1;
+    acc->g->grads[s->id] = g;
+    return 0;
+}
+
 int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t nb1, int64_t nb2, int64_t nb3,
                          int64_t offset) {
     if (!dy) return -1;

@@ -33,6 +33,12 @@ bool keel_grad_wanted(const keel_grad_acc *acc, int src);
 bool keel_grad_bf16_ok(const keel_grad_acc *acc, int src);
 /* Add a contribution (shaped like source i; bf16 where keel_grad_bf16_ok) to source i's gradient. */
 int keel_grad_add(keel_grad_acc *acc, int src, keel_tensor *contrib);
+/* Source i's gradient so far, for a rule that adds it where its own contribution is made (then
+ * hands the sum to keel_grad_set): contiguous, shaped like the source, in its gradient type, f32 or
+ * f64; NULL where there is none such (the rule then adds its contribution as usual). */
+keel_tensor *keel_grad_so_far(keel_grad_acc *acc, int src);
+/* Source i's gradient becomes g, which already holds keel_grad_so_far's tensor summed in. */
+int keel_grad_set(keel_grad_acc *acc, int src, keel_tensor *g);
 /* Add dy into the window (strides nb1..3, byte offset) of source i's gradient. */
 int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t nb1, int64_t nb2, int64_t nb3,
                          int64_t offset);

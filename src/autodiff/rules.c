@@ -267,20 +267,29 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
 }
 /* RMS_NORM_W, GATED_RMS_NORM and QK_NORM_ROPE: one backward op for dx (and dz) and the terms of
  * dw, which REPEAT_BACK sums over rows as MUL's rule does (and SCALE's rule scales, for the 1 + w
- * form) */
+ * form). Where x has a gradient so far (a residual stream: the layer's output passes it back), the
+ * plain norm's backward adds it to dx as it writes dx (RMS_NORM_W_BACK_ADD), the bits of the ADD
+ * keel_grad_add would make, without that pass over three tensors of the stream's size. */
 static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     bool gated = t->op == KEEL_OP_GATED_RMS_NORM, rope = t->op == KEEL_OP_QK_NORM_ROPE, three = gated || rope;
-    keel_tensor *x = t->src[0], *w = t->src[1];
-    keel_tensor *src[4] = {x, w, three ? t->src[2] : dy, dy};
-    int back = gated ? KEEL_OP_GATED_RMS_NORM_BACK : rope ? KEEL_OP_QK_NORM_ROPE_BACK : KEEL_OP_RMS_NORM_W_BACK;
-    keel_tensor *pk = keel_op_new(ctx, back, src, three ? 4 : 3, t->ip, rope ? 2 : 1, t->fp, rope ? 2 : 1);
+    keel_tensor *x = t->src[0], *w = t->src[1], *so_far = three ? NULL : keel_grad_so_far(acc, 0);
+    keel_tensor *src[4] = {x, w, three ? t->src[2] : dy, three ? dy : so_far};
+    int back = gated    ? KEEL_OP_GATED_RMS_NORM_BACK
+               : rope   ? KEEL_OP_QK_NORM_ROPE_BACK
+               : so_far ? KEEL_OP_RMS_NORM_W_BACK_ADD
+                        : KEEL_OP_RMS_NORM_W_BACK;
+    keel_tensor *pk = keel_op_new(ctx, back, src, three || so_far ? 4 : 3, t->ip, rope ? 2 : 1, t->fp, rope ? 2 : 1);
     if (!pk) return -1;
     int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(x), np = gated ? 3 : 2;
     keel_tensor *part[3];
     for (int k = 0; k < np; k++)
         part[k] = keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es, x->ne[0] * x->ne[1] * es,
                                x->ne[0] * x->ne[1] * x->ne[2] * es, k * n * es);
-    if (WANT(0)) ADD(0, part[0]);
+    if (so_far) {
+        if (keel_grad_set(acc, 0, part[0])) return -1;
+    } else if (WANT(0)) {
+        ADD(0, part[0]);
+    }
     if (WANT(1)) {
         keel_tensor *dw = reduce_to(ctx, part[np - 1], w);
         ADD(1, t->ip[0] ? keel_scale(ctx, dw, 1.0, 0.0) : dw);

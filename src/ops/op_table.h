@@ -116,6 +116,9 @@
       "rounded as CAST rounds it)")                                                                                    \
     X(RMS_NORM_W_BACK, OWN, 3, OPF_BACKWARD, 0, 0,                                                                     \
       "x, w, dy; params as RMS_NORM_W -> packed [dx | dy rms_norm(x), whose rows sum to dw], each x's shape")          \
+    X(RMS_NORM_W_BACK_ADD, OWN, 4, OPF_BACKWARD, 0, 0,                                                                 \
+      "x, w, dy, g (x's shape and type); params as RMS_NORM_W -> RMS_NORM_W_BACK's packed result with g + dx in "     \
+      "place of dx, added as ADD adds (autodiff's: the gradient so far of a residual stream, added where dx is made)") \
     X(QK_NORM_ROPE, OWN, 3, 0, 3, 4,                                                                                   \
       "src0 x [D,H,T,B], src1 w [D], src2 i32 positions [T] or [T,B]; fp0 eps, fp1 theta, ip0 1: the 1 + w form, "    \
       "ip1 n_rot: ROPE(RMS_NORM_W(x, w)), the ops it replaces formula by formula (attention's q and k)")               \

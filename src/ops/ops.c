@@ -398,10 +398,12 @@ static int shape_rule(keel_tensor *t) {
         return 0;
     case KEEL_OP_RMS_NORM_W:
     case KEEL_OP_RMS_NORM_W_BACK:
+    case KEEL_OP_RMS_NORM_W_BACK_ADD:
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK: {
         bool gated = op == KEEL_OP_GATED_RMS_NORM || op == KEEL_OP_GATED_RMS_NORM_BACK;
-        bool back = op == KEEL_OP_RMS_NORM_W_BACK || op == KEEL_OP_GATED_RMS_NORM_BACK;
+        bool back =
+            op == KEEL_OP_RMS_NORM_W_BACK || op == KEEL_OP_RMS_NORM_W_BACK_ADD || op == KEEL_OP_GATED_RMS_NORM_BACK;
         REQ(keel_type_is_float(a->type) && b->type == a->type, "x and w must have one real type");
         REQ(b->ne[0] == a->ne[0] && keel_nelements(b) == a->ne[0], "w must hold one weight per element of a row (%lld)",
             (long long)a->ne[0]);
@@ -416,6 +418,8 @@ static int shape_rule(keel_tensor *t) {
         } else {
             const keel_tensor *dy = t->src[gated ? 3 : 2];
             REQ(keel_same_shape(dy, a) && dy->type == a->type, "dy must be shaped like x");
+            if (op == KEEL_OP_RMS_NORM_W_BACK_ADD)
+                REQ(keel_same_shape(t->src[3], a) && t->src[3]->type == a->type, "g must be shaped like x");
             set_shape(t, a->type, (gated ? 3 : 2) * keel_nelements(a), 1, 1, 1);
         }
         return 0;

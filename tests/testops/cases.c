@@ -743,6 +743,7 @@ int keel_cases_all(op_case **out) {
         }
         case KEEL_OP_RMS_NORM_W:
         case KEEL_OP_RMS_NORM_W_BACK:
+        case KEEL_OP_RMS_NORM_W_BACK_ADD:
         case KEEL_OP_GATED_RMS_NORM:
         case KEEL_OP_GATED_RMS_NORM_BACK: {
             /* row length, rows (3 dims), eps (1e-6 x): the DeltaNet's heads of 128 and the fixture's 24;
@@ -761,8 +762,13 @@ int keel_cases_all(op_case **out) {
                 I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 3 ? VIEW_STRIDED : VIEW_NONE;
                 I(c, KEEL_F32, x[0], 1, 1, 1);
                 if (gated) I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 2 ? VIEW_PERMUTED : VIEW_NONE;
-                if (op == KEEL_OP_GATED_RMS_NORM_BACK || op == KEEL_OP_RMS_NORM_W_BACK)
+                if (op == KEEL_OP_GATED_RMS_NORM_BACK || op == KEEL_OP_RMS_NORM_W_BACK ||
+                    op == KEEL_OP_RMS_NORM_W_BACK_ADD)
                     I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                if (op == KEEL_OP_RMS_NORM_W_BACK_ADD) /* the addend: strided and permuted views among them */
+                    I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s == 1   ? VIEW_STRIDED
+                                                                   : s == 2 ? VIEW_PERMUTED
+                                                                            : VIEW_NONE;
                 P(c, gated ? 0 : 1, (int64_t[]){s % 2}, 1, (double[]){1e-6 * (double)x[4]});
             }
             { /* rows not one stride apart (dims 1 and 2 swapped): cuda's row copies placed by index */
@@ -771,8 +777,10 @@ int keel_cases_all(op_case **out) {
                 I(c, KEEL_F32, 128, 6, 5, 2)->view = VIEW_ROWS_SWAPPED;
                 I(c, KEEL_F32, 128, 1, 1, 1);
                 if (gated) I(c, KEEL_F32, 128, 6, 5, 2)->view = VIEW_ROWS_SWAPPED;
-                if (op == KEEL_OP_GATED_RMS_NORM_BACK || op == KEEL_OP_RMS_NORM_W_BACK)
+                if (op == KEEL_OP_GATED_RMS_NORM_BACK || op == KEEL_OP_RMS_NORM_W_BACK ||
+                    op == KEEL_OP_RMS_NORM_W_BACK_ADD)
                     I(c, KEEL_F32, 128, 6, 5, 2)->view = VIEW_ROWS_SWAPPED;
+                if (op == KEEL_OP_RMS_NORM_W_BACK_ADD) I(c, KEEL_F32, 128, 6, 5, 2)->view = VIEW_ROWS_SWAPPED;
                 P(c, gated ? 0 : 1, (int64_t[]){1}, 1, (double[]){1e-6});
             }
             /* the forward's bf16 result (ip1; mixed precision's product operands): the float32 value

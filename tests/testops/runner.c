@@ -370,6 +370,7 @@ static int packed_parts(const keel_tensor *t, int64_t *size, strided_part *sp, i
         return 3;
     case KEEL_OP_QK_NORM_ROPE_BACK:
     case KEEL_OP_RMS_NORM_W_BACK:
+    case KEEL_OP_RMS_NORM_W_BACK_ADD:
         size[0] = size[1] = keel_nelements(q);
         return 2;
     default:
@@ -452,7 +453,8 @@ static void make_label(op_case *c) {
     if (c->op == KEEL_OP_CONCAT) k = snprintf(p, left, ",dim=%lld", (long long)c->ip[0]), p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_RMS_NORM_W || c->op == KEEL_OP_GATED_RMS_NORM) && c->ip[1])
         k = snprintf(p, left, "->%s", keel_type_name((keel_type)c->ip[1])), p += k, left -= (size_t)k;
-    if ((c->op == KEEL_OP_RMS_NORM_W || c->op == KEEL_OP_RMS_NORM_W_BACK) && c->ip[0])
+    if ((c->op == KEEL_OP_RMS_NORM_W || c->op == KEEL_OP_RMS_NORM_W_BACK || c->op == KEEL_OP_RMS_NORM_W_BACK_ADD) &&
+        c->ip[0])
         k = snprintf(p, left, ",1+w"), p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_GATED_DELTA_NET || c->op == KEEL_OP_GATED_DELTA_NET_BACK) && c->ip[0])
         k = snprintf(p, left,

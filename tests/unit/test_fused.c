@@ -4,7 +4,8 @@
  * against RMS_NORM, MUL, SILU and MUL; RMS_NORM_W against RMS_NORM and MUL (and SCALE of w); GDN_GATE
  * against ADD, SOFTPLUS, EXP, NEG and MUL; SIGMOID_MUL against SIGMOID and MUL; SIGMOID_BACK against
  * SCALE, MUL and MUL, GET_ROWS_BACK_ADD
- * against GET_ROWS_BACK and ADD (values: backward ops). Each
+ * against GET_ROWS_BACK and ADD, RMS_NORM_W_BACK_ADD against RMS_NORM_W_BACK and ADD (values: backward
+ * ops). Each
  * pair is built twice from the same inputs; their values and the gradients of sum(y * r) for a
  * random r must match element for element, so the backward ops are held to the backward ops of the
  * sequence too. */
@@ -252,6 +253,30 @@ static void get_rows_back_add_is_its_ops(void **st) {
     check_pair_of("GET_ROWS_BACK_ADD", 3, dense, ty, get_rows_back_add_pair, NULL, false);
 }
 
+/* in: x [D,R], w [D], dy, g (x's shape); p[0]: the 1 + w form. Unfused: ADD(g, dx) as autodiff's
+ * keel_grad_add adds (the gradient so far, then the contribution), and dw's terms after it. */
+static keel_tensor *norm_back_add_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    int64_t one = p[0] != 0, n = keel_nelements(in[0]);
+    double eps = 1e-6;
+    if (fused)
+        return keel_op_new(ctx, KEEL_OP_RMS_NORM_W_BACK_ADD, (keel_tensor *const[]){in[0], in[1], in[2], in[3]}, 4,
+                           &one, 1, &eps, 1);
+    keel_tensor *pk =
+        keel_op_new(ctx, KEEL_OP_RMS_NORM_W_BACK, (keel_tensor *const[]){in[0], in[1], in[2]}, 3, &one, 1, &eps, 1);
+    keel_tensor *dx = keel_add(ctx, keel_reshape_4d(ctx, in[3], n, 1, 1, 1), keel_view_1d(ctx, pk, n, 0));
+    return keel_concat(ctx, dx, keel_view_1d(ctx, pk, n, n * 4), 0);
+}
+
+static void norm_back_add_is_its_ops(void **st) {
+    (void)st;
+    const keel_type ty[4] = {KEEL_F32, KEEL_F32, KEEL_F32, KEEL_F32};
+    /* rows of 1024 (the 0.8B's residual stream: cuda's pipelined kernel), 33 (its register kernel) */
+    const int64_t hidden[4][4] = {{1024, 9, 1, 1}, {1024, 1, 1, 1}, {1024, 9, 1, 1}, {1024, 9, 1, 1}},
+                  odd[4][4] = {{33, 7, 1, 1}, {33, 1, 1, 1}, {33, 7, 1, 1}, {33, 7, 1, 1}};
+    check_pair_of("RMS_NORM_W_BACK_ADD", 4, hidden, ty, norm_back_add_pair, (const double[]){1}, false);
+    check_pair_of("RMS_NORM_W_BACK_ADD", 4, odd, ty, norm_back_add_pair, (const double[]){0}, false);
+}
+
 /* Bad shapes and parameters: no node, and a message naming what is wrong. */
 static void gdn_conv_rejects_bad_input(void **st) {
     (void)st;
@@ -288,11 +313,12 @@ static void gdn_conv_rejects_bad_input(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gdn_conv_is_its_ops),       cmocka_unit_test(swiglu_is_its_ops),
-        cmocka_unit_test(gated_rms_norm_is_its_ops), cmocka_unit_test(rms_norm_w_is_its_ops),
-        cmocka_unit_test(qk_norm_rope_is_its_ops),   cmocka_unit_test(gdn_gate_is_its_ops),
-        cmocka_unit_test(sigmoid_back_is_its_ops),   cmocka_unit_test(get_rows_back_add_is_its_ops),
-        cmocka_unit_test(sigmoid_mul_is_its_ops),    cmocka_unit_test(gdn_conv_rejects_bad_input),
+        cmocka_unit_test(gdn_conv_is_its_ops),        cmocka_unit_test(swiglu_is_its_ops),
+        cmocka_unit_test(gated_rms_norm_is_its_ops),  cmocka_unit_test(rms_norm_w_is_its_ops),
+        cmocka_unit_test(qk_norm_rope_is_its_ops),    cmocka_unit_test(gdn_gate_is_its_ops),
+        cmocka_unit_test(sigmoid_back_is_its_ops),    cmocka_unit_test(get_rows_back_add_is_its_ops),
+        cmocka_unit_test(sigmoid_mul_is_its_ops),     cmocka_unit_test(norm_back_add_is_its_ops),
+        cmocka_unit_test(gdn_conv_rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

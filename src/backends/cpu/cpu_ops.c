@@ -368,10 +368,12 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
     const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1];
     bool gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
     bool rope = t->op == KEEL_OP_QK_NORM_ROPE || t->op == KEEL_OP_QK_NORM_ROPE_BACK;
-    bool back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK ||
-                t->op == KEEL_OP_QK_NORM_ROPE_BACK,
+    bool back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ||
+                t->op == KEEL_OP_GATED_RMS_NORM_BACK || t->op == KEEL_OP_QK_NORM_ROPE_BACK,
          one = t->ip[0] != 0;
     const keel_tensor *z = gated ? t->src[2] : NULL, *dy = back ? t->src[gated || rope ? 3 : 2] : NULL;
+    /* RMS_NORM_W_BACK_ADD: g + dx, ADD's float32 sum */
+    const keel_tensor *ga = t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ? t->src[3] : NULL;
     float *row = rope ? c->rows + (int64_t)th * x->ne[0] : NULL; /* QK_NORM_ROPE: a row before its rotation */
     int64_t n = x->ne[0], N = keel_nelements(x), xn = x->nb[0], wn = w->nb[0], zn = z ? z->nb[0] : 0;
     const char *ws = cpu_row(w, 0, 0, 0);
@@ -416,10 +418,12 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
         }
         double sb = 1.0 / sqrt(ss / (double)n + t->fp[0]), f2 = sb * sb * sb * sd / (double)n;
         float *dx = (float *)(void *)cpu_row_flat(t, 0) + r * n, *dz = dx + N, *gw = dx + (z ? 2 : 1) * N;
+        const char *as = ga ? cpu_row(ga, i1, i2, i3) : NULL;
         for (int64_t i = 0; i < n; i++) {
             float xv = F(xs + i * xn), wv = NW_W(i), g = F(gs + i * gn);
             float a = xv * sc, db = z ? g * NW_SG(i) : g;
             dx[i] = (float)(sb * (db * wv) - f2 * xv);
+            if (as) dx[i] = F(as + i * ga->nb[0]) + dx[i];
             if (z) dz[i] = silu_back_f32(F(zs + i * zn), g * (a * wv));
             gw[i] = db * a;
         }
@@ -867,6 +871,7 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         return 0;
     case KEEL_OP_RMS_NORM_W:
     case KEEL_OP_RMS_NORM_W_BACK:
+    case KEEL_OP_RMS_NORM_W_BACK_ADD:
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK:
         keel_pool_for(pool, keel_nrows(a), norm_w_task, &c);

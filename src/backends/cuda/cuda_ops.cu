@@ -545,13 +545,15 @@ __global__ void k_sigmoid_mul(kt t, kt x, kt g, kt dy, int back, int rows4) {
  * dw], each row at its flat place. */
 typedef struct {
     kt t, x, w, z, dy, pos; /* z: gated only; dy: backward only; pos: QK_NORM_ROPE */
+    kt g;                   /* RMS_NORM_W_BACK_ADD: added to dx (add) */
     double eps;
     int gated, back, one; /* one: the 1 + w form */
-    int rope;             /* QK_NORM_ROPE: k_rope's rotation after the norm (and back before its gradient) */
-    const double *freq;   /* its n_rot/2 frequencies (host-made, keel_rope_freq) */
-    const float2 *cs;     /* and the float cos, sin of positions [0, n_cs) (rope_cs): the same bits */
+    int add;
+    int rope;           /* QK_NORM_ROPE: k_rope's rotation after the norm (and back before its gradient) */
+    const double *freq; /* its n_rot/2 frequencies (host-made, keel_rope_freq) */
+    const float2 *cs;   /* and the float cos, sin of positions [0, n_cs) (rope_cs): the same bits */
     int64_t nr, n_cs;
-    int64_t fx, fz, fg; /* k_norm_w_pipe: the byte stride of x's (z's, dy's) rows where it is one (else 0) */
+    int64_t fx, fz, fg, fa; /* k_norm_w_pipe: the byte stride of x's (z's, dy's, g's) rows where it is one (else 0) */
 } norm_w_args;
 
 __device__ static inline float norm_w_weight(const norm_w_args &A, int64_t i) {
@@ -602,10 +604,11 @@ __device__ static inline float rope_elem(const norm_w_args &A, const char *row, 
  * row. X(k, i), Z(k, i): element i of x and of z; G(k, i): the
  * gradient reaching the norm's output (dy, or ROPE_BACK's g); Y(i, sc, y): the forward's value
  * before the gate, from y = x sc w (the rotation's variant turns the normed row); W(i): w_i (or
- * 1 + w_i) as norm_w_weight gives it; S(i, v): the forward stores v as element i of its row. */
-template <int KN, int UNR, typename FX, typename FZ, typename FG, typename FY, typename FW, typename FS>
-__device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, int kn, bool gated, bool back, FX X, FZ Z,
-                                         FG G, FY Y, FW W, FS S) {
+ * 1 + w_i) as norm_w_weight gives it; S(i, v): the forward stores v as element i of its row; Ga(k, i):
+ * element i of RMS_NORM_W_BACK_ADD's addend (add), which dx is added to as ADD adds. */
+template <int KN, int UNR, typename FX, typename FZ, typename FG, typename FY, typename FW, typename FS, typename FA>
+__device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, int kn, bool gated, bool back, bool add, FX X,
+                                         FZ Z, FG G, FY Y, FW W, FS S, FA Ga) {
     int64_t n = A.x.ne[0], N = n * A.x.ne[1] * A.x.ne[2] * A.x.ne[3];
     int lane = threadIdx.x & 31;
     double ss = 0, sd = 0;
@@ -639,8 +642,8 @@ __device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, int kn
             S(i, gated ? __fmul_rn(y, sg) : y);
             continue;
         }
-        float g = G(k, i), db = gated ? __fmul_rn(g, sg) : g;
-        o[i] = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
+        float g = G(k, i), db = gated ? __fmul_rn(g, sg) : g, dx = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
+        o[i] = add ? __fadd_rn(Ga(k, i), dx) : dx; /* RMS_NORM_W_BACK_ADD: ADD's sum */
         if (gated) o[N + i] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
         o[(gated ? 2 : 1) * N + i] = __fmul_rn(db, a);
     }
@@ -663,14 +666,15 @@ __device__ static inline void norm_w_store(const norm_w_args &A, char *trow, int
  * registers its rows need (the 1024-wide forward: 103 a thread, against 166 with them read at run
  * time); -1: read from A (the rotation's variant and the backward, see launch_norm_w). */
 template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
-    const bool gated = GB < 0 ? A.gated != 0 : (GB & 1) != 0, back = GB < 0 ? A.back != 0 : (GB & 2) != 0;
+    const bool gated = GB < 0 ? A.gated != 0 : (GB & 1) != 0, back = GB < 0 ? A.back != 0 : (GB & 2) != 0,
+               add = GB < 0 && A.add != 0;
     int64_t n = A.x.ne[0], R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3];
     int lane = threadIdx.x & 31, kn = PM ? PM : (int)((n + 31) / 32);
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t r = w0; r < R; r += ws) {
         int64_t i1 = r % A.x.ne[1], i2 = (r / A.x.ne[1]) % A.x.ne[2], i3 = r / (A.x.ne[1] * A.x.ne[2]);
         const char *xs = kt_at(A.x, 0, i1, i2, i3), *zs = gated ? kt_at(A.z, 0, i1, i2, i3) : NULL;
-        const char *gs = back ? kt_at(A.dy, 0, i1, i2, i3) : NULL;
+        const char *gs = back ? kt_at(A.dy, 0, i1, i2, i3) : NULL, *as = add ? kt_at(A.g, 0, i1, i2, i3) : NULL;
         const bool rope = PM == 0 && A.rope; /* known false at compile time in the register variants */
         int64_t p = rope ? pos_at(A.pos, i2, i3) : 0;
         float xr[PM ? PM : 1], zr[PM ? PM : 1], gr[PM ? PM : 1];
@@ -685,7 +689,7 @@ template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
         }
         char *trow = back ? NULL : kt_at(A.t, 0, i1, i2, i3);
         norm_w_row<PM, PM ? PM : 1>(
-            A, r, kn, gated, back,
+            A, r, kn, gated, back, add,
             [&](int k, int64_t i) {
                 return PM ? xr[k] : ldf(xs + i * A.x.nb[0]);
             },
@@ -704,6 +708,9 @@ template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
             },
             [&](int i, float v) {
                 norm_w_store(A, trow, i, v);
+            },
+            [&](int, int64_t i) { /* the addend: read where it is added, after the row's sums */
+                                  return ldf(as + i * A.g.nb[0]);
             });
     }
 }
@@ -731,16 +738,18 @@ template <int PM> static void launch_norm_w(const norm_w_args &A, unsigned block
  * 128-wide gated norm more on index divisions than on elements). Rows are independent, so the grid
  * (sized by occupancy) does not change any bits; the row itself is norm_w_row's. */
 #define NORM_PIPE_WARPS 4
-/* the rows a warp's stage holds: x, and z (gated) and dy (backward) */
-__host__ __device__ constexpr int norm_pipe_arrays(int gb) { return 1 + (gb & 1) + ((gb & 2) >> 1); }
+/* the rows a warp's stage holds: x, and z (gated), dy (backward) and g (RMS_NORM_W_BACK_ADD's addend) */
+__host__ __device__ constexpr int norm_pipe_arrays(int gb) { return 1 + (gb & 1) + ((gb & 2) >> 1) + ((gb & 16) >> 4); }
 /* the start of row r of x (flat: its rows at one stride, 0: found from the indices) */
 __device__ static inline const char *norm_row(const kt &x, int64_t r, int64_t flat) {
     return flat ? x.p + r * flat : kt_at(x, 0, r % x.ne[1], (r / x.ne[1]) % x.ne[2], r / (x.ne[1] * x.ne[2]));
 }
 template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS, 4) k_norm_w_pipe(norm_w_args A) {
     extern __shared__ float nsm[];
-    constexpr bool gated = (GB & 1) != 0, back = (GB & 2) != 0, rope = (GB & 4) != 0, bf = (GB & 8) != 0;
+    constexpr bool gated = (GB & 1) != 0, back = (GB & 2) != 0, rope = (GB & 4) != 0, bf = (GB & 8) != 0,
+                   add = (GB & 16) != 0;
     constexpr int na = norm_pipe_arrays(GB), unr = rope ? 2 : PM < 8 ? PM : 8; /* the rotation's registers: 2 */
+    constexpr int og = gated ? 2 : 1, oa = og + 1; /* the stage's rows: x, z, dy (at og), g (at oa) */
     int n = (int)A.x.ne[0], lane = threadIdx.x & 31;
     int64_t R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3];
     float *buf = nsm + (size_t)(threadIdx.x >> 5) * 2 * na * n, /* the warp's two stages */
@@ -748,17 +757,18 @@ template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS
     for (int i = threadIdx.x; i < n; i += blockDim.x) wsm[i] = norm_w_weight(A, i);
     __syncthreads();
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
-    /* row r's x, z, dy into stage s; an empty batch past the last row, so that every wait below
+    /* row r's x, z, dy, g into stage s; an empty batch past the last row, so that every wait below
      * counts the same batches */
     auto fetch = [&](int64_t r, int s) {
         if (r < R) {
             float *d = buf + (size_t)s * na * n;
             const char *xs = norm_row(A.x, r, A.fx), *zs = gated ? norm_row(A.z, r, A.fz) : NULL,
-                       *gs = back ? norm_row(A.dy, r, A.fg) : NULL;
+                       *gs = back ? norm_row(A.dy, r, A.fg) : NULL, *as = add ? norm_row(A.g, r, A.fa) : NULL;
             for (int c = 4 * lane; c < n; c += 128) {
                 __pipeline_memcpy_async(d + c, xs + c * 4, 16);
                 if (gated) __pipeline_memcpy_async(d + n + c, zs + c * 4, 16);
-                if (back) __pipeline_memcpy_async(d + (na - 1) * n + c, gs + c * 4, 16);
+                if (back) __pipeline_memcpy_async(d + og * n + c, gs + c * 4, 16);
+                if (add) __pipeline_memcpy_async(d + oa * n + c, as + c * 4, 16);
             }
         }
         __pipeline_commit();
@@ -769,12 +779,12 @@ template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS
         fetch(r + ws, s ^ 1);
         __pipeline_wait_prior(1); /* this row's copies (this lane's) */
         __syncwarp();             /* and the other lanes' */
-        const float *xb = buf + (size_t)s * na * n, *zb = xb + n, *gb = xb + (na - 1) * n;
+        const float *xb = buf + (size_t)s * na * n, *zb = xb + n, *gb = xb + og * n, *ab = xb + oa * n;
         int64_t p = rope ? pos_at(A.pos, (r / A.x.ne[1]) % A.x.ne[2], r / (A.x.ne[1] * A.x.ne[2])) : 0;
         char *trow = A.t.p + r * n * (bf ? 2 : 4);
         /* the rotation reads the row in shared memory as k_norm_w reads it in global memory */
         norm_w_row<PM, unr>(
-            A, r, PM, gated, back,
+            A, r, PM, gated, back, add,
             [&](int, int i) {
                 return xb[i];
             },
@@ -795,6 +805,9 @@ template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS
                     ((uint16_t *)trow)[i] = keel_cvt_f32_to_bf16(v);
                 else
                     ((float *)trow)[i] = v;
+            },
+            [&](int, int i) {
+                return ab[i];
             });
         __syncwarp(); /* every lane has read the stage before the next fetch into it */
     }
@@ -828,7 +841,10 @@ static int launch_norm_pipe_w(keel_backend *be, const keel_tensor *t, const norm
         return A.back ? launch_norm_pipe<PM, 6>(be, t, A, R)
                : bf   ? launch_norm_pipe<PM, 12>(be, t, A, R)
                       : launch_norm_pipe<PM, 4>(be, t, A, R);
-    if (A.back) return A.gated ? launch_norm_pipe<PM, 3>(be, t, A, R) : launch_norm_pipe<PM, 2>(be, t, A, R);
+    if (A.back)
+        return A.gated ? launch_norm_pipe<PM, 3>(be, t, A, R)
+               : A.add ? launch_norm_pipe<PM, 18>(be, t, A, R)
+                       : launch_norm_pipe<PM, 2>(be, t, A, R);
     if (A.gated) return bf ? launch_norm_pipe<PM, 9>(be, t, A, R) : launch_norm_pipe<PM, 1>(be, t, A, R);
     return bf ? launch_norm_pipe<PM, 8>(be, t, A, R) : launch_norm_pipe<PM, 0>(be, t, A, R);
 }
@@ -2055,6 +2071,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return reduce_terms(be, t, terms_of(t));
     case KEEL_OP_RMS_NORM_W:
     case KEEL_OP_RMS_NORM_W_BACK:
+    case KEEL_OP_RMS_NORM_W_BACK_ADD:
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK:
     case KEEL_OP_QK_NORM_ROPE:
@@ -2063,8 +2080,10 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         memset(&A, 0, sizeof A);
         A.gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
         A.rope = t->op == KEEL_OP_QK_NORM_ROPE || t->op == KEEL_OP_QK_NORM_ROPE_BACK;
+        A.add = t->op == KEEL_OP_RMS_NORM_W_BACK_ADD;
         A.back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK ||
-                 t->op == KEEL_OP_QK_NORM_ROPE_BACK;
+                 t->op == KEEL_OP_QK_NORM_ROPE_BACK || A.add;
+        if (A.add) A.g = kt_of(t->src[3]);
         A.t = kt_of(t), A.x = kt_of(a), A.w = kt_of(b), A.eps = t->fp[0], A.one = t->ip[0] != 0;
         if (A.gated) A.z = kt_of(t->src[2]);
         if (A.back) A.dy = kt_of(t->src[A.gated || A.rope ? 3 : 2]);
@@ -2083,8 +2102,10 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         bool unit = a->nb[0] == 4 && (!A.gated || t->src[2]->nb[0] == 4) && (!A.back || A.dy.nb[0] == 4);
         const keel_tensor *dyt = A.back ? t->src[A.gated || A.rope ? 3 : 2] : NULL;
         if (w % 4 == 0 && w <= WARP_ROW_MAX && rows16(a) && (!A.gated || rows16(t->src[2])) &&
-            (!A.back || rows16(dyt)) && b->nb[0] == (int64_t)sizeof(float) && keel_is_contiguous(t)) {
+            (!A.back || rows16(dyt)) && (!A.add || rows16(t->src[3])) && b->nb[0] == (int64_t)sizeof(float) &&
+            keel_is_contiguous(t)) {
             A.fx = flat_rows(a), A.fz = A.gated ? flat_rows(t->src[2]) : 0, A.fg = A.back ? flat_rows(dyt) : 0;
+            A.fa = A.add ? flat_rows(t->src[3]) : 0;
             int rc = w <= 32 * 4    ? launch_norm_pipe_w<4>(be, t, A, R)
                      : w <= 32 * 8  ? launch_norm_pipe_w<8>(be, t, A, R)
                      : w <= 32 * 16 ? launch_norm_pipe_w<16>(be, t, A, R)

@@ -111,12 +111,14 @@ static double binary(int op, double a, double b) {
 }
 
 /* RMS_NORM_W and GATED_RMS_NORM and their backward over rows: a = x / sqrt(mean x^2 + eps), w' = w
- * or 1 + w, y = a w' (times silu(z)); the backward gives dx (RMS_NORM_BACK of dy silu(z) w'), dz
- * (silu' of dy a w') and the terms of dw, (dy silu(z)) a. */
+ * or 1 + w, y = a w' (times silu(z)); the backward gives dx (RMS_NORM_BACK of dy silu(z) w'; plus g
+ * for RMS_NORM_W_BACK_ADD), dz (silu' of dy a w') and the terms of dw, (dy silu(z)) a. */
 static int ref_norm_w(const keel_tensor *t) {
     bool gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
-    bool back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
+    bool back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ||
+                t->op == KEEL_OP_GATED_RMS_NORM_BACK;
     const keel_tensor *x = t->src[0], *w = t->src[1], *z = gated ? t->src[2] : NULL;
+    const keel_tensor *g = t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ? t->src[3] : NULL;
     const keel_tensor *dy = back ? t->src[gated ? 3 : 2] : NULL;
     int64_t n = x->ne[0], N = keel_nelements(x);
     for (int64_t r = 0; r < N / n; r++) {
@@ -139,7 +141,7 @@ static int ref_norm_w(const keel_tensor *t) {
             }
             double d = get(dy, i, i1, i2, i3), db = d * sg;
             int64_t e = r * n + i;
-            putf(t, e, sc * (db * wv) - sc * sc * sc * xv * sd / (double)n);
+            putf(t, e, (g ? get(g, i, i1, i2, i3) : 0.0) + (sc * (db * wv) - sc * sc * sc * xv * sd / (double)n));
             if (z) putf(t, N + e, silu_back(zv, d * (a * wv)));
             putf(t, (z ? 2 : 1) * N + e, db * a);
         }
@@ -799,6 +801,7 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         return ref_gdn_conv(t);
     case KEEL_OP_RMS_NORM_W:
     case KEEL_OP_RMS_NORM_W_BACK:
+    case KEEL_OP_RMS_NORM_W_BACK_ADD:
     case KEEL_OP_GATED_RMS_NORM:
     case KEEL_OP_GATED_RMS_NORM_BACK:
         return ref_norm_w(t);
