@@ -353,9 +353,22 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
         q = keel_scale(ctx, keel_l2_norm(ctx, q, eps), qs, 0.0);
         k = keel_l2_norm(ctx, k, eps);
     }
-    keel_tensor *beta = keel_sigmoid(ctx, linear(ctx, m, L->b, hin)); /* [Hv, T, B] */
+    keel_tensor *bp, *ap; /* the b and a projections, [Hv, T, B] */
+    if (m->operand_type == KEEL_BF16 && !m->lora) {
+        /* Mixed precision: b and a (Hv rows each, 16 at the 0.8B shape) as one product of their bf16
+         * copies laid end to end, viewed apart. A product of depth 16 is memory-bound on the GPU: two
+         * of them read and write the input's gradient twice where one of depth 2 Hv does it once
+         * (the gradient of the pair is assembled from its two parts, Hv rows a token). */
+        keel_tensor *ab = keel_mul_mat_to(ctx, as_type(ctx, keel_concat(ctx, L->b, L->a, 1), KEEL_BF16), hin.op,
+                                          act_type(m)); /* [2 Hv, T, B]: b's rows, then a's */
+        bp = keel_view_3d(ctx, ab, Hv, T, B, 2 * Hv * es, 2 * Hv * T * es, 0);
+        ap = keel_view_3d(ctx, ab, Hv, T, B, 2 * Hv * es, 2 * Hv * T * es, Hv * es);
+    } else {
+        bp = linear(ctx, m, L->b, hin), ap = linear(ctx, m, L->a, hin);
+    }
+    keel_tensor *beta = keel_sigmoid(ctx, bp); /* [Hv, T, B] */
     /* g = softplus(a + dt_bias) * -exp(A_log), one op (the ADD, SOFTPLUS, EXP, NEG, MUL it replaces) */
-    keel_tensor *g = keel_gdn_gate(ctx, linear(ctx, m, L->a, hin), L->A_log, L->dt_bias);
+    keel_tensor *g = keel_gdn_gate(ctx, ap, L->A_log, L->dt_bias);
     keel_tensor *o;
     if (S_in) { /* decoding: start from S_in, keep the final state */
         keel_tensor *pk = keel_gated_delta_net_state(ctx, q, k, v, g, beta, pos, S_in);
