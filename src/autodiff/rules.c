@@ -291,8 +291,11 @@ static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_ac
         ADD(0, part[0]);
     }
     if (WANT(1)) {
+        /* the 1 + w form: SCALE's rule passes dw on as dw * 1 + 0, whose only effect is -0 -> +0; a
+         * REPEAT_BACK's sums start from +0 on every backend, so they hold no -0 and that SCALE (a launch
+         * a norm, tens a step) is left out after one: the same bits (a NaN's payload aside) */
         keel_tensor *dw = reduce_to(ctx, part[np - 1], w);
-        ADD(1, t->ip[0] ? keel_scale(ctx, dw, 1.0, 0.0) : dw);
+        ADD(1, t->ip[0] && dw->op != KEEL_OP_REPEAT_BACK ? keel_scale(ctx, dw, 1.0, 0.0) : dw);
     }
     if (gated && WANT(2)) ADD(2, part[1]);
     return 0;
