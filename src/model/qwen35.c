@@ -378,7 +378,8 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
     } else {
         /* [Dv, Hv, T, B]; in the bf16 mode its products on the tensor cores, operands in two bf16 parts */
         o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos,
-                                 m->operand_type == KEEL_BF16 ? KEEL_GDN_SPLIT_BF16 : KEEL_GDN_FLOAT32);
+                                 m->operand_type == KEEL_BF16 && !m->gdn_float32 ? KEEL_GDN_SPLIT_BF16
+                                                                                 : KEEL_GDN_FLOAT32);
     }
     keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, hin), Dv, Hv, T, B);
     /* rms_norm(o) * norm * silu(z), one op (in mixed precision the out projection's bf16 operand) */

@@ -48,6 +48,10 @@ typedef struct {
     /* bf16 training graphs: the fused head computes its gradients in the forward, while it has
      * each chunk's logits (keel_linear_cross_entropy_with_grads); set by whoever builds a backward */
     bool head_grads_in_forward;
+    /* mixed precision with the delta rule's float32 variant rather than its split-bf16 products
+     * (test-model's mixed pair: it holds the mixed graph's roundings to ref's, which the split
+     * products' 2^-16 would move across bf16 boundaries; that variant has its own oracles) */
+    bool gdn_float32;
     struct keel_lora *lora; /* LoRA adapters (model/lora.h), NULL: none */
 } keel_qwen35;
 

@@ -42,6 +42,7 @@ keel_step *keel_step_build(const keel_step_opts *o) {
     st->m = st->ctx ? keel_qwen35_new_ex(st->ctx, o->cfg, o->type, o->base_bf16 ? KEEL_BF16 : o->type) : NULL;
     if (!st->m) goto fail;
     if (o->precision == KEEL_PRECISION_BF16) st->m->operand_type = KEEL_BF16;
+    st->m->gdn_float32 = o->gdn_float32;
     st->m->head_grads_in_forward = o->backward;
     if (o->lora && keel_lora_attach(st->ctx, st->m, o->lora)) goto fail;
     if (o->adapter) {

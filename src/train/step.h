@@ -42,6 +42,7 @@ typedef struct {
     const keel_adapter *adapter;          /* or a saved PEFT adapter's modules (evaluation: no dropout) */
     bool base_bf16;                       /* the base's matrices stored in bf16 (a frozen base: with lora) */
     keel_precision precision;             /* of the products (KEEL_PRECISION_F32: parity) */
+    bool gdn_float32; /* bf16: the delta rule's float32 variant all the same (keel_qwen35's gdn_float32) */
 } keel_step_opts;
 
 typedef struct {
