@@ -286,6 +286,63 @@ static void bf16_gradients(void **st) {
     for (int o = 0; o < 2; o++) keel_graph_free(g[o]), keel_ctx_free(ctx[o]);
 }
 
+/* A residual stream: y = W rms_norm(x) (1 + w) + x. x's gradient so far (the addend's, dy) is added
+ * where the norm's dx is made (RMS_NORM_W_BACK_ADD: no ADD in the backward), and the 1 + w weight's
+ * gradient is REPEAT_BACK's result itself (no SCALE by 1); the values are, bit for bit on cpu, those
+ * of the same model built with x's other use first (a RESHAPE made before the norm), whose gradient
+ * goes the plain way: RMS_NORM_W_BACK, then ADD of the two contributions (on ref, which stores float32
+ * tensors' values rounded, within one rounding: the fused op rounds g + dx once, the pair twice). */
+static keel_graph *residual_graph(keel_ctx *ctx, bool plain, keel_tensor **lv) {
+    keel_tensor *x = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 8, 5), "x"), KEEL_FLAG_PARAM);
+    keel_tensor *w = keel_set_flags(keel_set_name(keel_new_1d(ctx, KEEL_F32, 8), "w"), KEEL_FLAG_PARAM);
+    keel_tensor *W = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 8, 8), "W"), KEEL_FLAG_INPUT);
+    keel_tensor *r = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 8, 5), "r"), KEEL_FLAG_INPUT);
+    keel_tensor *xr = plain ? keel_reshape_2d(ctx, x, 8, 5) : NULL; /* made before the norm */
+    keel_tensor *h = keel_rms_norm_w(ctx, x, w, 1e-6, true);
+    keel_tensor *y = plain ? keel_add(ctx, xr, keel_mul_mat(ctx, W, h)) : keel_mul_mat_add(ctx, W, h, x);
+    keel_tensor *loss = keel_sum(ctx, keel_mul(ctx, y, r));
+    lv[0] = x, lv[1] = w, lv[2] = W, lv[3] = r;
+    keel_graph *g = keel_graph_build(ctx, &loss, 1);
+    assert_int_equal(keel_build_backward(g, loss), 0);
+    return g;
+}
+
+static void residual_norm_adds_in_place(void **st) {
+    (void)st;
+    keel_ctx *ctx[2] = {keel_ctx_new(), keel_ctx_new()};
+    keel_tensor *lv[2][4];
+    keel_graph *g[2];
+    for (int o = 0; o < 2; o++) {
+        g[o] = residual_graph(ctx[o], o == 1, lv[o]);
+        int fused = 0, plain = 0, adds = 0, scales = 0;
+        for (int64_t i = g[o]->n_forward; i < g[o]->n_nodes; i++) {
+            int op = g[o]->nodes[i]->op;
+            fused += op == KEEL_OP_RMS_NORM_W_BACK_ADD, plain += op == KEEL_OP_RMS_NORM_W_BACK;
+            adds += op == KEEL_OP_ADD, scales += op == KEEL_OP_SCALE;
+        }
+        assert_int_equal(fused, o ? 0 : 1);
+        assert_int_equal(plain, o ? 1 : 0);
+        assert_int_equal(adds, o ? 1 : 0);
+        assert_int_equal(scales, 0);
+        assert_int_equal(keel_graph_grad(g[o], lv[o][1])->op, KEEL_OP_REPEAT_BACK);
+    }
+    double xs[40], ws[8], Ws[64], rs[40];
+    for (int i = 0; i < 40; i++) xs[i] = 0.13 * ((i * 7) % 17) - 1.1, rs[i] = 0.2 * ((i * 3) % 7) - 0.6;
+    for (int i = 0; i < 8; i++) ws[i] = 0.05 * i - 0.2;
+    for (int i = 0; i < 64; i++) Ws[i] = 0.1 * ((i * 5) % 13) - 0.6;
+    double *vals[4] = {xs, ws, Ws, rs};
+    for (int b = 0; b < 2; b++)
+        for (int p = 0; p < 2; p++) { /* x's gradient, then w's */
+            double *v[2];
+            for (int o = 0; o < 2; o++)
+                v[o] = run_graph(b ? "ref" : "cpu", g[o], lv[o], vals, 4, keel_graph_grad(g[o], lv[o][p]));
+            for (int i = 0; i < (p ? 8 : 40); i++) /* ref: g + dx rounded once, not twice (a few float32 ulps) */
+                assert_true(b ? fabs(v[0][i] - v[1][i]) <= 1e-6 * fabs(v[1][i]) : v[0][i] == v[1][i] && v[0][i] != 0.0);
+            free(v[0]), free(v[1]);
+        }
+    for (int o = 0; o < 2; o++) keel_graph_free(g[o]), keel_ctx_free(ctx[o]);
+}
+
 static void errors(void **st) {
     (void)st;
     keel_ctx *ctx = keel_ctx_new();
@@ -315,6 +372,7 @@ int main(void) {
         cmocka_unit_test(packed_head_gradients),
         cmocka_unit_test(windows_in_place),
         cmocka_unit_test(bf16_gradients),
+        cmocka_unit_test(residual_norm_adds_in_place),
         cmocka_unit_test(errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
