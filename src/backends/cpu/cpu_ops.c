@@ -31,11 +31,15 @@ typedef struct {
 
 /* SiLU and its backward with the vector exp: SILU, SILU_BACK and SWIGLU(_BACK) share them, so the
  * fused op gives the bits of the ops it replaces. */
-static inline float silu_f32(float x) { return x / (1.0f + keel_expf_fast(-x)); }
-static inline float silu_back_f32(float x, float d) {
-    float sg = 1.0f / (1.0f + keel_expf_fast(-x));
+/* Both from e = exp(-x), so a kernel that needs both for one x (the gated norm's backward) takes
+ * the exp once: the same formulas, the same bits. */
+static inline float silu_e(float x, float e) { return x / (1.0f + e); }
+static inline float silu_back_e(float x, float e, float d) {
+    float sg = 1.0f / (1.0f + e);
     return d * sg * (1.0f + x * (1.0f - sg));
 }
+static inline float silu_f32(float x) { return silu_e(x, keel_expf_fast(-x)); }
+static inline float silu_back_f32(float x, float d) { return silu_back_e(x, keel_expf_fast(-x), d); }
 
 /* ROPE's rotation of a row of n (stride sn bytes) into d: pairs f, f + n_rot/2 turned by pos *
  * freq_f (dir -1: back), the rest copied. Angles in float64: a float32 angle at position 1e4 is
@@ -374,7 +378,9 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
     const keel_tensor *z = gated ? t->src[2] : NULL, *dy = back ? t->src[gated || rope ? 3 : 2] : NULL;
     /* RMS_NORM_W_BACK_ADD: g + dx, ADD's float32 sum */
     const keel_tensor *ga = t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ? t->src[3] : NULL;
-    float *row = rope ? c->rows + (int64_t)th * x->ne[0] : NULL; /* QK_NORM_ROPE: a row before its rotation */
+    /* QK_NORM_ROPE: a row before its rotation; GATED_RMS_NORM_BACK: exp(-z) of the row, made by its
+     * first pass, read by its second (silu and silu's backward of each z: one exp, not three) */
+    float *row = rope || (gated && back) ? c->rows + (int64_t)th * x->ne[0] : NULL;
     int64_t n = x->ne[0], N = keel_nelements(x), xn = x->nb[0], wn = w->nb[0], zn = z ? z->nb[0] : 0;
     const char *ws = cpu_row(w, 0, 0, 0);
 #define NW_W(i)  (one ? keel_unary_f32(KEEL_OP_SCALE, F(ws + (i)*wn), 1.0f, 1.0f) : F(ws + (i)*wn))
@@ -413,18 +419,23 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
             gs = (const char *)row, gn = 4;
         }
         for (int64_t i = 0; i < n; i++) { /* RMS_NORM_BACK's sums over x and da = (dy silu(z)) w */
-            float db = z ? F(gs + i * gn) * NW_SG(i) : F(gs + i * gn);
+            float db = F(gs + i * gn);
+            if (z) {
+                float zv = F(zs + i * zn);
+                row[i] = keel_expf_fast(-zv);
+                db = db * silu_e(zv, row[i]);
+            }
             sd += (double)F(xs + i * xn) * (db * NW_W(i));
         }
         double sb = 1.0 / sqrt(ss / (double)n + t->fp[0]), f2 = sb * sb * sb * sd / (double)n;
         float *dx = (float *)(void *)cpu_row_flat(t, 0) + r * n, *dz = dx + N, *gw = dx + (z ? 2 : 1) * N;
         const char *as = ga ? cpu_row(ga, i1, i2, i3) : NULL;
         for (int64_t i = 0; i < n; i++) {
-            float xv = F(xs + i * xn), wv = NW_W(i), g = F(gs + i * gn);
-            float a = xv * sc, db = z ? g * NW_SG(i) : g;
+            float xv = F(xs + i * xn), wv = NW_W(i), g = F(gs + i * gn), zv = z ? F(zs + i * zn) : 0.0f;
+            float a = xv * sc, db = z ? g * silu_e(zv, row[i]) : g;
             dx[i] = (float)(sb * (db * wv) - f2 * xv);
             if (as) dx[i] = F(as + i * ga->nb[0]) + dx[i];
-            if (z) dz[i] = silu_back_f32(F(zs + i * zn), g * (a * wv));
+            if (z) dz[i] = silu_back_e(zv, row[i], g * (a * wv));
             gw[i] = db * a;
         }
     }
@@ -873,9 +884,9 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_RMS_NORM_W_BACK:
     case KEEL_OP_RMS_NORM_W_BACK_ADD:
     case KEEL_OP_GATED_RMS_NORM:
-    case KEEL_OP_GATED_RMS_NORM_BACK:
         keel_pool_for(pool, keel_nrows(a), norm_w_task, &c);
         return 0;
+    case KEEL_OP_GATED_RMS_NORM_BACK:
     case KEEL_OP_QK_NORM_ROPE:
     case KEEL_OP_QK_NORM_ROPE_BACK:
         c.rows = malloc((size_t)(keel_pool_size(pool) * a->ne[0]) * sizeof(float));
