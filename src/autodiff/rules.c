@@ -335,14 +335,15 @@ static int r_gdn(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
     int64_t es = (int64_t)keel_type_size(pk->type), ng = Hv * T * B;
     for (int which = 0; which < 2; which++) { /* dq, dk: per value head, summed over each key head's group */
         if (!WANT(which)) continue;
-        keel_tensor *per = keel_view_4d(ctx, pk, Dk, Hv, T, B, Dk * es, L.row * es, L.row * T * es, which * L.dk * es);
         keel_tensor *sum;
         if (r == 1) {
-            sum = per;
-        } else { /* value head hv = hk*r + j: [Dk, r, Hk, T*B] -> sum over j */
-            keel_tensor *g4 = keel_reshape_4d(ctx, keel_cont(ctx, per), Dk, r, Hk, T * B);
-            keel_tensor *rows = keel_sum_rows(ctx, keel_cont(ctx, keel_permute(ctx, g4, 1, 0, 2, 3)));
-            sum = keel_reshape_4d(ctx, rows, Dk, Hk, T, B);
+            sum = keel_view_4d(ctx, pk, Dk, Hv, T, B, Dk * es, L.row * es, L.row * T * es, which * L.dk * es);
+        } else { /* value head hv = hk*r + j: a key head's r value heads lie side by side in a token's row,
+                  * so [Dk, r, Hk, T*B] is a view of the packed result; REPEAT_BACK sums over j in
+                  * order in float64 (the sums of the two CONTs and SUM_ROWS it replaces, without them) */
+            keel_tensor *g4 =
+                keel_view_4d(ctx, pk, Dk, r, Hk, T * B, Dk * es, r * Dk * es, L.row * es, which * L.dk * es);
+            sum = keel_reshape_4d(ctx, keel_repeat_back(ctx, g4, (const int64_t[]){Dk, 1, Hk, T * B}), Dk, Hk, T, B);
         }
         ADD(which, sum);
     }

@@ -423,6 +423,13 @@ int keel_cases_all(op_case **out) {
                 I(c, KEEL_F32, wide[s][0], wide[s][1], wide[s][2], wide[s][3]);
                 P(c, 4, (int64_t[]){wide[s][0], 1, 1, 1}, 0, NULL);
             }
+            /* the delta rule's dq, dk summed over the value heads of a key head (r of them side by side
+             * in a token's row): dimension 1 of a view whose rows lie apart, half rows and strided */
+            for (int s = 0; op == KEEL_OP_REPEAT_BACK && s < 2; s++) {
+                c = C(&l, op);
+                I(c, KEEL_F32, 16, 2, 3, 40)->view = s ? VIEW_STRIDED : VIEW_HALF_ROWS;
+                P(c, 4, (int64_t[]){16, 1, 3, 40}, 0, NULL);
+            }
             break;
         }
         case KEEL_OP_CONCAT:
