@@ -266,8 +266,8 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     return 0;
 }
 /* RMS_NORM_W, GATED_RMS_NORM and QK_NORM_ROPE: one backward op for dx (and dz) and the terms of
- * dw, which REPEAT_BACK sums over rows as MUL's rule does (and SCALE's rule scales, for the 1 + w
- * form). Where x has a gradient so far (a residual stream: the layer's output passes it back), the
+ * dw, which REPEAT_BACK sums over rows as MUL's rule does (for the 1 + w form, SCALE's rule's dw * 1
+ * + 0 only where no REPEAT_BACK was needed: see below). Where x has a gradient so far (a residual stream: the layer's output passes it back), the
  * plain norm's backward adds it to dx as it writes dx (RMS_NORM_W_BACK_ADD), the bits of the ADD
  * keel_grad_add would make, without that pass over three tensors of the stream's size. */
 static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
