@@ -30,8 +30,9 @@ static keel_precision g_prec; /* of the next builds (the bf16 check sets it) */
  * bf16 step's, about 2^-16 of each product on cuda; cpu has no such variant) move the float32
  * values that meet later bf16 roundings by more than float32 sums do, so some land on the other side
  * of a bf16 boundary than ref's float64 ones, and the pair's few elements make each such flip a
- * gradient error of 2e-7 to 5e-7 (cuda, sessions 18 to 22: layer 0's in_proj_qkv, input norm and the
- * embedding, through the conv's bf16 input gradient). The split variant is held to float64 by
+ * gradient error of 2e-7 to 5e-7 (cuda, found at 9da225b; the sixteenth session's run, before the
+ * split variant, passed: layer 0's in_proj_qkv, input norm and the embedding, through the conv's bf16
+ * input gradient). The split variant is held to float64 by
  * test-ops and to PyTorch's autocast by check-reference --precision bf16. */
 static keel_step *build(keel_backend *be, const keel_qwen35_config *c, keel_type type, int64_t T, int64_t B,
                         const keel_lora_opts *lora) {
