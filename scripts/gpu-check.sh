@@ -58,16 +58,16 @@ for d in site.getsitepackages():
 fi
 # build_tree SRC BUILD LOG: keel with the CUDA backend from the sources in SRC into BUILD
 build_tree() {
-    cmake -S "$1" -B "$2" "${nccl[@]}" -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90-real;90-virtual" \
+    cmake -S "$1" -B "$2" "${nccl[@]}" -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="90a-real;90-virtual" \
         -DCMAKE_PREFIX_PATH=$deps/usr -DCMAKE_LIBRARY_PATH=$lib -DCMAKE_INCLUDE_PATH=$deps/usr/include >"$out/$3" 2>&1 &&
         cmake --build "$2" -j "$(nproc)" >>"$out/$3" 2>&1
 }
 t0=$(date +%s)
 if build_tree . build-gpu build.log; then
-    record "build (CUDA backend, sm_90 + PTX)" PASS "$(( $(date +%s) - t0 )) s"
+    record "build (CUDA backend, sm_90a + PTX)" PASS "$(( $(date +%s) - t0 )) s"
 else
     tail -40 "$out/build.log"
-    record "build (CUDA backend, sm_90 + PTX)" FAIL "see build.log"
+    record "build (CUDA backend, sm_90a + PTX)" FAIL "see build.log"
     printf '%s\n' "${rows[@]}"
     exit 1
 fi

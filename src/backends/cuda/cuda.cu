@@ -9,6 +9,7 @@
 
 #include "backends/cuda/cuda_api.h"
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_wgmma.cuh"
 
 int cuda_check(cudaError_t e, const char *what, const keel_tensor *t) {
     if (e == cudaSuccess) return 0;
@@ -228,6 +229,28 @@ static void cuda_destroy(keel_backend *be) {
 size_t keel_cuda_peak_bytes(keel_backend *be) { return cuda_im(be)->peak; }
 void *keel_cuda_stream(keel_backend *be) { return (void *)cuda_im(be)->stream; }
 
+/* Whether this binary carries the sm_90a code (the kernels' wgmma bodies, cuda_wgmma.cuh): the device
+ * runs the sm_90a machine code if there is some, else the PTX compiled without them */
+__global__ void k_wgmma_probe(int *has) {
+#ifdef KEEL_WGMMA_BODY
+    *has = 1;
+#else
+    *has = 0;
+#endif
+}
+static int wgmma_probe(cudaStream_t st, int *has) {
+    int *d = NULL;
+    int r = cuda_check(cudaMalloc(&d, sizeof *d), "cudaMalloc", NULL);
+    if (!r) {
+        k_wgmma_probe<<<1, 1, 0, st>>>(d);
+        r = cuda_check(cudaGetLastError(), "wgmma probe launch", NULL) ||
+            cuda_check(cudaMemcpyAsync(has, d, sizeof *has, cudaMemcpyDeviceToHost, st), "wgmma probe copy", NULL) ||
+            cuda_check(cudaStreamSynchronize(st), "wgmma probe", NULL);
+    }
+    cudaFree(d);
+    return r;
+}
+
 extern "C" keel_backend *keel_backend_cuda_new(void) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -266,10 +289,18 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     const char *sy = getenv("KEEL_CUDA_SYNC");
     im->sync_each_node = sy && *sy && strcmp(sy, "0") != 0;
     im->profile = keel_op_profile_from_env("KEEL_CUDA_PROFILE");
+    const char *wg = getenv("KEEL_CUDA_WGMMA");
+    int cc_major = 0, cc_minor = 0, has_wg = 0;
     if (keel_backend_read_fault(be) ||
         (cuda_carry_setting() < 0 &&
          keel_fail("KEEL_CUDA_CARRY='%s': expected 0 (off) or 1 (on, the default)", getenv("KEEL_CUDA_CARRY"))) ||
+        (wg && *wg && strcmp(wg, "0") != 0 && strcmp(wg, "1") != 0 &&
+         keel_fail("KEEL_CUDA_WGMMA='%s': expected 0 (off) or 1 (on where the device has them, the default)", wg)) ||
         cuda_check(cudaSetDevice(dev), "cudaSetDevice", NULL) ||
+        cuda_check(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev), "device attribute",
+                   NULL) ||
+        cuda_check(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev), "device attribute",
+                   NULL) ||
         cuda_check(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking), "stream creation", NULL) ||
         /* products through cuBLASLt (cuda_lt.cu): CUBLAS_COMPUTE_32F, so float32 products use no TF32
          * tensor cores; one stream, one algorithm a shape */
@@ -278,7 +309,7 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
         cuda_check(cudaMalloc(&im->ce_div, sizeof *im->ce_div), "cudaMalloc", NULL) ||
         cuda_check(cudaMalloc(&im->hp_dev, KEEL_CUDA_HP_SLOTS * KEEL_CUDA_HP_BYTES), "cudaMalloc", NULL) ||
         cuda_check(cudaMallocHost(&im->bad_node_host, sizeof *im->bad_node_host), "cudaMallocHost", NULL) ||
-        cuda_graphs_init(im) ||
+        cuda_graphs_init(im) || (cc_major == 9 && cc_minor == 0 && wgmma_probe(im->stream, &has_wg)) ||
         (im->profile && (cuda_check(cudaEventCreate(&im->ev0), "event", NULL) ||
                          cuda_check(cudaEventCreate(&im->ev1), "event", NULL)))) {
         cudaFree(im->bad_node), cudaFree(im->ce_div), cudaFree(im->hp_dev), cudaFreeHost(im->bad_node_host);
@@ -289,6 +320,8 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
         free(im), free(be);
         return NULL;
     }
+    /* the sm_90a code (wgmma) runs on compute capability 9.0 only, where the binary has it */
+    im->wgmma = has_wg && !(wg && strcmp(wg, "0") == 0);
     be->supports = cuda_supports;
     be->scratch_bytes = cuda_node_scratch_bytes;
     be->carry_bytes = cuda_node_carry_bytes;

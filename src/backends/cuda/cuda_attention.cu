@@ -20,6 +20,7 @@
 
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_tile.cuh"
+#include "backends/cuda/cuda_wgmma.cuh"
 
 #define FA_QT   64  /* query rows a forward block */
 #define FA_BT   32  /* query rows and keys a backward block's tiles */
@@ -346,14 +347,19 @@ __device__ static inline void mma_ay_step(float (*acc)[4], const uint32_t *a, co
         mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
     }
 }
+/* the A fragment of columns 16 ks .. + 15 of s (accumulator layout), rounded to bf16 */
+__device__ static inline void p_frag(uint32_t *a, const float (*s)[4], int ks) {
+    a[0] = pack_bf16(s[2 * ks][0], s[2 * ks][1]), a[1] = pack_bf16(s[2 * ks][2], s[2 * ks][3]);
+    a[2] = pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]), a[3] = pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+}
 /* acc += P Y, P the 16 x 16 KS probabilities in s[2 KS][4] (accumulator layout, rounded to bf16 as
  * A fragments), Y's rows 0 .. 16 KS */
 template <int D, int KS, int ND>
 __device__ static inline void mma_py(float (*acc)[4], const float (*s)[4], const bf16 *Y, int d0, int lane) {
 #pragma unroll
     for (int ks = 0; ks < KS; ks++) {
-        uint32_t a[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]), pack_bf16(s[2 * ks][2], s[2 * ks][3]),
-                         pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]), pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+        uint32_t a[4];
+        p_frag(a, s, ks);
         mma_ay_step<D, ND>(acc, a, Y, ks * 16, d0, lane);
     }
 }
@@ -394,69 +400,43 @@ __device__ static inline float quad_sum(float x) {
 #define TC_K 64 /* keys a forward tile, and a dk dv block (4 warps of 16 keys, each D in two halves) */
 #define TC_B 32 /* keys a tile of the dq kernel that recomputes S and dP */
 
-template <int D> __global__ void __launch_bounds__(128) k_fa_fwd_tc(fa_args A, float *out) {
-    extern __shared__ __align__(16) unsigned char sraw[];
-    const int LD = D + 8;
-    bf16 *Qs = (bf16 *)sraw, *Ks = Qs + TC_Q * LD, *Vs = Ks + TC_K * LD;
-    int *lo = (int *)(Vs + TC_K * LD);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    int64_t t0 = (int64_t)(gridDim.z - 1 - blockIdx.z) * TC_Q, h = blockIdx.x, b = blockIdx.y, kh = h / (A.H / A.KV),
-            off = A.Tk - A.Tq; /* the last query tiles (the most keys) first: see tc_run */
-    int n = (int)min((int64_t)TC_Q, A.Tq - t0);
-    tc_fetch<D>(Qs, A.q, h, t0, b, n, TC_Q);
-    fetch_commit();
-    int64_t kmin = tile_lo(A, lo, t0, n, b, TC_Q), kmax = t0 + n - 1 + off, j0 = kmin / TC_K * TC_K;
-    tc_fetch<D>(Ks, A.k, kh, j0, b, (int)min((int64_t)TC_K, A.Tk - j0), TC_K);
-    fetch_commit();
-    tc_fetch<D>(Vs, A.v, kh, j0, b, (int)min((int64_t)TC_K, A.Tk - j0), TC_K);
-    fetch_commit();
-    int r0 = warp * 16 + g, lor[2] = {lo[r0], lo[r0 + 8]};
-    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+/* A key tile's scores for rows r0 and r0 + 8 of a warp (s, accumulator layout; hi: the last key row r0
+ * sees, lor[i] the first each sees): masked and scaled, then the online softmax's step: the running
+ * max m and sum l updated, P = exp(s - m) in place of s, the output so far rescaled */
+template <int D>
+__device__ static inline void fa_softmax_tile(float (*s)[4], float (*o)[4], float *m, float *l, const int *lor,
+                                              int64_t hi0, int64_t j0, int c, float scale) {
 #pragma unroll
-    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    for (; j0 <= kmax; j0 += TC_K) {
-        fetch_wait(1); /* K (and Q) in; V may be on its way */
-        __syncthreads();
-        float s[TC_K / 8][4];
+    for (int i = 0; i < 2; i++) {
+        int64_t hi = hi0 + 8 * i;
+        float mx = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < TC_K / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-        mma_abt<D, TC_K / 8>(s, Qs, warp * 16, Ks, 0, lane);
-        __syncthreads(); /* every warp is done with K: fetch the next tile's */
-        if (j0 + TC_K <= kmax) tc_fetch<D>(Ks, A.k, kh, j0 + TC_K, b, (int)min((int64_t)TC_K, A.Tk - j0 - TC_K), TC_K);
-        fetch_commit();
+        for (int nt = 0; nt < TC_K / 8; nt++)
 #pragma unroll
-        for (int i = 0; i < 2; i++) { /* rows r0 + 8 i: mask, online softmax */
-            int64_t hi = t0 + r0 + 8 * i + off;
-            float mx = -INFINITY;
+            for (int e = 0; e < 2; e++) {
+                int64_t j = j0 + nt * 8 + 2 * c + e;
+                float v = j >= lor[i] && j <= hi ? s[nt][2 * i + e] * scale : -INFINITY;
+                s[nt][2 * i + e] = v;
+                mx = fmaxf(mx, v);
+            }
+        float mn = fmaxf(m[i], quad_max(mx)), al = mn == -INFINITY ? 1.0f : expf(m[i] - mn), sum = 0.0f;
 #pragma unroll
-            for (int nt = 0; nt < TC_K / 8; nt++)
+        for (int nt = 0; nt < TC_K / 8; nt++)
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int64_t j = j0 + nt * 8 + 2 * c + e;
-                    float v = j >= lor[i] && j <= hi ? s[nt][2 * i + e] * A.scale : -INFINITY;
-                    s[nt][2 * i + e] = v;
-                    mx = fmaxf(mx, v);
-                }
-            float mn = fmaxf(m[i], quad_max(mx)), al = mn == -INFINITY ? 1.0f : expf(m[i] - mn), sum = 0.0f;
+            for (int e = 0; e < 2; e++) {
+                float p = mn == -INFINITY ? 0.0f : expf(s[nt][2 * i + e] - mn);
+                s[nt][2 * i + e] = p;
+                sum += p;
+            }
+        l[i] = al * l[i] + quad_sum(sum), m[i] = mn;
 #pragma unroll
-            for (int nt = 0; nt < TC_K / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float p = mn == -INFINITY ? 0.0f : expf(s[nt][2 * i + e] - mn);
-                    s[nt][2 * i + e] = p;
-                    sum += p;
-                }
-            l[i] = al * l[i] + quad_sum(sum), m[i] = mn;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; dt++) o[dt][2 * i] *= al, o[dt][2 * i + 1] *= al;
-        }
-        fetch_wait(1); /* V in; the next K may be on its way */
-        __syncthreads();
-        mma_py<D, TC_K / 16, D / 8>(o, s, Vs, 0, lane);
-        __syncthreads(); /* every warp is done with V */
-        if (j0 + TC_K <= kmax) tc_fetch<D>(Vs, A.v, kh, j0 + TC_K, b, (int)min((int64_t)TC_K, A.Tk - j0 - TC_K), TC_K);
-        fetch_commit();
+        for (int dt = 0; dt < D / 8; dt++) o[dt][2 * i] *= al, o[dt][2 * i + 1] *= al;
     }
+}
+/* The forward's rows r0 and r0 + 8 of a warp out: o = O / l, lse = m + log l */
+template <int D>
+__device__ static inline void fa_store_o(const fa_args &A, const float (*o)[4], const float *m, const float *l,
+                                         float *out, int64_t t0, int r0, int n, int64_t h, int64_t b, int c) {
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         if (r0 + 8 * i >= n) continue;
@@ -467,6 +447,108 @@ template <int D> __global__ void __launch_bounds__(128) k_fa_fwd_tc(fa_args A, f
             *(float2 *)(out + row * D + dt * 8 + 2 * c) = make_float2(o[dt][2 * i] * inv, o[dt][2 * i + 1] * inv);
         if (c == 0) out[A.no + row] = m[i] + logf(l[i]);
     }
+}
+
+/* o (64 x D) += A Y on the warpgroup products: A a register fragment (16 of depth), Y the rows kk .. + 15
+ * of a tile of TC_K rows in swizzled panels, read transposed */
+template <int D> __device__ static inline void wg_pv(float (*o)[4], const uint32_t *a, const bf16 *Vs, int kk) {
+#ifdef KEEL_WGMMA_BODY
+    if constexpr (D == 256)
+        wg_rs_n256_t(o, a, wg_desc_n(Vs, TC_K, kk));
+    else if constexpr (D == 128)
+        wg_rs_n128_t(o, a, wg_desc_n(Vs, TC_K, kk));
+    else
+        wg_rs_n64_t(o, a, wg_desc_n(Vs, TC_K, kk));
+#endif
+}
+/* rows [t0, t0 + n) of a bf16 input into a tile of `rows` rows: swizzled panels for the warpgroup
+ * products (WG), else rows of D + 8 */
+template <int D, bool WG>
+__device__ static inline void tile_fetch(bf16 *dst, const kt &x, int64_t h, int64_t t0, int64_t b, int n, int rows) {
+    if (WG)
+        wg_fetch<D>(dst, x, h, t0, b, n, rows);
+    else
+        tc_fetch<D>(dst, x, h, t0, b, n, rows);
+}
+/* a tile's data in, to the warps (and, WG, to the tensor cores' reads) */
+template <bool WG> __device__ static inline void tile_ready() {
+#ifdef KEEL_WGMMA_BODY
+    if (WG) wg_proxy_fence();
+#endif
+    __syncthreads();
+}
+
+/* The forward (WG: on Hopper's warpgroup products, the block's 4 warps one warpgroup: S = Q K^T
+ * as 16-deep steps over Q's and K's swizzled panels, O += P V with P from the registers S came
+ * back in and V's panels read transposed; the tensor cores read the tiles themselves, no warp loads
+ * fragments; 96 KiB of shared memory at heads of 256, two blocks a multiprocessor) */
+template <int D, bool WG> __global__ void __launch_bounds__(128) k_fa_fwd_tc(fa_args A, float *out) {
+#ifndef KEEL_WGMMA_BODY
+    if (WG) __trap(); /* launched only where the sm_90a code exists (cuda_impl.wgmma) */
+#endif
+    extern __shared__ __align__(16) unsigned char sraw[];
+    const int LD = WG ? D : D + 8;
+    bf16 *Qs = (bf16 *)(WG ? wg_aligned(sraw) : sraw), *Ks = Qs + TC_Q * LD, *Vs = Ks + TC_K * LD;
+    int *lo = (int *)(Vs + TC_K * LD);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    int64_t t0 = (int64_t)(gridDim.z - 1 - blockIdx.z) * TC_Q, h = blockIdx.x, b = blockIdx.y, kh = h / (A.H / A.KV),
+            off = A.Tk - A.Tq; /* the last query tiles (the most keys) first: see tc_run */
+    int n = (int)min((int64_t)TC_Q, A.Tq - t0);
+    tile_fetch<D, WG>(Qs, A.q, h, t0, b, n, TC_Q);
+    fetch_commit();
+    int64_t kmin = tile_lo(A, lo, t0, n, b, TC_Q), kmax = t0 + n - 1 + off, j0 = kmin / TC_K * TC_K;
+    tile_fetch<D, WG>(Ks, A.k, kh, j0, b, (int)min((int64_t)TC_K, A.Tk - j0), TC_K);
+    fetch_commit();
+    tile_fetch<D, WG>(Vs, A.v, kh, j0, b, (int)min((int64_t)TC_K, A.Tk - j0), TC_K);
+    fetch_commit();
+    int r0 = warp * 16 + g, lor[2] = {lo[r0], lo[r0 + 8]};
+    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (; j0 <= kmax; j0 += TC_K) {
+        fetch_wait(1); /* K (and Q) in; V may be on its way */
+        tile_ready<WG>();
+        float s[TC_K / 8][4];
+#pragma unroll
+        for (int i = 0; i < TC_K / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        if constexpr (WG) {
+#ifdef KEEL_WGMMA_BODY
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < D; kk += 16) wg_ss_n64(s, wg_desc_k(Qs, TC_Q, kk), wg_desc_k(Ks, TC_K, kk));
+            wg_commit();
+            wg_wait0();
+#endif
+        } else {
+            mma_abt<D, TC_K / 8>(s, Qs, warp * 16, Ks, 0, lane);
+        }
+        __syncthreads(); /* every warp is done with K: fetch the next tile's */
+        if (j0 + TC_K <= kmax)
+            tile_fetch<D, WG>(Ks, A.k, kh, j0 + TC_K, b, (int)min((int64_t)TC_K, A.Tk - j0 - TC_K), TC_K);
+        fetch_commit();
+        fa_softmax_tile<D>(s, o, m, l, lor, t0 + r0 + off, j0, c, A.scale);
+        fetch_wait(1); /* V in; the next K may be on its way */
+        tile_ready<WG>();
+        if constexpr (WG) {
+#ifdef KEEL_WGMMA_BODY
+            uint32_t a[TC_K / 16][4]; /* P as A fragments, as mma_py makes them */
+#pragma unroll
+            for (int ks = 0; ks < TC_K / 16; ks++) p_frag(a[ks], s, ks);
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < TC_K / 16; ks++) wg_pv<D>(o, a[ks], Vs, ks * 16);
+            wg_commit();
+            wg_wait0();
+#endif
+        } else {
+            mma_py<D, TC_K / 16, D / 8>(o, s, Vs, 0, lane);
+        }
+        __syncthreads(); /* every warp is done with V */
+        if (j0 + TC_K <= kmax)
+            tile_fetch<D, WG>(Vs, A.v, kh, j0 + TC_K, b, (int)min((int64_t)TC_K, A.Tk - j0 - TC_K), TC_K);
+        fetch_commit();
+    }
+    fa_store_o<D>(A, o, m, l, out, t0, r0, n, h, b, c);
 }
 
 /* a dq block's result: rows r0 and r0 + 8 of the warp's 16 (accumulator layout), scaled */
@@ -541,20 +623,41 @@ template <int D> __global__ void __launch_bounds__(128) k_fa_dq_tc(fa_args A, fl
  * no row of which sees its keys). The same bf16 dS operands as the recomputing kernel above, a
  * fifth of its products. */
 #define LDSD (TC_Q + 8)
-template <int D>
+template <int D, bool WG>
 __device__ static void dq_ds_fetch(const fa_args &A, bf16 *Ks, bf16 *Ss, const bf16 *ds, int64_t kh, int64_t j0,
                                    int64_t b) {
-    tc_fetch<D>(Ks, A.k, kh, j0, b, (int)min((int64_t)TC_K, A.Tk - j0), TC_K);
+    tile_fetch<D, WG>(Ks, A.k, kh, j0, b, (int)min((int64_t)TC_K, A.Tk - j0), TC_K);
     for (int e = threadIdx.x; e < TC_K * (TC_Q / 8); e += blockDim.x) {
         int r = e / (TC_Q / 8), c = (e - r * (TC_Q / 8)) * 8;
         __pipeline_memcpy_async(Ss + r * LDSD + c, ds + (j0 + r) * A.ldq + c, 16);
     }
 }
 
-template <int D> __global__ void __launch_bounds__(128) k_fa_dq_ds_tc(fa_args A, float *out) {
+/* The A fragment of a dq block's warp (its 16 query rows) for keys 16 ks .. + 15 of the dS^T tile Ss
+ * (rows: keys), read transposed (matrix m = lane / 8: keys + 8 (m / 2), queries + 8 (m % 2)) and
+ * masked: a[f] holds row r0 + 8 (f & 1), keys j, j + 1; what the row does not see is 0 */
+__device__ static inline void ds_frag(uint32_t *a, const bf16 *Ss, int ks, int64_t j0, const int *lor,
+                                      const int64_t *hir, int warp, int lane) {
+    ldsm_x4_t(a, Ss + (ks * 16 + ((lane >> 4) << 3) + (lane & 7)) * LDSD + warp * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+    for (int f = 0; f < 4; f++) {
+        int64_t j = j0 + ks * 16 + 8 * (f >> 1) + 2 * (lane & 3);
+        int ri = f & 1;
+        uint32_t m =
+            (j >= lor[ri] && j <= hir[ri] ? 0xffffu : 0u) | (j + 1 >= lor[ri] && j + 1 <= hir[ri] ? 0xffff0000u : 0u);
+        a[f] &= m;
+    }
+}
+
+/* (WG: dS's fragments as above are the A registers of warpgroup products, K's swizzled panels their
+ * transposed B; the block's 4 warps one warpgroup) */
+template <int D, bool WG> __global__ void __launch_bounds__(128) k_fa_dq_ds_tc(fa_args A, float *out) {
+#ifndef KEEL_WGMMA_BODY
+    if (WG) __trap(); /* launched only where the sm_90a code exists (cuda_impl.wgmma) */
+#endif
     extern __shared__ __align__(16) unsigned char sraw[];
-    const int LD = D + 8;
-    bf16 *Kb = (bf16 *)sraw, *Sb = Kb + 2 * TC_K * LD;
+    const int LD = WG ? D : D + 8;
+    bf16 *Kb = (bf16 *)(WG ? wg_aligned(sraw) : sraw), *Sb = Kb + 2 * TC_K * LD;
     int *lo = (int *)(Sb + 2 * TC_K * LDSD);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     int64_t t0 = (int64_t)(gridDim.z - 1 - blockIdx.z) * TC_Q, h = blockIdx.x, zb = blockIdx.y, b = A.b0 + zb,
@@ -567,30 +670,34 @@ template <int D> __global__ void __launch_bounds__(128) k_fa_dq_ds_tc(fa_args A,
     float dq[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-    dq_ds_fetch<D>(A, Kb, Sb, ds, kh, j0, b);
+    dq_ds_fetch<D, WG>(A, Kb, Sb, ds, kh, j0, b);
     fetch_commit();
     for (int i = 0; j0 <= kmax; j0 += TC_K, i++) {
         int bi = i & 1;
         if (j0 + TC_K <= kmax)
-            dq_ds_fetch<D>(A, Kb + (bi ^ 1) * TC_K * LD, Sb + (bi ^ 1) * TC_K * LDSD, ds, kh, j0 + TC_K, b);
+            dq_ds_fetch<D, WG>(A, Kb + (bi ^ 1) * TC_K * LD, Sb + (bi ^ 1) * TC_K * LDSD, ds, kh, j0 + TC_K, b);
         fetch_commit();
         fetch_wait(1); /* this tile in; the next on its way */
-        __syncthreads();
+        tile_ready<WG>();
         const bf16 *Ks = Kb + bi * TC_K * LD, *Ss = Sb + bi * TC_K * LDSD;
+        if constexpr (WG) {
+#ifdef KEEL_WGMMA_BODY
+            uint32_t a[TC_K / 16][4];
 #pragma unroll
-        for (int ks = 0; ks < TC_K / 16; ks++) {
-            uint32_t a[4]; /* rows: queries, depth: keys, from the transposed tile (matrix m = lane / 8:
-                            * keys + 8 (m / 2), queries + 8 (m % 2)) */
-            ldsm_x4_t(a, Ss + (ks * 16 + ((lane >> 4) << 3) + (lane & 7)) * LDSD + warp * 16 + ((lane >> 3) & 1) * 8);
+            for (int ks = 0; ks < TC_K / 16; ks++) ds_frag(a[ks], Ss, ks, j0, lor, hir, warp, lane);
+            wg_fence();
 #pragma unroll
-            for (int f = 0; f < 4; f++) { /* a[f]: row r0 + 8 (f & 1), keys j, j + 1 */
-                int64_t j = j0 + ks * 16 + 8 * (f >> 1) + 2 * c;
-                int ri = f & 1;
-                uint32_t m = (j >= lor[ri] && j <= hir[ri] ? 0xffffu : 0u) |
-                             (j + 1 >= lor[ri] && j + 1 <= hir[ri] ? 0xffff0000u : 0u);
-                a[f] &= m;
+            for (int ks = 0; ks < TC_K / 16; ks++) wg_pv<D>(dq, a[ks], Ks, ks * 16);
+            wg_commit();
+            wg_wait0();
+#endif
+        } else {
+#pragma unroll
+            for (int ks = 0; ks < TC_K / 16; ks++) {
+                uint32_t a[4];
+                ds_frag(a, Ss, ks, j0, lor, hir, warp, lane);
+                mma_ay_step<D, D / 8>(dq, a, Ks, ks * 16, 0, lane);
             }
-            mma_ay_step<D, D / 8>(dq, a, Ks, ks * 16, 0, lane);
         }
         __syncthreads(); /* every warp is done with this tile's buffers */
     }
@@ -606,6 +713,11 @@ template <int D> __global__ void __launch_bounds__(128) k_fa_dq_ds_tc(fa_args A,
 #define TC_BQ 64 /* queries a dk dv tile */
 #define LDP   (TC_BQ + 8)
 
+/* the byte offset of (key r, query q) in a P^T or dS^T tile: rows of LDP, or (WG) a swizzled panel */
+template <bool WG> __device__ static inline int pt_at(int r, int q) {
+    return WG ? wg_at(TC_K, r, q) : (r * LDP + q) * (int)sizeof(bf16);
+}
+
 /* the query tile after tile `it` (it = head in the group * nqt + query tile) that sees keys up to
  * jlast, or -1 */
 __device__ static int next_tile(int it, int n_it, int nqt, int qfirst, const int *tmin, int64_t jlast) {
@@ -618,13 +730,13 @@ __device__ static int next_tile(int it, int n_it, int nqt, int qfirst, const int
 
 /* tile `it` of the dk dv loop into buffers: q and do rows (cp.async), and its rows' lse, delta
  * and positions (cp.async of 4 bytes; past the last query 0) */
-template <int D>
+template <int D, bool WG>
 __device__ static void dkv_fetch(const fa_args &A, int it, int nqt, int64_t h0, int64_t b, bf16 *Qs, bf16 *dOs,
                                  float *ls, float *dl, int *ps) {
     int64_t h = h0 + it / nqt, t0 = (int64_t)(it % nqt) * TC_BQ;
     int n = (int)min((int64_t)TC_BQ, A.Tq - t0);
-    tc_fetch<D>(Qs, A.q, h, t0, b, n, TC_BQ);
-    tc_fetch<D>(dOs, A.do16, h, t0, b, n, TC_BQ);
+    tile_fetch<D, WG>(Qs, A.q, h, t0, b, n, TC_BQ);
+    tile_fetch<D, WG>(dOs, A.do16, h, t0, b, n, TC_BQ);
     for (int r = threadIdx.x; r < TC_BQ; r += blockDim.x) {
         if (r >= n) {
             ls[r] = dl[r] = 0.0f, ps[r] = 0;
@@ -637,12 +749,29 @@ __device__ static void dkv_fetch(const fa_args &A, int it, int nqt, int64_t h0, 
     }
 }
 
-template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, float *out) {
+/* d (64 x N) += A B on the warpgroup products, A K-major and B N-major (dk dv's second products) */
+template <int N> __device__ static inline void wg_ab_t(float (*d)[4], const bf16 *A_, const bf16 *B_, int kk, int c0) {
+#ifdef KEEL_WGMMA_BODY
+    if constexpr (N == 128)
+        wg_ss_n128_t(d, wg_desc_k(A_, TC_K, kk), wg_desc_n(B_, TC_BQ, kk, c0));
+    else
+        wg_ss_n64_t(d, wg_desc_k(A_, TC_K, kk), wg_desc_n(B_, TC_BQ, kk, c0));
+#endif
+}
+/* (WG: on the warpgroup products, heads of 128 or 256: the block's warps 4 w .. 4 w + 3 are
+ * warpgroup w, whose 64 rows are the block's keys, so each warp keeps its keys and columns above;
+ * S^T and dP^T are 16-deep steps over K's (V's) and q's (do's) swizzled panels, the second products
+ * read P^T and dS^T from swizzled panels and do's and q's panels transposed) */
+template <int D, bool WG> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, float *out) {
+#ifndef KEEL_WGMMA_BODY
+    if (WG) __trap(); /* launched only where the sm_90a code exists (cuda_impl.wgmma) */
+#endif
     extern __shared__ __align__(16) unsigned char sraw[];
-    const int LD = D + 8, DH = D / 2;
-    bf16 *Ks = (bf16 *)sraw, *Vs = Ks + TC_K * LD, *Qb = Vs + TC_K * LD, *dOb = Qb + 2 * TC_BQ * LD;
-    bf16 *Pt = dOb + 2 * TC_BQ * LD, *dSt = Pt + TC_K * LDP;
-    float *lsb = (float *)(dSt + TC_K * LDP), *dlb = lsb + 2 * TC_BQ; /* a tile's lse, delta, positions */
+    const int LD = WG ? D : D + 8, DH = D / 2, LP = WG ? TC_BQ : LDP;
+    bf16 *Ks = (bf16 *)(WG ? wg_aligned(sraw) : sraw), *Vs = Ks + TC_K * LD, *Qb = Vs + TC_K * LD,
+         *dOb = Qb + 2 * TC_BQ * LD;
+    bf16 *Pt = dOb + 2 * TC_BQ * LD, *dSt = Pt + TC_K * LP;
+    float *lsb = (float *)(dSt + TC_K * LP), *dlb = lsb + 2 * TC_BQ; /* a tile's lse, delta, positions */
     int *psb = (int *)(dlb + 2 * TC_BQ), *tmin = psb + 2 * TC_BQ;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     int kr = (warp & 3) * 16, qh = warp >> 2, d0 = qh * DH;
@@ -650,8 +779,8 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
             G = A.H / A.KV; /* the first keys (seen by the most queries) first: see tc_run */
     int nk = (int)min((int64_t)TC_K, A.Tk - j0), nqt = (int)((A.Tq + TC_BQ - 1) / TC_BQ);
     int64_t jlast = j0 + nk - 1, jr[2] = {j0 + kr + g, j0 + kr + g + 8};
-    tc_fetch<D>(Ks, A.k, kh, j0, b, nk, TC_K);
-    tc_fetch<D>(Vs, A.v, kh, j0, b, nk, TC_K);
+    tile_fetch<D, WG>(Ks, A.k, kh, j0, b, nk, TC_K);
+    tile_fetch<D, WG>(Vs, A.v, kh, j0, b, nk, TC_K);
     fetch_commit();
     for (int qt = threadIdx.x; qt < nqt; qt += blockDim.x) tmin[qt] = 0x7fffffff;
     __syncthreads();
@@ -663,16 +792,16 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
     for (int i = 0; i < DH / 8; i++)
         dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
     int cur = next_tile(-1, n_it, nqt, qfirst, tmin, jlast);
-    if (cur >= 0) dkv_fetch<D>(A, cur, nqt, kh * G, b, Qb, dOb, lsb, dlb, psb);
+    if (cur >= 0) dkv_fetch<D, WG>(A, cur, nqt, kh * G, b, Qb, dOb, lsb, dlb, psb);
     fetch_commit();
     for (int i = 0; cur >= 0; i++) {
         int nx = next_tile(cur, n_it, nqt, qfirst, tmin, jlast), bi = i & 1;
         if (nx >= 0) /* the next tile into the other buffers */
-            dkv_fetch<D>(A, nx, nqt, kh * G, b, Qb + (bi ^ 1) * TC_BQ * LD, dOb + (bi ^ 1) * TC_BQ * LD,
-                         lsb + (bi ^ 1) * TC_BQ, dlb + (bi ^ 1) * TC_BQ, psb + (bi ^ 1) * TC_BQ);
+            dkv_fetch<D, WG>(A, nx, nqt, kh * G, b, Qb + (bi ^ 1) * TC_BQ * LD, dOb + (bi ^ 1) * TC_BQ * LD,
+                             lsb + (bi ^ 1) * TC_BQ, dlb + (bi ^ 1) * TC_BQ, psb + (bi ^ 1) * TC_BQ);
         fetch_commit();
         fetch_wait(1); /* this tile in */
-        __syncthreads();
+        tile_ready<WG>();
         const bf16 *Qs = Qb + bi * TC_BQ * LD, *dOs = dOb + bi * TC_BQ * LD;
         const float *ls = lsb + bi * TC_BQ, *dl = dlb + bi * TC_BQ;
         const int *ps = psb + bi * TC_BQ;
@@ -682,7 +811,20 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
 #pragma unroll
         for (int k = 0; k < 4; k++)
             s[k][0] = s[k][1] = s[k][2] = s[k][3] = dp[k][0] = dp[k][1] = dp[k][2] = dp[k][3] = 0.0f;
-        mma_abt2<D, 4>(s, Ks, Qs, dp, Vs, dOs, kr, 32 * qh, lane);
+        if constexpr (WG) {
+#ifdef KEEL_WGMMA_BODY
+            wg_fence();
+#pragma unroll 4
+            for (int kk = 0; kk < D; kk += 16) {
+                wg_ss_n32(s, wg_desc_k(Ks, TC_K, kk), wg_desc_k(Qs, TC_BQ, kk, 32 * qh));
+                wg_ss_n32(dp, wg_desc_k(Vs, TC_K, kk), wg_desc_k(dOs, TC_BQ, kk, 32 * qh));
+            }
+            wg_commit();
+            wg_wait0();
+#endif
+        } else {
+            mma_abt2<D, 4>(s, Ks, Qs, dp, Vs, dOs, kr, 32 * qh, lane);
+        }
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             float pv[4], dv4[4];
@@ -694,21 +836,34 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
                 float p = in ? expf(s[nt][e] * A.scale - ls[q]) : 0.0f;
                 pv[e] = p, dv4[e] = in ? p * (dp[nt][e] - dl[q]) : 0.0f;
             }
-            int col = 32 * qh + nt * 8 + 2 * c;
-            *(uint32_t *)(Pt + (kr + g) * LDP + col) = pack_bf16(pv[0], pv[1]);
-            *(uint32_t *)(Pt + (kr + g + 8) * LDP + col) = pack_bf16(pv[2], pv[3]);
-            *(uint32_t *)(dSt + (kr + g) * LDP + col) = pack_bf16(dv4[0], dv4[1]);
-            *(uint32_t *)(dSt + (kr + g + 8) * LDP + col) = pack_bf16(dv4[2], dv4[3]);
+            int col = 32 * qh + nt * 8 + 2 * c, at0 = pt_at<WG>(kr + g, col), at8 = pt_at<WG>(kr + g + 8, col);
+            *(uint32_t *)((char *)Pt + at0) = pack_bf16(pv[0], pv[1]);
+            *(uint32_t *)((char *)Pt + at8) = pack_bf16(pv[2], pv[3]);
+            *(uint32_t *)((char *)dSt + at0) = pack_bf16(dv4[0], dv4[1]);
+            *(uint32_t *)((char *)dSt + at8) = pack_bf16(dv4[2], dv4[3]);
         }
-        __syncthreads();
+        tile_ready<WG>();
         if (A.ds) /* dS^T for the dq pass: the tile's 64 keys x 64 queries, 16 bytes a copy */
             for (int e = threadIdx.x; e < TC_K * TC_BQ / 8; e += blockDim.x) {
                 int r = e / (TC_BQ / 8), q8 = (e % (TC_BQ / 8)) * 8;
                 bf16 *dst = (bf16 *)A.ds + ((zb * A.H + kh * G + cur / nqt) * A.ldk + j0 + r) * A.ldq + t0 + q8;
-                *(uint4 *)dst = *(const uint4 *)(dSt + r * LDP + q8);
+                *(uint4 *)dst = *(const uint4 *)((const char *)dSt + pt_at<WG>(r, q8));
             }
-        mma_xy<D, TC_BQ / 16, DH / 8>(dv, Pt, LDP, kr, dOs, d0, lane);
-        mma_xy<D, TC_BQ / 16, DH / 8>(dk, dSt, LDP, kr, Qs, d0, lane);
+        if constexpr (WG) {
+#ifdef KEEL_WGMMA_BODY
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < TC_BQ / 16; ks++) {
+                wg_ab_t<DH>(dv, Pt, dOs, ks * 16, d0);
+                wg_ab_t<DH>(dk, dSt, Qs, ks * 16, d0);
+            }
+            wg_commit();
+            wg_wait0();
+#endif
+        } else {
+            mma_xy<D, TC_BQ / 16, DH / 8>(dv, Pt, LDP, kr, dOs, d0, lane);
+            mma_xy<D, TC_BQ / 16, DH / 8>(dk, dSt, LDP, kr, Qs, d0, lane);
+        }
         __syncthreads(); /* every warp is done with this tile's buffers */
         cur = nx;
     }
@@ -728,9 +883,10 @@ template <int D> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_args A, f
 
 /* The dk dv kernel's shared memory: K, V, two tiles of q and do, P^T and dS^T, a tile's statistics,
  * and each query tile's first key (so it grows with Tq) */
-static size_t dkv_tc_smem(int64_t D, int64_t Tq) {
-    return (2 * TC_K + 4 * TC_BQ) * (D + 8) * sizeof(bf16) + 2 * TC_K * LDP * sizeof(bf16) + 6 * TC_BQ * sizeof(float) +
-           (size_t)((Tq + TC_BQ - 1) / TC_BQ) * sizeof(int);
+static size_t dkv_tc_smem(int64_t D, int64_t Tq, bool wg) {
+    return (wg ? WG_ALIGN + (2 * TC_K + 4 * TC_BQ) * D * sizeof(bf16) + 2 * TC_K * TC_BQ * sizeof(bf16)
+               : (2 * TC_K + 4 * TC_BQ) * (D + 8) * sizeof(bf16) + 2 * TC_K * LDP * sizeof(bf16)) +
+           6 * TC_BQ * sizeof(float) + (size_t)((Tq + TC_BQ - 1) / TC_BQ) * sizeof(int);
 }
 #define TC_SMEM_MAX (227 * 1024) /* the most shared memory a block may opt in to on sm_90 */
 
@@ -738,35 +894,46 @@ static size_t dkv_tc_smem(int64_t D, int64_t Tq) {
  * tiles so the ones with the most causal work start first: blocks are handed out in order, and a
  * long block started last would run alone at the end. Which block owns which tile, and so every
  * sum, does not depend on the order. */
-template <int D>
-static int tc_run(keel_backend *be, const keel_tensor *t, fa_args &A, float *out, bool back, int64_t nb) {
-    size_t row = (D + 8) * sizeof(bf16);
+template <int D, bool WG>
+static int tc_launch(keel_backend *be, const keel_tensor *t, fa_args &A, float *out, bool back, int64_t nb) {
+    size_t row = (WG ? D : D + 8) * sizeof(bf16), al = WG ? WG_ALIGN : 0;
     if (!back) {
         dim3 grid((unsigned)A.H, (unsigned)A.B, (unsigned)((A.Tq + TC_Q - 1) / TC_Q));
-        size_t shm = (TC_Q + 2 * TC_K) * row + TC_Q * sizeof(int);
-        TILE_LAUNCH(k_fa_fwd_tc<D>, grid, 128, shm, "attention forward (tensor cores) launch", A, out);
+        size_t shm = al + (TC_Q + 2 * TC_K) * row + TC_Q * sizeof(int);
+        TILE_LAUNCH((k_fa_fwd_tc<D, WG>), grid, 128, shm, "attention forward (tensor cores) launch", A, out);
         return 0;
     }
-    size_t sk = dkv_tc_smem(D, A.Tq);
+    /* dk dv on the warpgroup products for heads of 128 and 256 (the second products' halves of the
+     * columns are whole panels) */
+    const bool wk = WG && D >= 128;
+    size_t sk = dkv_tc_smem(D, A.Tq, wk);
     if (!nb) { /* dq recomputes S and dP */
+        size_t rt = (D + 8) * sizeof(bf16);
         dim3 gq((unsigned)((A.Tq + TC_Q - 1) / TC_Q), (unsigned)A.H, (unsigned)A.B);
-        size_t sq = (2 * TC_Q + 2 * TC_B) * row + 3 * TC_Q * sizeof(float);
+        size_t sq = (2 * TC_Q + 2 * TC_B) * rt + 3 * TC_Q * sizeof(float);
         TILE_LAUNCH(k_fa_dq_tc<D>, gq, 128, sq, "attention dq (tensor cores) launch", A, out);
         dim3 gk((unsigned)A.KV, (unsigned)A.B, (unsigned)((A.Tk + TC_K - 1) / TC_K));
-        TILE_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv (tensor cores) launch", A, out);
+        TILE_LAUNCH((k_fa_dkv_tc<D, wk>), gk, 256, sk, "attention dk, dv (tensor cores) launch", A, out);
         return 0;
     }
     /* a slab of nb examples at a time: dk dv (writing dS), then dq from dS */
-    size_t sq = 2 * TC_K * row + 2 * TC_K * LDSD * sizeof(bf16) + TC_Q * sizeof(int);
+    size_t sq = al + 2 * TC_K * row + 2 * TC_K * LDSD * sizeof(bf16) + TC_Q * sizeof(int);
     for (A.b0 = 0; A.b0 < A.B; A.b0 += nb) {
         unsigned z = (unsigned)(A.B - A.b0 < nb ? A.B - A.b0 : nb);
         dim3 gk((unsigned)A.KV, z, (unsigned)((A.Tk + TC_K - 1) / TC_K));
-        TILE_LAUNCH(k_fa_dkv_tc<D>, gk, 256, sk, "attention dk, dv, dS (tensor cores) launch", A, out);
+        TILE_LAUNCH((k_fa_dkv_tc<D, wk>), gk, 256, sk, "attention dk, dv, dS (tensor cores) launch", A, out);
         dim3 gq((unsigned)A.H, z, (unsigned)((A.Tq + TC_Q - 1) / TC_Q));
-        TILE_LAUNCH(k_fa_dq_ds_tc<D>, gq, 128, sq, "attention dq from dS (tensor cores) launch", A, out);
+        TILE_LAUNCH((k_fa_dq_ds_tc<D, WG>), gq, 128, sq, "attention dq from dS (tensor cores) launch", A, out);
     }
     A.b0 = 0;
     return 0;
+}
+/* the kernels on Hopper's warpgroup products where the device has them (cuda_impl.wgmma), else on
+ * mma.sync */
+template <int D>
+static int tc_run(keel_backend *be, const keel_tensor *t, fa_args &A, float *out, bool back, int64_t nb) {
+    return cuda_im(be)->wgmma ? tc_launch<D, true>(be, t, A, out, back, nb)
+                              : tc_launch<D, false>(be, t, A, out, back, nb);
 }
 
 /* The tensor-core form reads q, k, v rows by 16-byte copies; its backward's dk dv block holds a word
@@ -775,7 +942,7 @@ static bool tc_fits(const keel_tensor *t) {
     const keel_tensor *q = t->src[0];
     if (q->type != KEEL_BF16 || q->ne[0] != t->src[2]->ne[0] || (q->ne[0] != 64 && q->ne[0] != 128 && q->ne[0] != 256))
         return false;
-    if (t->op == KEEL_OP_FLASH_ATTN_BACK && dkv_tc_smem(q->ne[0], q->ne[2]) > TC_SMEM_MAX) return false;
+    if (t->op == KEEL_OP_FLASH_ATTN_BACK && dkv_tc_smem(q->ne[0], q->ne[2], false) > TC_SMEM_MAX) return false;
     for (int i = 0; i < 3; i++) {
         const keel_tensor *x = t->src[i];
         if (x->nb[0] != 2 || ((uintptr_t)x->data & 15) || (x->nb[1] | x->nb[2] | x->nb[3]) & 15) return false;

@@ -134,6 +134,9 @@ typedef struct {
     cuda_lt_entry *lt_cache;           /* cuda_lt.cu: descriptors and algorithm by product shape */
     char last_kernel[KEEL_KERNEL_MAX]; /* the algorithms the running node's products chose */
     int sync_each_node;                /* KEEL_CUDA_SYNC=1: wait after every node so an error names its node */
+    /* Hopper's warpgroup products (cuda_wgmma.cuh) for the kernels that have them: on a device of
+     * compute capability 9.0 unless KEEL_CUDA_WGMMA=0 (the mma.sync kernels, for comparisons) */
+    int wgmma;
     /* KEEL_CUDA_PROFILE=1: GPU time per op, printed when the backend is freed (NULL: off) */
     keel_op_profile *profile;
     cudaEvent_t ev0, ev1;
@@ -158,9 +161,9 @@ typedef struct {
     /* ADAMW's scalars that change every step (the learning rate, and the bias corrections of the
      * step; cuda_ops.cu), a slot of device memory a node: uploaded when a run starts and read there
      * by the kernel, so that the node's launch is the same every step and a step is one graph */
-    void *hp_dev;                                        /* KEEL_CUDA_HP_SLOTS slots of KEEL_CUDA_HP_BYTES */
-    const keel_tensor *hp_node[KEEL_CUDA_HP_SLOTS];      /* the node a slot is for */
-    uint64_t hp_used[KEEL_CUDA_HP_SLOTS], run;           /* the run a slot was last uploaded in */
+    void *hp_dev;                                   /* KEEL_CUDA_HP_SLOTS slots of KEEL_CUDA_HP_BYTES */
+    const keel_tensor *hp_node[KEEL_CUDA_HP_SLOTS]; /* the node a slot is for */
+    uint64_t hp_used[KEEL_CUDA_HP_SLOTS], run;      /* the run a slot was last uploaded in */
 } cuda_impl;
 
 static inline cuda_impl *cuda_im(keel_backend *be) { return (cuda_impl *)be->impl; }
