@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU tier, on a machine with an NVIDIA GPU and no network: builds keel with the CUDA backend
-# (sm_90) and runs the GPU checks, then prints one summary table. Needs, carried from the
+# (sm_90a machine code and compute_90 PTX) and runs the GPU checks, then prints one summary table. Needs, carried from the
 # development machine: .gpu-debs (the Debian -dev packages keel builds against, from
 # `scripts/gpu-prepare.sh`) and .gpu-data (the fixture and checkpoints, same script).
 #   scripts/gpu-check.sh            every stage
@@ -141,6 +141,9 @@ fi
 if want attn; then # flash attention alone: its cases, its gradients, its kernels at bf16 batch 8
     run "test-ops FLASH_ATTN* (cuda)" attn-ops.log $keel test-ops --backend ref,cuda --op FLASH_ATTN,FLASH_ATTN_BACK
     grep "^cuda:\|FAIL" "$out/attn-ops.log" | head -20
+    # the mma.sync kernels the warpgroup ones replace on Hopper (still those of other GPUs)
+    run "test-ops FLASH_ATTN* (cuda, KEEL_CUDA_WGMMA=0)" attn-ops-mma.log env KEEL_CUDA_WGMMA=0 $keel test-ops --backend ref,cuda --op FLASH_ATTN,FLASH_ATTN_BACK
+    grep "^cuda:\|FAIL" "$out/attn-ops-mma.log" | head -20
     attn_ds_paths
     run "test-ops --grad FLASH_ATTN (cuda)" attn-grad.log $keel test-ops --grad --backend cuda --op FLASH_ATTN
     grep "^cuda:\|FAIL\|worst" "$out/attn-grad.log" | head -20
