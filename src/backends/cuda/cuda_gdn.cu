@@ -16,7 +16,8 @@
  * Kernels: prep (per chunk: decays, A by blocks in float64, W, U0, and the scaled rows the other
  * passes read); the state pass, the only sequential one (per lane and block of JB value columns:
  * column j of S only ever meets column j of U, V, O; two products a chunk, U = U0 - W S and
- * S = Gam_C S + Kc^T U, keeping S and U of every chunk); then the output per chunk, O = Qg S + Pm U.
+ * S = Gam_C S + Kc^T U, keeping S and U of every chunk); then the output per chunk, O = Qg S + Pm U
+ * (the tensor-core state pass makes it itself, chunk by chunk, from the S and U it holds).
  * The backward runs prep and the state pass again, then per chunk dR0 = A^T Pm^T dO and
  * G0 = Qg^T dO; its reverse state pass carries dS back (dR = dR0 + (A^T Kc) dS, dS <- Gam_C dS +
  * G0 - Kb^T dR), and two per-chunk passes finish dq, dk, dg, dbeta from the contractions over value
@@ -300,37 +301,54 @@ __global__ void __launch_bounds__(NT) k_gdn_state(gdn_args A, gdn_scr P, float *
 static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_LD(Dk) + CH * LDJ) * sizeof(float); }
 
 /* The state pass of the tensor-core variant (Dk and Dv up to STATE_TC_MAX; not the decoding one,
- * which starts from a given state and keeps the last): a block a lane, over all
+ * which starts from a given state and keeps the last), with the output: a block a lane, over all
  * Dv columns, so that W and Kc are read once a chunk (the pass above reads them whole in each of
  * its Dv / JB blocks: most of its memory traffic), with S in registers as a warp's 32 x 32 tiles,
- * two turns a warp. A chunk: S to shared memory (the next product's operand) and out to Sc; U =
+ * two turns a warp. A chunk: S to shared memory (the next products' operand) and out to Sc; U =
  * U0 - W S (W S summed from zero on the tensor cores, then stored as bmm's alpha -1, beta 1 stores
- * it) to shared memory and out to Uc; S = Gam_C S + Kc^T U, the products added to Gam_C S in the
- * tiles' registers. The next chunk's W is fetched during the S update and its Kc during the next
- * U, as above. Which warp owns which tile, and each tile's order of sums, follow from the shapes.
- * At the 0.8B shape, batch 8 (ncu): 392 us against the pass above's 444; one block of 8 warps a
- * multiprocessor (169 KB of shared memory) waits on its own barriers and products (tensor pipes
- * 21% busy). The same design for the reverse pass ran 512 us against 508 and was not kept. */
+ * it; U0 fetched ahead into U's tile) to shared memory and out to Uc; with o, the chunk's output O =
+ * Qg S + Pm U (k_gdn_out's tensor-core sums, element by element: the same bits, without reading
+ * S and U back from memory, 400 MB a layer at the 0.8B shape, batch 8); S = Gam_C S + Kc^T U, the
+ * products added to Gam_C S in the tiles' registers. The next chunk's W is fetched during the
+ * output and the S update, its U0, Qg, Pm and Kc once those have read the tiles. Which warp owns
+ * which tile, and each tile's order of sums, follow from the shapes. At that shape (ncu) the pass
+ * took 266 us and the output 174 before the output moved in; one block of 8 warps a multiprocessor
+ * (215 KB of shared memory with the output's tiles) waits on its own barriers and products. The
+ * same design for the reverse pass ran 512 us against 508 and was not kept. */
 #define STATE_TC_MAX 128
-template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P) {
+template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P, float *o) {
     extern __shared__ float sm[];
-    int64_t l = blockIdx.x;
+    int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, ld = A.Hv * A.Dv;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), ldv = PAD_LD(Dv);
-    float *Ss = sm, *Us = Ss + Dk * ldv, *Xw = Us + CH * ldv, *Xk = Xw + CH * ldk;
+    float *Ss = sm, *Us = Ss + Dk * ldv, *Xw = Us + CH * ldv, *Xk = Xw + CH * ldk, *Xq = Xk + CH * ldk,
+          *Pm = Xq + CH * ldk;               /* the last two only with o */
     float s[2][2][4][4] = {}, u[1][2][4][4]; /* the state starts at 0 (no decoding variant here) */
-    int64_t rk = l * P.nc * CH * (int64_t)Dk;
-    fetch_mat(Xw, ldk, P.W + rk, Dk, chunk_len(A.T, 0), Dk);
+    /* chunk c's W (with w), U0 (into U's tile) and, with o, its Qg and Pm; then its Kc */
+    auto fetch_a = [&](int64_t c, bool w) {
+        int64_t lc = l * P.nc + c;
+        int n = c < P.nc ? chunk_len(A.T, c) : 0;
+        if (w) fetch_mat(Xw, ldk, P.W + lc * CH * (int64_t)Dk, Dk, n, Dk);
+        fetch_mat(Us, ldv, P.U0 + lc * CH * (int64_t)Dv, Dv, n, Dv);
+        if (o) {
+            fetch_mat(Xq, ldk, P.Qg + lc * CH * (int64_t)Dk, Dk, n, Dk);
+            fetch_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
+        }
+    };
+    auto fetch_k = [&](int64_t c) {
+        int n = c < P.nc ? chunk_len(A.T, c) : 0;
+        fetch_mat(Xk, ldk, P.Kc + (l * P.nc + c) * CH * (int64_t)Dk, Dk, n, Dk);
+    };
+    fetch_a(0, true);
     fetch_commit();
-    fetch_mat(Xk, ldk, P.Kc + rk, Dk, chunk_len(A.T, 0), Dk);
+    fetch_k(0);
     fetch_commit();
     for (int64_t c = 0; c < P.nc; c++) {
         int64_t lc = l * P.nc + c, rv = lc * CH * (int64_t)Dv;
         int n = chunk_len(A.T, c), n1 = c + 1 < P.nc ? chunk_len(A.T, c + 1) : 0;
-        rk = lc * CH * (int64_t)Dk;
         tc_each<2, 4, 2>(Dk, Dv, [&](int t, int i, int j, int e, int r, int x) {
             Ss[r * ldv + x] = s[t][i][j][e];
         });
-        fetch_wait(1); /* W of this chunk */
+        fetch_wait(1); /* W, U0 (and Qg, Pm) of this chunk */
         __syncthreads();
         store_mat(P.Sc + lc * Dk * (int64_t)Dv, Dv, Ss, ldv, Dk, Dv);
 #pragma unroll
@@ -340,14 +358,27 @@ template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_ar
 #pragma unroll
                 for (int e = 0; e < 4; e++) u[0][i][j][e] = 0.0f;
         tc_acc<TC, false, false, 2, 4, 1>(u, Xw, ldk, Ss, ldv, n, Dv, Dk);
-        const float *U0 = P.U0 + rv;
         tc_each<2, 4, 1>(n, Dv, [&](int t, int i, int j, int e, int r, int x) {
-            Us[r * ldv + x] = 1.0f * U0[r * Dv + x] + -1.0f * u[t][i][j][e];
+            Us[r * ldv + x] = 1.0f * Us[r * ldv + x] + -1.0f * u[t][i][j][e];
         });
         __syncthreads(); /* W is read, U whole */
-        fetch_mat(Xw, ldk, P.W + rk + CH * Dk, Dk, n1, Dk);
+        if (n1) fetch_mat(Xw, ldk, P.W + (lc + 1) * CH * (int64_t)Dk, Dk, n1, Dk);
         fetch_commit();
         store_mat(P.Uc + rv, Dv, Us, ldv, n, Dv);
+        if (o) { /* O = Qg S + Pm U in u's registers (k_gdn_out's sums), to o */
+            float *out = o + ((b * A.T + c * CH) * A.Hv + hv) * A.Dv;
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) u[0][i][j][e] = 0.0f;
+            tc_acc<TC, false, false, 2, 4, 1>(u, Xq, ldk, Ss, ldv, n, Dv, Dk);
+            tc_acc<TC, false, false, 2, 4, 1>(u, Pm, LDC, Us, ldv, n, Dv, n);
+            tc_each<2, 4, 1>(n, Dv, [&](int t, int i, int j, int e, int r, int x) {
+                out[r * ld + x] = u[t][i][j][e];
+            });
+        }
         fetch_wait(1); /* Kc of this chunk */
         __syncthreads();
         float g = P.GamC[lc];
@@ -360,15 +391,19 @@ template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_ar
 #pragma unroll
                     for (int e = 0; e < 4; e++) s[t][i][j][e] *= g;
         tc_acc<TC, true, false, 2, 4, 2>(s, Xk, ldk, Us, ldv, Dk, Dv, n);
-        __syncthreads(); /* Kc and U are read */
-        fetch_mat(Xk, ldk, P.Kc + rk + CH * Dk, Dk, n1, Dk);
+        __syncthreads(); /* Kc, U, Qg and Pm are read */
+        fetch_a(c + 1, false);
+        fetch_commit();
+        fetch_k(c + 1);
         fetch_commit();
     }
     fetch_wait(0);
 }
 
-static size_t state_tc_smem(int64_t Dk, int64_t Dv) {
-    return (size_t)((Dk + CH) * PAD_LD(Dv) + 2 * CH * PAD_LD(Dk)) * sizeof(float);
+static size_t state_tc_smem(int64_t Dk, int64_t Dv, bool out) {
+    size_t f = (size_t)((Dk + CH) * PAD_LD(Dv) + 2 * CH * PAD_LD(Dk));
+    if (out) f += (size_t)(CH * PAD_LD(Dk) + CH * LDC);
+    return f * sizeof(float);
 }
 
 /* The reverse state pass's Ac and Kb come as tiles of half their columns: the first state_kh of Dk */
@@ -932,18 +967,24 @@ static int scratch_of(keel_backend *be, const keel_tensor *t, const gdn_args &A,
     return 0;
 }
 
-/* The forward, and the backward's first half: prep, the state pass (S and U of every chunk). TC: the
- * products on the CUDA cores (0) or the tensor cores (bmm_tc's precision; the op's ip0). */
+/* Whether the state pass is the tensor-core one, which also makes the output (k_gdn_state_tc) */
+static bool state_tc(int tc, const gdn_args &A, const float *packed) {
+    return tc && !packed && !A.s0.p && A.Dk <= STATE_TC_MAX && A.Dv <= STATE_TC_MAX;
+}
+
+/* The forward, and the backward's first half: prep, the state pass (S and U of every chunk; with o
+ * and the tensor-core pass, the output too). TC: the products on the CUDA cores (0) or the tensor
+ * cores (bmm_tc's precision; the op's ip0). */
 template <int TC>
 static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd,
-                          float *packed) {
+                          float *packed, float *o) {
     constexpr int PR = TC ? TC : 1; /* k_gdn_state_tc runs only for TC > 0; TC 0 needs a name to compile */
     dim3 chunks((unsigned)P.nc, (unsigned)(A.B * A.Hv)),
         lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_prep<TC>, chunks, NT, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
-    if (TC && !packed && !A.s0.p && A.Dk <= STATE_TC_MAX && A.Dv <= STATE_TC_MAX)
-        TILE_LAUNCH(k_gdn_state_tc<PR>, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv),
-                    "gated delta rule state pass launch", A, P);
+    if (state_tc(TC, A, packed))
+        TILE_LAUNCH(k_gdn_state_tc<PR>, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv, o != NULL),
+                    "gated delta rule state pass launch", A, P, o);
     else
         TILE_LAUNCH(k_gdn_state, lanes, NT, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
     return 0;
@@ -951,10 +992,10 @@ static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args
 
 /* forward_states for the op's ip0 (KEEL_GDN_: 0 float32, 1 split TF32, 2 split bf16 = bmm_tc's PR) */
 static int forward_any(int tc, keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd,
-                       float *packed) {
-    return tc == 2   ? forward_states<2>(be, t, A, P, bwd, packed)
-           : tc == 1 ? forward_states<1>(be, t, A, P, bwd, packed)
-                     : forward_states<0>(be, t, A, P, bwd, packed);
+                       float *packed, float *o) {
+    return tc == 2   ? forward_states<2>(be, t, A, P, bwd, packed, o)
+           : tc == 1 ? forward_states<1>(be, t, A, P, bwd, packed, o)
+                     : forward_states<0>(be, t, A, P, bwd, packed, o);
 }
 
 static bool grid_fits(const gdn_args &A) { return A.B * A.Hv <= 65535 && (A.Dv + JB - 1) / JB <= 65535; }
@@ -974,7 +1015,8 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     /* carrying its states to the backward, the preparation makes the backward's arrays too */
     int bwd = t->carry_peer != NULL;
     int tc = (int)t->ip[0];
-    if (forward_any(tc, be, t, A, P, bwd, packed)) return -1;
+    if (forward_any(tc, be, t, A, P, bwd, packed, (float *)t->data)) return -1;
+    if (state_tc(tc, A, packed)) return 0; /* its state pass made the output */
     dim3 outs((unsigned)P.nc, (unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JO - 1) / JO));
     void (*outk)(gdn_args, gdn_scr, float *) = tc == 2 ? k_gdn_out<2> : tc == 1 ? k_gdn_out<1> : k_gdn_out<0>;
     TILE_LAUNCH(outk, outs, NT, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
@@ -984,7 +1026,8 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
 template <int TC> static int backward(keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P) {
     int64_t L = A.B * A.Hv;
     float *out = (float *)t->data;
-    if (!t->carry_peer && forward_any((int)t->ip[0], be, t, A, P, 1, NULL)) return -1; /* else its forward made them */
+    if (!t->carry_peer && forward_any((int)t->ip[0], be, t, A, P, 1, NULL, NULL))
+        return -1; /* else its forward made them */
     dim3 outs((unsigned)P.nc, (unsigned)L, (unsigned)((A.Dv + JO - 1) / JO)), chunks((unsigned)P.nc, (unsigned)L),
         parts((unsigned)P.nc, (unsigned)L, 3), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_pre_back<TC>, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
