@@ -154,18 +154,19 @@ if want attn; then # flash attention alone: its cases, its gradients, its kernel
 fi
 if want gdn-ncu; then # the delta rule's kernels under ncu: the last forward layer's three, the first backward's six
     ncu_m='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,smsp__inst_executed.sum,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active'
-    run "ncu: the delta rule's kernels (f32 batch 8)" gdn-ncu.log ncu --clock-control none -k regex:k_gdn --launch-skip 51 --launch-count 9 --metrics "$ncu_m" $keel bench train --backend cuda --precision f32 --batch 8 --no-torch --steps 1
+    run "ncu: the delta rule's kernels (f32 batch 8)" gdn-ncu.log ncu --clock-control none -k "regex:k_gdn_(prep|state|out|pre_back|contract|grads)" --launch-skip 51 --launch-count 9 --metrics "$ncu_m" $keel bench train --backend cuda --precision f32 --batch 8 --no-torch --steps 1
     grep -E '^  k_gdn|duration|fma_cycles|issue_active.avg' "$out/gdn-ncu.log"
 fi
 if want gdn-ncu16; then # the same for the bf16 step, whose backward reads the states its forward carried: the last
-    # forward layer's three kernels and the first backward's four, a line each (scripts/ncu_table.py)
+    # forward layer's two kernels (the preparation; the state pass, which makes the output) and the first backward's
+    # four, a line each (scripts/ncu_table.py); the filter leaves out the gate's kernels (GDN_GATE), launched between
     ncu_m='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active'
-    run "ncu: the delta rule's kernels (bf16 batch 8)" gdn-ncu16.log bash -c "ncu --csv --clock-control none -k regex:k_gdn --launch-skip 51 --launch-count 7 --metrics '$ncu_m' $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >$out/gdn-ncu16.csv && python3 scripts/ncu_table.py $out/gdn-ncu16.csv"
+    run "ncu: the delta rule's kernels (bf16 batch 8)" gdn-ncu16.log bash -c "ncu --csv --clock-control none -k regex:'k_gdn_(prep|state|out|pre_back|contract|grads)' --launch-skip 34 --launch-count 6 --metrics '$ncu_m' $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >$out/gdn-ncu16.csv && python3 scripts/ncu_table.py $out/gdn-ncu16.csv"
     cat "$out/gdn-ncu16.log"
 fi
-if want gdn-sass; then # the same seven kernels under ncu's full set: per kernel, stall samples by reason and the
+if want gdn-sass; then # the same six kernels under ncu's full set: per kernel, stall samples by reason and the
     # opcodes' shares of samples and instructions (scripts/ncu_sass_mix.py); the report stays in the logs
-    run "ncu --set full: the delta rule's kernels (bf16 batch 8)" gdn-sass.log bash -c "ncu --clock-control none --set full --import-source no -k regex:k_gdn --launch-skip 51 --launch-count 7 -o $out/gdn-sass -f $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 && ncu -i $out/gdn-sass.ncu-rep --page source --csv --print-source sass >$out/gdn-sass.csv && python3 scripts/ncu_sass_mix.py $out/gdn-sass.csv"
+    run "ncu --set full: the delta rule's kernels (bf16 batch 8)" gdn-sass.log bash -c "ncu --clock-control none --set full --import-source no -k regex:'k_gdn_(prep|state|out|pre_back|contract|grads)' --launch-skip 34 --launch-count 6 -o $out/gdn-sass -f $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 && ncu -i $out/gdn-sass.ncu-rep --page source --csv --print-source sass >$out/gdn-sass.csv && python3 scripts/ncu_sass_mix.py $out/gdn-sass.csv"
     grep -A2 "^k_gdn" "$out/gdn-sass.log"
 fi
 if want grad; then
