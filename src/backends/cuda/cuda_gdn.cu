@@ -316,6 +316,15 @@ static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_L
  * (215 KB of shared memory with the output's tiles) waits on its own barriers and products. The
  * same design for the reverse pass ran 512 us against 508 and was not kept. */
 #define STATE_TC_MAX 128
+/* a warp's one turn of 2 x 4 tiles (tc_acc's registers) set to 0, for a product summed from zero */
+__device__ static inline void tiles_zero(float (*u)[2][4][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) u[0][i][j][e] = 0.0f;
+}
 template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P, float *o) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, ld = A.Hv * A.Dv;
@@ -351,12 +360,7 @@ template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_ar
         fetch_wait(1); /* W, U0 (and Qg, Pm) of this chunk */
         __syncthreads();
         store_mat(P.Sc + lc * Dk * (int64_t)Dv, Dv, Ss, ldv, Dk, Dv);
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) u[0][i][j][e] = 0.0f;
+        tiles_zero(u);
         tc_acc<TC, false, false, 2, 4, 1>(u, Xw, ldk, Ss, ldv, n, Dv, Dk);
         tc_each<2, 4, 1>(n, Dv, [&](int t, int i, int j, int e, int r, int x) {
             Us[r * ldv + x] = 1.0f * Us[r * ldv + x] + -1.0f * u[t][i][j][e];
@@ -367,12 +371,7 @@ template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_ar
         store_mat(P.Uc + rv, Dv, Us, ldv, n, Dv);
         if (o) { /* O = Qg S + Pm U in u's registers (k_gdn_out's sums), to o */
             float *out = o + ((b * A.T + c * CH) * A.Hv + hv) * A.Dv;
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) u[0][i][j][e] = 0.0f;
+            tiles_zero(u);
             tc_acc<TC, false, false, 2, 4, 1>(u, Xq, ldk, Ss, ldv, n, Dv, Dk);
             tc_acc<TC, false, false, 2, 4, 1>(u, Pm, LDC, Us, ldv, n, Dv, n);
             tc_each<2, 4, 1>(n, Dv, [&](int t, int i, int j, int e, int r, int x) {
