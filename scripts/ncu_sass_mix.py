@@ -2,8 +2,11 @@
 """Where a kernel's issue slots go, from ncu's per-instruction page of a `--set full` report
 (`ncu -i REPORT --page source --csv --print-source sass > FILE.csv`): per kernel, its warp
 instructions executed, its stall samples by reason, and per opcode (the SASS mnemonic without its
-predicate and suffixes) its share of the samples and of the instructions executed.
-Usage: ncu_sass_mix.py FILE.csv [N_OPCODES]"""
+predicate and suffixes) its share of the samples and of the instructions executed. With --phases,
+also the same per phase: the instructions between two barriers (BAR) in address order, so that a
+kernel's time can be told apart by the code between its __syncthreads (a loop's body is the phases
+inside it; the opcodes say which code a phase is).
+Usage: ncu_sass_mix.py FILE.csv [N_OPCODES] [--phases]"""
 import collections
 import re
 import sys
@@ -46,8 +49,38 @@ def opcode(sass):
     return text.split(" ")[0].split(".")[0] or "?"
 
 
+def phases(body, at, samples, executed, n_ops):
+    """the instructions from one BAR to the next (the BAR itself closes a phase): each phase with at
+    least 1% of the samples, its share of samples and instructions, top stall and opcodes"""
+    parts, cur = [], []
+    for r in body:
+        cur.append(r)
+        if opcode(r[at["Source"]]) == "BAR":
+            parts.append(cur)
+            cur = []
+    if cur:
+        parts.append(cur)
+    stall_cols = [h for h in at if h.startswith("stall_") and "Not Issued" not in h]
+    for i, part in enumerate(parts):
+        ps = sum(number(r[at[SAMPLES]]) for r in part)
+        if ps < 0.01 * samples:
+            continue
+        pe = sum(number(r[at[EXECUTED]]) for r in part)
+        reasons = sorted(((h[6:], sum(number(r[at[h]]) for r in part)) for h in stall_cols), key=lambda x: -x[1])[:3]
+        ops = collections.defaultdict(float)
+        for r in part:
+            ops[opcode(r[at["Source"]])] += number(r[at[SAMPLES]])
+        addr = part[0][at["Address"]] if "Address" in at else str(i)
+        print(f"  phase {i} at {addr} ({len(part)} instructions): samples {ps / samples * 100:.1f}%, "
+              f"executed {pe / executed * 100:.1f}%; stalls " + " ".join(f"{k} {v / ps * 100:.0f}%" for k, v in reasons)
+              + "; opcodes " + " ".join(f"{k} {v / ps * 100:.0f}%" for k, v in sorted(ops.items(), key=lambda x: -x[1])[:n_ops]))
+
+
 def main():
-    rows, n_ops = rows_and_count("ncu_sass_mix.py FILE.csv [N_OPCODES]", 10)
+    want_phases = "--phases" in sys.argv
+    if want_phases:
+        sys.argv.remove("--phases")
+    rows, n_ops = rows_and_count("ncu_sass_mix.py FILE.csv [N_OPCODES] [--phases]", 10)
     kernels = kernels_of(rows)
     if not kernels:
         sys.exit(f"{sys.argv[1]}: no kernel with per-instruction samples (ncu --set full, then --page source --csv)")
@@ -72,6 +105,8 @@ def main():
         print("  opcode (samples / executed): " + "  ".join(
             f"{k} {v[0] / samples * 100:.0f}/{v[1] / executed * 100:.0f}%"
             for k, v in sorted(ops.items(), key=lambda x: -x[1][0])[:n_ops]))
+        if want_phases:
+            phases(body, at, samples, executed, min(n_ops, 6))
 
 
 if __name__ == "__main__":
