@@ -33,7 +33,7 @@
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_tile.cuh"
 
-#define CH  64 /* steps in a chunk */
+#define CH  64 /* steps in a chunk (decay_load's scan takes two a lane) */
 #define JB  32 /* value columns per block of the sequential passes */
 #define JO  64 /* value columns per block of the per-chunk output passes */
 #define LDO PAD_LD(JO)
@@ -79,16 +79,30 @@ __device__ static void decay_load(const gdn_args &A, chunk_decay d, int64_t b, i
         d.bt[t] = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        double acc = 0.0;
-        int sg = -1;
-        for (int t = 0; t < n; t++) {
-            if (d.seg[t] == t)
-                sg = t, acc = 0.0;
-            else
-                acc += d.G[t];
-            d.G[t] = acc, d.seg[t] = sg;
+    if (threadIdx.x < 32) { /* the sums since the example's start: a segmented scan, one warp, two steps a lane */
+        int lane = threadIdx.x, ta = 2 * lane, tb = ta + 1;
+        bool fa = ta < n && d.seg[ta] == ta, fb = tb < n && d.seg[tb] == tb; /* an example starts there */
+        double va = ta < n && !fa ? d.G[ta] : 0.0, vb = tb < n && !fb ? d.G[tb] : 0.0;
+        /* the pair's sum (since a start inside it) and last start, then Hillis-Steele over the pairs
+         * in a fixed tree: an earlier part (ov, of) adds to a later (pv, pf) unless pf (a start) */
+        double pv = fb ? vb : va + vb;
+        bool pf = fa || fb;
+        int ps = fb ? tb : fa ? ta : -1;
+        for (int k = 1; k < 32; k <<= 1) {
+            double ov = __shfl_up_sync(0xffffffffu, pv, k);
+            int of = __shfl_up_sync(0xffffffffu, (int)pf, k), os = __shfl_up_sync(0xffffffffu, ps, k);
+            if (lane >= k) {
+                if (!pf) pv = ov + pv;
+                pf = pf || of, ps = ps > os ? ps : os;
+            }
         }
+        /* what the pairs before this one leave: their sum since the last start, and that start */
+        double ev = __shfl_up_sync(0xffffffffu, pv, 1);
+        int es = __shfl_up_sync(0xffffffffu, ps, 1);
+        if (lane == 0) ev = 0.0, es = -1;
+        double ga = fa ? 0.0 : ev + va;
+        if (ta < n) d.G[ta] = ga, d.seg[ta] = fa ? ta : es;
+        if (tb < n) d.G[tb] = fb ? 0.0 : ga + vb, d.seg[tb] = fb ? tb : fa ? ta : es;
     }
     __syncthreads();
     for (int t = threadIdx.x; t < n; t += blockDim.x) {
@@ -126,30 +140,56 @@ __device__ static inline int chunk_len(int64_t T, int64_t c) { return (int)(T - 
 __device__ static void invert_unit_lower(const float *M, double *Ad, double *T) {
     for (int e = threadIdx.x; e < CH * CH; e += blockDim.x) Ad[e] = 0.0;
     __syncthreads();
-    if (threadIdx.x < CH) {
-        int j = threadIdx.x, I0 = j / SB * SB;
-        for (int t = j; t < I0 + SB; t++) {
-            double s = t == j ? 1.0 : 0.0;
-            for (int p = j; p < t; p++) s -= (double)M[t * LDC + p] * Ad[p * CH + j];
-            Ad[t * CH + j] = s;
+    if (threadIdx.x < CH) { /* the column in registers, the loops unrolled: the chain of subtractions
+                               * no longer waits on shared memory (the solve was a fifth of prep) */
+        int j = threadIdx.x, I0 = j / SB * SB, jj = j - I0;
+        double x[SB];
+#pragma unroll
+        for (int t = 0; t < SB; t++) {
+            /* the terms before jj are - M 0 and leave s at +0, as not adding them does (finite M) */
+            double s = t == jj ? 1.0 : 0.0;
+#pragma unroll
+            for (int p = 0; p < t; p++) s -= (double)M[(I0 + t) * LDC + I0 + p] * x[p];
+            x[t] = t < jj ? 0.0 : s;
         }
+#pragma unroll
+        for (int t = 0; t < SB; t++) Ad[(I0 + t) * CH + j] = x[t];
     }
     __syncthreads();
+    /* the blocks below, a thread an element (r, c) of each block of the diagonal: their sums side by
+     * side (each still in order over its depth), so that one waits less on the one before */
+    static_assert(NT == SB * SB, "a thread an element of a 16 x 16 block");
+    int r = (int)threadIdx.x / SB, c = (int)threadIdx.x % SB;
+#pragma unroll
     for (int dd = 1; dd < CH / SB; dd++) {
+        constexpr int NBMAX = CH / SB - 1;
         int nblk = CH / SB - dd;
-        for (int e = threadIdx.x; e < nblk * SB * SB; e += blockDim.x) {
-            int J = e / (SB * SB), r = e / SB % SB, c = e % SB, I = J + dd;
-            double s = 0.0;
-            for (int q = J * SB; q < I * SB; q++) s += (double)M[(I * SB + r) * LDC + q] * Ad[q * CH + J * SB + c];
-            T[e] = s;
-        }
+        double s[NBMAX];
+#pragma unroll
+        for (int J = 0; J < NBMAX; J++) s[J] = 0.0;
+        for (int K = 0; K < dd; K++) /* by blocks of SB, unrolled: the loads ahead of the sums */
+#pragma unroll
+            for (int qq = 0; qq < SB; qq++)
+#pragma unroll
+                for (int J = 0; J < NBMAX; J++)
+                    if (J < nblk) {
+                        int q = (J + K) * SB + qq;
+                        s[J] += (double)M[((J + dd) * SB + r) * LDC + q] * Ad[q * CH + J * SB + c];
+                    }
+#pragma unroll
+        for (int J = 0; J < NBMAX; J++)
+            if (J < nblk) T[J * SB * SB + r * SB + c] = s[J];
         __syncthreads();
-        for (int e = threadIdx.x; e < nblk * SB * SB; e += blockDim.x) {
-            int J = e / (SB * SB), r = e / SB % SB, c = e % SB, I = J + dd;
-            double s = 0.0;
-            for (int q = 0; q < SB; q++) s -= Ad[(I * SB + r) * CH + I * SB + q] * T[J * SB * SB + q * SB + c];
-            Ad[(I * SB + r) * CH + J * SB + c] = s;
-        }
+#pragma unroll
+        for (int J = 0; J < NBMAX; J++) s[J] = 0.0;
+#pragma unroll
+        for (int q = 0; q < SB; q++)
+#pragma unroll
+            for (int J = 0; J < NBMAX; J++)
+                if (J < nblk) s[J] -= Ad[((J + dd) * SB + r) * CH + (J + dd) * SB + q] * T[J * SB * SB + q * SB + c];
+#pragma unroll
+        for (int J = 0; J < NBMAX; J++)
+            if (J < nblk) Ad[((J + dd) * SB + r) * CH + J * SB + c] = s[J];
         __syncthreads();
     }
 }
@@ -374,8 +414,8 @@ template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_ar
             tiles_zero(u);
             tc_acc<TC, false, false, 2, 4, 1>(u, Xq, ldk, Ss, ldv, n, Dv, Dk);
             tc_acc<TC, false, false, 2, 4, 1>(u, Pm, LDC, Us, ldv, n, Dv, n);
-            tc_each<2, 4, 1>(n, Dv, [&](int t, int i, int j, int e, int r, int x) {
-                out[r * ld + x] = u[t][i][j][e];
+            tc_each_pair<2, 4, 1>(n, Dv, [&](int t, int i, int j, int h, int r, int x, int w) {
+                store_pair(out + r * ld + x, u[t][i][j][2 * h], u[t][i][j][2 * h + 1], w);
             });
         }
         fetch_wait(1); /* Kc of this chunk */
@@ -408,12 +448,20 @@ static size_t state_tc_smem(int64_t Dk, int64_t Dv, bool out) {
 /* The reverse state pass's Ac and Kb come as tiles of half their columns: the first state_kh of Dk */
 __host__ __device__ static inline int state_kh(int Dk) { return (Dk / 2 + 3) / 4 * 4; }
 
-/* The output per chunk (grid: chunks x lanes x blocks of JO value columns): O = Qg S + Pm U,
+/* The per-chunk passes over blocks of value columns (or parts) number their blocks chunk-major
+ * along x (block z of chunk c at x = c nz + z): the blocks of a chunk then run side by side and
+ * read the chunk's shared operands (Qg, Pm, A; S, U) once from memory, the later ones from the L2
+ * cache. With the blocks of a chunk along z, each z ran over all chunks before the next: the
+ * contractions read 940 MB a layer at the 0.8B shape, S and U three times over (ncu). */
+__host__ __device__ static inline int jo_blocks(const gdn_args &A) { return (int)((A.Dv + JO - 1) / JO); }
+#define CONTRACT_PARTS 3
+
+/* The output per chunk (grid: chunks and blocks of JO value columns x lanes): O = Qg S + Pm U,
  * written to o (or to packed: the same layout). */
 template <int TC> __global__ void __launch_bounds__(NT) k_gdn_out(gdn_args A, gdn_scr P, float *o) {
     extern __shared__ float sm[];
-    int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
-            j0 = (int64_t)blockIdx.z * JO;
+    int64_t c = blockIdx.x / jo_blocks(A), l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
+            j0 = (int64_t)(blockIdx.x % jo_blocks(A)) * JO;
     int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk),
         jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
     float *X = sm, *Pm = X + CH * ldk, *St = Pm + CH * LDC, *Ut = St + Dk * LDO;
@@ -451,12 +499,12 @@ static size_t out_smem(int64_t Dk) {
     return (size_t)(CH * PAD_LD(Dk) + CH * LDC + Dk * LDO + CH * LDO) * sizeof(float);
 }
 
-/* Per chunk (grid: chunks x lanes x blocks of JO value columns), what the reverse pass needs that
+/* Per chunk (grid: chunks and blocks of JO value columns x lanes), what the reverse pass needs that
  * does not depend on dS: G0 = Qg^T dO into dSc, dR0 = A^T (Pm^T dO) into dR. */
 template <int TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
     extern __shared__ float sm[];
-    int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
-            j0 = (int64_t)blockIdx.z * JO;
+    int64_t c = blockIdx.x / jo_blocks(A), l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
+            j0 = (int64_t)(blockIdx.x % jo_blocks(A)) * JO;
     int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk),
         jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
     float *X = sm, *Pm = X + CH * ldk, *Am = Pm + CH * LDC, *dOt = Am + CH * LDC, *dU = dOt + CH * LDO;
@@ -502,7 +550,7 @@ template <int GR, typename F> __device__ static inline void g0_walk(int Dk, int 
         if (x >= jw) x -= jw, i++;
     }
 }
-template <int GR>
+template <int GR, int TC>
 __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
@@ -521,27 +569,45 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
         lc = l * P.nc + c, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0, n = chunk_len(A.T, c);
         int n1 = c > 0 ? CH : 0; /* every chunk before the last is whole */
         int64_t t0 = c * CH;
+        float gc = P.GamC[lc], *dSo = P.dSc + lc * Dk * (int64_t)Dv + j0;
+        /* G0's rows into the L2 cache now, for the loads below, after dR (they stalled a quarter of
+         * the pass on memory: ncu's samples, long scoreboard) */
+        if ((int)threadIdx.x < Dk) l2_prefetch(dSo + threadIdx.x * (int64_t)Dv);
         for (int t = threadIdx.x; t < n; t += NT) bt[t] = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
         fetch_wait(0); /* Ac's first half, dR0 */
         __syncthreads();
-        int r0, cb, cs;
-        bool mine = ow.block(0, &r0, &cb, &cs) && r0 < n && cb < jw;
-        float s[2][4];
-        if (mine) bmm_block<false, false, 2>(s, X, ldx, dS, LDJ, n, jw, kh, r0, cb, cs);
-        __syncthreads();
-        fetch_mat(X, ldx, P.Ac + rk + kh, Dk, n, Dk - kh);
-        fetch_commit();
-        fetch_wait(0);
-        __syncthreads();
-        if (mine) { /* dR = dR0 + Ac dS, as bmm(dRt, ..., 1, 1, acc) stores it */
-            bmm_block<false, false, 2>(s, X, ldx, dS + kh * LDJ, LDJ, n, jw, Dk - kh, r0, cb, cs, false);
+        if (TC) { /* the same on the tensor cores: a warp's 16 x 16 tile, the sum continued over both halves */
+            float s[1][1][2][4] = {};
+            tc_acc<TC ? TC : 1, false, false, 1, 2, 1>(s, X, ldx, dS, LDJ, n, jw, kh);
+            __syncthreads();
+            fetch_mat(X, ldx, P.Ac + rk + kh, Dk, n, Dk - kh);
+            fetch_commit();
+            fetch_wait(0);
+            __syncthreads();
+            tc_acc<TC ? TC : 1, false, false, 1, 2, 1>(s, X, ldx, dS + kh * LDJ, LDJ, n, jw, Dk - kh);
+            tc_each<1, 2, 1>(n, jw, [&](int u, int i, int j, int e, int r, int x) {
+                dRt[r * LDJ + x] = 1.0f * dRt[r * LDJ + x] + 1.0f * s[u][i][j][e];
+            });
+        } else {
+            int r0, cb, cs;
+            bool mine = ow.block(0, &r0, &cb, &cs) && r0 < n && cb < jw;
+            float s[2][4];
+            if (mine) bmm_block<false, false, 2>(s, X, ldx, dS, LDJ, n, jw, kh, r0, cb, cs);
+            __syncthreads();
+            fetch_mat(X, ldx, P.Ac + rk + kh, Dk, n, Dk - kh);
+            fetch_commit();
+            fetch_wait(0);
+            __syncthreads();
+            if (mine) { /* dR = dR0 + Ac dS, as bmm(dRt, ..., 1, 1, acc) stores it */
+                bmm_block<false, false, 2>(s, X, ldx, dS + kh * LDJ, LDJ, n, jw, Dk - kh, r0, cb, cs, false);
 #pragma unroll
-            for (int i = 0; i < 2; i++)
+                for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    int r = r0 + i, x = cb + j * cs;
-                    if (r < n && x < jw) dRt[r * LDJ + x] = 1.0f * dRt[r * LDJ + x] + 1.0f * s[i][j];
-                }
+                    for (int j = 0; j < 4; j++) {
+                        int r = r0 + i, x = cb + j * cs;
+                        if (r < n && x < jw) dRt[r * LDJ + x] = 1.0f * dRt[r * LDJ + x] + 1.0f * s[i][j];
+                    }
+            }
         }
         __syncthreads();
         fetch_mat(X, ldx, P.Kb + rk, Dk, n, kh);
@@ -550,7 +616,6 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
         grid_walk(n, jw, [&](int t, int x) {
             out[(b * A.T + t0 + t) * prow + off_dv + j0 + x] = bt[t] * dRt[t * LDJ + x];
         });
-        float gc = P.GamC[lc], *dSo = P.dSc + lc * Dk * (int64_t)Dv + j0;
 #pragma unroll
         for (int h = 0; h < 2; h++) { /* half of the thread's elements at a time: registers for four blocks */
             float g0[GR / 2];
@@ -566,13 +631,13 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
         }
         fetch_wait(0);
         __syncthreads();
-        bmm<true, false>(dS, LDJ, X, ldx, dRt, LDJ, kh, jw, n, -1.0f, 1.0f, true); /* dS's first kh rows */
+        bmm_sel<TC, true, false>(dS, LDJ, X, ldx, dRt, LDJ, kh, jw, n, -1.0f, 1.0f, true); /* dS's first kh rows */
         __syncthreads();
         fetch_mat(X, ldx, P.Kb + rk + kh, Dk, n, Dk - kh);
         fetch_commit();
         fetch_wait(0);
         __syncthreads();
-        bmm<true, false>(dS + kh * LDJ, LDJ, X, ldx, dRt, LDJ, Dk - kh, jw, n, -1.0f, 1.0f, true);
+        bmm_sel<TC, true, false>(dS + kh * LDJ, LDJ, X, ldx, dRt, LDJ, Dk - kh, jw, n, -1.0f, 1.0f, true);
         __syncthreads();
         fetch_mat(X, ldx, P.Ac + rk - CH * Dk, Dk, n1, kh);
         fetch_mat(dRt, LDJ, P.dR + rv - CH * Dv, Dv, n1, jw);
@@ -585,48 +650,61 @@ static size_t state_back_smem(int64_t Dk) {
     return (size_t)(Dk * LDJ + CH * PAD_LD(state_kh((int)Dk)) + CH * LDJ + CH) * sizeof(float);
 }
 
-/* The contractions over value columns, per chunk (grid: chunks x lanes x 3 parts), summed over
+/* The contractions over value columns, per chunk (grid: chunks and 3 parts x lanes), summed over
  * blocks of JB columns in order: part 0 dQa = dO S^T and dPm = dO U^T; part 1 dKa = U dS^T and
  * dGamC = sum S o dS; part 2 dKb = dR S^T, dMm = -dR U^T and r3 = rows of dR o V. The two results
  * are summed in registers and stored once (bmm_reg: bmm's sums, as into C block after block; on the
  * tensor cores, tc_acc: every tile's sums one chain over all the blocks, dMm's sign at the store),
- * so shared memory holds only the blocks of the operands: about 64 KB at Dk 128, two blocks a
- * multiprocessor (the float32 variant then spills 88 bytes a thread, and still runs the float32
- * backward 3.58 ms a layer against 3.87 with one block). NB: bmm_reg's turns of n x Dk (2 up to
- * Dk = 128, 4 up to 256). */
+ * so shared memory holds only the blocks of the operands, in two stages: the next block's copies
+ * are in flight during this one's products (one stage made every block wait a memory latency with
+ * nothing to do but the other resident block's work). About 94 KB at Dk 128, two blocks a
+ * multiprocessor (registers allow no more; the float32 variant then spills 88 bytes a thread, and
+ * still runs the float32 backward 3.58 ms a layer against 3.87 with one block). NB: bmm_reg's turns
+ * of n x Dk (2 up to Dk = 128, 4 up to 256). */
+/* a stage's floats: Ta (CH rows), St (Dk), and a third tile of Dk rows or two of CH: Tb (parts 0
+ * and 2), St2 (part 1) or Tb and Tc (part 2) */
+__host__ __device__ static inline int contract_stage(int Dk) { return (CH + Dk + (Dk > 2 * CH ? Dk : 2 * CH)) * LDJ; }
 template <int TC, int NB> __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A, gdn_scr P) {
     extern __shared__ double smd[];
-    int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, t0 = c * CH, lc = l * P.nc + c;
-    int part = blockIdx.z, n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv;
+    int64_t c = blockIdx.x / CONTRACT_PARTS, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, t0 = c * CH,
+            lc = l * P.nc + c;
+    int part = blockIdx.x % CONTRACT_PARTS, n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv;
     double *sh = smd;
-    float *r3 = (float *)(sh + NT), *Ta = r3 + CH, *Tb = Ta + CH * LDJ, *St = Tb + CH * LDJ, *St2 = St + Dk * LDJ,
-          *Tc = St2; /* St2 (part 1) and Tc (part 2) share */
+    float *r3 = (float *)(sh + NT), *stages = r3 + CH;
     const float *Sc = P.Sc + lc * Dk * (int64_t)Dv, *dSc = P.dSc + lc * Dk * (int64_t)Dv;
     int64_t rv = lc * CH * (int64_t)Dv;
+    int sf = contract_stage(Dk);
     double part_sum = 0.0; /* this thread's share of dGamC, in a fixed order */
     float acc1[NB][4][4], acc2[1][4][4], s1[NB / 2][2][4][4] = {}, s2[1][2][2][4] = {};
-    for (int t = threadIdx.x; t < n; t += NT) r3[t] = 0.0f;
-    for (int j0 = 0; j0 < Dv; j0 += JB) {
+    /* block j0's operands into stage st: Ta, St, then Tb, St2 or Tb and Tc (tile below) */
+    auto fetch_block = [&](int j0, int st) {
         int jw = Dv - j0 < JB ? Dv - j0 : JB;
-        bool more = j0 > 0;
-        __syncthreads();
+        float *Ta = stages + st * sf, *St = Ta + CH * LDJ, *X3 = St + Dk * LDJ;
         if (part == 0) {
             fetch_rows(Ta, LDJ, A.dO, hv, t0, b, n, j0, jw);
             fetch_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
-            fetch_mat(Tb, LDJ, P.Uc + rv + j0, Dv, n, jw);
+            fetch_mat(X3, LDJ, P.Uc + rv + j0, Dv, n, jw);
         } else if (part == 1) {
             fetch_mat(Ta, LDJ, P.Uc + rv + j0, Dv, n, jw);
             fetch_mat(St, LDJ, dSc + j0, Dv, Dk, jw);
-            fetch_mat(St2, LDJ, Sc + j0, Dv, Dk, jw);
+            fetch_mat(X3, LDJ, Sc + j0, Dv, Dk, jw);
         } else {
             fetch_mat(Ta, LDJ, P.dR + rv + j0, Dv, n, jw);
             fetch_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
-            fetch_mat(Tb, LDJ, P.Uc + rv + j0, Dv, n, jw);
-            fetch_rows(Tc, LDJ, A.v, hv, t0, b, n, j0, jw);
+            fetch_mat(X3, LDJ, P.Uc + rv + j0, Dv, n, jw);
+            fetch_rows(X3 + CH * LDJ, LDJ, A.v, hv, t0, b, n, j0, jw);
         }
         fetch_commit();
-        fetch_wait(0);
+    };
+    for (int t = threadIdx.x; t < n; t += NT) r3[t] = 0.0f;
+    fetch_block(0, 0);
+    for (int j0 = 0, st = 0; j0 < Dv; j0 += JB, st ^= 1) {
+        int jw = Dv - j0 < JB ? Dv - j0 : JB;
+        bool more = j0 > 0, next = j0 + JB < Dv;
+        if (next) fetch_block(j0 + JB, st ^ 1); /* that stage was read before the last barrier */
+        fetch_wait(next ? 1 : 0);
         __syncthreads();
+        float *Ta = stages + st * sf, *St = Ta + CH * LDJ, *Tb = St + Dk * LDJ, *St2 = Tb, *Tc = Tb + CH * LDJ;
         if (TC) {
             tc_acc<TC, false, true, 2, 4, NB / 2>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
             if (part != 1) tc_acc<TC, false, true, 2, 2, 1>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
@@ -646,6 +724,7 @@ template <int TC, int NB> __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1)
             s = quad_sum(s);
             if (t < n && h == 0) r3[t] += s;
         }
+        __syncthreads(); /* this stage is read: the next turn's copies may take it */
     }
     float *out1 = part == 0   ? P.dQa
                   : part == 1 ? P.dKa
@@ -653,12 +732,12 @@ template <int TC, int NB> __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1)
           *out2 = part == 0 ? P.dPm : P.dMm, sg = part == 2 ? -1.0f : 1.0f;
     out1 += lc * CH * (int64_t)Dk, out2 += lc * CH * CH;
     if (TC) {
-        tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int r, int x) {
-            out1[r * Dk + x] = s1[u][i][j][e];
+        tc_each_pair<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int h, int r, int x, int w) {
+            store_pair(out1 + r * Dk + x, s1[u][i][j][2 * h], s1[u][i][j][2 * h + 1], w);
         });
         if (part != 1)
-            tc_each<2, 2, 1>(n, n, [&](int u, int i, int j, int e, int r, int x) {
-                out2[r * CH + x] = sg * s2[u][i][j][e];
+            tc_each_pair<2, 2, 1>(n, n, [&](int u, int i, int j, int h, int r, int x, int w) {
+                store_pair(out2 + r * CH + x, sg * s2[u][i][j][2 * h], sg * s2[u][i][j][2 * h + 1], w);
             });
     } else {
         bmm_each<true, NB>(n, Dk, [&](int u, int i, int j, int r, int x) {
@@ -679,7 +758,7 @@ template <int TC, int NB> __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1)
 }
 
 static size_t contract_smem(int64_t Dk) {
-    return NT * sizeof(double) + (size_t)(CH + 2 * CH * LDJ + (Dk + (Dk > CH ? Dk : CH)) * LDJ) * sizeof(float);
+    return NT * sizeof(double) + (size_t)(CH + 2 * contract_stage((int)Dk)) * sizeof(float);
 }
 
 /* Per chunk (grid: chunks x lanes): dq, dk, dg, dbeta from the contractions.
@@ -703,6 +782,16 @@ template <int NB, int TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_
     fetch_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
     fetch_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
     fetch_commit();
+    { /* the contractions' results this block loads itself (not through fetches) into the L2 cache
+       * now, a line a thread at a time: those loads waited on memory for a third of the pass (ncu) */
+        int64_t rk = lc * CH * (int64_t)Dk;
+        int nk = (n * Dk + 31) / 32, nm = (n * CH + 31) / 32;
+        for (int i = threadIdx.x; i < 3 * nk; i += NT) {
+            int a = i / nk;
+            l2_prefetch((a == 0 ? P.dQa : a == 1 ? P.dKa : P.dKb) + rk + 32 * (i - a * nk));
+        }
+        for (int i = threadIdx.x; i < 2 * nm; i += NT) l2_prefetch((i < nm ? gPd : gE) + 32 * (i < nm ? i : i - nm));
+    }
     /* what this thread's row of dG and dbeta reads of the contractions' results (the first of a row's
      * 4 threads), loaded now: behind a barrier later, they were a memory latency of their own */
     float r3v = threadIdx.x < 4 * n && (threadIdx.x & 3) == 0 ? P.r3[lc * CH + (threadIdx.x >> 2)] : 0.0f,
@@ -829,15 +918,17 @@ template <int NB, int TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_
         fetch_wait(0);
         __syncthreads(); /* Pd and E have landed */
         tc_acc<TC, false, false, 2, 4, NB / 2>(s, Pd, LDC, K, ldk, n, Dk, n);
+        tc_each_pair<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int h, int t, int c, int w) {
+            store_pair(oq + t * ld + c, s[u][i][j][2 * h], s[u][i][j][2 * h + 1], w);
+        });
         tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int t, int c) {
-            oq[t * ld + c] = s[u][i][j][e];
             s[u][i][j][e] = d.DC[t] * ka[t * Dk + c] - d.bt[t] * d.Gam[t] * kb[t * Dk + c];
         });
         tc_acc<TC, false, false, 2, 4, NB / 2>(s, E, LDC, K, ldk, n, Dk, n);
         tc_acc<TC, true, false, 2, 4, NB / 2>(s, E, LDC, K, ldk, n, Dk, n);
         tc_acc<TC, true, false, 2, 4, NB / 2>(s, Pd, LDC, Q, ldk, n, Dk, n);
-        tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int t, int c) {
-            ok[t * ld + c] = s[u][i][j][e];
+        tc_each_pair<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int h, int t, int c, int w) {
+            store_pair(ok + t * ld + c, s[u][i][j][2 * h], s[u][i][j][2 * h + 1], w);
         });
         return;
     }
@@ -997,14 +1088,23 @@ static int forward_any(int tc, keel_backend *be, const keel_tensor *t, const gdn
                      : forward_states<0>(be, t, A, P, bwd, packed, o);
 }
 
-static bool grid_fits(const gdn_args &A) { return A.B * A.Hv <= 65535 && (A.Dv + JB - 1) / JB <= 65535; }
+/* The grids' limits: lanes and column blocks along y (65535), chunks times their blocks along x */
+static int grid_check(const gdn_args &A, const keel_tensor *t) {
+    int64_t L = A.B * A.Hv, nc = (A.T + CH - 1) / CH,
+            per = jo_blocks(A) > CONTRACT_PARTS ? jo_blocks(A) : CONTRACT_PARTS;
+    if (L > 65535)
+        return keel_fail("cuda: '%s': %lld lanes of the gated delta rule, the most is 65535", t->name, (long long)L);
+    if ((A.Dv + JB - 1) / JB > 65535 || nc * per > INT32_MAX)
+        return keel_fail("cuda: '%s': the gated delta rule's %lld steps of %lld value columns take more blocks than "
+                         "a grid holds",
+                         t->name, (long long)A.T, (long long)A.Dv);
+    return 0;
+}
 
 int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     gdn_args A = args_of(t);
     if (A.B * A.Hv == 0 || A.Dv == 0 || A.T == 0) return 0;
-    if (!grid_fits(A))
-        return keel_fail("cuda: '%s': %lld lanes of the gated delta rule, the most is 65535", t->name,
-                         (long long)(A.B * A.Hv));
+    if (grid_check(A, t)) return -1;
     if (!keel_is_contiguous(t))
         return keel_fail("cuda: '%s': the gated delta rule writes a contiguous result", t->name);
     gdn_scr P;
@@ -1016,7 +1116,7 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     int tc = (int)t->ip[0];
     if (forward_any(tc, be, t, A, P, bwd, packed, (float *)t->data)) return -1;
     if (state_tc(tc, A, packed)) return 0; /* its state pass made the output */
-    dim3 outs((unsigned)P.nc, (unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JO - 1) / JO));
+    dim3 outs((unsigned)(P.nc * jo_blocks(A)), (unsigned)(A.B * A.Hv));
     void (*outk)(gdn_args, gdn_scr, float *) = tc == 2 ? k_gdn_out<2> : tc == 1 ? k_gdn_out<1> : k_gdn_out<0>;
     TILE_LAUNCH(outk, outs, NT, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
     return 0;
@@ -1027,11 +1127,11 @@ template <int TC> static int backward(keel_backend *be, const keel_tensor *t, co
     float *out = (float *)t->data;
     if (!t->carry_peer && forward_any((int)t->ip[0], be, t, A, P, 1, NULL, NULL))
         return -1; /* else its forward made them */
-    dim3 outs((unsigned)P.nc, (unsigned)L, (unsigned)((A.Dv + JO - 1) / JO)), chunks((unsigned)P.nc, (unsigned)L),
-        parts((unsigned)P.nc, (unsigned)L, 3), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
+    dim3 outs((unsigned)(P.nc * jo_blocks(A)), (unsigned)L), chunks((unsigned)P.nc, (unsigned)L),
+        parts((unsigned)(P.nc * CONTRACT_PARTS), (unsigned)L), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_pre_back<TC>, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
     void (*state_back)(gdn_args, gdn_scr, float *) =
-        A.Dk <= 128 ? k_gdn_state_back<128 * JB / NT> : k_gdn_state_back<256 * JB / NT>;
+        A.Dk <= 128 ? k_gdn_state_back<128 * JB / NT, TC> : k_gdn_state_back<256 * JB / NT, TC>;
     TILE_LAUNCH(state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
     void (*contract)(gdn_args, gdn_scr) = A.Dk <= 128 ? k_gdn_contract<TC, 2> : k_gdn_contract<TC, 4>;
     TILE_LAUNCH(contract, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
@@ -1045,8 +1145,7 @@ int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     int64_t L = A.B * A.Hv;
     if (L == 0 || A.T == 0) return 0;
     if (A.Dv == 0) return cuda_check(cudaMemsetAsync(t->data, 0, keel_nbytes(t), cuda_im(be)->stream), "memset", t);
-    if (!grid_fits(A))
-        return keel_fail("cuda: '%s': %lld lanes of the gated delta rule, the most is 65535", t->name, (long long)L);
+    if (grid_check(A, t)) return -1;
     gdn_scr P;
     if (scratch_of(be, t, A, &P)) return -1;
     int tc = (int)t->ip[0];

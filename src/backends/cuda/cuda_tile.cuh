@@ -364,6 +364,31 @@ template <int WM, int WN, typename F> __device__ static inline void tc_elems(int
                 if (r < m && c < n) f(i, j, e, r, c);
             }
 }
+/* The same elements two at a time, the pairs a lane holds side by side in a row (c0 c1, c2 c3):
+ * f(i, j, h, r, c, w) for s[i][j][2h .. 2h + 1] at (r, c) and (r, c + 1), w of them (1 or 2) inside
+ * m x n; a pair's stores can then be one 8-byte store (scalar stores of the tiles queued up in
+ * the load-store unit: ncu's lg throttle, the delta rule's contractions) */
+template <int WM, int WN, typename F> __device__ static inline void tc_pairs(int m, int n, int m0, int n0, F f) {
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int r = m0 + 16 * i + g + 8 * h, c = n0 + 8 * j + 2 * q;
+                if (r < m && c < n) f(i, j, h, r, c, c + 1 < n ? 2 : 1);
+            }
+}
+/* x and y to p and p + 1 (one 8-byte store where p is 8-byte aligned; only x when w is 1) */
+__device__ static inline void store_pair(float *p, float x, float y, int w) {
+    if (w == 2 && ((uintptr_t)p & 7) == 0) {
+        *(float2 *)p = make_float2(x, y);
+        return;
+    }
+    p[0] = x;
+    if (w == 2) p[1] = y;
+}
 template <int PR, bool TA, bool TB, int WM, int WN>
 __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m,
                                     int n, int k, float alpha, float beta, bool acc) {
@@ -376,9 +401,10 @@ __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int l
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[i][j][e] = 0.0f;
         tc_sum<PR, TA, TB, WM, WN>(s, A, lda, B, ldb, m, n, k, m0, n0);
-        tc_elems<WM, WN>(m, n, m0, n0, [&](int i, int j, int e, int r, int c) {
-            float *p = C + r * ldc + c;
-            *p = acc ? beta * *p + alpha * s[i][j][e] : alpha * s[i][j][e];
+        tc_pairs<WM, WN>(m, n, m0, n0, [&](int i, int j, int h, int r, int c, int w) {
+            float *p = C + r * ldc + c, x = alpha * s[i][j][2 * h], y = alpha * s[i][j][2 * h + 1];
+            if (acc) x = beta * p[0] + x, y = w == 2 ? beta * p[1] + y : y;
+            store_pair(p, x, y, w);
         });
     });
 }
@@ -396,6 +422,14 @@ template <int WM, int WN, int NB, typename F> __device__ static void tc_each(int
     tc_turns<WM, WN, NB>(m, n, [&](int b, int m0, int n0) {
         tc_elems<WM, WN>(m, n, m0, n0, [&](int i, int j, int e, int r, int c) {
             f(b, i, j, e, r, c);
+        });
+    });
+}
+/* tc_each's elements two at a time (tc_pairs): f(b, i, j, h, r, c, w) */
+template <int WM, int WN, int NB, typename F> __device__ static void tc_each_pair(int m, int n, F f) {
+    tc_turns<WM, WN, NB>(m, n, [&](int b, int m0, int n0) {
+        tc_pairs<WM, WN>(m, n, m0, n0, [&](int i, int j, int h, int r, int c, int w) {
+            f(b, i, j, h, r, c, w);
         });
     });
 }
@@ -448,16 +482,32 @@ template <typename F> __device__ static inline void grid_walk(int rows, int cols
  * copy when every row start on both sides is 16-byte aligned and cols a multiple of 4, else 4 (a
  * copy of 4 bytes a thread made the delta rule's kernels 20% slower at the 0.8B shape). */
 __device__ static inline bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-__device__ static void fetch_2d(float *dst, int ldd, const char *src, int64_t sb, int rows, int cols) {
-    if ((cols & 3) == 0 && (ldd & 3) == 0 && (sb & 15) == 0 && al16(src) && al16(dst)) {
-        grid_walk(rows, cols >> 2, [&](int r, int c4) {
-            __pipeline_memcpy_async(dst + r * ldd + 4 * c4, src + r * sb + c4 * (int64_t)(4 * sizeof(float)), 16);
-        });
-        return;
+/* The copies of U bytes each (16 or 4), `units` a row, in grid_walk's order of a thread's elements,
+ * with both addresses stepped by additions: the walk's index arithmetic per copy (two products, a
+ * 64-bit one among them) was a third of the delta rule's reverse preparation and contractions
+ * (ncu's samples, the code before their first barrier). */
+template <int U>
+__device__ static inline void fetch_walk(float *dst, int ldd, const char *src, int64_t sb, int rows, int units) {
+    if (units <= 0) return;
+    int r = (int)threadIdx.x / units, c = (int)threadIdx.x - r * units, dr = NT / units, dc = NT - dr * units;
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst) + (uint32_t)((r * ldd) * 4 + c * U),
+             dstep = (uint32_t)(dr * ldd * 4 + dc * U), dwrap = (uint32_t)(ldd * 4 - units * U);
+    const char *s = src + r * sb + c * U;
+    int64_t sstep = dr * sb + dc * U, swrap = sb - (int64_t)units * U;
+    while (r < rows) {
+        if (U == 16)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(s) : "memory");
+        else
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(s) : "memory");
+        r += dr, c += dc, d += dstep, s += sstep;
+        if (c >= units) c -= units, r++, d += dwrap, s += swrap;
     }
-    grid_walk(rows, cols, [&](int r, int c) {
-        __pipeline_memcpy_async(dst + r * ldd + c, src + r * sb + c * (int64_t)sizeof(float), sizeof(float));
-    });
+}
+__device__ static void fetch_2d(float *dst, int ldd, const char *src, int64_t sb, int rows, int cols) {
+    if ((cols & 3) == 0 && (ldd & 3) == 0 && (sb & 15) == 0 && al16(src) && al16(dst))
+        fetch_walk<16>(dst, ldd, src, sb, rows, cols >> 2);
+    else
+        fetch_walk<4>(dst, ldd, src, sb, rows, cols);
 }
 /* dst[t][c] = x(c0 + c, h, t0 + t, b): rows of an input tensor (a view whose elements are not
  * contiguous along dim 0 goes element by element). */
@@ -475,6 +525,8 @@ __device__ static void fetch_mat(float *dst, int ldd, const float *src, int64_t 
     fetch_2d(dst, ldd, (const char *)src, lds * (int64_t)sizeof(float), rows, cols);
 }
 __device__ static inline void fetch_commit() { __pipeline_commit(); }
+/* the 128-byte line at p into the L2 cache, for a later load that would otherwise wait on memory */
+__device__ static inline void l2_prefetch(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 __device__ static inline void fetch_wait(int pending) { __pipeline_wait_prior(pending); }
 
 /* Shared memory out to global: stores do not wait on memory, a plain loop is enough; 16 bytes a
