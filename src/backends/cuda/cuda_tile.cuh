@@ -350,21 +350,8 @@ template <int WM, int WN, int NB, typename F> __device__ static inline void tc_t
         for (int wt = w; wt < tm * tn; wt += NT / 32) f(0, wt / tn * 16 * WM, wt % tn * 8 * WN);
     }
 }
-/* Element (r, c) of the warp tile at (m0, n0) that s[i][j][e] holds, for the ones inside m x n:
- * f(i, j, e, r, c). c0 (g, 2q), c1 (g, 2q + 1), c2 (g + 8, 2q), c3 (g + 8, 2q + 1) of each tile. */
-template <int WM, int WN, typename F> __device__ static inline void tc_elems(int m, int n, int m0, int n0, F f) {
-    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-#pragma unroll
-    for (int i = 0; i < WM; i++)
-#pragma unroll
-        for (int j = 0; j < WN; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = m0 + 16 * i + g + 8 * (e >> 1), c = n0 + 8 * j + 2 * q + (e & 1);
-                if (r < m && c < n) f(i, j, e, r, c);
-            }
-}
-/* The same elements two at a time, the pairs a lane holds side by side in a row (c0 c1, c2 c3):
+/* The elements of the warp tile at (m0, n0) two at a time, the pairs a lane holds side by side in a
+ * row (c0 (g, 2q) c1 (g, 2q + 1), c2 (g + 8, 2q) c3 (g + 8, 2q + 1) of each tile):
  * f(i, j, h, r, c, w) for s[i][j][2h .. 2h + 1] at (r, c) and (r, c + 1), w of them (1 or 2) inside
  * m x n; a pair's stores can then be one 8-byte store (scalar stores of the tiles queued up in
  * the load-store unit: ncu's lg throttle, the delta rule's contractions) */
@@ -379,6 +366,14 @@ template <int WM, int WN, typename F> __device__ static inline void tc_pairs(int
                 int r = m0 + 16 * i + g + 8 * h, c = n0 + 8 * j + 2 * q;
                 if (r < m && c < n) f(i, j, h, r, c, c + 1 < n ? 2 : 1);
             }
+}
+/* Element (r, c) of the warp tile at (m0, n0) that s[i][j][e] holds, for the ones inside m x n:
+ * f(i, j, e, r, c), in the order of e (tc_pairs' pairs one element at a time). */
+template <int WM, int WN, typename F> __device__ static inline void tc_elems(int m, int n, int m0, int n0, F f) {
+    tc_pairs<WM, WN>(m, n, m0, n0, [&](int i, int j, int h, int r, int c, int w) {
+        f(i, j, 2 * h, r, c);
+        if (w == 2) f(i, j, 2 * h + 1, r, c + 1);
+    });
 }
 /* x and y to p and p + 1 (one 8-byte store where p is 8-byte aligned; only x when w is 1) */
 __device__ static inline void store_pair(float *p, float x, float y, int w) {
