@@ -538,7 +538,9 @@ static size_t pre_back_smem(int64_t Dk) {
  * before its own stores) and updates them. 48 KB and 64 registers a block at Dk 128: four blocks a
  * multiprocessor (508 us a layer at the 0.8B shape, 596 with the full tiles and one block; the same
  * for the forward's state pass ran 465 us against 444 with two blocks of full tiles, prefetched:
- * not kept there). */
+ * not kept there). In the tensor-core modes (TC) both products run on the tensor cores, a warp a
+ * 16 x 16 tile (the same four blocks a multiprocessor: 487 -> 427 us; the float32 ones were bound by
+ * shared-memory loads), and G0's rows are prefetched into L2 when a chunk starts. */
 /* G0 walks a thread's elements of a block of Dk x jw, e = threadIdx.x + u NT for u < GR (GR NT >= Dk JB),
  * as store_mat does: f(u, i, x) for the ones inside, the row and column kept without divisions */
 template <int GR, typename F> __device__ static inline void g0_walk(int Dk, int jw, F f) {
