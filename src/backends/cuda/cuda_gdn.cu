@@ -365,7 +365,7 @@ __device__ static inline void tiles_zero(float (*u)[2][4][4]) {
 #pragma unroll
             for (int e = 0; e < 4; e++) u[0][i][j][e] = 0.0f;
 }
-template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P, float *o) {
+template <int TC, bool SP> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_args A, gdn_scr P, float *o) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, ld = A.Hv * A.Dv;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk), ldv = PAD_LD(Dv);
@@ -387,39 +387,85 @@ template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_ar
         int n = c < P.nc ? chunk_len(A.T, c) : 0;
         fetch_mat(Xk, ldk, P.Kc + (l * P.nc + c) * CH * (int64_t)Dk, Dk, n, Dk);
     };
+    /* the products: on split tiles (SP), else tc_acc's; A's depth along its rows (W, Qg, Pm) ... */
+    auto prod = [&](float(*acc)[2][4][4], const float *X, int lx, const float *Y, int ly, int m, int n, int k) {
+        if (SP)
+            tc_acc_split<false, false, 2, 4, 1>(acc, X, lx, Y, ly, m, n, k);
+        else
+            tc_acc<TC, false, false, 2, 4, 1>(acc, X, lx, Y, ly, m, n, k);
+    };
+    /* ... or down its columns (Kc^T), into the state's two turns */
+    auto prod_t = [&](float(*acc)[2][4][4], const float *X, int lx, const float *Y, int ly, int m, int n, int k) {
+        if (SP)
+            tc_acc_split<true, false, 2, 4, 2>(acc, X, lx, Y, ly, m, n, k);
+        else
+            tc_acc<TC, true, false, 2, 4, 2>(acc, X, lx, Y, ly, m, n, k);
+    };
     fetch_a(0, true);
     fetch_commit();
     fetch_k(0);
     fetch_commit();
     for (int64_t c = 0; c < P.nc; c++) {
         int64_t lc = l * P.nc + c, rv = lc * CH * (int64_t)Dv;
-        int n = chunk_len(A.T, c), n1 = c + 1 < P.nc ? chunk_len(A.T, c + 1) : 0;
-        tc_each<2, 4, 2>(Dk, Dv, [&](int t, int i, int j, int e, int r, int x) {
-            Ss[r * ldv + x] = s[t][i][j][e];
-        });
-        fetch_wait(1); /* W, U0 (and Qg, Pm) of this chunk */
+        int n = chunk_len(A.T, c), n1 = c + 1 < P.nc ? chunk_len(A.T, c + 1) : 0, n16 = (n + 15) / 16 * 16;
+        float *Sc = P.Sc + lc * Dk * (int64_t)Dv;
+        if (SP) /* S split into its tile (the products' operand) and out to Sc from the registers */
+            tc_each_pair<2, 4, 2>(Dk, Dv, [&](int t, int i, int j, int h, int r, int x, int w) {
+                split_pair(Ss, ldv, r, x, s[t][i][j][2 * h], s[t][i][j][2 * h + 1]);
+                store_pair(Sc + r * (int64_t)Dv + x, s[t][i][j][2 * h], s[t][i][j][2 * h + 1], w);
+            });
+        else
+            tc_each<2, 4, 2>(Dk, Dv, [&](int t, int i, int j, int e, int r, int x) {
+                Ss[r * ldv + x] = s[t][i][j][e];
+            });
+        fetch_wait(SP ? 0 : 1); /* W, U0 (and Qg, Pm) of this chunk; split tiles: its Kc too */
         __syncthreads();
-        store_mat(P.Sc + lc * Dk * (int64_t)Dv, Dv, Ss, ldv, Dk, Dv);
+        if (SP) { /* the chunk's operands split once (Pm's and Kc's depth past n as zeros) */
+            split_tile(Xw, ldk, n, Dk, n, Dk);
+            split_tile(Xk, ldk, n, Dk, n16, Dk);
+            if (o) split_tile(Xq, ldk, n, Dk, n, Dk), split_tile(Pm, LDC, n, n, n, n16);
+            __syncthreads();
+        } else {
+            store_mat(Sc, Dv, Ss, ldv, Dk, Dv);
+        }
         tiles_zero(u);
-        tc_acc<TC, false, false, 2, 4, 1>(u, Xw, ldk, Ss, ldv, n, Dv, Dk);
-        tc_each<2, 4, 1>(n, Dv, [&](int t, int i, int j, int e, int r, int x) {
-            Us[r * ldv + x] = 1.0f * Us[r * ldv + x] + -1.0f * u[t][i][j][e];
-        });
+        prod(u, Xw, ldk, Ss, ldv, n, Dv, Dk);
+        if (SP) { /* U = U0 - W S out to Uc and, split, in place of U0: a group of 8 columns of a row is
+                   * one warp's (its 4 lanes of that row), which reads all its U0 before writing */
+            float u0[2][4][4];
+            tc_each<2, 4, 1>(n, Dv, [&](int, int i, int j, int e, int r, int x) {
+                u0[i][j][e] = Us[r * ldv + x];
+            });
+            __syncwarp();
+            tc_each_pair<2, 4, 1>(n, Dv, [&](int t, int i, int j, int h, int r, int x, int w) {
+                float y0 = 1.0f * u0[i][j][2 * h] + -1.0f * u[t][i][j][2 * h],
+                      y1 = 1.0f * u0[i][j][2 * h + 1] + -1.0f * u[t][i][j][2 * h + 1];
+                split_pair(Us, ldv, r, x, y0, y1);
+                store_pair(P.Uc + rv + r * (int64_t)Dv + x, y0, y1, w);
+            });
+            split_zero_rows(Us, ldv, n, Dv); /* U's depth past n (rows no warp reads as U0) */
+        } else {
+            tc_each<2, 4, 1>(n, Dv, [&](int t, int i, int j, int e, int r, int x) {
+                Us[r * ldv + x] = 1.0f * Us[r * ldv + x] + -1.0f * u[t][i][j][e];
+            });
+        }
         __syncthreads(); /* W is read, U whole */
         if (n1) fetch_mat(Xw, ldk, P.W + (lc + 1) * CH * (int64_t)Dk, Dk, n1, Dk);
         fetch_commit();
-        store_mat(P.Uc + rv, Dv, Us, ldv, n, Dv);
+        if (!SP) store_mat(P.Uc + rv, Dv, Us, ldv, n, Dv);
         if (o) { /* O = Qg S + Pm U in u's registers (k_gdn_out's sums), to o */
             float *out = o + ((b * A.T + c * CH) * A.Hv + hv) * A.Dv;
             tiles_zero(u);
-            tc_acc<TC, false, false, 2, 4, 1>(u, Xq, ldk, Ss, ldv, n, Dv, Dk);
-            tc_acc<TC, false, false, 2, 4, 1>(u, Pm, LDC, Us, ldv, n, Dv, n);
+            prod(u, Xq, ldk, Ss, ldv, n, Dv, Dk);
+            prod(u, Pm, LDC, Us, ldv, n, Dv, n);
             tc_each_pair<2, 4, 1>(n, Dv, [&](int t, int i, int j, int h, int r, int x, int w) {
                 store_pair(out + r * ld + x, u[t][i][j][2 * h], u[t][i][j][2 * h + 1], w);
             });
         }
-        fetch_wait(1); /* Kc of this chunk */
-        __syncthreads();
+        if (!SP) {
+            fetch_wait(1); /* Kc of this chunk */
+            __syncthreads();
+        }
         float g = P.GamC[lc];
 #pragma unroll
         for (int t = 0; t < 2; t++)
@@ -429,7 +475,7 @@ template <int TC> __global__ void __launch_bounds__(NT, 1) k_gdn_state_tc(gdn_ar
                 for (int j = 0; j < 4; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) s[t][i][j][e] *= g;
-        tc_acc<TC, true, false, 2, 4, 2>(s, Xk, ldk, Us, ldv, Dk, Dv, n);
+        prod_t(s, Xk, ldk, Us, ldv, Dk, Dv, n);
         __syncthreads(); /* Kc, U, Qg and Pm are read */
         fetch_a(c + 1, false);
         fetch_commit();
@@ -501,13 +547,20 @@ static size_t out_smem(int64_t Dk) {
 
 /* Per chunk (grid: chunks and blocks of JO value columns x lanes), what the reverse pass needs that
  * does not depend on dS: G0 = Qg^T dO into dSc, dR0 = A^T (Pm^T dO) into dR. */
-template <int TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
+template <int TC, bool SP> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
     extern __shared__ float sm[];
     int64_t c = blockIdx.x / jo_blocks(A), l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
             j0 = (int64_t)(blockIdx.x % jo_blocks(A)) * JO;
     int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk),
-        jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
+        jw = (int)(Dv - j0 < JO ? Dv - j0 : JO), n16 = (n + 15) / 16 * 16;
     float *X = sm, *Pm = X + CH * ldk, *Am = Pm + CH * LDC, *dOt = Am + CH * LDC, *dU = dOt + CH * LDO;
+    /* the products (all with A transposed): on split tiles (SP, the same bits), else bmm_sel's */
+    auto mm = [&](float *C, int64_t ldc, const float *X_, int lx, const float *Y, int ly, int m, int n_, int k) {
+        if (SP)
+            bmm_tc<2, true, false, true>(C, ldc, X_, lx, Y, ly, m, n_, k, 1.0f, 0.0f, false);
+        else
+            bmm_sel<TC, true, false>(C, ldc, X_, lx, Y, ly, m, n_, k, 1.0f, 0.0f, false);
+    };
     fetch_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
     fetch_rows(dOt, LDO, A.dO, hv, c * CH, b, n, j0, jw);
     fetch_commit();
@@ -516,12 +569,23 @@ template <int TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args 
     fetch_commit();
     fetch_wait(1);
     __syncthreads();
-    bmm_sel<TC, true, false>(dU, LDO, Pm, LDC, dOt, LDO, n, jw, n, 1.0f, 0.0f, false);
+    if (SP) { /* every operand's depth runs down its rows: rows n .. n16 zero in every column read */
+        split_tile(Pm, LDC, n, n, n16, CH);
+        split_tile(dOt, LDO, n, jw, n16, JO);
+        __syncthreads();
+    }
+    mm(dU, LDO, Pm, LDC, dOt, LDO, n, jw, n);
     fetch_wait(0);
     __syncthreads();
-    bmm_sel<TC, true, false>(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n, 1.0f, 0.0f, false);
-    __syncthreads();
-    bmm_sel<TC, true, false>(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n, 1.0f, 0.0f, false);
+    if (SP) {
+        split_tile(X, ldk, n, Dk, n16, Dk);
+        split_tile(Am, LDC, n, n, n16, CH);
+        split_tile(dU, LDO, n, jw, n16, JO);
+        __syncthreads();
+    }
+    mm(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n);
+    if (!SP) __syncthreads();
+    mm(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n);
 }
 
 static size_t pre_back_smem(int64_t Dk) {
@@ -666,7 +730,8 @@ static size_t state_back_smem(int64_t Dk) {
 /* a stage's floats: Ta (CH rows), St (Dk), and a third tile of Dk rows or two of CH: Tb (parts 0
  * and 2), St2 (part 1) or Tb and Tc (part 2) */
 __host__ __device__ static inline int contract_stage(int Dk) { return (CH + Dk + (Dk > 2 * CH ? Dk : 2 * CH)) * LDJ; }
-template <int TC, int NB> __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A, gdn_scr P) {
+template <int TC, int NB, bool SP>
+__global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A, gdn_scr P) {
     extern __shared__ double smd[];
     int64_t c = blockIdx.x / CONTRACT_PARTS, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, t0 = c * CH,
             lc = l * P.nc + c;
@@ -707,24 +772,39 @@ template <int TC, int NB> __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1)
         fetch_wait(next ? 1 : 0);
         __syncthreads();
         float *Ta = stages + st * sf, *St = Ta + CH * LDJ, *Tb = St + Dk * LDJ, *St2 = Tb, *Tc = Tb + CH * LDJ;
-        if (TC) {
-            tc_acc<TC, false, true, 2, 4, NB / 2>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
-            if (part != 1) tc_acc<TC, false, true, 2, 2, 1>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
+        auto sums = [&]() { /* the elementwise sums, on the stage's floats */
+            if (part == 1)
+                grid_walk(Dk, jw, [&](int i, int x) {
+                    part_sum += (double)St2[i * LDJ + x] * St[i * LDJ + x];
+                });
+            if (part == 2) { /* 4 threads a row (a thread a row left 3 of 4 warps waiting) */
+                int t = threadIdx.x >> 2, h = threadIdx.x & 3;
+                float s = 0.0f;
+                for (int x = h; t < n && x < jw; x += 4) s += Ta[t * LDJ + x] * Tc[t * LDJ + x];
+                s = quad_sum(s);
+                if (t < n && h == 0) r3[t] += s;
+            }
+        };
+        if (SP) { /* the sums first, then the tiles split in place (the depth padded to 16) for the products */
+            int j16 = (jw + 15) / 16 * 16;
+            sums();
+            if (part != 0) __syncthreads();
+            split_tile(Ta, LDJ, n, jw, n, j16);
+            split_tile(St, LDJ, Dk, jw, Dk, j16);
+            if (part != 1) split_tile(Tb, LDJ, n, jw, n, j16);
+            __syncthreads();
+            tc_acc_split<false, true, 2, 4, NB / 2>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
+            if (part != 1) tc_acc_split<false, true, 2, 2, 1>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
         } else {
-            bmm_reg<false, true, NB>(acc1, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
-            if (part != 1)
-                bmm_reg<false, true, 1>(acc2, Ta, LDJ, Tb, LDJ, n, n, jw, part == 0 ? 1.0f : -1.0f, 1.0f, more);
-        }
-        if (part == 1)
-            grid_walk(Dk, jw, [&](int i, int x) {
-                part_sum += (double)St2[i * LDJ + x] * St[i * LDJ + x];
-            });
-        if (part == 2) { /* 4 threads a row (a thread a row left 3 of 4 warps waiting) */
-            int t = threadIdx.x >> 2, h = threadIdx.x & 3;
-            float s = 0.0f;
-            for (int x = h; t < n && x < jw; x += 4) s += Ta[t * LDJ + x] * Tc[t * LDJ + x];
-            s = quad_sum(s);
-            if (t < n && h == 0) r3[t] += s;
+            if (TC) {
+                tc_acc<TC, false, true, 2, 4, NB / 2>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
+                if (part != 1) tc_acc<TC, false, true, 2, 2, 1>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
+            } else {
+                bmm_reg<false, true, NB>(acc1, Ta, LDJ, St, LDJ, n, Dk, jw, 1.0f, 1.0f, more);
+                if (part != 1)
+                    bmm_reg<false, true, 1>(acc2, Ta, LDJ, Tb, LDJ, n, n, jw, part == 0 ? 1.0f : -1.0f, 1.0f, more);
+            }
+            sums();
         }
         __syncthreads(); /* this stage is read: the next turn's copies may take it */
     }
@@ -1074,9 +1154,13 @@ static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args
     dim3 chunks((unsigned)P.nc, (unsigned)(A.B * A.Hv)),
         lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_prep<TC>, chunks, NT, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
-    if (state_tc(TC, A, packed))
-        TILE_LAUNCH(k_gdn_state_tc<PR>, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv, o != NULL),
+    if (state_tc(TC, A, packed)) {
+        /* split tiles (the same bits) in split bf16 where the widths are whole groups of 16 */
+        void (*st)(gdn_args, gdn_scr, float *) =
+            TC == 2 && A.Dk % 16 == 0 && A.Dv % 16 == 0 ? k_gdn_state_tc<PR, PR == 2> : k_gdn_state_tc<PR, false>;
+        TILE_LAUNCH(st, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv, o != NULL),
                     "gated delta rule state pass launch", A, P, o);
+    }
     else
         TILE_LAUNCH(k_gdn_state, lanes, NT, state_smem(A.Dk), "gated delta rule state pass launch", A, P, packed);
     return 0;
@@ -1131,11 +1215,15 @@ template <int TC> static int backward(keel_backend *be, const keel_tensor *t, co
         return -1; /* else its forward made them */
     dim3 outs((unsigned)(P.nc * jo_blocks(A)), (unsigned)L), chunks((unsigned)P.nc, (unsigned)L),
         parts((unsigned)(P.nc * CONTRACT_PARTS), (unsigned)L), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
-    TILE_LAUNCH(k_gdn_pre_back<TC>, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
+    /* split tiles (TC 2, the same bits) where Dk is whole warp tiles of 32 */
+    bool sp = TC == 2 && A.Dk % 32 == 0;
+    void (*pre_back)(gdn_args, gdn_scr) = sp ? k_gdn_pre_back<TC, TC == 2> : k_gdn_pre_back<TC, false>;
+    TILE_LAUNCH(pre_back, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
     void (*state_back)(gdn_args, gdn_scr, float *) =
         A.Dk <= 128 ? k_gdn_state_back<128 * JB / NT, TC> : k_gdn_state_back<256 * JB / NT, TC>;
     TILE_LAUNCH(state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
-    void (*contract)(gdn_args, gdn_scr) = A.Dk <= 128 ? k_gdn_contract<TC, 2> : k_gdn_contract<TC, 4>;
+    void (*contract)(gdn_args, gdn_scr) = A.Dk <= 128 ? (sp ? k_gdn_contract<TC, 2, TC == 2> : k_gdn_contract<TC, 2, false>)
+                                                      : (sp ? k_gdn_contract<TC, 4, TC == 2> : k_gdn_contract<TC, 4, false>);
     TILE_LAUNCH(contract, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
     void (*grads)(gdn_args, gdn_scr, float *) = A.Dk <= 128 ? k_gdn_grads<2, TC> : k_gdn_grads<4, TC>;
     TILE_LAUNCH(grads, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);

@@ -336,6 +336,72 @@ __device__ static inline void tc_sum(float (*s)[WN][4], const float *A, int lda,
     for (int p0 = 0; p0 < k8; p0 += 8) tc_step<TA, TB, WM, WN, false>(s, A, lda, B, ldb, ar, bc, p0, k, q);
     if (k8 < k) tc_step<TA, TB, WM, WN, true>(s, A, lda, B, ldb, ar, bc, k8, k, q);
 }
+/* Split tiles: a float32 tile in shared memory split once into its bf16 parts (bf16_split's big and
+ * small, element by element), in place, so that the products read their fragments with `ldmatrix`
+ * (four 8 x 8 bf16 matrices an instruction) instead of every warp loading and splitting its own
+ * float32 elements at every depth step (two conversions, two subtractions and the index work a pair,
+ * most of the delta rule's instructions: README). A row's elements go by groups of 8, 32 bytes a
+ * group where their 8 floats were: the 8 big parts, then the 8 small ones. The products then are the
+ * same mma.sync on the same operands in the same order as tc_sum's split bf16 (PR 2): the same bits.
+ * Rows and columns keep the float tile's layout (and its row stride, whose odd number of 16-byte
+ * units keeps an ldmatrix's 8 rows in distinct banks); an operand whose depth runs down the rows (TA,
+ * or B not TB) is read with ldmatrix's transposing form. Depth past k must be zero in both
+ * operands: the split pads it (rows or columns up to a multiple of 16). */
+__device__ static inline int split_off(int c) { return (c >> 3) * 32 + (c & 7) * 2; } /* element c's big part, bytes */
+/* elements (r, c) and (r, c + 1) (c even) of split tile X into its groups: the pair's big and small parts */
+__device__ static inline void split_pair(float *X, int ld, int r, int c, float x, float y) {
+    uint32_t big, small;
+    bf16_split(make_float2(x, y), &big, &small);
+    char *p = (char *)(X + r * ld) + split_off(c);
+    *(uint32_t *)p = big;
+    *(uint32_t *)(p + 16) = small;
+}
+template <bool TRANS> __device__ static inline void ldsm4(uint32_t r[4], uint32_t addr) {
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+}
+/* tc_sum for split tiles (PR 2 only), the warp tile at (m0, n0) over depth k (WN even). Lane L
+ * gives row L % 8 of matrix L / 8 of each ldmatrix: an A fragment's four matrices are (rows, depth)
+ * (0, 0), (8, 0), (0, 8), (8, 8) from (m0 + 16 i, p0), two B tiles' are (depth, columns) (0, 0),
+ * (8, 0), (0, 8), (8, 8) from (p0, n0 + 16 jj): registers a0..a3, and b0, b1 of tile 2 jj then of
+ * tile 2 jj + 1, as tc_step16 makes them. Rows and columns past m and n read the tile's rows
+ * beyond (inside its allocation; their sums are never stored). */
+template <bool TA, bool TB, int WM, int WN>
+__device__ static inline void tc_sum_split(float (*s)[WN][4], const float *A, int lda, const float *B, int ldb, int k,
+                                           int m0, int n0) {
+    static_assert(WN % 2 == 0, "two B tiles an ldmatrix");
+    int lane = threadIdx.x & 31, i8 = lane & 7, lo = (lane >> 3) & 1, hi = lane >> 4;
+    uint32_t a0 = (uint32_t)__cvta_generic_to_shared(A), b0 = (uint32_t)__cvta_generic_to_shared(B), aa[WM], ba[WN / 2];
+    /* A: (rows + 8 lo, depth + 8 hi); B: (depth + 8 lo, columns + 8 hi); a row of floats is 4 ld bytes */
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+        aa[i] = TA ? a0 + (i8 + 8 * hi) * lda * 4 + split_off(m0 + 16 * i + 8 * lo)
+                   : a0 + (m0 + 16 * i + i8 + 8 * lo) * lda * 4 + split_off(8 * hi);
+#pragma unroll
+    for (int j = 0; j < WN / 2; j++)
+        ba[j] = TB ? b0 + (n0 + 16 * j + i8 + 8 * hi) * ldb * 4 + split_off(8 * lo)
+                   : b0 + (i8 + 8 * lo) * ldb * 4 + split_off(n0 + 16 * j + 8 * hi);
+    uint32_t sa = TA ? 16 * lda * 4 : 64, sb = TB ? 64 : 16 * ldb * 4; /* a step of 16 in depth */
+    for (int p0 = 0; p0 < k; p0 += 16) {
+        uint32_t ab[WM][4], as[WM][4], bb[WN][2], bs[WN][2];
+#pragma unroll
+        for (int i = 0; i < WM; i++) ldsm4<TA>(ab[i], aa[i]), ldsm4<TA>(as[i], aa[i] + 16), aa[i] += sa;
+#pragma unroll
+        for (int j = 0; j < WN / 2; j++) {
+            uint32_t x[4], y[4];
+            ldsm4<!TB>(x, ba[j]), ldsm4<!TB>(y, ba[j] + 16), ba[j] += sb;
+            bb[2 * j][0] = x[0], bb[2 * j][1] = x[1], bb[2 * j + 1][0] = x[2], bb[2 * j + 1][1] = x[3];
+            bs[2 * j][0] = y[0], bs[2 * j][1] = y[1], bs[2 * j + 1][0] = y[2], bs[2 * j + 1][1] = y[3];
+        }
+        split_products<true, WM, WN>(s, ab, as, bb, bs);
+    }
+}
 /* The warp's tiles of an m x n product: its b-th turn is the warp tile at (m0, n0), f(b, m0, n0), for
  * b < NB (unrolled: b indexes registers), or with NB 0 for every turn (b passed as 0) */
 template <int WM, int WN, int NB, typename F> __device__ static inline void tc_turns(int m, int n, F f) {
@@ -384,7 +450,7 @@ __device__ static inline void store_pair(float *p, float x, float y, int w) {
     p[0] = x;
     if (w == 2) p[1] = y;
 }
-template <int PR, bool TA, bool TB, int WM, int WN>
+template <int PR, bool TA, bool TB, int WM, int WN, bool SP>
 __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m,
                                     int n, int k, float alpha, float beta, bool acc) {
     tc_turns<WM, WN, 0>(m, n, [&](int, int m0, int n0) {
@@ -395,7 +461,10 @@ __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int l
             for (int j = 0; j < WN; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[i][j][e] = 0.0f;
-        tc_sum<PR, TA, TB, WM, WN>(s, A, lda, B, ldb, m, n, k, m0, n0);
+        if (SP)
+            tc_sum_split<TA, TB, WM, WN>(s, A, lda, B, ldb, k, m0, n0);
+        else
+            tc_sum<PR, TA, TB, WM, WN>(s, A, lda, B, ldb, m, n, k, m0, n0);
         tc_pairs<WM, WN>(m, n, m0, n0, [&](int i, int j, int h, int r, int c, int w) {
             float *p = C + r * ldc + c, x = alpha * s[i][j][2 * h], y = alpha * s[i][j][2 * h + 1];
             if (acc) x = beta * p[0] + x, y = w == 2 ? beta * p[1] + y : y;
@@ -428,15 +497,16 @@ template <int WM, int WN, int NB, typename F> __device__ static void tc_each_pai
         });
     });
 }
-template <int PR, bool TA, bool TB>
+/* SP: A and B are split tiles (PR 2): the same bits */
+template <int PR, bool TA, bool TB, bool SP = false>
 __device__ static void bmm_tc(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n,
                               int k, float alpha, float beta, bool acc) {
     if (m * n >= 8 * 32 * 32) /* 64 x 128 and up: 32 x 32 a warp */
-        bmm_tc_tiles<PR, TA, TB, 2, 4>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+        bmm_tc_tiles<PR, TA, TB, 2, 4, SP>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
     else if (m * n >= 8 * 32 * 16) /* 64 x 64: 32 x 16 */
-        bmm_tc_tiles<PR, TA, TB, 2, 2>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+        bmm_tc_tiles<PR, TA, TB, 2, 2, SP>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
     else
-        bmm_tc_tiles<PR, TA, TB, 1, 2>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+        bmm_tc_tiles<PR, TA, TB, 1, 2, SP>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
 }
 /* bmm (float32 on the CUDA cores: TC 0) or bmm_tc in precision TC */
 template <int TC, bool TA, bool TB, int RB = 4>
@@ -467,6 +537,46 @@ template <typename F> __device__ static inline void grid_walk(int rows, int cols
         r += dr, c += dc;
         if (c >= cols) c -= cols, r++;
     }
+}
+
+/* Tile X (rows x cols of floats, row stride ld, 16-byte aligned rows) split in place; the elements
+ * of rows up to rows_pad and columns up to cols_pad (a multiple of 8, at most ld) past rows x cols
+ * become zeros (depth padding). A thread a group: its 8 floats read before its parts are written. */
+__device__ static void split_tile(float *X, int ld, int rows, int cols, int rows_pad, int cols_pad) {
+    grid_walk(rows_pad, cols_pad >> 3, [&](int r, int g) {
+        float v[8];
+        const float *x = X + r * ld + 8 * g;
+        if (r < rows && 8 * g + 8 <= cols) {
+            float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = r < rows && 8 * g + e < cols ? x[e] : 0.0f;
+        }
+        uint4 big, small;
+        bf16_split(make_float2(v[0], v[1]), &big.x, &small.x);
+        bf16_split(make_float2(v[2], v[3]), &big.y, &small.y);
+        bf16_split(make_float2(v[4], v[5]), &big.z, &small.z);
+        bf16_split(make_float2(v[6], v[7]), &big.w, &small.w);
+        uint4 *p = (uint4 *)(X + r * ld + 8 * g);
+        p[0] = big, p[1] = small;
+    });
+}
+/* tc_acc on split tiles */
+template <bool TA, bool TB, int WM, int WN, int NB>
+__device__ static void tc_acc_split(float (*s)[WM][WN][4], const float *A, int lda, const float *B, int ldb, int m,
+                                    int n, int k) {
+    tc_turns<WM, WN, NB>(m, n, [&](int b, int m0, int n0) {
+        tc_sum_split<TA, TB, WM, WN>(s[b], A, lda, B, ldb, k, m0, n0);
+    });
+}
+/* rows up to a multiple of 16 past `rows`, cols columns (a multiple of 8), of split tile X set to
+ * zeros: depth padding where the depth runs down the rows */
+__device__ static void split_zero_rows(float *X, int ld, int rows, int cols) {
+    int pad = (rows + 15) / 16 * 16;
+    grid_walk(pad - rows, cols >> 2, [&](int r, int c4) {
+        *(float4 *)(X + (rows + r) * ld + 4 * c4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    });
 }
 
 /* Global memory into shared memory by asynchronous copies (cp.async): a thread issues all its
