@@ -547,20 +547,13 @@ static size_t out_smem(int64_t Dk) {
 
 /* Per chunk (grid: chunks and blocks of JO value columns x lanes), what the reverse pass needs that
  * does not depend on dS: G0 = Qg^T dO into dSc, dR0 = A^T (Pm^T dO) into dR. */
-template <int TC, bool SP> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
+template <int TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args A, gdn_scr P) {
     extern __shared__ float sm[];
     int64_t c = blockIdx.x / jo_blocks(A), l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, lc = l * P.nc + c,
             j0 = (int64_t)(blockIdx.x % jo_blocks(A)) * JO;
     int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk),
-        jw = (int)(Dv - j0 < JO ? Dv - j0 : JO), n16 = (n + 15) / 16 * 16;
+        jw = (int)(Dv - j0 < JO ? Dv - j0 : JO);
     float *X = sm, *Pm = X + CH * ldk, *Am = Pm + CH * LDC, *dOt = Am + CH * LDC, *dU = dOt + CH * LDO;
-    /* the products (all with A transposed): on split tiles (SP, the same bits), else bmm_sel's */
-    auto mm = [&](float *C, int64_t ldc, const float *X_, int lx, const float *Y, int ly, int m, int n_, int k) {
-        if (SP)
-            bmm_tc<2, true, false, true>(C, ldc, X_, lx, Y, ly, m, n_, k, 1.0f, 0.0f, false);
-        else
-            bmm_sel<TC, true, false>(C, ldc, X_, lx, Y, ly, m, n_, k, 1.0f, 0.0f, false);
-    };
     fetch_mat(Pm, LDC, P.Pm + lc * CH * CH, CH, n, n);
     fetch_rows(dOt, LDO, A.dO, hv, c * CH, b, n, j0, jw);
     fetch_commit();
@@ -569,23 +562,12 @@ template <int TC, bool SP> __global__ void __launch_bounds__(NT) k_gdn_pre_back(
     fetch_commit();
     fetch_wait(1);
     __syncthreads();
-    if (SP) { /* every operand's depth runs down its rows: rows n .. n16 zero in every column read */
-        split_tile(Pm, LDC, n, n, n16, CH);
-        split_tile(dOt, LDO, n, jw, n16, JO);
-        __syncthreads();
-    }
-    mm(dU, LDO, Pm, LDC, dOt, LDO, n, jw, n);
+    bmm_sel<TC, true, false>(dU, LDO, Pm, LDC, dOt, LDO, n, jw, n, 1.0f, 0.0f, false);
     fetch_wait(0);
     __syncthreads();
-    if (SP) {
-        split_tile(X, ldk, n, Dk, n16, Dk);
-        split_tile(Am, LDC, n, n, n16, CH);
-        split_tile(dU, LDO, n, jw, n16, JO);
-        __syncthreads();
-    }
-    mm(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n);
-    if (!SP) __syncthreads();
-    mm(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n);
+    bmm_sel<TC, true, false>(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n, 1.0f, 0.0f, false);
+    __syncthreads();
+    bmm_sel<TC, true, false>(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n, 1.0f, 0.0f, false);
 }
 
 static size_t pre_back_smem(int64_t Dk) {
@@ -1215,13 +1197,12 @@ template <int TC> static int backward(keel_backend *be, const keel_tensor *t, co
         return -1; /* else its forward made them */
     dim3 outs((unsigned)(P.nc * jo_blocks(A)), (unsigned)L), chunks((unsigned)P.nc, (unsigned)L),
         parts((unsigned)(P.nc * CONTRACT_PARTS), (unsigned)L), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
-    /* split tiles (TC 2, the same bits) where Dk is whole warp tiles of 32 */
-    bool sp = TC == 2 && A.Dk % 32 == 0;
-    void (*pre_back)(gdn_args, gdn_scr) = sp ? k_gdn_pre_back<TC, TC == 2> : k_gdn_pre_back<TC, false>;
-    TILE_LAUNCH(pre_back, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
+    TILE_LAUNCH(k_gdn_pre_back<TC>, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
     void (*state_back)(gdn_args, gdn_scr, float *) =
         A.Dk <= 128 ? k_gdn_state_back<128 * JB / NT, TC> : k_gdn_state_back<256 * JB / NT, TC>;
     TILE_LAUNCH(state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
+    /* split tiles (TC 2, the same bits) where Dk is whole warp tiles of 32 */
+    bool sp = TC == 2 && A.Dk % 32 == 0;
     void (*contract)(gdn_args, gdn_scr) = A.Dk <= 128 ? (sp ? k_gdn_contract<TC, 2, TC == 2> : k_gdn_contract<TC, 2, false>)
                                                       : (sp ? k_gdn_contract<TC, 4, TC == 2> : k_gdn_contract<TC, 4, false>);
     TILE_LAUNCH(contract, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);

@@ -450,7 +450,7 @@ __device__ static inline void store_pair(float *p, float x, float y, int w) {
     p[0] = x;
     if (w == 2) p[1] = y;
 }
-template <int PR, bool TA, bool TB, int WM, int WN, bool SP>
+template <int PR, bool TA, bool TB, int WM, int WN>
 __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m,
                                     int n, int k, float alpha, float beta, bool acc) {
     tc_turns<WM, WN, 0>(m, n, [&](int, int m0, int n0) {
@@ -461,10 +461,7 @@ __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int l
             for (int j = 0; j < WN; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[i][j][e] = 0.0f;
-        if (SP)
-            tc_sum_split<TA, TB, WM, WN>(s, A, lda, B, ldb, k, m0, n0);
-        else
-            tc_sum<PR, TA, TB, WM, WN>(s, A, lda, B, ldb, m, n, k, m0, n0);
+        tc_sum<PR, TA, TB, WM, WN>(s, A, lda, B, ldb, m, n, k, m0, n0);
         tc_pairs<WM, WN>(m, n, m0, n0, [&](int i, int j, int h, int r, int c, int w) {
             float *p = C + r * ldc + c, x = alpha * s[i][j][2 * h], y = alpha * s[i][j][2 * h + 1];
             if (acc) x = beta * p[0] + x, y = w == 2 ? beta * p[1] + y : y;
@@ -497,16 +494,15 @@ template <int WM, int WN, int NB, typename F> __device__ static void tc_each_pai
         });
     });
 }
-/* SP: A and B are split tiles (PR 2): the same bits */
-template <int PR, bool TA, bool TB, bool SP = false>
+template <int PR, bool TA, bool TB>
 __device__ static void bmm_tc(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n,
                               int k, float alpha, float beta, bool acc) {
     if (m * n >= 8 * 32 * 32) /* 64 x 128 and up: 32 x 32 a warp */
-        bmm_tc_tiles<PR, TA, TB, 2, 4, SP>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+        bmm_tc_tiles<PR, TA, TB, 2, 4>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
     else if (m * n >= 8 * 32 * 16) /* 64 x 64: 32 x 16 */
-        bmm_tc_tiles<PR, TA, TB, 2, 2, SP>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+        bmm_tc_tiles<PR, TA, TB, 2, 2>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
     else
-        bmm_tc_tiles<PR, TA, TB, 1, 2, SP>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
+        bmm_tc_tiles<PR, TA, TB, 1, 2>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
 }
 /* bmm (float32 on the CUDA cores: TC 0) or bmm_tc in precision TC */
 template <int TC, bool TA, bool TB, int RB = 4>
