@@ -354,7 +354,11 @@ static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_L
  * which tile, and each tile's order of sums, follow from the shapes. At that shape (ncu) the pass
  * took 266 us and the output 174 before the output moved in; one block of 8 warps a multiprocessor
  * (215 KB of shared memory with the output's tiles) waits on its own barriers and products. The
- * same design for the reverse pass ran 512 us against 508 and was not kept. */
+ * same design for the reverse pass ran 512 us against 508 and was not kept. SP (split bf16, Dk and Dv
+ * multiples of 16): the operands as split tiles (cuda_tile.cuh), S and U split straight from the
+ * registers that made them, Sc and Uc stored from those registers; the chunk's W, Qg, Pm and Kc split
+ * once they are in, Kc waited for with the rest (one barrier for the split): 340 -> 288 us a layer
+ * (ncu, the same call), the same bits. */
 #define STATE_TC_MAX 128
 /* a warp's one turn of 2 x 4 tiles (tc_acc's registers) set to 0, for a product summed from zero */
 __device__ static inline void tiles_zero(float (*u)[2][4][4]) {
@@ -708,7 +712,9 @@ static size_t state_back_smem(int64_t Dk) {
  * nothing to do but the other resident block's work). About 94 KB at Dk 128, two blocks a
  * multiprocessor (registers allow no more; the float32 variant then spills 88 bytes a thread, and
  * still runs the float32 backward 3.58 ms a layer against 3.87 with one block). NB: bmm_reg's turns
- * of n x Dk (2 up to Dk = 128, 4 up to 256). */
+ * of n x Dk (2 up to Dk = 128, 4 up to 256). SP (split bf16, Dk a multiple of 32): each stage's
+ * elementwise sums first, on its floats, then its tiles split in place for the products (565 -> 524
+ * us a layer, ncu in the same call; the same bits). */
 /* a stage's floats: Ta (CH rows), St (Dk), and a third tile of Dk rows or two of CH: Tb (parts 0
  * and 2), St2 (part 1) or Tb and Tc (part 2) */
 __host__ __device__ static inline int contract_stage(int Dk) { return (CH + Dk + (Dk > 2 * CH ? Dk : 2 * CH)) * LDJ; }
