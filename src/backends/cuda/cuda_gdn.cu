@@ -355,7 +355,7 @@ static size_t state_smem(int64_t Dk) { return (size_t)(Dk * LDJ + 2 * CH * PAD_L
  * took 266 us and the output 174 before the output moved in; one block of 8 warps a multiprocessor
  * (215 KB of shared memory with the output's tiles) waits on its own barriers and products. The
  * same design for the reverse pass ran 512 us against 508 and was not kept. SP (split bf16, Dk and Dv
- * multiples of 16): the operands as split tiles (cuda_tile.cuh), S and U split straight from the
+ * multiples of 32): the operands as split tiles (cuda_tile.cuh), S and U split straight from the
  * registers that made them, Sc and Uc stored from those registers; the chunk's W, Qg, Pm and Kc split
  * once they are in, Kc waited for with the rest (one barrier for the split): 340 -> 288 us a layer
  * (ncu, the same call), the same bits. */
@@ -1143,9 +1143,10 @@ static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args
         lanes((unsigned)(A.B * A.Hv), (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_prep<TC>, chunks, NT, prep_smem(A.Dk), "gated delta rule chunk preparation launch", A, P, bwd);
     if (state_tc(TC, A, packed)) {
-        /* split tiles (the same bits) in split bf16 where the widths are whole groups of 16 */
+        /* split tiles (the same bits) in split bf16 where the widths are whole warp tiles of 32 (a warp
+         * tile past Dk or Dv would read past its rows, and past the last shared tile) */
         void (*st)(gdn_args, gdn_scr, float *) =
-            TC == 2 && A.Dk % 16 == 0 && A.Dv % 16 == 0 ? k_gdn_state_tc<PR, PR == 2> : k_gdn_state_tc<PR, false>;
+            TC == 2 && A.Dk % 32 == 0 && A.Dv % 32 == 0 ? k_gdn_state_tc<PR, PR == 2> : k_gdn_state_tc<PR, false>;
         TILE_LAUNCH(st, (unsigned)(A.B * A.Hv), NT, state_tc_smem(A.Dk, A.Dv, o != NULL),
                     "gated delta rule state pass launch", A, P, o);
     }
