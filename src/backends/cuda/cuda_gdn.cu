@@ -397,20 +397,6 @@ template <int TC, bool SP> __global__ void __launch_bounds__(NT, 1) k_gdn_state_
         int n = c < P.nc ? chunk_len(A.T, c) : 0;
         fetch_mat(Xk, ldk, P.Kc + (l * P.nc + c) * CH * (int64_t)Dk, Dk, n, Dk);
     };
-    /* the products: on split tiles (SP), else tc_acc's; A's depth along its rows (W, Qg, Pm) ... */
-    auto prod = [&](float(*acc)[2][4][4], const float *X, int lx, const float *Y, int ly, int m, int n, int k) {
-        if (SP)
-            tc_acc_split<false, false, 2, 4, 1>(acc, X, lx, Y, ly, m, n, k);
-        else
-            tc_acc<TC, false, false, 2, 4, 1>(acc, X, lx, Y, ly, m, n, k);
-    };
-    /* ... or down its columns (Kc^T), into the state's two turns */
-    auto prod_t = [&](float(*acc)[2][4][4], const float *X, int lx, const float *Y, int ly, int m, int n, int k) {
-        if (SP)
-            tc_acc_split<true, false, 2, 4, 2>(acc, X, lx, Y, ly, m, n, k);
-        else
-            tc_acc<TC, true, false, 2, 4, 2>(acc, X, lx, Y, ly, m, n, k);
-    };
     fetch_a(0, true);
     fetch_commit();
     fetch_k(0);
@@ -439,7 +425,7 @@ template <int TC, bool SP> __global__ void __launch_bounds__(NT, 1) k_gdn_state_
             store_mat(Sc, Dv, Ss, ldv, Dk, Dv);
         }
         tiles_zero(u);
-        prod(u, Xw, ldk, Ss, ldv, n, Dv, Dk);
+        tc_acc<TC, false, false, 2, 4, 1, SP>(u, Xw, ldk, Ss, ldv, n, Dv, Dk);
         if (SP) { /* U = U0 - W S out to Uc and, split, in place of U0: a group of 8 columns of a row is
                    * one warp's (its 4 lanes of that row), which reads all its U0 before writing */
             float u0[2][4][4];
@@ -466,8 +452,8 @@ template <int TC, bool SP> __global__ void __launch_bounds__(NT, 1) k_gdn_state_
         if (o) { /* O = Qg S + Pm U in u's registers (k_gdn_out's sums), to o */
             float *out = o + ((b * A.T + c * CH) * A.Hv + hv) * A.Dv;
             tiles_zero(u);
-            prod(u, Xq, ldk, Ss, ldv, n, Dv, Dk);
-            prod(u, Pm, LDC, Us, ldv, n, Dv, n);
+            tc_acc<TC, false, false, 2, 4, 1, SP>(u, Xq, ldk, Ss, ldv, n, Dv, Dk);
+            tc_acc<TC, false, false, 2, 4, 1, SP>(u, Pm, LDC, Us, ldv, n, Dv, n);
             tc_each_pair<2, 4, 1>(n, Dv, [&](int t, int i, int j, int h, int r, int x, int w) {
                 store_pair(out + r * ld + x, u[t][i][j][2 * h], u[t][i][j][2 * h + 1], w);
             });
@@ -485,7 +471,7 @@ template <int TC, bool SP> __global__ void __launch_bounds__(NT, 1) k_gdn_state_
                 for (int j = 0; j < 4; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) s[t][i][j][e] *= g;
-        prod_t(s, Xk, ldk, Us, ldv, Dk, Dv, n);
+        tc_acc<TC, true, false, 2, 4, 2, SP>(s, Xk, ldk, Us, ldv, Dk, Dv, n); /* Kc^T U into the state's two turns */
         __syncthreads(); /* Kc, U, Qg and Pm are read */
         fetch_a(c + 1, false);
         fetch_commit();
@@ -787,8 +773,8 @@ __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A
             split_tile(St, LDJ, Dk, jw, Dk, j16);
             if (part != 1) split_tile(Tb, LDJ, n, jw, n, j16);
             __syncthreads();
-            tc_acc_split<false, true, 2, 4, NB / 2>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
-            if (part != 1) tc_acc_split<false, true, 2, 2, 1>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
+            tc_acc<TC, false, true, 2, 4, NB / 2, true>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
+            if (part != 1) tc_acc<TC, false, true, 2, 2, 1, true>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
         } else {
             if (TC) {
                 tc_acc<TC, false, true, 2, 4, NB / 2>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);

@@ -471,12 +471,16 @@ __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int l
 }
 /* The tensor-core bmm_reg: a warp's NB turns of WM x WN tiles of an m x n result kept in registers,
  * s[b] its b-th turn (tc_turns); tc_acc adds op(A) op(B) to them (the tensor cores' sums, from the
- * values s holds), tc_each visits their elements: f(b, i, j, e, r, c). */
-template <int PR, bool TA, bool TB, int WM, int WN, int NB>
+ * values s holds; SP: A and B are split tiles, split_tile below, their products tc_sum_split's, PR
+ * unused), tc_each visits their elements: f(b, i, j, e, r, c). */
+template <int PR, bool TA, bool TB, int WM, int WN, int NB, bool SP = false>
 __device__ static void tc_acc(float (*s)[WM][WN][4], const float *A, int lda, const float *B, int ldb, int m, int n,
                               int k) {
     tc_turns<WM, WN, NB>(m, n, [&](int b, int m0, int n0) {
-        tc_sum<PR, TA, TB, WM, WN>(s[b], A, lda, B, ldb, m, n, k, m0, n0);
+        if constexpr (SP)
+            tc_sum_split<TA, TB, WM, WN>(s[b], A, lda, B, ldb, k, m0, n0);
+        else
+            tc_sum<PR, TA, TB, WM, WN>(s[b], A, lda, B, ldb, m, n, k, m0, n0);
     });
 }
 template <int WM, int WN, int NB, typename F> __device__ static void tc_each(int m, int n, F f) {
@@ -556,14 +560,6 @@ __device__ static void split_tile(float *X, int ld, int rows, int cols, int rows
         bf16_split(make_float2(v[6], v[7]), &big.w, &small.w);
         uint4 *p = (uint4 *)(X + r * ld + 8 * g);
         p[0] = big, p[1] = small;
-    });
-}
-/* tc_acc on split tiles */
-template <bool TA, bool TB, int WM, int WN, int NB>
-__device__ static void tc_acc_split(float (*s)[WM][WN][4], const float *A, int lda, const float *B, int ldb, int m,
-                                    int n, int k) {
-    tc_turns<WM, WN, NB>(m, n, [&](int b, int m0, int n0) {
-        tc_sum_split<TA, TB, WM, WN>(s[b], A, lda, B, ldb, k, m0, n0);
     });
 }
 /* rows up to a multiple of 16 past `rows`, cols columns (a multiple of 8), of split tile X set to
