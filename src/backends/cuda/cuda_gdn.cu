@@ -471,7 +471,8 @@ template <int TC, bool SP> __global__ void __launch_bounds__(NT, 1) k_gdn_state_
                 for (int j = 0; j < 4; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) s[t][i][j][e] *= g;
-        tc_acc<TC, true, false, 2, 4, 2, SP>(s, Xk, ldk, Us, ldv, Dk, Dv, n); /* Kc^T U into the state's two turns */
+        /* Kc^T U into the state's two turns */
+        tc_acc<TC, true, false, 2, 4, 2, SP>(s, Xk, ldk, Us, ldv, Dk, Dv, n);
         __syncthreads(); /* Kc, U, Qg and Pm are read */
         fetch_a(c + 1, false);
         fetch_commit();
@@ -1202,8 +1203,9 @@ template <int TC> static int backward(keel_backend *be, const keel_tensor *t, co
     TILE_LAUNCH(state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
     /* split tiles (TC 2, the same bits) where Dk is whole warp tiles of 32 */
     bool sp = TC == 2 && A.Dk % 32 == 0;
-    void (*contract)(gdn_args, gdn_scr) = A.Dk <= 128 ? (sp ? k_gdn_contract<TC, 2, TC == 2> : k_gdn_contract<TC, 2, false>)
-                                                      : (sp ? k_gdn_contract<TC, 4, TC == 2> : k_gdn_contract<TC, 4, false>);
+    void (*contract)(gdn_args, gdn_scr) = A.Dk <= 128
+                                              ? (sp ? k_gdn_contract<TC, 2, TC == 2> : k_gdn_contract<TC, 2, false>)
+                                              : (sp ? k_gdn_contract<TC, 4, TC == 2> : k_gdn_contract<TC, 4, false>);
     TILE_LAUNCH(contract, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
     void (*grads)(gdn_args, gdn_scr, float *) = A.Dk <= 128 ? k_gdn_grads<2, TC> : k_gdn_grads<4, TC>;
     TILE_LAUNCH(grads, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
