@@ -1047,66 +1047,6 @@ template <int KM> static void gconv_heads_launch(keel_backend *be, const gconv_d
 #undef GCONV_HEADS
 }
 
-/* The value channels, 4 a thread and CONV_TILE rows: as the heads kernel, the direction known when
- * compiled and a tile's rows addressed by 32-bit offsets from its first (the launcher's fits32) */
-template <int KM, bool BACK> __global__ void k_gconv_values_tiled(gconv_dense A) {
-    int64_t c0 = 2 * A.n, nv4 = (A.C - c0) / 4, R = A.T * A.B, nt = (R + CONV_TILE - 1) / CONV_TILE;
-    int K = A.K, jlo = KM - K, C = (int)A.C, T = (int)A.T;
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    GRID_STRIDE(e, nv4 * nt) {
-        int64_t ch = c0 + (e % nv4) * 4, r0 = (e / nv4) * CONV_TILE, bb = r0 / A.T;
-        int nr = (int)(R - r0 < CONV_TILE ? R - r0 : CONV_TILE), tt = (int)(r0 % A.T);
-        const float *xr = A.x + r0 * A.C + ch, *dr = BACK ? A.dy + r0 * A.C + ch : NULL;
-        float *yr = A.y + r0 * A.C + ch;
-        float4 wv[KM], win[KM];
-#pragma unroll
-        for (int j = 0; j < KM; j++) {
-            int d = KM - j, i = j - jlo; /* the window as the row before r0 left it */
-            wv[j] = j >= jlo ? make_float4(A.w[ch * K + i], A.w[(ch + 1) * K + i], A.w[(ch + 2) * K + i],
-                                           A.w[(ch + 3) * K + i])
-                             : zero;
-            win[j] = j > jlo && r0 - d >= 0 ? *(const float4 *)(xr - d * C) : zero;
-        }
-        float4 nx = *(const float4 *)xr, nd = BACK ? *(const float4 *)dr : zero;
-        for (int i = 0; i < nr; i++) {
-            float4 xn = nx, dn = nd;
-            if (i + 1 < nr) {
-                nx = *(const float4 *)(xr + (i + 1) * C);
-                if (BACK) nd = *(const float4 *)(dr + (i + 1) * C);
-            }
-#pragma unroll
-            for (int j = 0; j < KM - 1; j++) win[j] = win[j + 1];
-            win[KM - 1] = xn;
-            int64_t p = pos_at(A.pos, tt, bb);
-            float4 acc = zero;
-#pragma unroll
-            for (int j = 0; j < KM; j++) { /* k_conv4's sums */
-                int d = KM - 1 - j;
-                if (j >= jlo && tt - d >= 0 && d <= p) tap_add4(acc, wv[j], win[j]);
-            }
-            float4 o;
-            if (BACK) {
-                o = make_float4(silu_back1(acc.x, dn.x), silu_back1(acc.y, dn.y), silu_back1(acc.z, dn.z),
-                                silu_back1(acc.w, dn.w));
-            } else {
-                o = make_float4(
-                    keel_unary_f32(KEEL_OP_SILU, acc.x, 0.0f, 0.0f), keel_unary_f32(KEEL_OP_SILU, acc.y, 0.0f, 0.0f),
-                    keel_unary_f32(KEEL_OP_SILU, acc.z, 0.0f, 0.0f), keel_unary_f32(KEEL_OP_SILU, acc.w, 0.0f, 0.0f));
-            }
-            *(float4 *)(yr + i * C) = o;
-            if (++tt == T) tt = 0, bb++;
-        }
-    }
-}
-/* the value kernel for the direction */
-template <int KM> static void gconv_values_launch(keel_backend *be, const gconv_dense &D, int64_t n) {
-    if (n <= 0) return;
-    if (D.back)
-        k_gconv_values_tiled<KM, true><<<cuda_blocks(n, 256), 256, 0, st(be)>>>(D);
-    else
-        k_gconv_values_tiled<KM, false><<<cuda_blocks(n, 256), 256, 0, st(be)>>>(D);
-}
-
 /* SWIGLU and SWIGLU_BACK: the unary SILU's formula, MUL's product and silu_back1, so the bits of
  * the SILU, MUL and SILU_BACK they replace; 4 elements a thread on dense aligned tensors. bf: SWIGLU's
  * bf16 result, each float32 value rounded by CAST's function (the bits of the CAST it replaces). */
@@ -1223,58 +1163,122 @@ __global__ void k_conv(kt t, kt x, kt w, kt pos, int fwd) {
     }
 }
 
-/* The same on dense float32 x, result and w with C % 4 == 0 (the DeltaNet's [6144, T, B]): 4
- * channels a thread through 16-byte loads and stores, each channel's sum the same float32 sum in
- * j order (the generic kernel's index arithmetic and 4-byte accesses ran at a fifth of the memory
- * bandwidth). A thread takes CONV_TILE consecutive rows (upward for CONV1D, downward for the
- * input gradient, whose taps reach forward) and slides a window of the rows the taps read in
- * registers: each element read about once, the weights once (a thread a row: 0.46 ms for the
- * 0.8B's input gradient at batch 8; tiled 0.17). The taps counted from the end of KM, as in
- * k_gconv_heads_tiled. */
-template <int KM>
-__global__ void k_conv4_tiled(void *y, const float *x, const float *w, kt pos, int64_t C, int64_t T, int64_t B, int K,
-                              int fwd, int bf) {
-    int64_t C4 = C / 4, c4 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, R = T * B,
+/* The same on dense float32 x, result and w with C % 4 == 0 (the DeltaNet's [6144, T, B]), and the
+ * DeltaNet conv's value channels (GDN_CONV's SiLU, its backward's silu_back1 with dy): 4 channels a
+ * thread through 16-byte loads and stores, each channel's sum the same float32 sum in j order (the
+ * generic kernel's index arithmetic and 4-byte accesses ran at a fifth of the memory bandwidth). A
+ * block takes CONV_TILE consecutive rows of 4 x 256 channels (upward, or downward for the input
+ * gradient, whose taps reach forward) and slides a window of the rows the taps read in registers:
+ * each element read about once, the weights once (a thread a row: 0.46 ms for the 0.8B's input
+ * gradient at batch 8; tiled 0.17). The rows' times and positions are the block's, in shared memory,
+ * and a thread's rows come CONV_GROUP at a time, the next group's loads issued before this group's
+ * sums: with one row in flight a thread (83 registers, three blocks a multiprocessor) the kernels
+ * waited on memory at about half its bandwidth. The taps counted from the end of KM, as in
+ * k_gconv_heads_tiled. MODE: */
+/* CONV1D, CONV1D_BACK_INPUT, GDN_CONV('s value channels), its backward */
+enum { CV_FWD, CV_BACK_INPUT, CV_SILU, CV_SILU_BACK };
+#define CONV_GROUP 4 /* loads in flight a thread */
+template <int KM, int MODE>
+__global__ void __launch_bounds__(256) k_conv4_rows(void *y, const float *x, const float *dy, const float *w, kt pos,
+                                                    int64_t C, int64_t c0, int64_t T, int64_t B, int K, int bf) {
+    constexpr bool fwd = MODE != CV_BACK_INPUT, dyr = MODE == CV_SILU_BACK;
+    /* rows a group: two loads a row with dy */
+    constexpr int G = dyr ? CONV_GROUP / 2 : CONV_GROUP;
+    __shared__ int st[CONV_TILE + KM], sp[CONV_TILE + KM]; /* the tile's rows' times and positions */
+    int64_t C4 = C / 4, c4 = c0 / 4 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x, R = T * B,
             nt = (R + CONV_TILE - 1) / CONV_TILE, s = fwd ? -1 : 1; /* a tap d steps away reads row r + s d */
     int jlo = KM - K;
-    if (c4 >= C4) return;
-    const float *wc = w + 4 * c4 * K; /* w(j, ch) at ch * K + j */
+    bool act = c4 < C4;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 wv[KM];
 #pragma unroll
     for (int j = 0; j < KM; j++) {
-        int i = j - jlo;
-        wv[j] = j >= jlo ? make_float4(wc[i], wc[K + i], wc[2 * K + i], wc[3 * K + i]) : zero;
+        int64_t i = j - jlo, ch = 4 * c4; /* w(j, ch) at ch * K + j */
+        wv[j] = act && j >= jlo
+                    ? make_float4(w[ch * K + i], w[(ch + 1) * K + i], w[(ch + 2) * K + i], w[(ch + 3) * K + i])
+                    : zero;
     }
     for (int64_t tile = blockIdx.y; tile < nt; tile += gridDim.y) {
-        int64_t r0 = tile * CONV_TILE, r1 = r0 + CONV_TILE < R ? r0 + CONV_TILE : R, n = r1 - r0;
-        int64_t rs = fwd ? r0 : r1 - 1, tt = rs % T, bb = rs / T;
-        float4 win[KM]; /* win[j]: row r + s (KM - 1 - j), once row r is shifted in; first as the row
-                         * before rs left it */
-#pragma unroll
-        for (int j = 0; j < KM; j++) {
-            int64_t rr = rs + s * (KM - j);
-            win[j] = j > jlo && rr >= 0 && rr < R ? ((const float4 *)(x + rr * C))[c4] : zero;
-        }
-        float4 nx = ((const float4 *)(x + rs * C))[c4];
-        for (int64_t k = 0; k < n; k++) {
-            int64_t r = rs - s * k;
-            float4 xn = nx;
-            if (k + 1 < n) nx = ((const float4 *)(x + (r - s) * C))[c4];
-#pragma unroll
-            for (int j = 0; j < KM - 1; j++) win[j] = win[j + 1];
-            win[KM - 1] = xn;
-            float4 acc = zero;
+        int64_t r0 = tile * CONV_TILE, r1 = r0 + CONV_TILE < R ? r0 + CONV_TILE : R, rs = fwd ? r0 : r1 - 1;
+        int n = (int)(r1 - r0), np = fwd ? n : n + KM - 1; /* the input gradient's taps read rows past the tile */
+        const float4 *xs = (const float4 *)x + rs * C4 + c4, *ds = dyr ? (const float4 *)dy + rs * C4 + c4 : NULL;
+        int step = fwd ? (int)C4 : -(int)C4; /* from a row to the next one the thread takes (the launcher: 32 bits) */
+        /* the taps' window, and the next group of rows in flight */
+        float4 win[KM], nx[G], nd[G];
+        if (act) { /* the window as the row before rs left it, and the first group in flight */
 #pragma unroll
             for (int j = 0; j < KM; j++) {
-                int64_t d = KM - 1 - j, ts = tt + s * d;
-                if (j >= jlo && ts >= 0 && ts < T && d <= pos_at(pos, fwd ? tt : ts, bb)) tap_add4(acc, wv[j], win[j]);
+                int64_t rr = rs + s * (KM - j);
+                win[j] = j > jlo && rr >= 0 && rr < R ? xs[-(KM - j) * step] : zero;
             }
-            store4(y, r * C4 + c4, acc, bf); /* bf: CONV1D_BACK_INPUT's bf16 result */
-            if (fwd && ++tt == T) tt = 0, bb++;
-            if (!fwd && --tt < 0) tt = T - 1, bb--;
+#pragma unroll
+            for (int u = 0; u < G; u++) {
+                nx[u] = u < n ? xs[u * step] : zero;
+                if (dyr) nd[u] = u < n ? ds[u * step] : zero;
+            }
+        }
+        __syncthreads(); /* the tile before has read st and sp */
+        for (int i = threadIdx.x; i < np; i += blockDim.x) {
+            int64_t rr = r0 + i;
+            int tt = rr < R ? (int)(rr % T) : 0;
+            st[i] = tt, sp[i] = rr < R ? (int)pos_at(pos, tt, rr / T) : 0;
+        }
+        __syncthreads();
+        if (!act) continue;
+        for (int k0 = 0; k0 < n; k0 += G) {
+            float4 cx[G], cd[G]; /* this group, while the next one's loads are in flight */
+#pragma unroll
+            for (int u = 0; u < G; u++) {
+                cx[u] = nx[u], cd[u] = dyr ? nd[u] : zero;
+                if (k0 + G + u < n) {
+                    nx[u] = xs[(k0 + G + u) * step];
+                    if (dyr) nd[u] = ds[(k0 + G + u) * step];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < G; u++) {
+                int k = k0 + u, i = fwd ? k : n - 1 - k; /* the row's place in the tile */
+                if (k >= n) break;
+#pragma unroll
+                for (int j = 0; j < KM - 1; j++) win[j] = win[j + 1];
+                win[KM - 1] = cx[u];
+                int tt = st[i];
+                float4 acc = zero;
+#pragma unroll
+                for (int j = 0; j < KM; j++) {
+                    /* CONV1D: x[t - d] within t's example; the input gradient: dy[t + d] within its own */
+                    int d = KM - 1 - j;
+                    bool in = fwd ? tt - d >= 0 && d <= sp[i] : tt + d < T && d <= sp[i + d];
+                    if (j >= jlo && in) tap_add4(acc, wv[j], win[j]);
+                }
+                int64_t q = (r0 + i) * C4 + c4;
+                if (MODE == CV_SILU)
+                    ((float4 *)y)[q] = make_float4(keel_unary_f32(KEEL_OP_SILU, acc.x, 0.0f, 0.0f),
+                                                   keel_unary_f32(KEEL_OP_SILU, acc.y, 0.0f, 0.0f),
+                                                   keel_unary_f32(KEEL_OP_SILU, acc.z, 0.0f, 0.0f),
+                                                   keel_unary_f32(KEEL_OP_SILU, acc.w, 0.0f, 0.0f));
+                else if (MODE == CV_SILU_BACK)
+                    ((float4 *)y)[q] = make_float4(silu_back1(acc.x, cd[u].x), silu_back1(acc.y, cd[u].y),
+                                                   silu_back1(acc.z, cd[u].z), silu_back1(acc.w, cd[u].w));
+                else
+                    store4(y, q, acc, bf); /* bf: CONV1D_BACK_INPUT's bf16 result */
+            }
         }
     }
+}
+/* k_conv4_rows over channels [c0, C) of dense x (and dy) and y: a block 256 groups of 4 channels and
+ * CONV_TILE rows, tiles looped past 65535 */
+template <int MODE>
+static void conv4_rows_launch(keel_backend *be, void *y, const float *x, const float *dy, const float *w, kt pos,
+                              int64_t C, int64_t c0, int64_t T, int64_t B, int K, int bf) {
+    int64_t nt = (T * B + CONV_TILE - 1) / CONV_TILE, g4 = (C - c0) / 4;
+    if (nt == 0 || g4 <= 0) return;
+    /* (the caller: C / 4 (CONV_TILE + CONV_TAPS_MAX) and T within 32 bits, the rows' offsets in a tile) */
+    dim3 grid((unsigned)((g4 + 255) / 256), (unsigned)(nt < 65535 ? nt : 65535));
+    if (K <= 4)
+        k_conv4_rows<4, MODE><<<grid, 256, 0, st(be)>>>(y, x, dy, w, pos, C, c0, T, B, K, bf);
+    else
+        k_conv4_rows<CONV_TAPS_MAX, MODE><<<grid, 256, 0, st(be)>>>(y, x, dy, w, pos, C, c0, T, B, K, bf);
 }
 
 /* GET_ROWS_BACK: result row r sums the dy rows whose id is r, in ascending item order, in float32
@@ -2051,18 +2055,16 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         return cuda_out_prod(be, t);
     case KEEL_OP_CONV1D:
     case KEEL_OP_CONV1D_BACK_INPUT:
-        if (a->ne[0] % 4 == 0 && b->ne[0] <= CONV_TAPS_MAX && vec_tensors(t, a, NULL) && keel_is_contiguous(b)) {
-            int64_t rows = a->ne[1] * a->ne[2];
-            int64_t nt = (rows + CONV_TILE - 1) / CONV_TILE; /* tiles of rows, looped past 65535 */
-            dim3 tgrid((unsigned)((a->ne[0] / 4 + 255) / 256), (unsigned)(nt < 65535 ? nt : 65535));
-            int fwd = t->op == KEEL_OP_CONV1D ? 1 : 0, K = (int)b->ne[0], bf = t->type == KEEL_BF16 ? 1 : 0;
-            if (n > 0 && K <= 4)
-                k_conv4_tiled<4><<<tgrid, 256, 0, st(be)>>>(t->data, (const float *)a->data, (const float *)b->data,
-                                                            kt_of(t->src[2]), a->ne[0], a->ne[1], a->ne[2], K, fwd, bf);
+        if (a->ne[0] % 4 == 0 && b->ne[0] <= CONV_TAPS_MAX && vec_tensors(t, a, NULL) && keel_is_contiguous(b) &&
+            a->ne[0] <= INT32_MAX / (CONV_TILE + CONV_TAPS_MAX) && a->ne[1] <= INT32_MAX) {
+            int K = (int)b->ne[0], bf = t->type == KEEL_BF16 ? 1 : 0;
+            const float *x = (const float *)a->data, *w = (const float *)b->data;
+            if (n > 0 && t->op == KEEL_OP_CONV1D)
+                conv4_rows_launch<CV_FWD>(be, t->data, x, NULL, w, kt_of(t->src[2]), a->ne[0], 0, a->ne[1], a->ne[2], K,
+                                          bf);
             else if (n > 0)
-                k_conv4_tiled<CONV_TAPS_MAX><<<tgrid, 256, 0, st(be)>>>(t->data, (const float *)a->data,
-                                                                        (const float *)b->data, kt_of(t->src[2]),
-                                                                        a->ne[0], a->ne[1], a->ne[2], K, fwd, bf);
+                conv4_rows_launch<CV_BACK_INPUT>(be, t->data, x, NULL, w, kt_of(t->src[2]), a->ne[0], 0, a->ne[1],
+                                                 a->ne[2], K, bf);
         } else {
             EW(k_conv, n, kt_of(t), kt_of(a), kt_of(b), kt_of(t->src[2]), t->op == KEEL_OP_CONV1D ? 1 : 0);
         }
@@ -2143,15 +2145,15 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
             D.x = (const float *)a->data, D.w = (const float *)w->data, D.dy = dy ? (const float *)dy->data : NULL;
             D.y = (float *)t->data, D.pos = A.pos, D.C = a->ne[0], D.T = a->ne[1], D.B = a->ne[2], D.n = A.n;
             D.K = (int)w->ne[0], D.hd = (int)A.hd, D.eps = A.eps, D.a = A.a, D.back = A.back;
-            int64_t nt = (R + CONV_TILE - 1) / CONV_TILE, nv4 = (D.C - 2 * D.n) / 4;
+            int64_t nt = (R + CONV_TILE - 1) / CONV_TILE;
             unsigned hb = (unsigned)cuda_blocks(nt * (heads / R) * 32, 256);
-            if (D.K <= 4) {
-                if (heads > 0) gconv_heads_launch<4>(be, D, hb);
-                gconv_values_launch<4>(be, D, nv4 * nt);
-            } else {
-                if (heads > 0) gconv_heads_launch<CONV_TAPS_MAX>(be, D, hb);
-                gconv_values_launch<CONV_TAPS_MAX>(be, D, nv4 * nt);
-            }
+            if (heads > 0 && D.K <= 4) gconv_heads_launch<4>(be, D, hb);
+            if (heads > 0 && D.K > 4) gconv_heads_launch<CONV_TAPS_MAX>(be, D, hb);
+            /* the value channels */
+            if (D.back)
+                conv4_rows_launch<CV_SILU_BACK>(be, D.y, D.x, D.dy, D.w, D.pos, D.C, 2 * D.n, D.T, D.B, D.K, 0);
+            else
+                conv4_rows_launch<CV_SILU>(be, D.y, D.x, D.dy, D.w, D.pos, D.C, 2 * D.n, D.T, D.B, D.K, 0);
             return 0;
         }
         if (heads > 0) k_gconv_heads<<<cuda_blocks(heads * 32, 256), 256, 0, st(be)>>>(A);
