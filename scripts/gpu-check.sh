@@ -9,7 +9,8 @@
 # cases, gradients and GPU time alone: a quick first look), gdn-ncu (its kernels' time, issue slots
 # and stall reasons under ncu), gdn-ncu16 (the same in the bf16 step, a line a kernel), gdn-sass (those
 # kernels under ncu's full set: stall samples by reason, the opcodes' shares of samples and instructions), conv-ncu
-# (the DeltaNet conv's heads and value kernels in the bf16 step: the last forward layer's and the first backward's;
+# (the DeltaNet conv's heads and value kernels in the bf16 step: the last forward layer's and the first backward's, and
+# the first CONV1D_BACK_INPUT's (k_conv4_rows, which also runs the value channels since the thirtieth session);
 # with bitwise in the same call, also the base build's, for a same-call before/after), attn (flash attention's cases, gradients, and its kernels' time under
 # ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full),
 # bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit),
@@ -316,7 +317,7 @@ if want conv-ncu; then # the command the twentieth session ran by hand (README, 
             k=${base_keel:-}
             [ -n "$k" ] || continue # no bitwise stage in this call: no base build
         fi
-        run "ncu: the conv's kernels (bf16 batch 8, $v build)" conv-ncu-$v.log bash -c "ncu --csv --clock-control none -k regex:k_gconv --launch-skip 34 --launch-count 4 --metrics '$conv_m' $k bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >$out/conv-ncu-$v.csv && python3 scripts/ncu_table.py $out/conv-ncu-$v.csv"
+        run "ncu: the conv's kernels (bf16 batch 8, $v build)" conv-ncu-$v.log bash -c "ncu --csv --clock-control none -k regex:'k_gconv|k_conv4' --launch-skip 34 --launch-count 5 --metrics '$conv_m' $k bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >$out/conv-ncu-$v.csv && python3 scripts/ncu_table.py $out/conv-ncu-$v.csv"
         cat "$out/conv-ncu-$v.log"
     done
 fi
