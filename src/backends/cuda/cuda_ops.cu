@@ -1174,8 +1174,7 @@ __global__ void k_conv(kt t, kt x, kt w, kt pos, int fwd) {
  * and a thread's rows come CONV_GROUP at a time, the next group's loads issued before this group's
  * sums: with one row in flight a thread (83 registers, three blocks a multiprocessor) the kernels
  * waited on memory at about half its bandwidth. The taps counted from the end of KM, as in
- * k_gconv_heads_tiled. MODE: */
-/* CONV1D, CONV1D_BACK_INPUT, GDN_CONV('s value channels), its backward */
+ * k_gconv_heads_tiled. MODE: CONV1D, CONV1D_BACK_INPUT, GDN_CONV's value channels, its backward. */
 enum { CV_FWD, CV_BACK_INPUT, CV_SILU, CV_SILU_BACK };
 #define CONV_GROUP 4 /* loads in flight a thread */
 template <int KM, int MODE>
