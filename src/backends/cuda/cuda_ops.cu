@@ -943,11 +943,11 @@ __device__ static inline void tap_add4(float4 &acc, float4 w, float4 x) {
     acc.w += __fmul_rn(w.w, x.w);
 }
 
-/* A warp (heads) or a thread (values) takes CONV_TILE consecutive rows of its channels and slides
- * a window of the last K rows of x along them in registers, so each x element is read about once
- * (a kernel a row read it K times, 0.50 ms and 0.61 ms for the 0.8B's forward and backward at
- * batch 8; tiled 0.27 and 0.36) and the weights once a tile; the next row's loads are issued before
- * this row's sums. The sums are the row kernels': the same bits. The taps
+/* A warp (heads; the value channels: k_conv4_rows, below) takes CONV_TILE consecutive rows of its
+ * channels and slides a window of the last K rows of x along them in registers, so each x element
+ * is read about once (a kernel a row read it K times, 0.50 ms and 0.61 ms for the 0.8B's forward and
+ * backward at batch 8; tiled 0.27 and 0.36) and the weights once a tile; the next row's loads are
+ * issued before this row's sums. The sums are the row kernels': the same bits. The taps
  * are counted from the end of KM (an array size known at compile time, so the window stays in
  * registers): tap j of K is j + KM - K, the first KM - K unused. The heads kernel of up to 4 taps
  * runs three blocks a multiprocessor (80 registers a thread, the backward spilling 96 bytes, against
