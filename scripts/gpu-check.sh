@@ -13,7 +13,7 @@
 # the first CONV1D_BACK_INPUT's (k_conv4_rows, which also runs the value channels since the thirtieth session);
 # with bitwise in the same call, also the base build's, for a same-call before/after), attn (flash attention's cases, gradients, and its kernels' time under
 # ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full),
-# bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit),
+# bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit; or BASE_KEEL, one built already),
 # and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step) and profile16 (the bf16 batch-8 step: wall
 # time, then GPU time per op), which are not in the default list
@@ -270,14 +270,19 @@ if want bitwise; then # training against another build of keel, byte for byte: a
     # compare with in .gpu-data/base.tar (or BASE_TAR) is built beside this tree; 4 steps of the fixture's model and of
     # a 128- and a 1024-wide Qwen3.5 (scripts/bitwise-models), float32 and bf16, must end with the same weights and
     # AdamW moments in every byte (BITWISE_BACKEND=cpu tries the stage on a machine without a GPU)
+    # (BASE_KEEL=PATH: a base keel built already, say in the background beside this tree, instead of building one)
     base_tar=${BASE_TAR:-.gpu-data/base.tar} bb=${BITWISE_BACKEND:-cuda}
-    if [ ! -e "$base_tar" ]; then
+    if [ ! -e "$base_tar" ] && [ -z "${BASE_KEEL:-}" ]; then
         record "bitwise: training against a base build" FAIL "no $base_tar: git archive --format=tar COMMIT > $base_tar"
     else
         bdir=$(mktemp -d /tmp/keel-base.XXXXXX)
         bt=$(date +%s)
-        if tar -xf "$base_tar" -C "$bdir" && build_tree "$bdir" "$bdir/build" base-build.log; then
-            record "bitwise: the base build" PASS "$(( $(date +%s) - bt )) s"
+        if [ -n "${BASE_KEEL:-}" ] && [ -x "$BASE_KEEL" ]; then
+            mkdir -p "$bdir/build" && ln -s "$(realpath "$BASE_KEEL")" "$bdir/build/keel"
+            record "bitwise: the base build" PASS "given: $BASE_KEEL"
+        fi
+        if [ -e "$bdir/build/keel" ] || { tar -xf "$base_tar" -C "$bdir" && build_tree "$bdir" "$bdir/build" base-build.log &&
+            record "bitwise: the base build" PASS "$(( $(date +%s) - bt )) s"; }; then
             base_keel=$bdir/build/keel # for conv-ncu's same-call before/after
             same=0 differ=0
             for m in fixture qwen35-128 qwen35-1024; do
