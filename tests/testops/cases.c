@@ -221,6 +221,15 @@ static keel_tensor *build_sum_sq_unaligned(keel_ctx *ctx, const op_case *c, keel
     return keel_sum_sq(ctx, keel_view_1d(ctx, x[0], keel_nelements(x[0]) - 1, es));
 }
 
+/* REPEAT_BACK of a [516, 300] view from element 1 of its input (contiguous, not on a 16-byte boundary:
+ * cuda's 4-wide pass 1 with 4-byte loads) to [516] */
+static keel_tensor *build_repeat_back_unaligned(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    (void)c;
+    int64_t es = (int64_t)keel_type_size(x[0]->type);
+    keel_tensor *v = keel_view_2d(ctx, x[0], 516, 300, 516 * es, es);
+    return v ? keel_repeat_back(ctx, v, (const int64_t[]){516, 1, 1, 1}) : NULL;
+}
+
 /* ADAMW as training builds it: s is the SUM_SQ of the gradients themselves (inputs p, g, m, v) */
 static keel_tensor *build_adamw_own_norm(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
     keel_tensor *src[5] = {x[0], x[1], x[2], x[3], keel_sum_sq(ctx, x[1])};
@@ -422,6 +431,11 @@ int keel_cases_all(op_case **out) {
                 c = C(&l, op);
                 I(c, KEEL_F32, wide[s][0], wide[s][1], wide[s][2], wide[s][3]);
                 P(c, 4, (int64_t[]){wide[s][0], 1, 1, 1}, 0, NULL);
+            }
+            if (op == KEEL_OP_REPEAT_BACK) { /* the same sums from an input not on a 16-byte boundary */
+                c = C(&l, op);
+                I(c, KEEL_F32, 516 * 300 + 1, 1, 1, 1);
+                c->build = build_repeat_back_unaligned, c->name = "REPEAT_BACK(516 x 300 from element 1)";
             }
             /* the delta rule's dq, dk summed over the value heads of a key head (r of them side by side
              * in a token's row): dimension 1 of a view whose rows lie apart, half rows and strided */

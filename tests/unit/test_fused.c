@@ -197,12 +197,16 @@ static keel_tensor *gdn_gate_pair(keel_ctx *ctx, keel_tensor **in, bool fused, c
 static void gdn_gate_is_its_ops(void **st) {
     (void)st;
     const keel_type ty[3] = {KEEL_F32, KEEL_F32, KEEL_F32};
-    /* the sums over rows as cuda's REPEAT_BACK makes them: 80 rows (a chunk a row, a block's tree over
-     * them), 21 (fewer than 64 chunks: a thread's sum), 600,000 rows of 2 heads (chunks of 2 rows) */
+    /* the sums over rows as cuda's REPEAT_BACK makes them: 80 rows (a chunk a row; 4 heads or more in
+     * groups of 8 chunks, and fewer than 64 groups: a thread's sum), 600 rows (75 groups: a block's
+     * tree over them), 21 (a thread's sum), 600,000 rows of 2 heads (chunks of 2 rows, no groups, a
+     * block's tree) */
     const int64_t model[3][4] = {{16, 40, 2, 1}, {16, 1, 1, 1}, {16, 1, 1, 1}},
+                  wide[3][4] = {{16, 300, 2, 1}, {16, 1, 1, 1}, {16, 1, 1, 1}},
                   few[3][4] = {{4, 7, 3, 1}, {4, 1, 1, 1}, {4, 1, 1, 1}},
                   many[3][4] = {{2, 600000, 1, 1}, {2, 1, 1, 1}, {2, 1, 1, 1}};
     check_pair("GDN_GATE", 3, model, ty, gdn_gate_pair, NULL);
+    check_pair("GDN_GATE", 3, wide, ty, gdn_gate_pair, NULL);
     check_pair("GDN_GATE", 3, few, ty, gdn_gate_pair, NULL);
     check_pair("GDN_GATE", 3, many, ty, gdn_gate_pair, NULL);
 }

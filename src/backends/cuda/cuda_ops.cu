@@ -211,26 +211,58 @@ __global__ void k_repeat_back_part_lead(const float *a, int64_t n_out, int64_t n
     }
 }
 
-/* The same, 4 result elements a thread through 16-byte loads (n_out a multiple of 4, a on a 16-byte
- * boundary): each element's terms and order are the kernel's above, with four times the bytes in
- * flight a thread (ncu on the H200: the kernel above waited on its loads, about 1.5 TB/s). */
-__global__ void k_repeat_back_part_lead4(const float *a, int64_t n_out, int64_t n_tiles, int64_t per, int64_t n_chunks,
-                                         double *part) {
-    int64_t n4 = n_out / 4;
-    GRID_STRIDE(e, n4 * n_chunks) {
-        int64_t o = (e % n4) * 4, c = e / n4, q = c * per, q1 = q + per < n_tiles ? q + per : n_tiles;
+/* The same for n_out a multiple of 4, 4 result elements a thread, through 16-byte loads where a is on
+ * a 16-byte boundary (VEC; four times the bytes in flight a thread: ncu on the H200, the kernel above
+ * waited on its loads, about 1.5 TB/s), else 4 loads of 4 bytes: each chunk's terms and order are
+ * the kernel's above. A block takes RB_CHUNKS consecutive chunks (a warp each) of the same 32 groups
+ * of 4 elements (a lane each: a warp reads 512 contiguous bytes of a row) and adds its chunks' sums
+ * in chunk order, so that a partial is RB_CHUNKS chunks' and pass 2 reads an eighth of the bytes
+ * (ncu, the 0.8B's norm weights at batch 8: pass 2 read 8 MB in 11 us, pass 1 33 MB in 12.5; now
+ * 4.4 us). The sums depend on the shapes alone, not on a's alignment. 8 blocks a multiprocessor (32
+ * registers): at 48, 5 blocks, pass 1 took 14 us for 12.5. */
+#define RB_CHUNKS 8
+template <bool VEC>
+__global__ void __launch_bounds__(256, 8) k_repeat_back_part_lead4(const float *a, int64_t n_out, int64_t n_tiles,
+                                                                   int64_t per, int64_t n_chunks, double *part) {
+    __shared__ double sh[RB_CHUNKS][4][32];
+    int64_t n4 = n_out / 4, n_ob = (n4 + 31) / 32, n_cb = (n_chunks + RB_CHUNKS - 1) / RB_CHUNKS;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int64_t bi = blockIdx.x; bi < n_ob * n_cb; bi += gridDim.x) {
+        int64_t cb = bi / n_ob, o4 = (bi % n_ob) * 32 + lane, c = cb * RB_CHUNKS + w;
         double acc[4] = {0, 0, 0, 0};
-        for (; q < q1; q += 8) {
-            float4 v[8];
+        if (o4 < n4 && c < n_chunks) {
+            int64_t o = o4 * 4, q = c * per, q1 = q + per < n_tiles ? q + per : n_tiles;
+            if (!VEC) { /* a row's 4 floats at a time: the same sums in the same order */
+#pragma unroll 1
+                for (; q < q1; q++) {
+                    const float *r = a + q * n_out + o;
+                    acc[0] += r[0], acc[1] += r[1], acc[2] += r[2], acc[3] += r[3];
+                }
+            }
+            for (; q < q1; q += 8) {
+                float4 v[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                v[u] = q + u < q1 ? *(const float4 *)(a + (q + u) * n_out + o) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (int u = 0; u < 8; u++)
+                    v[u] =
+                        q + u < q1 ? *(const float4 *)(a + (q + u) * n_out + o) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (q + u < q1) acc[0] += v[u].x, acc[1] += v[u].y, acc[2] += v[u].z, acc[3] += v[u].w;
+                for (int u = 0; u < 8; u++)
+                    if (q + u < q1) acc[0] += v[u].x, acc[1] += v[u].y, acc[2] += v[u].z, acc[3] += v[u].w;
+            }
         }
 #pragma unroll
-        for (int j = 0; j < 4; j++) part[c * n_out + o + j] = acc[j];
+        for (int j = 0; j < 4; j++) sh[w][j][lane] = acc[j];
+        __syncthreads();
+        if (w == 0 && o4 < n4) {
+            int nk = n_chunks - cb * RB_CHUNKS < RB_CHUNKS ? (int)(n_chunks - cb * RB_CHUNKS) : RB_CHUNKS;
+            double sum[4] = {0, 0, 0, 0};
+            for (int k = 0; k < nk; k++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) sum[j] += sh[k][j][lane];
+#pragma unroll
+            for (int j = 0; j < 4; j++) part[cb * n_out + o4 * 4 + j] = sum[j];
+        }
+        __syncthreads();
     }
 }
 
@@ -430,8 +462,10 @@ __global__ void k_gdn_gate_back_part(kt t, kt a, kt al, kt dt, kt dy, int64_t pe
 }
 
 /* Pass 2: result j of [dA_log | ddt_bias] the sum of its chunks in REPEAT_BACK's order (many chunks:
- * a block, thread tid's chunks tid, tid + RT, ... and block_sum's tree; else a thread, in order),
- * then dA_log = NEG(sum) * exp(A_log), the old rules' NEG and EXP's MUL */
+ * a block, thread tid's chunks tid, tid + RT, ... and block_sum's tree; else a thread, in order; with
+ * H a multiple of 4, as REPEAT_BACK's 4-wide pass 1, the chunks first summed in groups of grp =
+ * RB_CHUNKS, each from 0 in chunk order, and those sums taken as the chunks), then
+ * dA_log = NEG(sum) * exp(A_log), the old rules' NEG and EXP's MUL */
 __device__ static void gate_back_store(kt t, kt al, int64_t H, int64_t j, double acc) {
     float *r = (float *)t.p + (t.ne[0] - 2 * H);
     float s = (float)acc;
@@ -439,19 +473,27 @@ __device__ static void gate_back_store(kt t, kt al, int64_t H, int64_t j, double
                              keel_unary_f32(KEEL_OP_EXP, gate_head(al, j), 0.0f, 0.0f))
                  : s;
 }
-__global__ void k_gdn_gate_back_sum(kt t, kt al, int64_t H, const double *part, int64_t n_chunks, int blocks) {
+/* group k's partial of result j: chunk k's (grp 1), or chunks k grp .. k grp + grp - 1's sum */
+__device__ static double gate_group(const double *part, int64_t H, int64_t j, int64_t k, int grp, int64_t n_chunks) {
+    if (grp == 1) return part[k * 2 * H + j];
+    double s = 0;
+    for (int64_t c = k * grp; c < n_chunks && c < (k + 1) * grp; c++) s += part[c * 2 * H + j];
+    return s;
+}
+__global__ void k_gdn_gate_back_sum(kt t, kt al, int64_t H, const double *part, int64_t n_chunks, int grp, int blocks) {
     __shared__ double sh[RT];
+    int64_t n_groups = (n_chunks + grp - 1) / grp;
     if (!blocks) {
         GRID_STRIDE(j, 2 * H) {
             double acc = 0;
-            for (int64_t c = 0; c < n_chunks; c++) acc += part[c * 2 * H + j];
+            for (int64_t k = 0; k < n_groups; k++) acc += gate_group(part, H, j, k, grp, n_chunks);
             gate_back_store(t, al, H, j, acc);
         }
         return;
     }
     for (int64_t j = blockIdx.x; j < 2 * H; j += gridDim.x) {
         double acc = 0;
-        for (int64_t c = threadIdx.x; c < n_chunks; c += RT) acc += part[c * 2 * H + j];
+        for (int64_t k = threadIdx.x; k < n_groups; k += RT) acc += gate_group(part, H, j, k, grp, n_chunks);
         acc = block_sum(acc, sh);
         if (threadIdx.x == 0) gate_back_store(t, al, H, j, acc);
     }
@@ -1852,9 +1894,10 @@ static int gdn_gate_back(keel_backend *be, const keel_tensor *t) {
     if (!part) return -1;
     k_gdn_gate_back_part<<<cuda_blocks(H * n_chunks, 256), 256, 0, st(be)>>>(
         kt_of(t), kt_of(a), kt_of(t->src[1]), kt_of(t->src[2]), kt_of(t->src[3]), per, n_chunks, part);
-    bool blocks = n_chunks >= 64;
+    int grp = H % 4 == 0 ? RB_CHUNKS : 1; /* REPEAT_BACK's 4-wide pass 1 sums chunks in groups */
+    bool blocks = (n_chunks + grp - 1) / grp >= 64;
     unsigned grid = blocks ? (unsigned)(2 * H < 65535 ? 2 * H : 65535) : (unsigned)cuda_blocks(2 * H, RT);
-    k_gdn_gate_back_sum<<<grid, RT, 0, st(be)>>>(kt_of(t), kt_of(t->src[1]), H, part, n_chunks, blocks ? 1 : 0);
+    k_gdn_gate_back_sum<<<grid, RT, 0, st(be)>>>(kt_of(t), kt_of(t->src[1]), H, part, n_chunks, grp, blocks ? 1 : 0);
     return 0;
 }
 
@@ -1880,10 +1923,14 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     else if (conv)
         k_conv_back_w_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(
             kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), kt_of(t->src[2]), per, n_chunks, part);
-    else if (leading_dims(t, x) && n_out % 4 == 0 && vec_ok(x->data))
-        k_repeat_back_part_lead4<<<cuda_blocks(n_out / 4 * n_chunks, 256), 256, 0, st(be)>>>(
-            (const float *)x->data, n_out, n_terms, per, n_chunks, part);
-    else if (leading_dims(t, x))
+    else if (leading_dims(t, x) && n_out % 4 == 0) {
+        int64_t nb = (n_out / 4 + 31) / 32 * ((n_chunks + RB_CHUNKS - 1) / RB_CHUNKS);
+        unsigned blocks = (unsigned)(nb < 65535LL * 8 ? nb : 65535LL * 8);
+        (vec_ok(x->data) ? k_repeat_back_part_lead4<true>
+                         : k_repeat_back_part_lead4<false>)<<<blocks, 256, 0, st(be)>>>((const float *)x->data, n_out,
+                                                                                        n_terms, per, n_chunks, part);
+        n_chunks = (n_chunks + RB_CHUNKS - 1) / RB_CHUNKS; /* pass 2 sums the blocks' partials */
+    } else if (leading_dims(t, x))
         k_repeat_back_part_lead<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>((const float *)x->data, n_out,
                                                                                         n_terms, per, n_chunks, part);
     else
