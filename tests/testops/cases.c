@@ -459,6 +459,12 @@ int keel_cases_all(op_case **out) {
             I(c, KEEL_F32, 4096, 3, 1, 1);
             I(c, KEEL_F32, 1, 3, 1, 1);
             P(c, 1, (int64_t[]){0}, 0, NULL);
+            /* two gradients side by side as the backward joins halves (attention's q and gate): rows of
+             * 16 every 32 (cuda's 16-byte copies of strided rows) */
+            c = C(&l, op);
+            I(c, KEEL_F32, 16, 1, 37, 2);
+            I(c, KEEL_F32, 16, 1, 37, 2);
+            P(c, 1, (int64_t[]){1}, 0, NULL);
             break;
         case KEEL_OP_ADD:
         case KEEL_OP_SUB:

@@ -234,6 +234,48 @@ static void windows_in_place(void **st) {
     }
 }
 
+/* Halves: s = x / 2 read as [4, 2, 6] (runs of 4 of its rows of 8, as attention's q and gate lie in
+ * the q projection's rows) and two windows of every other run. Both used: s's gradient is their two
+ * gradients side by side, one CONCAT, no FILL or ACC for s; one used (or windows that are not halves
+ * of each other): a FILL and an ACC, as before. Against the analytic gradient, exact:
+ * loss = sum(q^2) + sum(g c), so dx = (q's rows: 2 q = x, g's: c) / 2. */
+static void halves_side_by_side(void **st) {
+    (void)st;
+    for (int kind = 0; kind < 3; kind++) { /* 0: both halves, 1: q alone, 2: g a run of 2, not a half */
+        keel_ctx *ctx = keel_ctx_new();
+        keel_tensor *x = keel_set_flags(keel_set_name(keel_new_3d(ctx, KEEL_F32, 8, 3, 2), "x"), KEEL_FLAG_PARAM);
+        keel_tensor *c = keel_set_flags(keel_new_3d(ctx, KEEL_F32, kind == 2 ? 2 : 4, 3, 2), KEEL_FLAG_INPUT);
+        keel_tensor *s = keel_scale(ctx, x, 0.5, 0.0);
+        int64_t es = 4, w = kind == 2 ? 2 : 4;
+        keel_tensor *q = keel_view_3d(ctx, s, 4, 3, 2, 8 * es, 24 * es, 0);
+        keel_tensor *gw = keel_view_3d(ctx, s, w, 3, 2, 8 * es, 24 * es, 4 * es);
+        keel_tensor *loss = keel_sum(ctx, keel_sqr(ctx, q));
+        if (kind != 1) loss = keel_add(ctx, loss, keel_sum(ctx, keel_mul(ctx, gw, c)));
+        keel_graph *g = keel_graph_build(ctx, &loss, 1);
+        assert_int_equal(keel_build_backward(g, loss), 0);
+        keel_tensor *sg = keel_graph_grad(g, x)->src[0]; /* x's gradient is SCALE's of s's */
+        assert_int_equal(back_ops(g, KEEL_OP_CONCAT), kind == 0);
+        assert_int_equal(back_ops(g, KEEL_OP_FILL), kind == 0 ? 1 : 2); /* the loss's gradient, then s's */
+        assert_int_equal(sg->op, kind == 0 ? KEEL_OP_RESHAPE : KEEL_OP_ACC);
+        double xv[48], cv[24];
+        for (int i = 0; i < 48; i++) xv[i] = 0.25 * ((i * 7) % 11) - 1.25;
+        for (int i = 0; i < 24; i++) cv[i] = 0.5 * (i % 5) - 1;
+        double *vals[2] = {xv, cv};
+        keel_tensor *leaves[2] = {x, c}; /* c: not in q alone's graph */
+        for (int b = 0; b < 2; b++) {
+            double *r = run_graph(b ? "ref" : "cpu", g, leaves, vals, kind == 1 ? 1 : 2, keel_graph_grad(g, x));
+            for (int i = 0; i < 48; i++) {
+                int col = i % 8, row = i / 8; /* row: (t, b) */
+                double want = col < 4 ? xv[i] : kind != 1 && col - 4 < w ? cv[row * w + col - 4] : 0.0;
+                assert_true(r[i] == 0.5 * want);
+            }
+            free(r);
+        }
+        keel_graph_free(g);
+        keel_ctx_free(ctx);
+    }
+}
+
 /* Gradients in bf16: gate, up (SwiGLU's sources) and a conv's input, each a float32 product of bf16
  * operands that nothing else reads, get bf16 gradients from SWIGLU_BACK and CONV1D_BACK_INPUT (the
  * products' rules then round nothing); marked as outputs (read beside the backward), the same
@@ -369,6 +411,7 @@ int main(void) {
         cmocka_unit_test(products_accumulate_in_place),
         cmocka_unit_test(packed_head_gradients),
         cmocka_unit_test(windows_in_place),
+        cmocka_unit_test(halves_side_by_side),
         cmocka_unit_test(bf16_gradients),
         cmocka_unit_test(residual_norm_adds_in_place),
         cmocka_unit_test(errors),
