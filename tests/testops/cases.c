@@ -278,14 +278,14 @@ int keel_cases_all(op_case **out) {
             c = C(&l, op);
             I(c, KEEL_F32, 2 * 2048, 5, 1, 1);
             P(c, 2, (int64_t[]){256, 8}, 0, NULL);
+            /* (the forward moves no rows; the backward joins q's and gate's gradients, the halves of
+             * x's rows, by a CONCAT, then copies the result whole as x's own gradient: rows of 2 W) */
             c->build = build_qgate;
-            c->width = 256; /* the copy path moves rows of one head */
             c->name = "VIEW([q|gate] per-head interleave, W=2048)";
             c = C(&l, op);
             I(c, KEEL_F32, 2 * 64, 3, 1, 1);
             P(c, 2, (int64_t[]){16, 4}, 0, NULL);
             c->build = build_qgate;
-            c->width = 16;
             c->name = "VIEW([q|gate] per-head interleave, W=64)";
             break;
         }
