@@ -272,12 +272,14 @@ if want bitwise; then # training against another build of keel, byte for byte: a
     # AdamW moments in every byte (BITWISE_BACKEND=cpu tries the stage on a machine without a GPU)
     # (BASE_KEEL=PATH: a base keel built already, say in the background beside this tree, instead of building one)
     base_tar=${BASE_TAR:-.gpu-data/base.tar} bb=${BITWISE_BACKEND:-cuda}
-    if [ ! -e "$base_tar" ] && [ -z "${BASE_KEEL:-}" ]; then
+    if [ -n "${BASE_KEEL:-}" ] && [ ! -x "$BASE_KEEL" ]; then
+        record "bitwise: training against a base build" FAIL "BASE_KEEL=$BASE_KEEL is not an executable"
+    elif [ ! -e "$base_tar" ] && [ -z "${BASE_KEEL:-}" ]; then
         record "bitwise: training against a base build" FAIL "no $base_tar: git archive --format=tar COMMIT > $base_tar"
     else
         bdir=$(mktemp -d /tmp/keel-base.XXXXXX)
         bt=$(date +%s)
-        if [ -n "${BASE_KEEL:-}" ] && [ -x "$BASE_KEEL" ]; then
+        if [ -n "${BASE_KEEL:-}" ]; then
             mkdir -p "$bdir/build" && ln -s "$(realpath "$BASE_KEEL")" "$bdir/build/keel"
             record "bitwise: the base build" PASS "given: $BASE_KEEL"
         fi

@@ -20,7 +20,6 @@
 #define HELD_MAX 8
 typedef struct {
     keel_tensor *s, *P; /* P: NULL for halves (below) */
-    bool halves;
     int n;
     struct {
         keel_tensor *dy;
@@ -140,7 +139,7 @@ static held_windows *held_new(keel_grad_acc *acc, keel_tensor *s, keel_tensor *P
         acc->held = nh, acc->cap_held = c;
     }
     held_windows *h = &acc->held[acc->n_held++];
-    h->s = s, h->P = P, h->halves = false, h->n = 0;
+    h->s = s, h->P = P, h->n = 0;
     return h;
 }
 
@@ -180,7 +179,7 @@ static int settle(keel_grad_acc *acc, held_windows *h) {
     held_windows w = *h;
     *h = acc->held[--acc->n_held]; /* out of the list first: the ACCs below must not hold them again */
     keel_tensor *s = w.s;
-    if (!w.halves && held_tiles(acc, &w)) {
+    if (w.P && held_tiles(acc, &w)) {
         keel_tensor *v =
             keel_view_4d(acc->ctx, w.P, s->ne[0], s->ne[1], s->ne[2], s->ne[3], s->nb[1], s->nb[2], s->nb[3], 0);
         if (!v || grow(acc)) return -1;
@@ -278,14 +277,13 @@ int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t n
         return 0;
     }
     int half = in_place || keel_grad_type(s->type) != s->type ? -1 : half_of(s, dy, nb1, nb2, nb3, offset);
-    if (half >= 0 && !acc->g->grads[s->id] && h && h->halves && h->w[0].offset != offset && h->w[0].nb1 == nb1 &&
+    if (half >= 0 && !acc->g->grads[s->id] && h && !h->P && h->w[0].offset != offset && h->w[0].nb1 == nb1 &&
         h->w[0].nb2 == nb2 && h->w[0].nb3 == nb3 && keel_same_shape(h->w[0].dy, dy))
         return join_halves(acc, h, dy, half);
     if (half >= 0 && !acc->g->grads[s->id] && !h) { /* the first half: held until the other comes */
         if (!(h = held_new(acc, s, NULL))) return -1;
-        h->halves = true, h->n = 1;
+        h->n = 1;
         h->w[0].dy = dy, h->w[0].nb1 = nb1, h->w[0].nb2 = nb2, h->w[0].nb3 = nb3, h->w[0].offset = offset;
-        h->w[0].lo = h->w[0].hi = -1;
         return 0;
     }
     if (h && settle(acc, h)) return -1;

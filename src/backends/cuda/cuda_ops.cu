@@ -221,6 +221,9 @@ __global__ void k_repeat_back_part_lead(const float *a, int64_t n_out, int64_t n
  * 4.4 us). The sums depend on the shapes alone, not on a's alignment. 8 blocks a multiprocessor (32
  * registers): at 48, 5 blocks, pass 1 took 14 us for 12.5. */
 #define RB_CHUNKS 8
+/* The chunks REPEAT_BACK's pass 1 sums together in a block for n_out result elements over leading
+ * dimensions (lead): RB_CHUNKS on the 4-wide kernel, else 1. GDN_GATE_BACK's pass 2 follows it. */
+__host__ static inline int chunk_group(int64_t n_out, bool lead) { return lead && n_out % 4 == 0 ? RB_CHUNKS : 1; }
 template <bool VEC>
 __global__ void __launch_bounds__(256, 8) k_repeat_back_part_lead4(const float *a, int64_t n_out, int64_t n_tiles,
                                                                    int64_t per, int64_t n_chunks, double *part) {
@@ -1894,7 +1897,7 @@ static int gdn_gate_back(keel_backend *be, const keel_tensor *t) {
     if (!part) return -1;
     k_gdn_gate_back_part<<<cuda_blocks(H * n_chunks, 256), 256, 0, st(be)>>>(
         kt_of(t), kt_of(a), kt_of(t->src[1]), kt_of(t->src[2]), kt_of(t->src[3]), per, n_chunks, part);
-    int grp = H % 4 == 0 ? RB_CHUNKS : 1; /* REPEAT_BACK's 4-wide pass 1 sums chunks in groups */
+    int grp = chunk_group(H, true); /* REPEAT_BACK's of [H] from a's contiguous [H, rows] (the unfused ops) */
     bool blocks = (n_chunks + grp - 1) / grp >= 64;
     unsigned grid = blocks ? (unsigned)(2 * H < 65535 ? 2 * H : 65535) : (unsigned)cuda_blocks(2 * H, RT);
     k_gdn_gate_back_sum<<<grid, RT, 0, st(be)>>>(kt_of(t), kt_of(t->src[1]), H, part, n_chunks, grp, blocks ? 1 : 0);
@@ -1923,7 +1926,7 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     else if (conv)
         k_conv_back_w_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(
             kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), kt_of(t->src[2]), per, n_chunks, part);
-    else if (leading_dims(t, x) && n_out % 4 == 0) {
+    else if (chunk_group(n_out, leading_dims(t, x)) > 1) {
         int64_t nb = (n_out / 4 + 31) / 32 * ((n_chunks + RB_CHUNKS - 1) / RB_CHUNKS);
         unsigned blocks = (unsigned)(nb < 65535LL * 8 ? nb : 65535LL * 8);
         (vec_ok(x->data) ? k_repeat_back_part_lead4<true>
