@@ -511,10 +511,17 @@ static int shape_rule(keel_tensor *t) {
         if (op == KEEL_OP_FLASH_ATTN) {
             set_shape(t, out, n_out, 1, 1, 1);
         } else {
-            for (int i = 4; i < 6; i++)
-                REQ(keel_nelements(t->src[i]) == n_out && t->src[i]->type == out && keel_is_contiguous(t->src[i]),
-                    "src%d must be the forward's packed output or its gradient: %s [%lld], contiguous", i,
-                    keel_type_name(out), (long long)n_out);
+            const keel_tensor *dy = t->src[5];
+            REQ(keel_nelements(t->src[4]) == n_out && t->src[4]->type == out && keel_is_contiguous(t->src[4]),
+                "src4 must be the forward's packed output: %s [%lld], contiguous", keel_type_name(out),
+                (long long)n_out);
+            /* the gradient of [o | lse], or of o alone (lse's then 0: what the backward gives when only
+             * o is read, without a zero FILL and an ACC of do into it) */
+            REQ((keel_nelements(dy) == n_out || keel_nelements(dy) == n_out - H * Tq * B) && dy->type == out &&
+                    keel_is_contiguous(dy),
+                "src5 must be the gradient of the forward's packed output, or of its o: %s [%lld] or [%lld], "
+                "contiguous",
+                keel_type_name(out), (long long)n_out, (long long)(n_out - H * Tq * B));
             set_shape(t, out, keel_nelements(a) + keel_nelements(k) + keel_nelements(v), 1, 1, 1);
         }
         return 0;

@@ -599,6 +599,22 @@ int keel_cases_all(op_case **out) {
                     c->name = nm;
                 }
             }
+            /* the backward from do alone (dlse 0: the model's case, only o read), float32 and bf16
+             * operands at the model's head size, one example a column and packed ones */
+            for (int s = 0; op == KEEL_OP_FLASH_ATTN_BACK && s < 2; s++) {
+                const int64_t *x = sh[s ? 9 : 3];
+                c = C(&l, op);
+                keel_type ty = s ? KEEL_BF16 : KEEL_F32;
+                I(c, ty, x[0], x[1], x[3], x[5]);
+                I(c, ty, x[0], x[2], x[4], x[5]);
+                I(c, ty, x[6], x[2], x[4], x[5]);
+                SEG(c, x[3], x[5], x[7]);
+                I(c, KEEL_F32, x[6] * x[1] * x[3] * x[5], 1, 1, 1);
+                c->build = build_fa_back, c->tol = s ? 1e-4 : 1e-10, c->keep_types = s;
+                c->name =
+                    s ? "FLASH_ATTN_BACK(bf16 D=256,H=4,Tq=70,do alone)" : "FLASH_ATTN_BACK(D=256,H=4,Tq=20,do alone)";
+                P(c, 0, NULL, 1, (double[]){(double)x[8] / 4.0 / sqrt((double)x[0])});
+            }
             break;
         }
         case KEEL_OP_SOFT_MAX_BACK:

@@ -315,13 +315,43 @@ static void gdn_conv_rejects_bad_input(void **st) {
     keel_ctx_free(ctx);
 }
 
+/* in: q [D,H,T,B], k and v [D,KV,T,B], positions [T,B]: FLASH_ATTN_BACK from do alone (the model's
+ * backward, where only o is read) against the same from [do | 0] (values: a backward op) */
+static keel_tensor *fa_back_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    (void)p;
+    keel_tensor *o = keel_flash_attn(ctx, in[0], in[1], in[2], in[3], 0.25, KEEL_F32);
+    if (!o) return NULL;
+    int64_t n_o = in[2]->ne[0] * in[0]->ne[1] * in[0]->ne[2] * in[0]->ne[3];
+    keel_tensor *d = keel_scale(ctx, keel_view_1d(ctx, o, n_o, 0), 0.5, 0.25); /* a gradient of o */
+    keel_tensor *dy =
+        fused ? d
+              : keel_concat(ctx, d, keel_fill(ctx, KEEL_F32, (int64_t[]){keel_nelements(o) - n_o, 1, 1, 1}, 0.0), 0);
+    keel_tensor *src[6] = {in[0], in[1], in[2], in[3], o, dy};
+    return keel_op_new(ctx, KEEL_OP_FLASH_ATTN_BACK, src, 6, o->ip, 1, o->fp, 1);
+}
+
+static void flash_attn_back_from_do_alone(void **st) {
+    (void)st;
+    const keel_type ty[4] = {KEEL_F32, KEEL_F32, KEEL_F32, KEEL_I32};
+    const int64_t small[4][4] = {{16, 4, 20, 2}, {16, 2, 20, 2}, {16, 2, 20, 2}, {20, 2, 1, 1}},
+                  model[4][4] = {{256, 4, 70, 1}, {256, 1, 70, 1}, {256, 1, 70, 1}, {70, 1, 1, 1}};
+    check_pair_of("FLASH_ATTN_BACK", 4, small, ty, fa_back_pair, NULL, false);
+    check_pair_of("FLASH_ATTN_BACK", 4, model, ty, fa_back_pair, NULL, false);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(gdn_conv_is_its_ops),        cmocka_unit_test(swiglu_is_its_ops),
-        cmocka_unit_test(gated_rms_norm_is_its_ops),  cmocka_unit_test(rms_norm_w_is_its_ops),
-        cmocka_unit_test(qk_norm_rope_is_its_ops),    cmocka_unit_test(gdn_gate_is_its_ops),
-        cmocka_unit_test(sigmoid_back_is_its_ops),    cmocka_unit_test(get_rows_back_add_is_its_ops),
-        cmocka_unit_test(sigmoid_mul_is_its_ops),     cmocka_unit_test(norm_back_add_is_its_ops),
+        cmocka_unit_test(flash_attn_back_from_do_alone),
+        cmocka_unit_test(gdn_conv_is_its_ops),
+        cmocka_unit_test(swiglu_is_its_ops),
+        cmocka_unit_test(gated_rms_norm_is_its_ops),
+        cmocka_unit_test(rms_norm_w_is_its_ops),
+        cmocka_unit_test(qk_norm_rope_is_its_ops),
+        cmocka_unit_test(gdn_gate_is_its_ops),
+        cmocka_unit_test(sigmoid_back_is_its_ops),
+        cmocka_unit_test(get_rows_back_add_is_its_ops),
+        cmocka_unit_test(sigmoid_mul_is_its_ops),
+        cmocka_unit_test(norm_back_add_is_its_ops),
         cmocka_unit_test(gdn_conv_rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

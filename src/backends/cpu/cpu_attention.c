@@ -100,7 +100,7 @@ static void grad_rows(void *arg, int64_t r0, int64_t r1, int th) {
         const float *dO = c->dO + row * c->Dv, *o = c->o + row * c->Dv;
         double dd = 0;
         for (int64_t e = 0; e < c->Dv; e++) dd += (double)dO[e] * o[e];
-        float delta = (float)(dd - c->dlse[row]), *s = c->S + r * c->nk, *dp = c->dP + r * c->nk;
+        float delta = (float)(dd - (c->dlse ? c->dlse[row] : 0.0f)), *s = c->S + r * c->nk, *dp = c->dP + r * c->nk;
         for (int64_t j = 0; j < c->nk; j++) {
             float p = j >= lo && j <= hi ? expf(s[j] * c->scale - c->lse[row]) : 0.0f;
             s[j] = p;
@@ -176,7 +176,8 @@ int cpu_flash_attn(keel_backend *be, const keel_tensor *t) {
     }
     c.dP = c.S + nb * c.Tk;
     if (back) {
-        c.o = t->src[4]->data, c.lse = c.o + c.no, c.dO = t->src[5]->data, c.dlse = c.dO + c.no;
+        c.o = t->src[4]->data, c.lse = c.o + c.no, c.dO = t->src[5]->data;
+        c.dlse = keel_nelements(t->src[5]) > c.no ? c.dO + c.no : NULL; /* [do] alone: dlse 0 */
         /* dk and dv are sums over the blocks and query heads that see each key: from 0 */
         int64_t nq = keel_nelements(q);
         memset(c.out + nq, 0, (size_t)(keel_nelements(t) - nq) * sizeof(float));

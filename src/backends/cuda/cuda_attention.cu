@@ -31,6 +31,7 @@
 typedef struct {
     kt q, k, v, pos;
     const float *o, *dO;  /* backward: the forward's packed output [o | lse] and its gradient [do | dlse] */
+    const float *dlse;    /* backward: NULL where the gradient is [do] alone (dlse 0) */
     float *delta;         /* backward: do.o - dlse a query row */
     kt do16;              /* backward, tensor cores: do rounded to bf16, [Dv,H,Tq,B] */
     void *ds;             /* backward, tensor cores: dS^T of a slab of examples, bf16 [example][H][ldk][ldq], or NULL */
@@ -128,7 +129,7 @@ __global__ void k_fa_delta(fa_args A) {
     float s = 0.0f;
     for (int64_t c = lane; c < A.Dv; c += 32) s += A.dO[w * A.Dv + c] * A.o[w * A.Dv + c];
     s = warp_sum(s);
-    if (lane == 0) A.delta[w] = s - A.dO[A.no + w];
+    if (lane == 0) A.delta[w] = s - (A.dlse ? A.dlse[w] : 0.0f);
     if (A.do16.p) /* the bf16 copy the tensor-core kernels stage */
         for (int64_t c = lane; c < A.Dv; c += 32)
             ((__nv_bfloat16 *)A.do16.p)[w * A.Dv + c] = __float2bfloat16_rn(A.dO[w * A.Dv + c]);
@@ -1048,6 +1049,7 @@ int cuda_flash_attn(keel_backend *be, const keel_tensor *t) {
     cudaStream_t st = cuda_im(be)->stream;
     if (back) {
         A.o = (const float *)t->src[4]->data, A.dO = (const float *)t->src[5]->data, A.delta = scr + wide;
+        A.dlse = keel_nelements(t->src[5]) > A.no ? A.dO + A.no : NULL;
         if (tc) { /* [Dv,H,Tq,B] bf16, contiguous, after delta (16-byte aligned: rows of 64+ bf16) */
             A.do16.p = (char *)(A.delta + (rows + 3) / 4 * 4);
             A.do16.ne[0] = A.Dv, A.do16.ne[1] = A.H, A.do16.ne[2] = A.Tq, A.do16.ne[3] = A.B;

@@ -231,7 +231,7 @@ static int ref_flash_attn(const keel_tensor *t) {
                     putf(t, no + row, mx + log(z));
                     continue;
                 }
-                double delta = 0, dlse = getf(dy, no + row);
+                double delta = 0, dlse = keel_nelements(dy) > no ? getf(dy, no + row) : 0.0; /* [do] alone: dlse 0 */
                 for (int64_t j = lo; j <= hi; j++) {
                     double s = 0;
                     for (int64_t e = 0; e < Dv; e++) s += getf(dy, row * Dv + e) * get(v, e, kh, j, b);
