@@ -36,7 +36,7 @@ struct keel_grad_acc {
     int64_t cap;
     held_windows *held; /* the tensors whose windows are held back (few: each until its rule runs) */
     int n_held, cap_held;
-    uint8_t *uses; /* by id of a forward tensor: the forward nodes that read it (2: two or more) */
+    uint8_t *uses; /* by id of a forward tensor: the sources of forward nodes that read it (3: three or more) */
     int64_t n_uses;
 };
 
@@ -59,15 +59,18 @@ static int grow(keel_grad_acc *a) {
 }
 
 /* A tensor whose gradient only ever becomes a bf16 product operand: a float32 product of bf16
- * operands (MUL_MAT's rule rounds dy to bf16 and reads nothing else of it) read by one node alone,
- * no output, no gradient yet. A contribution to it may come in bf16, rounded as CAST rounds it
- * (keel_grad_bf16_ok): the bits the product's rule would make, without the float32 tensor. */
+ * operands (MUL_MAT's rule rounds dy to bf16 and reads nothing else of it) read by `readers` nodes'
+ * sources and no more, no output, no gradient yet. Its gradient may come in bf16, rounded as CAST
+ * rounds it: the bits the product's rule would make, without the float32 tensor. */
+static bool bf16_product_read_by(const keel_grad_acc *acc, const keel_tensor *s, int readers) {
+    return s->op == KEEL_OP_MUL_MAT && s->type == KEEL_F32 && s->src[0]->type == KEEL_BF16 &&
+           s->src[1]->type == KEEL_BF16 && s->id < acc->n_uses && acc->uses[s->id] == readers &&
+           !(s->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_LOSS | KEEL_FLAG_PARAM)) && !acc->g->grads[s->id];
+}
+
+/* ... with one reader: a contribution to it may come in bf16 */
 bool keel_grad_bf16_ok(const keel_grad_acc *acc, int src) {
-    const keel_tensor *s = acc->node->src[src];
-    return keel_grad_wanted(acc, src) && s->op == KEEL_OP_MUL_MAT && s->type == KEEL_F32 &&
-           s->src[0]->type == KEEL_BF16 && s->src[1]->type == KEEL_BF16 && s->id < acc->n_uses &&
-           acc->uses[s->id] == 1 && !(s->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_LOSS | KEEL_FLAG_PARAM)) &&
-           !acc->g->grads[s->id];
+    return keel_grad_wanted(acc, src) && bf16_product_read_by(acc, acc->node->src[src], 1);
 }
 
 bool keel_grad_wanted(const keel_grad_acc *acc, int src) {
@@ -160,14 +163,18 @@ static int half_of(const keel_tensor *s, const keel_tensor *dy, int64_t nb1, int
     return offset == 0 ? 0 : offset == run ? 1 : -1;
 }
 
-/* The second half of s's gradient, h holding the first: the two side by side as s's gradient */
+/* The second half of s's gradient, h holding the first: the two side by side as s's gradient. Each
+ * half came through a VIEW of s (the only rule that adds a window), so where s has two readers these
+ * are all of its gradient, and a bf16 product's (attention's q and gate projection) takes it in bf16
+ * from the CONCAT: no float32 tensor, and no CAST of it in the product's rule. */
 static int join_halves(keel_grad_acc *acc, held_windows *h, keel_tensor *dy, int half) {
     keel_tensor *s = h->s, *other = h->w[0].dy;
     *h = acc->held[--acc->n_held];
     int64_t n0 = dy->ne[0], K = keel_nelements(dy) / n0;
+    int64_t type = dy->type == KEEL_F32 && bf16_product_read_by(acc, s, 2) ? KEEL_BF16 : 0;
     keel_tensor *a = keel_reshape_4d(acc->ctx, half ? other : dy, n0, 1, K, 1),
                 *b = keel_reshape_4d(acc->ctx, half ? dy : other, n0, 1, K, 1);
-    keel_tensor *cat = a && b ? keel_concat(acc->ctx, a, b, 1) : NULL;
+    keel_tensor *cat = a && b ? keel_concat_to(acc->ctx, a, b, 1, type) : NULL;
     keel_tensor *g = cat ? keel_reshape_4d(acc->ctx, cat, s->ne[0], s->ne[1], s->ne[2], s->ne[3]) : NULL;
     if (!g || grow(acc)) return -1;
     acc->g->grads[s->id] = g;
@@ -334,7 +341,7 @@ int keel_build_backward(keel_graph *g, keel_tensor *loss) {
         const keel_tensor *t = g->nodes[i];
         for (int s = 0; s < keel_op_get(t->op)->arity; s++) {
             uint8_t *u = &acc.uses[t->src[s]->id];
-            *u = *u < 2 ? *u + 1 : 2;
+            *u = *u < 3 ? *u + 1 : 3;
         }
     }
     if (!acc.needs[loss->id]) {

@@ -39,7 +39,8 @@
     X(FILL, OWN, 0, 0, 0, 0, "ip0-3 ne, fp0 value")                                                                            \
     X(REPEAT, OWN, 1, 0, 1, 0, "ip0-3 ne: tile src0 (each ne divides the target)")                                             \
     X(REPEAT_BACK, OWN, 1, 0, 1, 0, "ip0-3 ne: sum src0 over its tiles")                                                       \
-    X(CONCAT, COPY, 2, 0, 3, 0, "ip0 dim")                                                                                      \
+    X(CONCAT, COPY, 2, 0, 3, 0,                                                                                        \
+      "ip0 dim; ip1 result type: 0 the sources', or bf16 for float32 sources (each value rounded as CAST rounds it)") \
     X(ADD, BINARY, 2, 0, 3, 0, "src1 broadcast over src0")                                                                        \
     X(SUB, BINARY, 2, 0, 3, 0, "src1 broadcast over src0")                                                                        \
     X(MUL, BINARY, 2, 0, 3, 0, "src1 broadcast over src0")                                                                        \

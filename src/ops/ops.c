@@ -255,8 +255,10 @@ static int shape_rule(keel_tensor *t) {
         int d = (int)t->ip[0];
         REQ(d >= 0 && d < 4, "dim %d out of range", d);
         REQ(a->type == b->type, "types differ");
+        REQ(t->ip[1] == 0 || (t->ip[1] == KEEL_BF16 && a->type == KEEL_F32),
+            "result type %lld: 0 (the sources') or bf16 for float32 sources", (long long)t->ip[1]);
         for (int i = 0; i < 4; i++) REQ(i == d || a->ne[i] == b->ne[i], "dim %d differs", i);
-        set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        set_shape(t, t->ip[1] ? KEEL_BF16 : a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         t->ne[d] += b->ne[d];
         return 0;
     }
@@ -723,7 +725,10 @@ keel_tensor *keel_repeat_back(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4]
     return OP(KEEL_OP_REPEAT_BACK, (a), ne, 4, NULL, 0);
 }
 keel_tensor *keel_concat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int dim) {
-    return OP(KEEL_OP_CONCAT, (a, b), IPS(dim), 1, NULL, 0);
+    return keel_concat_to(ctx, a, b, dim, 0);
+}
+keel_tensor *keel_concat_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int dim, int64_t type) {
+    return OP(KEEL_OP_CONCAT, (a, b), IPS(dim, type), 2, NULL, 0);
 }
 keel_tensor *keel_add(keel_ctx *ctx, keel_tensor *a, keel_tensor *b) {
     return OP(KEEL_OP_ADD, (a, b), NULL, 0, NULL, 0);

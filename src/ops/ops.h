@@ -68,6 +68,8 @@ keel_tensor *keel_set(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int64_t nb1
 keel_tensor *keel_repeat(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4]);
 keel_tensor *keel_repeat_back(keel_ctx *ctx, keel_tensor *a, const int64_t ne[4]);
 keel_tensor *keel_concat(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int dim);
+/* type: 0 (a's and b's), or KEEL_BF16 for float32 sources, each value rounded as CAST rounds it */
+keel_tensor *keel_concat_to(keel_ctx *ctx, keel_tensor *a, keel_tensor *b, int dim, int64_t type);
 
 keel_tensor *keel_add(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);
 keel_tensor *keel_sub(keel_ctx *ctx, keel_tensor *a, keel_tensor *b);

@@ -465,6 +465,16 @@ int keel_cases_all(op_case **out) {
             I(c, KEEL_F32, 16, 1, 37, 2);
             I(c, KEEL_F32, 16, 1, 37, 2);
             P(c, 1, (int64_t[]){1}, 0, NULL);
+            /* the bf16 result (the halves' gradient going to a bf16 product): each float32 value rounded
+             * once, as CAST rounds it; strided rows of 16, a wide row, views */
+            for (int s = 0; s < 3; s++) {
+                static const int64_t sh[][4] = {{16, 1, 37, 2}, {4097, 3, 1, 1}, {5, 4, 3, 2}};
+                c = C(&l, op);
+                c->keep_types = true, c->tol = 2e-5, c->no_fd = "bf16 rounding of the result";
+                I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view = s == 2 ? VIEW_PERMUTED : VIEW_NONE;
+                I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view = s == 2 ? VIEW_TRANSPOSED : VIEW_NONE;
+                P(c, 2, (int64_t[]){s == 1 ? 0 : 1, KEEL_BF16}, 0, NULL);
+            }
             break;
         case KEEL_OP_ADD:
         case KEEL_OP_SUB:

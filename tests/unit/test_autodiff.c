@@ -278,54 +278,61 @@ static void halves_side_by_side(void **st) {
 
 /* Gradients in bf16: gate, up (SwiGLU's sources) and a conv's input, each a float32 product of bf16
  * operands that nothing else reads, get bf16 gradients from SWIGLU_BACK and CONV1D_BACK_INPUT (the
- * products' rules then round nothing); marked as outputs (read beside the backward), the same
- * tensors take float32 gradients and CASTs. x's and the conv weight's gradients: the same bits, on
- * cpu and ref. */
+ * products' rules then round nothing); a fourth product read as two halves (attention's q and gate)
+ * gets its gradient in bf16 from the halves' CONCAT. Marked as outputs (read beside the backward),
+ * the same tensors take float32 gradients and CASTs. x's and the conv weight's gradients: the same
+ * bits, on cpu and ref. */
 static keel_graph *bf16_grads_graph(keel_ctx *ctx, bool outputs, keel_tensor **lv) {
     keel_tensor *x = keel_set_flags(keel_set_name(keel_new_3d(ctx, KEEL_F32, 8, 5, 2), "x"), KEEL_FLAG_PARAM);
     keel_tensor *cw = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 4, 8), "cw"), KEEL_FLAG_PARAM);
     keel_tensor *pos = keel_set_flags(keel_new_2d(ctx, KEEL_I32, 5, 2), KEEL_FLAG_INPUT);
-    keel_tensor *w[3], *y[3], *xb = keel_cast(ctx, x, KEEL_BF16);
-    for (int i = 0; i < 3; i++) {
+    keel_tensor *w[4], *y[4], *xb = keel_cast(ctx, x, KEEL_BF16);
+    for (int i = 0; i < 4; i++) {
         w[i] = keel_set_flags(keel_new_2d(ctx, KEEL_BF16, 8, i < 2 ? 12 : 8), KEEL_FLAG_INPUT);
         y[i] = keel_mul_mat_to(ctx, w[i], xb, KEEL_F32);
         if (outputs) keel_set_flags(y[i], KEEL_FLAG_OUTPUT);
     }
     keel_tensor *s = keel_swiglu(ctx, y[0], y[1]), *c = keel_conv1d(ctx, y[2], cw, pos);
+    /* y[3] as [2, 2, 10]: runs of 2 of its rows of 8, every other one q, the rest the gate */
+    keel_tensor *q = keel_view_3d(ctx, y[3], 2, 2, 10, 4 * 4, 8 * 4, 0),
+                *gt = keel_view_3d(ctx, y[3], 2, 2, 10, 4 * 4, 8 * 4, 2 * 4);
     keel_tensor *loss = keel_add(ctx, keel_sum(ctx, keel_sqr(ctx, s)), keel_sum(ctx, keel_sqr(ctx, c)));
+    loss = keel_add(ctx, loss, keel_sum(ctx, keel_mul(ctx, keel_sqr(ctx, q), gt)));
     keel_graph *g = keel_graph_build(ctx, &loss, 1);
     assert_int_equal(keel_build_backward(g, loss), 0);
-    lv[0] = x, lv[1] = cw, lv[2] = pos, lv[3] = w[0], lv[4] = w[1], lv[5] = w[2];
+    lv[0] = x, lv[1] = cw, lv[2] = pos, lv[3] = w[0], lv[4] = w[1], lv[5] = w[2], lv[6] = w[3];
     return g;
 }
 
 static void bf16_gradients(void **st) {
     (void)st;
     keel_ctx *ctx[2] = {keel_ctx_new(), keel_ctx_new()};
-    keel_tensor *lv[2][6];
+    keel_tensor *lv[2][7];
     keel_graph *g[2];
     for (int o = 0; o < 2; o++) {
         g[o] = bf16_grads_graph(ctx[o], o == 1, lv[o]);
         int bf = 0;
         for (int64_t i = g[o]->n_forward; i < g[o]->n_nodes; i++) {
             const keel_tensor *t = g[o]->nodes[i];
-            if (t->op == KEEL_OP_SWIGLU_BACK || t->op == KEEL_OP_CONV1D_BACK_INPUT) bf += t->type == KEEL_BF16;
+            if (t->op == KEEL_OP_SWIGLU_BACK || t->op == KEEL_OP_CONV1D_BACK_INPUT || t->op == KEEL_OP_CONCAT)
+                bf += t->type == KEEL_BF16;
         }
-        assert_int_equal(bf, o ? 0 : 2);
-        assert_int_equal(back_ops(g[o], KEEL_OP_CAST), o ? 3 : 0); /* dy of the three products */
+        assert_int_equal(back_ops(g[o], KEEL_OP_CONCAT), 1);
+        assert_int_equal(bf, o ? 0 : 3);
+        assert_int_equal(back_ops(g[o], KEEL_OP_CAST), o ? 4 : 0); /* dy of the four products */
     }
-    double xs[80], cs[32], ps[10], ws[3][96];
+    double xs[80], cs[32], ps[10], ws[4][96];
     for (int i = 0; i < 80; i++) xs[i] = 0.07 * ((i * 13) % 23) - 0.75;
     for (int i = 0; i < 32; i++) cs[i] = 0.1 * ((i * 5) % 9) - 0.35;
     for (int i = 0; i < 10; i++) ps[i] = i < 5 ? i : (i - 5) % 3; /* a window; examples of 3 and 2 */
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         for (int i = 0; i < 96; i++) ws[k][i] = 0.05 * ((i * 7 + k) % 11) - 0.24;
-    double *vals[6] = {xs, cs, ps, ws[0], ws[1], ws[2]};
+    double *vals[7] = {xs, cs, ps, ws[0], ws[1], ws[2], ws[3]};
     for (int b = 0; b < 2; b++)
         for (int p = 0; p < 2; p++) { /* x's gradient, then the conv weight's */
             double *r[2];
             for (int o = 0; o < 2; o++)
-                r[o] = run_graph(b ? "ref" : "cpu", g[o], lv[o], vals, 6, keel_graph_grad(g[o], lv[o][p]));
+                r[o] = run_graph(b ? "ref" : "cpu", g[o], lv[o], vals, 7, keel_graph_grad(g[o], lv[o][p]));
             for (int i = 0; i < (p ? 32 : 80); i++) assert_true(r[0][i] == r[1][i] && r[0][i] != 0.0);
             free(r[0]), free(r[1]);
         }
