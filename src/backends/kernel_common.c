@@ -132,7 +132,8 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
         if (t->src[0]->type == KEEL_BF16)
             return t->src[1]->type == KEEL_BF16 && (t->type == KEEL_F32 || t->type == KEEL_BF16);
         break;
-    case KEEL_OP_SWIGLU: /* float32 gate and up, a float32 or (rounded) bf16 result */
+    case KEEL_OP_SWIGLU: /* float32 gate and up (x and gate), a float32 or (rounded) bf16 result */
+    case KEEL_OP_SIGMOID_MUL:
         if (t->type == KEEL_BF16) return t->src[0]->type == KEEL_F32 && t->src[1]->type == KEEL_F32;
         break;
     case KEEL_OP_SWIGLU_BACK:

@@ -324,7 +324,9 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
     if (!pk) return NULL;
     int64_t os = (int64_t)keel_type_size(pk->type);
     keel_tensor *o = keel_view_4d(ctx, pk, hd, H, T, B, hd * os, hd * H * os, hd * H * T * os, 0); /* [hd, H, T, B] */
-    o = keel_sigmoid_mul(ctx, o, gate); /* o * sigmoid(gate), one op (the SIGMOID and MUL it replaces) */
+    /* o * sigmoid(gate), one op (the SIGMOID and MUL it replaces); where it only becomes the output
+     * projection's operand, made in bf16 by the op (the bits of the op, then CAST) */
+    o = operand_result_type(m) == KEEL_BF16 ? keel_sigmoid_mul_bf16(ctx, o, gate) : keel_sigmoid_mul(ctx, o, gate);
     return linear_add(ctx, m, L->o, operand_of(ctx, m, keel_reshape_3d(ctx, o, hd * H, T, B)), res);
 }
 

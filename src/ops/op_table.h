@@ -99,7 +99,8 @@
     X(SOFTPLUS, UNARY, 1, 0, 1, 0, "log(1+exp(x)); x when x > 20 (as torch)")                                                    \
     X(SIGMOID_MUL, OWN, 2, 0, 3, 0,                                                                                    \
       "src0 x, src1 gate (x's shape) -> x * sigmoid(gate) (attention's output gate: the SIGMOID and MUL it replaces, " \
-      "formula by formula)")                                                                                           \
+      "formula by formula); ip0 result type (0: the sources', bf16 for float32 sources: the float32 result rounded, "  \
+      "the CAST it replaces)")                                                                                         \
     X(SIGMOID_MUL_BACK, OWN, 3, OPF_BACKWARD, 0, 0,                                                                    \
       "x, gate, dy -> packed [dx | dgate], each x's shape: dy sigmoid(gate) and SIGMOID_BACK(sigmoid(gate), dy x), " \
       "the bits of MUL's and SIGMOID's rules")                                                                         \

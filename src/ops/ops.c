@@ -316,9 +316,11 @@ static int shape_rule(keel_tensor *t) {
     case KEEL_OP_SIGMOID_MUL:
         REQ(a->type == b->type && keel_same_shape(a, b) && keel_type_is_float(a->type),
             "x and gate must have one real type and shape");
-        if (op == KEEL_OP_SIGMOID_MUL)
-            set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
-        else
+        if (op == KEEL_OP_SIGMOID_MUL) {
+            REQ(t->ip[0] == 0 || (t->ip[0] == KEEL_BF16 && a->type == KEEL_F32),
+                "result type %lld: 0 (the sources') or bf16 for float32 sources", (long long)t->ip[0]);
+            set_shape(t, t->ip[0] ? KEEL_BF16 : a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+        } else
             set_shape(t, a->type, 2 * keel_nelements(a), 1, 1, 1);
         return 0;
     case KEEL_OP_SILU_BACK:
@@ -762,6 +764,9 @@ keel_tensor *keel_sigmoid(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx
 keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a) { return keel_unary(ctx, KEEL_OP_SOFTPLUS, a); }
 keel_tensor *keel_sigmoid_mul(keel_ctx *ctx, keel_tensor *x, keel_tensor *gate) {
     return OP(KEEL_OP_SIGMOID_MUL, (x, gate), NULL, 0, NULL, 0);
+}
+keel_tensor *keel_sigmoid_mul_bf16(keel_ctx *ctx, keel_tensor *x, keel_tensor *gate) {
+    return OP(KEEL_OP_SIGMOID_MUL, (x, gate), IPS(KEEL_BF16), 1, NULL, 0);
 }
 keel_tensor *keel_sigmoid_back(keel_ctx *ctx, keel_tensor *y, keel_tensor *dy) {
     return OP(KEEL_OP_SIGMOID_BACK, (y, dy), NULL, 0, NULL, 0);

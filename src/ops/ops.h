@@ -95,6 +95,9 @@ keel_tensor *keel_softplus(keel_ctx *ctx, keel_tensor *a);
 /* x * sigmoid(gate) in one op, forward and backward (attention's output gate): bitwise the SIGMOID
  * and MUL it replaces, with no sigmoid(gate) tensor kept for the backward */
 keel_tensor *keel_sigmoid_mul(keel_ctx *ctx, keel_tensor *x, keel_tensor *gate);
+/* The same, float32 x and gate, the result rounded to bf16: bitwise keel_cast(keel_sigmoid_mul(), KEEL_BF16),
+ * without the float32 result (mixed precision: the output projection's operand) */
+keel_tensor *keel_sigmoid_mul_bf16(keel_ctx *ctx, keel_tensor *x, keel_tensor *gate);
 /* dy * (y * (1 - y)) for y = sigmoid(x): SIGMOID's gradient in one pass (its rule's op) */
 keel_tensor *keel_sigmoid_back(keel_ctx *ctx, keel_tensor *y, keel_tensor *dy);
 /* The DeltaNet's decay gate g = softplus(a + dt_bias) * -exp(A_log), a [H,T,B], A_log and dt_bias one

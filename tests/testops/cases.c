@@ -504,10 +504,10 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_SWIGLU:
         case KEEL_OP_SWIGLU_BACK:
             rows_family(&l, op, keel_op_get(op)->arity, DOM_NORMAL, NULL, 0, NULL, 0);
-            if (op != KEEL_OP_SWIGLU && op != KEEL_OP_SWIGLU_BACK) break;
-            /* the bf16 result (mixed precision's down-projection operand; backward: the gate and up
-             * projections' dy): the float32 value rounded once (2e-5); wide rows, more than 65535 rows,
-             * views, a 4-D shape whose size is no multiple of 4 */
+            if (op != KEEL_OP_SWIGLU && op != KEEL_OP_SWIGLU_BACK && op != KEEL_OP_SIGMOID_MUL) break;
+            /* the bf16 result (mixed precision's down- and output-projection operands; backward: the
+             * gate and up projections' dy): the float32 value rounded once (2e-5); wide rows, more than
+             * 65535 rows, views, a 4-D shape whose size is no multiple of 4 */
             for (int s = 0; s < 5; s++) {
                 static const int64_t sh[][4] = {
                     {4097, 3, 1, 1}, {2, 65537, 1, 1}, {33, 17, 1, 1}, {5, 7, 3, 2}, {64, 5, 1, 1}};
@@ -517,6 +517,13 @@ int keel_cases_all(op_case **out) {
                 I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view = s == 3 ? VIEW_PERMUTED : VIEW_NONE;
                 if (op == KEEL_OP_SWIGLU_BACK)
                     I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view = s == 4 ? VIEW_TRANSPOSED : VIEW_NONE;
+                P(c, 1, (int64_t[]){KEEL_BF16}, 0, NULL);
+            }
+            if (op == KEEL_OP_SIGMOID_MUL) { /* attention's gate: half rows (cuda's 4-wide groups of strided rows) */
+                c = C(&l, op);
+                c->keep_types = true, c->tol = 2e-5, c->no_fd = "bf16 rounding of the result";
+                I(c, KEEL_F32, 64, 40, 1, 1);
+                I(c, KEEL_F32, 64, 40, 1, 1)->view = VIEW_HALF_ROWS;
                 P(c, 1, (int64_t[]){KEEL_BF16}, 0, NULL);
             }
             break;

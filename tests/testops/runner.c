@@ -460,7 +460,9 @@ static void make_label(op_case *c) {
         k = snprintf(p, left,
                      c->ip[0] == KEEL_GDN_SPLIT_BF16 ? ",tensor cores split bf16" : ",tensor cores split tf32"),
         p += k, left -= (size_t)k;
-    if ((c->op == KEEL_OP_SWIGLU || c->op == KEEL_OP_SWIGLU_BACK || c->op == KEEL_OP_CONV1D_BACK_INPUT) && c->ip[0])
+    if ((c->op == KEEL_OP_SWIGLU || c->op == KEEL_OP_SWIGLU_BACK || c->op == KEEL_OP_CONV1D_BACK_INPUT ||
+         c->op == KEEL_OP_SIGMOID_MUL) &&
+        c->ip[0])
         k = snprintf(p, left, "->%s", keel_type_name((keel_type)c->ip[0])), p += k, left -= (size_t)k;
     snprintf(p, left, ")");
 }

@@ -211,18 +211,22 @@ static void gdn_gate_is_its_ops(void **st) {
     check_pair("GDN_GATE", 3, many, ty, gdn_gate_pair, NULL);
 }
 
-/* in: x, gate */
+/* in: x, gate; p (bf16): the bf16 result against the ops then CAST, each read back as float32 */
 static keel_tensor *sigmoid_mul_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
-    (void)p;
-    return fused ? keel_sigmoid_mul(ctx, in[0], in[1]) : keel_mul(ctx, in[0], keel_sigmoid(ctx, in[1]));
+    if (p && fused) return keel_cast(ctx, keel_sigmoid_mul_bf16(ctx, in[0], in[1]), KEEL_F32);
+    keel_tensor *y = fused ? keel_sigmoid_mul(ctx, in[0], in[1]) : keel_mul(ctx, in[0], keel_sigmoid(ctx, in[1]));
+    return p ? keel_cast(ctx, keel_cast(ctx, y, KEEL_BF16), KEEL_F32) : y;
 }
 
 static void sigmoid_mul_is_its_ops(void **st) {
     (void)st;
     const keel_type ty[2] = {KEEL_F32, KEEL_F32};
     const int64_t heads[2][4] = {{256, 4, 6, 2}, {256, 4, 6, 2}}, odd[2][4] = {{7, 5, 3, 1}, {7, 5, 3, 1}};
+    const double bf16 = 1;
     check_pair("SIGMOID_MUL", 2, heads, ty, sigmoid_mul_pair, NULL);
     check_pair("SIGMOID_MUL", 2, odd, ty, sigmoid_mul_pair, NULL);
+    check_pair("SIGMOID_MUL bf16", 2, heads, ty, sigmoid_mul_pair, &bf16);
+    check_pair("SIGMOID_MUL bf16", 2, odd, ty, sigmoid_mul_pair, &bf16);
 }
 
 /* in: x, dy: SIGMOID_BACK of sigmoid(x) against the SCALE and two MULs of SIGMOID's old rule */

@@ -595,6 +595,13 @@ static void sigmoid_mul_task(void *arg, int64_t b, int64_t e, int th) {
     for (int64_t r = b; r < e; r++) {
         int64_t i1 = r % x->ne[1], i2 = r / x->ne[1] % x->ne[2], i3 = r / x->ne[1] / x->ne[2];
         const char *xs = cpu_row(x, i1, i2, i3), *gs = cpu_row(g, i1, i2, i3);
+        if (t->op == KEEL_OP_SIGMOID_MUL && t->type == KEEL_BF16) { /* the float32 result rounded, as CAST does */
+            uint16_t *d = (uint16_t *)(void *)cpu_row(t, i1, i2, i3);
+            for (int64_t i = 0; i < n; i++)
+                d[i] = keel_cvt_f32_to_bf16(F(xs + i * x->nb[0]) *
+                                            keel_unary_f32(KEEL_OP_SIGMOID, F(gs + i * g->nb[0]), 0, 0));
+            continue;
+        }
         if (t->op == KEEL_OP_SIGMOID_MUL) {
             float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
             for (int64_t i = 0; i < n; i++)

@@ -537,17 +537,33 @@ __global__ void k_unary_back(kt t, kt x, kt dy, int vec, int sg) {
     }
 }
 
+/* 4 results at group q of a dense float32 (bf 0) or bf16 (bf 1, each rounded by CAST's function) array */
+__device__ static inline void store4(void *p, int64_t q, float4 r, int bf) {
+    if (bf)
+        ((ushort4 *)p)[q] = make_ushort4(keel_cvt_f32_to_bf16(r.x), keel_cvt_f32_to_bf16(r.y),
+                                         keel_cvt_f32_to_bf16(r.z), keel_cvt_f32_to_bf16(r.w));
+    else
+        ((float4 *)p)[q] = r;
+}
+__device__ static inline void store1(void *p, int64_t e, float r, int bf) {
+    if (bf)
+        ((uint16_t *)p)[e] = keel_cvt_f32_to_bf16(r);
+    else
+        ((float *)p)[e] = r;
+}
+
 /* SIGMOID_MUL (x * sigmoid(gate)) and SIGMOID_MUL_BACK ([dx | dgate]): keel_unary_f32's SIGMOID,
- * MUL's products and sigmoid_back1, the bits of the SIGMOID, MUL and their rules' ops. rows4: every
- * source rows_vec's (attention's gate is every other half row of the q projection): a thread a group
- * of 4 (row_group); else an element a thread. */
+ * MUL's products and sigmoid_back1, the bits of the SIGMOID, MUL and their rules' ops; bf: SIGMOID_MUL's
+ * bf16 result (store4's rounding, the CAST it replaces; t is contiguous). rows4: every source rows_vec's
+ * (attention's gate is every other half row of the q projection): a thread a group of 4 (row_group);
+ * else an element a thread. */
 __device__ static inline float sigmoid1(float g) { return keel_unary_f32(KEEL_OP_SIGMOID, g, 0.0f, 0.0f); }
 __device__ static inline void sigmoid_mul_back1(float x, float g, float d, float *dx, float *dg) {
     float s = sigmoid1(g);
     *dx = __fmul_rn(d, s);
     *dg = sigmoid_back1(s, __fmul_rn(d, x));
 }
-__global__ void k_sigmoid_mul(kt t, kt x, kt g, kt dy, int back, int rows4) {
+__global__ void k_sigmoid_mul(kt t, kt x, kt g, kt dy, int back, int rows4, int bf) {
     int64_t n = x.ne[0] * x.ne[1] * x.ne[2] * x.ne[3];
     if (rows4) {
         unsigned n4 = (unsigned)(x.ne[0] / 4);
@@ -565,7 +581,7 @@ __global__ void k_sigmoid_mul(kt t, kt x, kt g, kt dy, int back, int rows4) {
                 sigmoid_mul_back1(xv.w, gv.w, dv.w, &o.w, &o2.w);
                 ((float4 *)t.p)[n / 4 + q] = o2;
             }
-            ((float4 *)t.p)[q] = o;
+            store4(t.p, q, o, bf);
         }
         return;
     }
@@ -574,7 +590,7 @@ __global__ void k_sigmoid_mul(kt t, kt x, kt g, kt dy, int back, int rows4) {
         kt_unflat(x, e, i);
         float xv = ldf(kt_at(x, i[0], i[1], i[2], i[3])), gv = ldf(kt_at(g, i[0], i[1], i[2], i[3]));
         if (!back) {
-            stf(kt_at(t, i[0], i[1], i[2], i[3]), __fmul_rn(xv, sigmoid1(gv)));
+            store1(t.p, e, __fmul_rn(xv, sigmoid1(gv)), bf);
         } else {
             float dx, dg;
             sigmoid_mul_back1(xv, gv, ldf(kt_at(dy, i[0], i[1], i[2], i[3])), &dx, &dg);
@@ -1101,20 +1117,6 @@ __device__ static inline float swiglu1(float g, float u) {
 __device__ static inline void swiglu_back1(float g, float u, float d, float *dg, float *du) {
     *dg = silu_back1(g, __fmul_rn(d, u));
     *du = __fmul_rn(d, keel_unary_f32(KEEL_OP_SILU, g, 0.0f, 0.0f));
-}
-/* 4 results at group q of a dense float32 (bf 0) or bf16 (bf 1, each rounded by CAST's function) array */
-__device__ static inline void store4(void *p, int64_t q, float4 r, int bf) {
-    if (bf)
-        ((ushort4 *)p)[q] = make_ushort4(keel_cvt_f32_to_bf16(r.x), keel_cvt_f32_to_bf16(r.y),
-                                         keel_cvt_f32_to_bf16(r.z), keel_cvt_f32_to_bf16(r.w));
-    else
-        ((float4 *)p)[q] = r;
-}
-__device__ static inline void store1(void *p, int64_t e, float r, int bf) {
-    if (bf)
-        ((uint16_t *)p)[e] = keel_cvt_f32_to_bf16(r);
-    else
-        ((float *)p)[e] = r;
 }
 __global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec, int bf) {
     int64_t n = g.ne[0] * g.ne[1] * g.ne[2] * g.ne[3];
@@ -1651,12 +1653,14 @@ __global__ void k_ce_divisor(kt tg, int64_t limit, double fp0, double *div, unsi
 /* A dense float32 t of a's shape, a's rows dense, a multiple of 4 wide and on 16-byte boundaries but
  * strided apart (a view: attention's gate, every other half row of its q projection), fewer than
  * 2^31 elements: k_unary's rows_vec path (the generic path's three 64-bit divisions an element ran
- * SIGMOID of the 0.8B's gate at 139 us, a third of the bandwidth). */
-static bool rows_vec(const keel_tensor *t, const keel_tensor *a) {
-    return t->type == KEEL_F32 && a->type == KEEL_F32 && keel_is_contiguous(t) && vec_ok(t->data) && vec_ok(a->data) &&
-           a->nb[0] == 4 && t->ne[0] % 4 == 0 && a->ne[0] % 4 == 0 && a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 &&
-           a->nb[3] % 16 == 0 && keel_nelements(t) < INT32_MAX;
+ * SIGMOID of the 0.8B's gate at 139 us, a third of the bandwidth). rows_vec_to: t float32 or bf16
+ * (store4's groups, for a kernel that rounds its result). */
+static bool rows_vec_to(const keel_tensor *t, const keel_tensor *a) {
+    return (t->type == KEEL_F32 || t->type == KEEL_BF16) && a->type == KEEL_F32 && keel_is_contiguous(t) &&
+           vec_ok(t->data) && vec_ok(a->data) && a->nb[0] == 4 && t->ne[0] % 4 == 0 && a->ne[0] % 4 == 0 &&
+           a->nb[1] % 16 == 0 && a->nb[2] % 16 == 0 && a->nb[3] % 16 == 0 && keel_nelements(t) < INT32_MAX;
 }
+static bool rows_vec(const keel_tensor *t, const keel_tensor *a) { return t->type == KEEL_F32 && rows_vec_to(t, a); }
 
 /* GDN_GATE_BACK's chunks of a's rows: those of REPEAT_BACK of [H] from a's [H, rows] */
 static void gate_chunks(const keel_tensor *t, int64_t *per, int64_t *n_chunks) {
@@ -2056,12 +2060,13 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         bool back = t->op == KEEL_OP_SIGMOID_MUL_BACK;
         const keel_tensor *dy = back ? t->src[2] : a;
         int64_t m = keel_nelements(a);
-        bool r4 = rows_vec(t, a) && rows_vec(t, b) && rows_vec(t, dy) && m % 4 == 0;
+        bool r4 = rows_vec_to(t, a) && rows_vec_to(t, b) && rows_vec_to(t, dy) && m % 4 == 0;
         kt none;
         memset(&none, 0, sizeof none);
         if (m > 0)
             k_sigmoid_mul<<<r4 ? vec_blocks(m) : cuda_blocks(m, 256), 256, 0, st(be)>>>(
-                kt_of(t), kt_of(a), kt_of(b), back ? kt_of(dy) : none, back ? 1 : 0, r4 ? 1 : 0);
+                kt_of(t), kt_of(a), kt_of(b), back ? kt_of(dy) : none, back ? 1 : 0, r4 ? 1 : 0,
+                t->type == KEEL_BF16 ? 1 : 0);
         return 0;
     }
     case KEEL_OP_GDN_GATE_BACK:
