@@ -360,9 +360,12 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
         /* Mixed precision: b and a (Hv rows each, 16 at the 0.8B shape) as one product of their bf16
          * copies laid end to end, viewed apart. A product of depth 16 is memory-bound on the GPU: two
          * of them read and write the input's gradient twice where one of depth 2 Hv does it once
-         * (the gradient of the pair is assembled from its two parts, Hv rows a token). */
-        keel_tensor *ab = keel_mul_mat_to(ctx, as_type(ctx, keel_concat(ctx, L->b, L->a, 1), KEEL_BF16), hin.op,
-                                          act_type(m)); /* [2 Hv, T, B]: b's rows, then a's */
+         * (the gradient of the pair is assembled from its two parts, Hv rows a token). Float32
+         * weights are rounded by the CONCAT itself (the bits of CONCAT then CAST). */
+        keel_tensor *wab = L->b->type == KEEL_F32 && L->a->type == KEEL_F32
+                               ? keel_concat_to(ctx, L->b, L->a, 1, KEEL_BF16)
+                               : as_type(ctx, keel_concat(ctx, L->b, L->a, 1), KEEL_BF16);
+        keel_tensor *ab = keel_mul_mat_to(ctx, wab, hin.op, act_type(m)); /* [2 Hv, T, B]: b's rows, then a's */
         bp = keel_view_3d(ctx, ab, Hv, T, B, 2 * Hv * es, 2 * Hv * T * es, 0);
         ap = keel_view_3d(ctx, ab, Hv, T, B, 2 * Hv * es, 2 * Hv * T * es, Hv * es);
     } else {
