@@ -322,6 +322,7 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     }
     /* the sm_90a code (wgmma) runs on compute capability 9.0 only, where the binary has it */
     im->wgmma = has_wg && !(wg && strcmp(wg, "0") == 0);
+    im->sm = 10 * cc_major + cc_minor;
     be->supports = cuda_supports;
     be->scratch_bytes = cuda_node_scratch_bytes;
     be->carry_bytes = cuda_node_carry_bytes;
