@@ -289,13 +289,15 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     const char *sy = getenv("KEEL_CUDA_SYNC");
     im->sync_each_node = sy && *sy && strcmp(sy, "0") != 0;
     im->profile = keel_op_profile_from_env("KEEL_CUDA_PROFILE");
-    const char *wg = getenv("KEEL_CUDA_WGMMA");
+    const char *wg = getenv("KEEL_CUDA_WGMMA"), *ls = getenv("KEEL_CUDA_LT_SURVEY");
     int cc_major = 0, cc_minor = 0, has_wg = 0;
     if (keel_backend_read_fault(be) ||
         (cuda_carry_setting() < 0 &&
          keel_fail("KEEL_CUDA_CARRY='%s': expected 0 (off) or 1 (on, the default)", getenv("KEEL_CUDA_CARRY"))) ||
         (wg && *wg && strcmp(wg, "0") != 0 && strcmp(wg, "1") != 0 &&
          keel_fail("KEEL_CUDA_WGMMA='%s': expected 0 (off) or 1 (on where the device has them, the default)", wg)) ||
+        (ls && *ls && strcmp(ls, "0") != 0 && strcmp(ls, "1") != 0 &&
+         keel_fail("KEEL_CUDA_LT_SURVEY='%s': expected 0 (off, the default) or 1 (time cuBLASLt's answers)", ls)) ||
         cuda_check(cudaSetDevice(dev), "cudaSetDevice", NULL) ||
         cuda_check(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev), "device attribute",
                    NULL) ||
@@ -323,6 +325,7 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     /* the sm_90a code (wgmma) runs on compute capability 9.0 only, where the binary has it */
     im->wgmma = has_wg && !(wg && strcmp(wg, "0") == 0);
     im->sm = 10 * cc_major + cc_minor;
+    im->lt_survey = ls && strcmp(ls, "1") == 0;
     be->supports = cuda_supports;
     be->scratch_bytes = cuda_node_scratch_bytes;
     be->carry_bytes = cuda_node_carry_bytes;

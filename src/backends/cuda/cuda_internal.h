@@ -133,6 +133,7 @@ typedef struct {
     cublasLtHandle_t lt;
     cuda_lt_entry *lt_cache;           /* cuda_lt.cu: descriptors and algorithm by product shape */
     int sm;                            /* compute capability, 10 major + minor (cuda_lt.cu's measured preferences) */
+    int lt_survey;                     /* KEEL_CUDA_LT_SURVEY=1: time the heuristic's answers of each new shape */
     char last_kernel[KEEL_KERNEL_MAX]; /* the algorithms the running node's products chose */
     int sync_each_node;                /* KEEL_CUDA_SYNC=1: wait after every node so an error names its node */
     /* Hopper's warpgroup products (cuda_wgmma.cuh) for the kernels that have them: on a device of

@@ -183,13 +183,11 @@ static cuda_lt_entry *lookup(keel_backend *be, const cuda_gemm *g, const keel_te
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    static int survey = -1;
-    if (survey < 0) survey = getenv("KEEL_CUDA_LT_SURVEY") && atoi(getenv("KEEL_CUDA_LT_SURVEY")) > 0;
     cublasLtMatmulHeuristicResult_t all[LT_ANSWERS];
     int n_res = 0;
     /* the heuristic's first answer alone, unless a preference or the survey looks further */
     const lt_pref *pr = pref_of(im, g);
-    int n_ask = pr || survey ? LT_ANSWERS : 1;
+    int n_ask = pr || im->lt_survey ? LT_ANSWERS : 1;
     bool bad =
         cublas_check(cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLt descriptor", t) ||
         cublas_check(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "cublasLt",
@@ -227,7 +225,7 @@ static cuda_lt_entry *lookup(keel_backend *be, const cuda_gemm *g, const keel_te
     }
     e->algo = res->algo;
     describe_algo(&e->algo, e->what, sizeof e->what);
-    if (survey && n_res > 1 && (e->alt = (cublasLtMatmulAlgo_t *)calloc((size_t)n_res, sizeof *e->alt))) {
+    if (im->lt_survey && n_res > 1 && (e->alt = (cublasLtMatmulAlgo_t *)calloc((size_t)n_res, sizeof *e->alt))) {
         for (int i = 0; i < n_res; i++) e->alt[i] = all[i].algo;
         e->n_alt = n_res, e->pick = pick;
     }
@@ -236,9 +234,10 @@ static cuda_lt_entry *lookup(keel_backend *be, const cuda_gemm *g, const keel_te
 }
 
 /* KEEL_CUDA_LT_SURVEY=1, a diagnostic: the first time a shape runs (eagerly, not in a graph's
- * capture), each of the heuristic's answers is timed on the node's own operands, its result written
- * to a buffer of its own, and printed to stderr; the product then runs with the first answer, as
- * always. For choosing algorithms offline, never at run time. */
+ * capture: with KEEL_CUDA_GRAPH=0), each of the heuristic's answers is timed on the node's own
+ * operands (10 runs after 2), its result written to a buffer of its own, and printed to stderr, the
+ * answer taken marked; the product then runs with that answer, as it would without the survey. For
+ * choosing algorithms offline (LT_PREFS), never at run time. */
 static void survey(keel_backend *be, cuda_lt_entry *e, const cuda_gemm *g, void *workspace, const keel_tensor *t) {
     cuda_impl *im = cuda_im(be);
     cudaStreamCaptureStatus cs;
