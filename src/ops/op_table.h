@@ -79,7 +79,8 @@
       "ip0's): softmax(scale q.k) over the keys SOFT_MAX_CAUSAL gives the "                                           \
       "query, query head h reading kv head h/(H/KV); lse = log of the softmax's sum (flash attention: no scores)")     \
     X(FLASH_ATTN_BACK, OWN, 6, OPF_BACKWARD, 0, 8,                                                                     \
-      "q, k, v, positions, the forward's packed [o | lse], its gradient [do | dlse]; params as FLASH_ATTN -> packed " \
+      "q, k, v, positions, the forward's packed [o | lse], its gradient [do | dlse] or [do] (dlse 0); params as "  \
+      "FLASH_ATTN -> packed "                                                                                          \
       "[dq | dk | dv] (q's, k's, v's shapes) in the forward's result type")                                                                         \
     X(ROPE, OWN, 2, 0, 1, 2,                                                                                                   \
       "src0 [D,H,T,B], src1 i32 positions [T] or [T,B]; ip0 n_rot, fp0 theta (rotate-half; float32 frequencies as "   \
