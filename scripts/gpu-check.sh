@@ -12,7 +12,8 @@
 # (the DeltaNet conv's heads and value kernels in the bf16 step: the last forward layer's and the first backward's, and
 # the first CONV1D_BACK_INPUT's (k_conv4_rows, which also runs the value channels since the thirtieth session);
 # with bitwise in the same call, also the base build's, for a same-call before/after), attn (flash attention's cases, gradients, and its kernels' time under
-# ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full),
+# ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full), lt-survey
+# (cuBLASLt's answers timed for each product shape of the bf16 step: the measurement behind cuda_lt.cu's LT_PREFS),
 # bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit; or BASE_KEEL, one built already),
 # and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step) and profile16 (the bf16 batch-8 step: wall
@@ -327,6 +328,10 @@ if want conv-ncu; then # the command the twentieth session ran by hand (README, 
         run "ncu: the conv's kernels (bf16 batch 8, $v build)" conv-ncu-$v.log bash -c "ncu --csv --clock-control none -k regex:'k_gconv|k_conv4' --launch-skip 34 --launch-count 5 --metrics '$conv_m' $k bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >$out/conv-ncu-$v.csv && python3 scripts/ncu_table.py $out/conv-ncu-$v.csv"
         cat "$out/conv-ncu-$v.log"
     done
+fi
+if want lt-survey; then # cuBLASLt's answers timed for every product shape of the bf16 step (LT_PREFS's measurement)
+    run "cuBLASLt's answers timed (bf16 batch 8)" lt-survey.log bash -c "KEEL_CUDA_GRAPH=0 KEEL_CUDA_LT_SURVEY=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >/dev/null 2>$out/lt-survey.txt && python3 scripts/lt_survey_table.py $out/lt-survey.txt"
+    cat "$out/lt-survey.log"
 fi
 if want profile; then
     run "GPU time per op and shape (KEEL_CUDA_PROFILE)" profile.log env KEEL_CUDA_PROFILE=1 $keel bench train --backend cuda --no-torch --steps 3
