@@ -690,6 +690,21 @@ int keel_cases_all(op_case **out) {
                         P(c, 3, (int64_t[]){x[2], x[3], out_t}, 0, NULL);
                     }
                 }
+            /* bf16 at the b and a projections' shapes at batch 8 x 1024 tokens, where cuda takes a measured
+             * preference among cuBLASLt's answers (cuda_lt.cu, LT_PREFS): the forward W^T x (32 x 8192 x
+             * 1024) and the weight gradient (1024 x 32 x 8192); the other preferred shapes cost the
+             * float64 oracle minutes */
+            c = C(&l, op);
+            c->keep_types = true, c->tol = 1e-9;
+            if (op == KEEL_OP_MUL_MAT) {
+                I(c, KEEL_BF16, 1024, 32, 1, 1);
+                I(c, KEEL_BF16, 1024, 8192, 1, 1);
+                P(c, 1, (int64_t[]){KEEL_F32}, 0, NULL);
+            } else {
+                I(c, KEEL_BF16, 1024, 8192, 1, 1);
+                I(c, KEEL_BF16, 32, 8192, 1, 1);
+                P(c, 3, (int64_t[]){1, 1, KEEL_F32}, 0, NULL);
+            }
             if (op == KEEL_OP_MUL_MAT) /* the mixed-precision gradient rule, plain and broadcast */
                 for (int k = 0; k < 4; k++) {
                     const int64_t *x = mm[(int[]){1, 6, 8, 10}[k]];
@@ -744,11 +759,16 @@ int keel_cases_all(op_case **out) {
                         P(c, 1, (int64_t[]){KEEL_F32}, 0, NULL);
                     }
                 }
-            /* bf16 with K <= 16: the DeltaNet gate projections' input gradient (a weight [1024, 16]
-             * transposed), N odd, K = 5 with a plain a, M of 1100 */
-            static const int64_t sk[][6] = {
-                {16, 1024, 16, 64, 2, 1}, {16, 64, 16, 333, 1, 1}, {5, 12, 5, 70, 2, 1}, {16, 1100, 16, 40, 1, 1}};
-            for (int s = 0; s < 4; s++) {
+            /* bf16 with K <= 32: the DeltaNet gate projections' input gradient (a weight [1024, 16]
+             * transposed), N odd, K = 5 with a plain a, M of 1100; and the b and a projections' input
+             * gradient at batch 8 x 1024 tokens (1024 x 8192 x 32 with the gradient so far as C), a shape
+             * of cuda_lt.cu's LT_PREFS */
+            static const int64_t sk[][6] = {{16, 1024, 16, 64, 2, 1},
+                                            {16, 64, 16, 333, 1, 1},
+                                            {5, 12, 5, 70, 2, 1},
+                                            {16, 1100, 16, 40, 1, 1},
+                                            {32, 1024, 32, 8192, 1, 1}};
+            for (int s = 0; s < 5; s++) {
                 const int64_t *x = sk[s];
                 c = C(&l, op);
                 c->keep_types = true, c->tol = 1e-9;
