@@ -2,10 +2,10 @@
  * a GPU is present; ref keeps a fused op's intermediates in float64, the ops' in their tensors):
  * GDN_CONV against CONV1D, SILU, L2_NORM and SCALE; SWIGLU against SILU and MUL; GATED_RMS_NORM
  * against RMS_NORM, MUL, SILU and MUL; RMS_NORM_W against RMS_NORM and MUL (and SCALE of w); GDN_GATE
- * against ADD, SOFTPLUS, EXP, NEG and MUL; SIGMOID_MUL against SIGMOID and MUL; SIGMOID_BACK against
- * SCALE, MUL and MUL, GET_ROWS_BACK_ADD
- * against GET_ROWS_BACK and ADD, RMS_NORM_W_BACK_ADD against RMS_NORM_W_BACK and ADD (values: backward
- * ops). Each
+ * against ADD, SOFTPLUS, EXP, NEG and MUL; SIGMOID_MUL against SIGMOID and MUL (its bf16 result
+ * against them and CAST); SIGMOID_BACK against SCALE, MUL and MUL, GET_ROWS_BACK_ADD
+ * against GET_ROWS_BACK and ADD, RMS_NORM_W_BACK_ADD against RMS_NORM_W_BACK and ADD, FLASH_ATTN_BACK
+ * from do alone against the same from [do | 0] (values: backward ops). Each
  * pair is built twice from the same inputs; their values and the gradients of sum(y * r) for a
  * random r must match element for element, so the backward ops are held to the backward ops of the
  * sequence too. */
