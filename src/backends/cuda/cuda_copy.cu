@@ -13,33 +13,66 @@ static int64_t copy_row_len(const keel_backend *be, int64_t ne0) {
     return ne0;
 }
 
-/* Whole contiguous tensors on 16-byte boundaries move 4 elements a thread (vec, launched with a
- * quarter of the threads): a float32 (or any 4-byte) move, float32 to bf16, a float32 accumulation;
- * each element converted by the scalar path's own function, so the bits are the same (bf16 to
- * float32 stays scalar: through float64 there a signalling NaN comes out quiet). */
+/* Whole contiguous tensors, and strided rows of 4-aligned contiguous runs, on 16-byte boundaries move
+ * 4 elements a group: a float32 (or any 4-byte) move, float32 to bf16, a float32 accumulation; each
+ * element converted by the scalar path's own function, so the bits are the same (bf16 to float32
+ * stays scalar: through float64 there a signalling NaN comes out quiet). */
 enum { VEC_NONE, VEC_MOVE4, VEC_F32_BF16, VEC_ACC_F32 };
+
+__device__ static inline ushort4 bf16x4(float4 v) {
+    return make_ushort4(keel_cvt_f32_to_bf16(v.x), keel_cvt_f32_to_bf16(v.y), keel_cvt_f32_to_bf16(v.z),
+                        keel_cvt_f32_to_bf16(v.w));
+}
+__device__ static inline float4 add4(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
 
 /* One group of 4 elements: dp[0..3] (op)= sp[0..3]. */
 __device__ static inline void copy_group(char *dp, const char *sp, int vec) {
-    if (vec == VEC_MOVE4) {
+    if (vec == VEC_MOVE4)
         *(uint4 *)dp = *(const uint4 *)sp;
-    } else if (vec == VEC_F32_BF16) {
-        float4 v = *(const float4 *)sp;
-        *(ushort4 *)dp = make_ushort4(keel_cvt_f32_to_bf16(v.x), keel_cvt_f32_to_bf16(v.y), keel_cvt_f32_to_bf16(v.z),
-                                      keel_cvt_f32_to_bf16(v.w));
-    } else {
-        float4 a = *(const float4 *)dp, b = *(const float4 *)sp;
-        *(float4 *)dp = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-    }
+    else if (vec == VEC_F32_BF16)
+        *(ushort4 *)dp = bf16x4(*(const float4 *)sp);
+    else
+        *(float4 *)dp = add4(*(const float4 *)dp, *(const float4 *)sp);
 }
 
-__device__ static void copy_vec(char *dp, const char *sp, int64_t n, int vec) {
-    int ds = vec == VEC_F32_BF16 ? 8 : 16; /* bytes of a destination group */
-    VEC_LOOP(q, n) copy_group(dp + q * ds, sp + q * 16, vec);
-    VEC_TAIL(e, n) {
-        if (vec == VEC_MOVE4)
+/* Whole tensors: WG groups a thread at a time (groups q0 + u NT_COPY for u < WG, so each access is
+ * a block's consecutive 16-byte groups), all of a thread's loads issued before its first store. One
+ * group a thread moved the 0.8B step's float32 to bf16 casts at about 2.2 TB/s (KEEL_CUDA_PROFILE), a
+ * good way under the H200's bandwidth: 16 bytes of loads in flight a thread were too few. The same
+ * function on each element: the same bits. */
+#define NT_COPY 256
+#define WG      4
+template <int VEC> __global__ void __launch_bounds__(NT_COPY) k_copy_whole(char *dp, const char *sp, int64_t n) {
+    int64_t ng = n / 4, step = (int64_t)gridDim.x * NT_COPY * WG;
+    for (int64_t q0 = (int64_t)blockIdx.x * NT_COPY * WG + threadIdx.x; q0 < ng; q0 += step) {
+        float4 v[WG], a[WG];
+#pragma unroll
+        for (int u = 0; u < WG; u++) {
+            int64_t q = q0 + u * NT_COPY;
+            if (q < ng) {
+                v[u] = ((const float4 *)sp)[q];
+                if (VEC == VEC_ACC_F32) a[u] = ((const float4 *)dp)[q];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < WG; u++) {
+            int64_t q = q0 + u * NT_COPY;
+            if (q >= ng) continue;
+            if (VEC == VEC_MOVE4)
+                ((float4 *)dp)[q] = v[u];
+            else if (VEC == VEC_F32_BF16)
+                ((ushort4 *)dp)[q] = bf16x4(v[u]);
+            else
+                ((float4 *)dp)[q] = add4(a[u], v[u]);
+        }
+    }
+    /* the last n % 4 elements, a thread each */
+    for (int64_t e = ng * 4 + (int64_t)blockIdx.x * NT_COPY + threadIdx.x; e < n; e += (int64_t)gridDim.x * NT_COPY) {
+        if (VEC == VEC_MOVE4)
             ((uint32_t *)dp)[e] = ((const uint32_t *)sp)[e];
-        else if (vec == VEC_F32_BF16)
+        else if (VEC == VEC_F32_BF16)
             ((uint16_t *)dp)[e] = keel_cvt_f32_to_bf16(((const float *)sp)[e]);
         else
             ((float *)dp)[e] = ((float *)dp)[e] + ((const float *)sp)[e];
@@ -61,15 +94,11 @@ __device__ static void copy_vec_rows(kt d, kt s, int64_t len, int vec) {
 
 /* ids (optional): int32 table [ne1, ne2] of source rows; then src is read at (i0, ids[i1,i2], 0, 0),
  * and an id outside [0, src rows) leaves its row unwritten and marks node `node` in *bad.
- * vec: a VEC_ mode on whole contiguous tensors, or VEC_ROWS + the mode on 4-aligned strided rows. */
+ * vec: 0, or VEC_ROWS + a VEC_ mode on 4-aligned strided rows (whole tensors: k_copy_whole). */
 enum { VEC_ROWS = 8 };
 __global__ void k_copy(kt d, kt s, int64_t len, int acc, kt ids, int has_ids, int vec, unsigned *bad, unsigned node) {
     if (vec & VEC_ROWS) {
         copy_vec_rows(d, s, len, vec & ~VEC_ROWS);
-        return;
-    }
-    if (vec) {
-        copy_vec(d.p, s.p, len * d.ne[1] * d.ne[2] * d.ne[3], vec);
         return;
     }
     int64_t rows = d.ne[1] * d.ne[2] * d.ne[3];
@@ -145,8 +174,18 @@ static int launch(keel_backend *be, const keel_tensor *dst, const keel_tensor *s
     else if ((whole || rows4) && accumulate && dst->type == KEEL_F32 && src->type == KEEL_F32)
         vec = VEC_ACC_F32;
     if (vec && rows4) vec |= VEC_ROWS;
-    unsigned blocks = vec ? vec_blocks(n) : cuda_blocks(n, 256);
     cuda_impl *im = cuda_im(be);
+    if (vec && whole) { /* k_copy_whole: WG groups of 4 a thread */
+        unsigned wb = cuda_blocks((n / 4 + WG - 1) / WG, NT_COPY);
+        if (vec == VEC_MOVE4)
+            k_copy_whole<VEC_MOVE4><<<wb, NT_COPY, 0, im->stream>>>((char *)dst->data, (const char *)src->data, n);
+        else if (vec == VEC_F32_BF16)
+            k_copy_whole<VEC_F32_BF16><<<wb, NT_COPY, 0, im->stream>>>((char *)dst->data, (const char *)src->data, n);
+        else
+            k_copy_whole<VEC_ACC_F32><<<wb, NT_COPY, 0, im->stream>>>((char *)dst->data, (const char *)src->data, n);
+        return cuda_check(cudaGetLastError(), "copy kernel launch", dst);
+    }
+    unsigned blocks = vec ? vec_blocks(n) : cuda_blocks(n, 256);
     k_copy<<<blocks, 256, 0, im->stream>>>(kt_of(dst), kt_of(src), len, accumulate ? 1 : 0, ids ? kt_of(ids) : none,
                                            ids ? 1 : 0, vec, im->bad_node, im->node);
     return cuda_check(cudaGetLastError(), "copy kernel launch", dst);
