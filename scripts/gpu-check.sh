@@ -14,6 +14,7 @@
 # with bitwise in the same call, also the base build's, for a same-call before/after), attn (flash attention's cases, gradients, and its kernels' time under
 # ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full), lt-survey
 # (cuBLASLt's answers timed for each product shape of the bf16 step: the measurement behind cuda_lt.cu's LT_PREFS),
+# step-kernels (every kernel of one bf16 step at batch 8 timed alone by ncu, one line a kernel: scripts/ncu_step_table.py),
 # bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit; or BASE_KEEL, one built already),
 # and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step) and profile16 (the bf16 batch-8 step: wall
@@ -328,6 +329,10 @@ if want conv-ncu; then # the command the twentieth session ran by hand (README, 
         run "ncu: the conv's kernels (bf16 batch 8, $v build)" conv-ncu-$v.log bash -c "ncu --csv --clock-control none -k regex:'k_gconv|k_conv4' --launch-skip 34 --launch-count 5 --metrics '$conv_m' $k bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >$out/conv-ncu-$v.csv && python3 scripts/ncu_table.py $out/conv-ncu-$v.csv"
         cat "$out/conv-ncu-$v.log"
     done
+fi
+if want step-kernels; then # every kernel of the bf16 step at batch 8 timed alone by ncu (the thirty-third session's c73)
+    run "ncu: every kernel of one bf16 step (batch 8)" step-kernels.log bash -c "KEEL_CUDA_GRAPH=0 ncu --csv --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >$out/step-kernels.csv && python3 scripts/ncu_step_table.py $out/step-kernels.csv"
+    cat "$out/step-kernels.log"
 fi
 if want lt-survey; then # cuBLASLt's answers timed for every product shape of the bf16 step (LT_PREFS's measurement)
     run "cuBLASLt's answers timed (bf16 batch 8)" lt-survey.log bash -c "KEEL_CUDA_GRAPH=0 KEEL_CUDA_LT_SURVEY=1 $keel bench train --backend cuda --precision bf16 --batch 8 --no-torch --steps 1 >/dev/null 2>$out/lt-survey.txt && python3 scripts/lt_survey_table.py $out/lt-survey.txt"
