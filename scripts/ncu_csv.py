@@ -1,5 +1,5 @@
-"""What the ncu scripts (ncu_table.py, ncu_sass_mix.py) share: their command line, FILE.csv then an
-optional count, and ncu's way of writing numbers."""
+"""What the ncu scripts (ncu_table.py, ncu_step_table.py, ncu_sass_mix.py) share: their command line,
+FILE.csv then an optional count, ncu's way of writing numbers, and its rows of one metric each."""
 import csv
 import sys
 
@@ -26,3 +26,16 @@ def rows_and_count(usage, default_count):
             return list(csv.reader(f)), count
     except OSError as e:
         sys.exit(f"{sys.argv[1]}: {e.strerror}")
+
+
+def metric_rows(usage, default_count):
+    """The metric rows of `ncu --csv` output (FILE.csv: argv[1]) after its header, the header's
+    columns by name (ID, Kernel Name, Metric Name, Metric Unit, Metric Value) and the count; exits
+    naming the file when it holds no such rows."""
+    rows, count = rows_and_count(usage, default_count)
+    rows = [r for r in rows if len(r) > 10]
+    if not rows or "Kernel Name" not in rows[0]:
+        sys.exit(f"{sys.argv[1]}: no ncu CSV rows (did ncu run? see its log)")
+    head = rows[0]
+    at = {name: head.index(name) for name in ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")}
+    return rows[1:], at, count

@@ -10,7 +10,7 @@ own), ncu times each kernel alone. Usage: ncu_step_table.py FILE.csv [LINES]"""
 import collections
 import sys
 
-from ncu_csv import number, rows_and_count
+from ncu_csv import metric_rows, number
 
 SCALE = {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
          "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
@@ -24,14 +24,9 @@ def short(name):
 
 
 def main():
-    rows, lines = rows_and_count("ncu_step_table.py FILE.csv [LINES]", 60)
-    rows = [r for r in rows if len(r) > 10]
-    if not rows or "Kernel Name" not in rows[0]:
-        sys.exit(f"{sys.argv[1]}: no ncu CSV rows (did ncu run? see its log)")
-    head = rows[0]
-    at = {n: head.index(n) for n in ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")}
+    rows, at, lines = metric_rows("ncu_step_table.py FILE.csv [LINES]", 60)
     kernels = {}
-    for r in rows[1:]:
+    for r in rows:
         k = kernels.setdefault(int(r[at["ID"]]), {"name": r[at["Kernel Name"]], "us": 0.0, "bytes": 0.0})
         v, unit, metric = number(r[at["Metric Value"]]), r[at["Metric Unit"]], r[at["Metric Name"]]
         if v is None:

@@ -3,22 +3,16 @@
 the largest stall reasons (smsp__average_warps_issue_stalled_*_per_issue_active: cycles a warp
 spends stalled for that reason per instruction issued). Usage: ncu_table.py FILE.csv [N_STALLS]"""
 import collections
-import sys
 
-from ncu_csv import number, rows_and_count
+from ncu_csv import metric_rows, number
 
 STALL = "smsp__average_warps_issue_stalled_"
 
 
 def main():
-    rows, n_stalls = rows_and_count("ncu_table.py FILE.csv [N_STALLS]", 4)
-    rows = [r for r in rows if len(r) > 10]
-    if not rows or "Kernel Name" not in rows[0]:
-        sys.exit(f"{sys.argv[1]}: no ncu CSV rows (did ncu run? see its log)")
-    head = rows[0]
-    at = {name: head.index(name) for name in ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")}
+    rows, at, n_stalls = metric_rows("ncu_table.py FILE.csv [N_STALLS]", 4)
     kernels = collections.OrderedDict()
-    for r in rows[1:]:
+    for r in rows:
         key = (r[at["ID"]], r[at["Kernel Name"]].split("(")[0].replace("void ", ""))
         kernels.setdefault(key, {})[r[at["Metric Name"]]] = (r[at["Metric Value"]], r[at["Metric Unit"]])
     for (kid, name), m in kernels.items():
