@@ -6,7 +6,9 @@ the second-to-last AdamW launch up to the last one (k_adamw ends every step). On
 (template arguments kept, cuBLAS's names shortened): its total time, launches, time a launch and the
 DRAM bytes it moved over its time; then the step's sum and the kernels under 12 us a launch.
 Unlike KEEL_CUDA_PROFILE (an event pair around every node, run one by one: about 7 us a node of its
-own), ncu times each kernel alone. Usage: ncu_step_table.py FILE.csv [LINES]"""
+own), ncu times each kernel alone, after flushing the caches (its default): a kernel's time is if
+anything more than in the step, and its DRAM bytes leave out writes still in the L2 when it ends.
+Usage: ncu_step_table.py FILE.csv [LINES]"""
 import collections
 import sys
 
