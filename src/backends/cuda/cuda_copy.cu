@@ -1,4 +1,5 @@
-/* keel: the CUDA backend's ONE copy path: a single strided 4-D copy kernel with type conversion.
+/* keel: the CUDA backend's ONE copy path: a strided 4-D copy kernel with type conversion, and its
+ * 16-byte form for whole tensors (k_copy_whole), which the launcher picks where a tensor allows it.
  * CPY, CONT, DUP, GET_ROWS (through a row-index table), CONCAT, the `dst = src0` and window
  * steps of ACC and SET, and strided or converting host transfers all launch it. The elements it
  * writes per row are chosen in one place, copy_row_len, where KEEL_FAULT=copy-row-limit:N bites. */
