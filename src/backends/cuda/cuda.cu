@@ -163,6 +163,7 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
     cuda_impl *im = cuda_im(be);
     if (cuda_check(cudaMemsetAsync(im->bad_node, 0xff, sizeof *im->bad_node, im->stream), "memset", NULL)) return -1;
     if (cuda_adamw_upload(be, g, from, to)) return -1;
+    im->gt_pending = 0; /* KEEL_CUDA_GRAPH_TIME: this run's replays only */
     if (im->graphs && !cb && !im->profile && !im->sync_each_node) {
         if (cuda_graphs_run(be, g, from, to)) return -1;
     } else {
@@ -190,6 +191,13 @@ static int cuda_compute(keel_backend *be, const keel_graph *g, int64_t from, int
         return keel_fail(
             "cuda: a kernel of nodes %lld..%lld failed: %s (%s); run with KEEL_CUDA_SYNC=1 to name the node",
             (long long)from, (long long)to - 1, cudaGetErrorString(e), cudaGetErrorName(e));
+    if (im->gt_pending) { /* KEEL_CUDA_GRAPH_TIME */
+        float ms = 0;
+        im->gt_pending = 0;
+        if (cuda_check(cudaEventElapsedTime(&ms, im->gt0, im->gt1), "event", NULL)) return -1;
+        fprintf(stderr, "cuda: graph replays of nodes %lld..%lld: %.3f ms of GPU time\n", (long long)im->gt_from,
+                (long long)im->gt_to - 1, ms);
+    }
     return bad_ids(be, g);
 }
 
@@ -214,6 +222,7 @@ static void cuda_destroy(keel_backend *be) {
         keel_op_profile_free(im->profile);
         cudaEventDestroy(im->ev0), cudaEventDestroy(im->ev1);
     }
+    if (im->graph_time) cudaEventDestroy(im->gt0), cudaEventDestroy(im->gt1);
     for (int64_t i = 0; i < im->n_live; i++) cudaFree(im->live_p[i]);
     for (int i = 0; i < im->n_rope; i++) cudaFree(im->rope[i].dev), cudaFree(im->rope[i].cs);
     cuda_graphs_free(im);
@@ -289,7 +298,9 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
     const char *sy = getenv("KEEL_CUDA_SYNC");
     im->sync_each_node = sy && *sy && strcmp(sy, "0") != 0;
     im->profile = keel_op_profile_from_env("KEEL_CUDA_PROFILE");
-    const char *wg = getenv("KEEL_CUDA_WGMMA"), *ls = getenv("KEEL_CUDA_LT_SURVEY");
+    const char *wg = getenv("KEEL_CUDA_WGMMA"), *ls = getenv("KEEL_CUDA_LT_SURVEY"),
+               *gt = getenv("KEEL_CUDA_GRAPH_TIME");
+    im->graph_time = gt && strcmp(gt, "1") == 0;
     int cc_major = 0, cc_minor = 0, has_wg = 0;
     if (keel_backend_read_fault(be) ||
         (cuda_carry_setting() < 0 &&
@@ -298,6 +309,9 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
          keel_fail("KEEL_CUDA_WGMMA='%s': expected 0 (off) or 1 (on where the device has them, the default)", wg)) ||
         (ls && *ls && strcmp(ls, "0") != 0 && strcmp(ls, "1") != 0 &&
          keel_fail("KEEL_CUDA_LT_SURVEY='%s': expected 0 (off, the default) or 1 (time cuBLASLt's answers)", ls)) ||
+        (gt && *gt && strcmp(gt, "0") != 0 && strcmp(gt, "1") != 0 &&
+         keel_fail("KEEL_CUDA_GRAPH_TIME='%s': expected 0 (off, the default) or 1 (print a run's graph replay time)",
+                   gt)) ||
         cuda_check(cudaSetDevice(dev), "cudaSetDevice", NULL) ||
         cuda_check(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev), "device attribute",
                    NULL) ||
@@ -313,7 +327,9 @@ extern "C" keel_backend *keel_backend_cuda_new(void) {
         cuda_check(cudaMallocHost(&im->bad_node_host, sizeof *im->bad_node_host), "cudaMallocHost", NULL) ||
         cuda_graphs_init(im) || (cc_major == 9 && cc_minor == 0 && wgmma_probe(im->stream, &has_wg)) ||
         (im->profile && (cuda_check(cudaEventCreate(&im->ev0), "event", NULL) ||
-                         cuda_check(cudaEventCreate(&im->ev1), "event", NULL)))) {
+                         cuda_check(cudaEventCreate(&im->ev1), "event", NULL))) ||
+        (im->graph_time && (cuda_check(cudaEventCreate(&im->gt0), "event", NULL) ||
+                            cuda_check(cudaEventCreate(&im->gt1), "event", NULL)))) {
         cudaFree(im->bad_node), cudaFree(im->ce_div), cudaFree(im->hp_dev), cudaFreeHost(im->bad_node_host);
         cuda_graphs_free(im);
         cuda_lt_free(im);

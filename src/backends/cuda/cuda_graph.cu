@@ -166,7 +166,13 @@ static int run_stable(keel_backend *be, const keel_graph *g, int64_t from, int64
     }
     if (!e && !(e = capture(be, g, from, to, keys))) return one_by_one(be, g, from, to);
     e->used = ++G->clock;
-    return cuda_check(cudaGraphLaunch(e->exec, im->stream), "CUDA graph launch", g->nodes[from]);
+    if (im->graph_time && !im->gt_pending) {
+        if (cuda_check(cudaEventRecord(im->gt0, im->stream), "event", g->nodes[from])) return -1;
+        im->gt_pending = 1, im->gt_from = from;
+    }
+    if (cuda_check(cudaGraphLaunch(e->exec, im->stream), "CUDA graph launch", g->nodes[from])) return -1;
+    im->gt_to = to;
+    return im->graph_time ? cuda_check(cudaEventRecord(im->gt1, im->stream), "event", g->nodes[from]) : 0;
 }
 
 int cuda_graphs_run(keel_backend *be, const keel_graph *g, int64_t from, int64_t to) {

@@ -142,6 +142,11 @@ typedef struct {
     /* KEEL_CUDA_PROFILE=1: GPU time per op, printed when the backend is freed (NULL: off) */
     keel_op_profile *profile;
     cudaEvent_t ev0, ev1;
+    /* KEEL_CUDA_GRAPH_TIME=1: the GPU time from a run's first graph replay to its last, printed when
+     * the run ends (against the kernels' own times: the gaps between them) */
+    int graph_time, gt_pending;
+    int64_t gt_from, gt_to;
+    cudaEvent_t gt0, gt1;
     /* live allocations, for the peak-memory figure */
     void **live_p;
     size_t *live_n;
