@@ -4,7 +4,8 @@
  * operands and logits, or bf16 operands and logits rounded to bf16, as PyTorch's autocast and the
  * plan have them; ref and cpu round them the same way); then the rows' statistics by segments of
  * SEG logits (a block a segment of a token's row: its max and its float64 sum of exp against that
- * max, one read of the logits), combined per token in segment order by a thread a token (the row's
+ * max, one read of the logits; on bf16 logits a thread's terms are summed in float32 first, see
+ * lce_exp), combined per token in segment order by a thread a token (the row's
  * max, and the sum rescaled to it in float64), which also makes the token's loss as a float64
  * partial (forward); then each segment turned into g = (softmax - onehot) dloss / D (backward: the
  * second and last read), then dx_c = W g and
@@ -59,6 +60,20 @@ __device__ static inline double seg_sum(double v, double *sw) {
     return s;
 }
 
+/* e^x for x = a logit less its row's max (x <= 0, or -inf). Float32 logits (the parity mode): expf,
+ * and the statistics' sums take each term in float64, as they always have. Bf16 logits: __expf
+ * (ex2.approx of x log2 e: a few float32 ulps, and the product's rounding, about |x| 2^-24 of the
+ * result), where each logit already carries its bf16 rounding (2^-9) and the gradient goes back
+ * rounded to bf16; a thread's 16 terms are summed in float32 (each at most 1: some 2^-21 of the
+ * sum) before the float64 sums across threads. The bf16 statistics were issue-bound (ncu: 89% of
+ * the issue slots busy, expf's dozen instructions and a float64 conversion and add a logit). */
+template <typename T> __device__ static inline float lce_exp(float x) {
+    if constexpr (sizeof(T) == 2)
+        return __expf(x);
+    else
+        return expf(x);
+}
+
 /* Segment blockIdx.y of token blockIdx.x's logits row: its max (smax) and sum of exp (ssum), its
  * SEG logits held in registers between the two (16 a thread), the reductions by warps */
 template <typename T, bool P2> __global__ void k_lce_stats(const T *L, int64_t V, float *smax, double *ssum) {
@@ -82,9 +97,17 @@ template <typename T, bool P2> __global__ void k_lce_stats(const T *L, int64_t V
     }
     mx = seg_max(mx, swm);
     double s = 0;
+    if constexpr (sizeof(T) == 2) {
+        float sf = 0.0f;
 #pragma unroll
-    for (int i = 0; i < SEG / LT; i++)
-        if (seg_at<P2>(i) < w) s += expf(r[i] - mx);
+        for (int i = 0; i < SEG / LT; i++)
+            if (seg_at<P2>(i) < w) sf += lce_exp<T>(r[i] - mx);
+        s = sf;
+    } else {
+#pragma unroll
+        for (int i = 0; i < SEG / LT; i++)
+            if (seg_at<P2>(i) < w) s += lce_exp<T>(r[i] - mx);
+    }
     s = seg_sum(s, sws);
     if (threadIdx.x == 0) smax[row * ns + blockIdx.y] = mx, ssum[row * ns + blockIdx.y] = s;
 }
@@ -117,8 +140,8 @@ __global__ void k_lce_rows(const T *L, kt tg, int64_t V, int64_t c0, int nc, con
 }
 
 /* A logit's gradient (softmax - onehot) k, each rounding pinned */
-__device__ static inline float lce_g(float z, float mx, float inv, bool target, float k) {
-    return __fmul_rn(__fsub_rn(__fmul_rn(expf(z - mx), inv), target ? 1.0f : 0.0f), k);
+template <typename T> __device__ static inline float lce_g(float z, float mx, float inv, bool target, float k) {
+    return __fmul_rn(__fsub_rn(__fmul_rn(lce_exp<T>(z - mx), inv), target ? 1.0f : 0.0f), k);
 }
 
 /* Backward: segment blockIdx.y of token c0 + blockIdx.x's row turned into its gradient in place
@@ -136,12 +159,13 @@ __global__ void k_lce_grad(T *L, kt tg, int64_t V, int64_t c0, const float *rst,
         for (int v = 2 * (int)threadIdx.x; v < w; v += 2 * LT) {
             __nv_bfloat162 *p = (__nv_bfloat162 *)(z + v);
             float2 f = __bfloat1622float2(*p);
-            f.x = y < 0 ? 0.0f : lce_g(f.x, mx, inv, v0 + v == y, k);
-            f.y = y < 0 ? 0.0f : lce_g(f.y, mx, inv, v0 + v + 1 == y, k);
+            f.x = y < 0 ? 0.0f : lce_g<T>(f.x, mx, inv, v0 + v == y, k);
+            f.y = y < 0 ? 0.0f : lce_g<T>(f.y, mx, inv, v0 + v + 1 == y, k);
             *p = __floats2bfloat162_rn(f.x, f.y);
         }
     } else {
-        for (int v = threadIdx.x; v < w; v += LT) zset(&z[v], y < 0 ? 0.0f : lce_g(zf(z[v]), mx, inv, v0 + v == y, k));
+        for (int v = threadIdx.x; v < w; v += LT)
+            zset(&z[v], y < 0 ? 0.0f : lce_g<T>(zf(z[v]), mx, inv, v0 + v == y, k));
     }
 }
 
@@ -177,9 +201,9 @@ size_t cuda_linear_ce_scratch(const keel_tensor *t) {
     const keel_tensor *x = t->src[0], *w = t->src[1];
     int64_t N = x->ne[1] * x->ne[2], V = w->ne[1], C = t->ip[0] < N ? t->ip[0] : N, C1 = C ? C : 1;
     return KEEL_CUDA_LT_WORKSPACE + round_up((size_t)(V * C1) * (x->type == KEEL_BF16 ? 2 : 4)) +
-           round_up((size_t)(segments(V) * C1) * 4) + round_up((size_t)(segments(V) * C1) * 8) + round_up((size_t)C1 * 8) +
-           (fwd ? round_up((size_t)(N ? N : 1) * 8) : 0) + (needs_copy(x) ? round_up(keel_nbytes(x)) : 0) +
-           (needs_copy(w) ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
+           round_up((size_t)(segments(V) * C1) * 4) + round_up((size_t)(segments(V) * C1) * 8) +
+           round_up((size_t)C1 * 8) + (fwd ? round_up((size_t)(N ? N : 1) * 8) : 0) +
+           (needs_copy(x) ? round_up(keel_nbytes(x)) : 0) + (needs_copy(w) ? round_up(keel_nbytes(w)) : 0) + KEEL_ALIGN;
 }
 
 /* D (m x n, ldd, of type dd) = op(A) op(B) (+ D when beta is 1), A and B of type dt (x's and W's:
