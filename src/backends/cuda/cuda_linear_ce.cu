@@ -64,7 +64,7 @@ __device__ static inline double seg_sum(double v, double *sw) {
  * and the statistics' sums take each term in float64, as they always have. Bf16 logits: __expf
  * (ex2.approx of x log2 e: a few float32 ulps, and the product's rounding, about |x| 2^-24 of the
  * result), where each logit already carries its bf16 rounding (2^-9) and the gradient goes back
- * rounded to bf16; a thread's 16 terms are summed in float32 (each at most 1: some 2^-21 of the
+ * rounded to bf16; a thread's 16 terms are summed in float32 (each at most 1: within about 2^-20 of the
  * sum) before the float64 sums across threads. The bf16 statistics were issue-bound (ncu: 89% of
  * the issue slots busy, expf's dozen instructions and a float64 conversion and add a logit). */
 template <typename T> __device__ static inline float lce_exp(float x) {
