@@ -59,6 +59,7 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, long lon
                          .lora = lora_rank ? &lo : NULL,
                          .base_bf16 = base_bf16,
                          .precision = o->prec};
+    so.weight_copies = keel_step_copies_wanted(&so); /* as keel train does */
     keel_step *sp = be ? keel_step_build(&so) : NULL;
     int32_t *iv = NULL, *tv = NULL;
     double *times = NULL;
@@ -74,7 +75,8 @@ static int run_keel(const bench_opts *o, const keel_qwen35_config *cfg, long lon
            lora_rank ? " LoRA" : "", n_tp, (long long)n_trained, (double)sp->s->plan->total_bytes / (1 << 30),
            (double)sp->s->plan->peak_activation_bytes / (1 << 30), (double)sp->s->plan->scratch_max / (1 << 30));
     fflush(stdout);
-    if (keel_qwen35_init_weights(sp->m, be, 5) || keel_lora_init_weights(sp->m, be, 5)) goto done;
+    if (keel_qwen35_init_weights(sp->m, be, 5) || keel_lora_init_weights(sp->m, be, 5) || keel_step_sync_copies(sp))
+        goto done;
     iv = malloc((size_t)(T * B) * 4), tv = malloc((size_t)(T * B) * 4);
     times = malloc((size_t)(o->warmup + o->steps) * sizeof *times);
     if (!iv || !tv || !times) {

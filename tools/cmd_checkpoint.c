@@ -287,13 +287,13 @@ int cmd_info(int argc, char **argv) {
                              .keep_logits = keep && dump,
                              .adapter = ad,
                              .precision = prec};
+        so.weight_copies = keel_step_copies_wanted(&so); /* as keel train plans it */
         keel_step *st = keel_step_build(&so);
         if (!st) {
             fprintf(stderr, "keel info: %s\n", keel_last_error());
             goto done;
         }
-        keel_plan *pl = keel_plan_make(st->g, NULL),
-                  *pc = cuda ? keel_plan_make(st->g, &cuda_rules) : NULL;
+        keel_plan *pl = keel_plan_make(st->g, NULL), *pc = cuda ? keel_plan_make(st->g, &cuda_rules) : NULL;
         if (!pl || (cuda && !pc)) {
             fprintf(stderr, "keel info: %s\n", keel_last_error());
             keel_plan_free(pl), keel_step_free(st);

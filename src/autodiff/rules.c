@@ -47,6 +47,12 @@ static int r_copy(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     }
     return 0;
 }
+/* the optimizer's bf16 copy of src1: src1's gradient as CAST's rule gives it (r_copy) */
+static int r_shadow(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_type want = keel_grad_type(t->src[1]->type);
+    ADD(1, dy->type == want ? contiguous(ctx, dy) : keel_cast(ctx, dy, want));
+    return 0;
+}
 static int r_get_rows(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     ADD(0, keel_get_rows_back(ctx, dy, t->src[1], t->src[0]->ne[1]));
     return 0;
@@ -398,6 +404,7 @@ static const keel_grad_rule RULES[KEEL_OP_COUNT] = {
     [KEEL_OP_CONT] = r_copy,
     [KEEL_OP_DUP] = r_copy,
     [KEEL_OP_CAST] = r_copy,
+    [KEEL_OP_SHADOW] = r_shadow,
     [KEEL_OP_GET_ROWS] = r_get_rows,
     [KEEL_OP_ACC] = r_acc,
     [KEEL_OP_SET] = r_set,

@@ -141,6 +141,10 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
     case KEEL_OP_RMS_NORM_W:
     case KEEL_OP_GATED_RMS_NORM: /* float32 sources, a float32 or (rounded) bf16 result */
         return (t->type == KEEL_F32 || t->type == KEEL_BF16) && f32_sources(t);
+    case KEEL_OP_ADAMW_SHADOW: /* float32 p, g, m, v, s; the weights' copies bf16 */
+        for (int i = 0; i < 5; i++)
+            if (t->src[i]->type != KEEL_F32) return false;
+        return t->type == KEEL_F32 && t->src[5]->type == KEEL_BF16;
     case KEEL_OP_MUL_MAT_ADD: /* the same, the addend and the result float32 */
         if (t->src[0]->type == KEEL_BF16)
             return t->src[1]->type == KEEL_BF16 && t->src[2]->type == KEEL_F32 && t->type == KEEL_F32;

@@ -231,6 +231,7 @@ void keel_qwen35_free(keel_qwen35 *m) {
     if (!m) return;
     keel_lora_free(m->lora);
     free(m->params);
+    free(m->copy);
     free(m);
 }
 
@@ -253,6 +254,14 @@ static keel_type operand_result_type(const keel_qwen35 *m) {
 /* a weight in the activations' type: itself, or a copy made here (a bf16 base) */
 static keel_tensor *as_type(keel_ctx *ctx, keel_tensor *w, keel_type type) {
     return w->type == type ? w : keel_cast(ctx, w, type);
+}
+
+/* A weight as a bf16 product operand: the optimizer's copy where it keeps one (SHADOW: no work in the
+ * step), else its CAST, made here, inside the layer's nodes (recompute makes it again) */
+static keel_tensor *weight_bf16(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w) {
+    for (int i = 0; m->copy && w->type == KEEL_F32 && i < m->n_params; i++)
+        if (m->params[i] == w && m->copy[i]) return keel_shadow(ctx, m->copy[i], w);
+    return as_type(ctx, w, KEEL_BF16);
 }
 
 /* An activation and its product operand: itself, or its bf16 copy (mixed precision), made once for
@@ -282,7 +291,7 @@ static operand swiglu_operand(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *
  * adapter when it has one */
 static keel_tensor *linear(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, operand in) {
     if (!in.x) return NULL;
-    keel_tensor *y = m->operand_type == KEEL_BF16 ? keel_mul_mat_to(ctx, as_type(ctx, w, KEEL_BF16), in.op, act_type(m))
+    keel_tensor *y = m->operand_type == KEEL_BF16 ? keel_mul_mat_to(ctx, weight_bf16(ctx, m, w), in.op, act_type(m))
                                                   : keel_mul_mat(ctx, as_type(ctx, w, in.x->type), in.x);
     return m->lora ? keel_lora_linear(ctx, m, w, in.x, y) : y;
 }
@@ -291,7 +300,7 @@ static keel_tensor *linear(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, 
  * (MUL_MAT_ADD: no separate product result, no separate pass to add it) */
 static keel_tensor *linear_add(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *w, operand in, keel_tensor *res) {
     if (!in.x || !res) return NULL;
-    keel_tensor *y = m->operand_type == KEEL_BF16 ? keel_mul_mat_add(ctx, as_type(ctx, w, KEEL_BF16), in.op, res)
+    keel_tensor *y = m->operand_type == KEEL_BF16 ? keel_mul_mat_add(ctx, weight_bf16(ctx, m, w), in.op, res)
                                                   : keel_mul_mat_add(ctx, as_type(ctx, w, in.x->type), in.x, res);
     return m->lora ? keel_lora_linear(ctx, m, w, in.x, y) : y;
 }
@@ -362,7 +371,8 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
          * of them read and write the input's gradient twice where one of depth 2 Hv does it once
          * (the gradient of the pair is assembled from its two parts, Hv rows a token). Float32
          * weights are rounded by the CONCAT itself (the bits of CONCAT then CAST). */
-        keel_tensor *wab = L->b->type == KEEL_F32 && L->a->type == KEEL_F32
+        keel_tensor *wab = m->copy ? keel_concat(ctx, weight_bf16(ctx, m, L->b), weight_bf16(ctx, m, L->a), 1)
+                           : L->b->type == KEEL_F32 && L->a->type == KEEL_F32
                                ? keel_concat_to(ctx, L->b, L->a, 1, KEEL_BF16)
                                : as_type(ctx, keel_concat(ctx, L->b, L->a, 1), KEEL_BF16);
         keel_tensor *ab = keel_mul_mat_to(ctx, wab, hin.op, act_type(m)); /* [2 Hv, T, B]: b's rows, then a's */
@@ -424,7 +434,7 @@ static int forward(keel_ctx *ctx, const keel_qwen35 *m, keel_tensor *ids, keel_t
     out->normed = xn;
     operand xin = operand_of(ctx, m, xn);
     bool mixed = m->operand_type == KEEL_BF16;
-    keel_tensor *head = as_type(ctx, m->lm_head, mixed ? KEEL_BF16 : act);
+    keel_tensor *head = mixed ? weight_bf16(ctx, m, m->lm_head) : as_type(ctx, m->lm_head, act);
     out->logits =
         keel_set_name(mixed ? keel_mul_mat_to(ctx, head, xin.op, act) : keel_mul_mat(ctx, head, xn), "logits");
     /* mixed precision: the head and the loss fused, a chunk of tokens at a time, so that the

@@ -53,6 +53,9 @@ typedef struct {
      * products' 2^-16 would move across bf16 boundaries; that variant has its own oracles) */
     bool gdn_float32;
     struct keel_lora *lora; /* LoRA adapters (model/lora.h), NULL: none */
+    /* per params[i]: its bf16 copy kept by the optimizer, which the bf16 graph reads through SHADOW in
+     * place of a CAST (keel_step_opts.weight_copies); NULL (the array or an entry): a CAST */
+    keel_tensor **copy;
 } keel_qwen35;
 
 /* Named configurations: "tiny" (the shared fixture's shape), "small" (the demo's: 4 layers of

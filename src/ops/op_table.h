@@ -27,6 +27,9 @@
     X(CONT, COPY, 1, 0, 1, 0, "contiguous copy")                                                                                \
     X(DUP, COPY, 1, 0, 1, 0, "copy, same type")                                                                                 \
     X(CAST, COPY, 1, 0, 1, 0, "ip0 type (keel_type): contiguous copy converted to it (to bf16/f16: nearest even)")           \
+    X(SHADOW, OWN, 2, OPF_VIEW, 2, 0,                                                                                  \
+      "src0 bf16, src1 float32 of one shape: src0 itself (no computation), which holds CAST(src1, bf16) (ADAMW keeps " \
+      "it so: a window of its c); src1 takes the gradient, as from that CAST")                                       \
     X(GET_ROWS, OWN, 2, 0, 1, 2, "src0 [D,R], src1 i32 [N0,N1] -> [D,N0,N1]")                                                  \
     X(GET_ROWS_BACK, OWN, 2, OPF_BACKWARD, 0, 2, "src0 dy [D,N0,N1], src1 i32 ids -> [D,ip0]: sum rows")                       \
     X(GET_ROWS_BACK_ADD, OWN, 3, OPF_BACKWARD, 0, 2,                                                                   \
@@ -172,7 +175,11 @@
     X(ADAMW, OWN, 5, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0, 0,                                                             \
       "p,g,m,v (contiguous float32, one shape), s [1] = SUM_SQ of the gradients; fp0 lr fp1 beta1 fp2 beta2 fp3 eps "  \
       "fp4 wd fp5 clip (0: none); ip0 step (1-based), ip1 divisor d, ip2 decay end (elements [0, ip2) decay): "        \
-      "with n = sqrt(s) / d, g times min(1, clip / n) / d; no element changes when n is not finite")
+      "with n = sqrt(s) / d, g times min(1, clip / n) / d; no element changes when n is not finite")                  \
+    X(ADAMW_SHADOW, OWN, 6, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0, 0,                                                      \
+      "ADAMW's sources and parameters, and c (contiguous bf16 [ip2]): ADAMW's update, then c[i] = p[i] rounded as "    \
+      "CAST rounds it for i < ip2 (the decayed weights' bf16 copies that SHADOW reads); nothing changes when n is "   \
+      "not finite")
 
 enum {
     OPF_LEAF = 1 << 0,         /* no computation */

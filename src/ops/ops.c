@@ -18,6 +18,7 @@ static const char *nograd_reason(int op) {
     case KEEL_OP_FILL:
         return "constant: no inputs";
     case KEEL_OP_ADAMW:
+    case KEEL_OP_ADAMW_SHADOW:
         return "optimizer step: updates state in place, never differentiated";
     case KEEL_OP_SUM_SQ:
         return "the optimizer's gradient norm: never differentiated";
@@ -190,6 +191,12 @@ static int shape_rule(keel_tensor *t) {
         alias(t, a);
         set_shape(t, a->type, a->ne[1], a->ne[0], a->ne[2], a->ne[3]);
         t->nb[0] = a->nb[1], t->nb[1] = a->nb[0];
+        return 0;
+    case KEEL_OP_SHADOW:
+        REQ(a->type == KEEL_BF16 && (b->type == KEEL_F32 || b->type == KEEL_F64) && keel_same_shape(a, b),
+            "src0 must be bf16 and src1 float32 (float64 on the reference backend) of its shape");
+        alias(t, a);
+        set_shape(t, KEEL_BF16, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         return 0;
     case KEEL_OP_CPY:
         REQ(keel_same_shape(a, b), "shapes differ");
@@ -570,6 +577,7 @@ static int shape_rule(keel_tensor *t) {
         set_shape(t, a->type, 1, 1, 1, 1);
         return 0;
     case KEEL_OP_ADAMW:
+    case KEEL_OP_ADAMW_SHADOW:
         for (int i = 1; i < 4; i++)
             REQ(keel_same_shape(a, t->src[i]) && t->src[i]->type == a->type && keel_is_contiguous(t->src[i]),
                 "p, g, m, v must be contiguous float32 of one shape");
@@ -577,6 +585,9 @@ static int shape_rule(keel_tensor *t) {
             "p, g, m, v must be contiguous float32 of one shape");
         REQ(keel_nelements(t->src[4]) == 1 && t->src[4]->type == a->type, "s (the SUM_SQ) must be one %s",
             keel_type_name(a->type));
+        if (op == KEEL_OP_ADAMW_SHADOW)
+            REQ(t->src[5]->type == KEEL_BF16 && keel_is_contiguous(t->src[5]) && keel_nelements(t->src[5]) == t->ip[2],
+                "c (the weights' bf16 copies) must be contiguous bf16 of ip2 = %lld elements", (long long)t->ip[2]);
         REQ(t->ip[0] >= 1, "step must be >= 1");
         REQ(t->ip[1] >= 1, "the divisor %lld must be >= 1", (long long)t->ip[1]);
         REQ(t->ip[2] >= 0 && t->ip[2] <= keel_nelements(a), "the decay end %lld is outside [0, %lld]",
@@ -895,8 +906,13 @@ keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_te
 }
 keel_tensor *keel_sum_sq(keel_ctx *ctx, keel_tensor *x) { return OP(KEEL_OP_SUM_SQ, (x), NULL, 0, NULL, 0); }
 keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, keel_tensor *s,
-                        double lr, double beta1, double beta2, double eps, double wd, double clip, int64_t step,
-                        int64_t divisor, int64_t decay_end) {
-    return OP(KEEL_OP_ADAMW, (p, g, m, v, s), IPS(step, divisor, decay_end), 3, FPS(lr, beta1, beta2, eps, wd, clip),
-              6);
+                        keel_tensor *c, double lr, double beta1, double beta2, double eps, double wd, double clip,
+                        int64_t step, int64_t divisor, int64_t decay_end) {
+    const int64_t ip[3] = {step, divisor, decay_end};
+    const double fp[6] = {lr, beta1, beta2, eps, wd, clip};
+    return c ? OP(KEEL_OP_ADAMW_SHADOW, (p, g, m, v, s, c), ip, 3, fp, 6)
+             : OP(KEEL_OP_ADAMW, (p, g, m, v, s), ip, 3, fp, 6);
+}
+keel_tensor *keel_shadow(keel_ctx *ctx, keel_tensor *copy, keel_tensor *w) {
+    return OP(KEEL_OP_SHADOW, (copy, w), NULL, 0, NULL, 0);
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "autodiff/autodiff.h"
+#include "ops/ops.h"
 #include "util/error.h"
 
 /* Frozen parameters lose the PARAM flag, so the backward pass gives them no gradient. */
@@ -21,6 +22,42 @@ static int freeze(keel_step *st, const char *pattern) {
             st->m->params[i]->flags &= ~(uint32_t)KEEL_FLAG_PARAM, st->n_frozen++;
     regfree(&re);
     return st->n_frozen ? 0 : keel_fail("--freeze '%s' matches no parameter", pattern);
+}
+
+bool keel_step_copies_wanted(const keel_step_opts *o) {
+    return o->precision == KEEL_PRECISION_BF16 && o->type == KEEL_F32 && o->backward && !o->logits_only &&
+           !o->weights_only && (!o->recompute || o->recompute->kind == KEEL_RC_OFF) && !o->lora && !o->adapter &&
+           !o->freeze && !o->base_bf16;
+}
+
+/* The bf16 copies of the matrices: one leaf laid out as AdamW's group lays the decayed parameters out
+ * (keel_adamw_decayed_layout over every parameter, the list keel_step_adamw is then given), and a view
+ * of it for each matrix, which the model reads through SHADOW */
+static int make_copies(keel_step *st, const keel_step_opts *o) {
+    if (!keel_step_copies_wanted(o))
+        return keel_fail("the weights' bf16 copies need --precision bf16 with recompute off and every parameter "
+                         "trained (no LoRA, no adapter, no freeze)");
+    keel_qwen35 *m = st->m;
+    int64_t *off = malloc((size_t)m->n_params * sizeof *off);
+    m->copy = calloc((size_t)m->n_params, sizeof *m->copy);
+    if (!off || !m->copy) {
+        free(off);
+        return keel_fail("out of memory");
+    }
+    int64_t n = keel_adamw_decayed_layout(m->params, m->n_params, off);
+    st->copies =
+        keel_set_flags(keel_set_name(keel_new_1d(st->ctx, KEEL_BF16, n), "adamw.bf16_copies"), KEEL_FLAG_INPUT);
+    for (int i = 0; st->copies && i < m->n_params; i++) {
+        const keel_tensor *p = m->params[i];
+        if (off[i] < 0) continue;
+        m->copy[i] = keel_view_2d(st->ctx, st->copies, p->ne[0], p->ne[1], p->ne[0] * 2, off[i] * 2);
+        if (!m->copy[i]) break;
+        keel_set_name(m->copy[i], "%s.bf16", p->name);
+    }
+    bool ok = st->copies != NULL;
+    for (int i = 0; ok && i < m->n_params; i++) ok = off[i] < 0 || m->copy[i];
+    free(off);
+    return ok ? 0 : -1;
 }
 
 keel_step *keel_step_build(const keel_step_opts *o) {
@@ -43,6 +80,7 @@ keel_step *keel_step_build(const keel_step_opts *o) {
     if (!st->m) goto fail;
     if (o->precision == KEEL_PRECISION_BF16) st->m->operand_type = KEEL_BF16;
     st->m->gdn_float32 = o->gdn_float32;
+    if (o->weight_copies && make_copies(st, o)) goto fail;
     st->m->head_grads_in_forward = o->backward;
     if (o->lora && keel_lora_attach(st->ctx, st->m, o->lora)) goto fail;
     if (o->adapter) {
@@ -126,7 +164,13 @@ int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *cons
         }
     }
     st->n_opt = n;
-    int rc = keel_adamw_attach(st->ctx, st->g, st->opt_p, gr, n, lr, weight_decay, clip, divisor, &st->opt);
+    bool all = n == st->m->n_params; /* the copies' layout is that of every parameter in the model's order */
+    for (int i = 0; all && i < n; i++) all = st->opt_p[i] == st->m->params[i];
+    if (st->copies && !all) {
+        free(gr);
+        return keel_fail("the weights' bf16 copies need AdamW over every parameter of the model, in its order");
+    }
+    int rc = keel_adamw_attach(st->ctx, st->g, st->opt_p, gr, n, st->copies, lr, weight_decay, clip, divisor, &st->opt);
     free(gr);
     return rc;
 }
@@ -147,8 +191,29 @@ int keel_step_place(keel_step *st, keel_backend *be) {
     return rc ? -1 : 0;
 }
 
+int keel_step_sync_copies(keel_step *st) {
+    if (!st->copies) return 0;
+    const keel_qwen35 *m = st->m;
+    int64_t n = keel_nelements(st->copies), most = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->copy[i] && keel_nelements(m->params[i]) > most) most = keel_nelements(m->params[i]);
+    uint16_t *c = calloc((size_t)n, sizeof *c);
+    float *w = malloc((size_t)(most ? most : 1) * sizeof *w);
+    int rc = c && w ? 0 : keel_fail("out of memory for the weights' bf16 copies");
+    for (int i = 0; !rc && i < m->n_params; i++) {
+        const keel_tensor *p = m->params[i], *v = m->copy[i];
+        if (!v) continue;
+        rc = keel_tensor_read(st->be, p, w, KEEL_F32);
+        uint16_t *d = c + v->view_offs / 2;
+        for (int64_t j = 0; !rc && j < keel_nelements(p); j++) keel_store_value(KEEL_BF16, d + j, w[j]); /* CAST's */
+    }
+    rc = rc || keel_tensor_write(st->be, st->copies, c, KEEL_BF16);
+    free(c), free(w);
+    return rc ? -1 : 0;
+}
+
 int keel_step_load(keel_step *st, const keel_checkpoint *ck) {
-    if (keel_checkpoint_load(ck, st->m, st->be)) return -1;
+    if (keel_checkpoint_load(ck, st->m, st->be) || keel_step_sync_copies(st)) return -1;
     return st->adapter ? keel_lora_load(st->m, st->be, st->adapter) : 0;
 }
 

@@ -43,6 +43,11 @@ typedef struct {
     bool base_bf16;                       /* the base's matrices stored in bf16 (a frozen base: with lora) */
     keel_precision precision;             /* of the products (KEEL_PRECISION_F32: parity) */
     bool gdn_float32; /* bf16: the delta rule's float32 variant all the same (keel_qwen35's gdn_float32) */
+    /* bf16 with recompute off: the matrices' bf16 copies kept by AdamW (ADAMW_SHADOW writes them as it
+     * updates the weights; SHADOW reads them) instead of a CAST of every weight in every step; the same
+     * bits. Needs keel_step_adamw over every parameter (no LoRA, no freeze), and keel_step_sync_copies
+     * after the weights are written (init, load, resume). keel_step_copies_wanted says when. */
+    bool weight_copies;
 } keel_step_opts;
 
 typedef struct {
@@ -57,6 +62,7 @@ typedef struct {
     keel_tensor **opt_p;         /* which they are, */
     keel_optim opt;              /* their moments, the gradients' sum of squares and the update node */
     const keel_adapter *adapter; /* the adapter keel_step_load reads (opts.adapter) */
+    keel_tensor *copies;         /* opts.weight_copies: the bf16 copies (ADAMW_SHADOW's c), else NULL */
     keel_backend *be;            /* after keel_step_place */
     keel_session *s;
 } keel_step;
@@ -75,6 +81,15 @@ keel_tensor *keel_step_grad(const keel_step *st, int i);
  * Set its step and learning rate before each update with keel_adamw_set(st->opt.adamw, ...). */
 int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *const *grads, int n, double lr,
                     double weight_decay, double clip, int64_t divisor);
+/* Whether a step of these options keeps the weights' bf16 copies in AdamW (opts.weight_copies): bf16
+ * mixed precision, float32 weights, a backward with recompute off, every parameter trained (no LoRA,
+ * no adapter, no freeze, no bf16 base). Recompute keeps the CASTs: there the copies would be 2 bytes a
+ * weight more memory all the time, where with recompute off the CASTs' results are alive through the
+ * step anyway. */
+bool keel_step_copies_wanted(const keel_step_opts *o);
+/* Makes the bf16 copies from the weights as they are on the device (after keel_qwen35_init_weights,
+ * keel_step_load, a resume): the bits CAST gives. No-op without copies. */
+int keel_step_sync_copies(keel_step *st);
 /* Plans and binds the graph on be (which the caller keeps and frees), writes the positions and
  * zeroes AdamW's moments. */
 int keel_step_place(keel_step *st, keel_backend *be);

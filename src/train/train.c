@@ -81,6 +81,7 @@ static int build(trainer *t, const keel_qwen35_config *cfg) {
                          .freeze = o->freeze,
                          .lora = o->lora_rank ? &lo : NULL,
                          .base_bf16 = bf16};
+    so.weight_copies = keel_step_copies_wanted(&so); /* bf16, recompute off: AdamW keeps the bf16 copies */
     if (!(t->st = keel_step_build(&so))) return -1;
     if (o->freeze) printf("frozen: %d parameter tensors match '%s'\n", t->st->n_frozen, o->freeze);
     const struct keel_lora *l = t->st->m->lora;
@@ -145,8 +146,8 @@ static double eval_loss(trainer *t, const keel_dataset *d) {
     }
     double sum = 0;
     int64_t nb = 0, counted = 0;
-    keel_dropout_set_p(t->st->g, 0.0);           /* evaluation: the adapters see their whole input */
-    keel_cross_entropy_set_divisor(t->st->g, 0); /* each batch's own count */
+    keel_dropout_set_p(t->st->g, 0.0);                    /* evaluation: the adapters see their whole input */
+    keel_cross_entropy_set_divisor(t->st->g, 0);          /* each batch's own count */
     keel_linear_cross_entropy_set_grads(t->st->g, false); /* only the loss */
     for (int64_t w = 0; w + B <= W && nb < t->o->eval_batches; w += B, nb++) {
         int64_t n = 0;
@@ -380,6 +381,7 @@ static int setup(trainer *t) {
         if (!t->sync) return -1;
     }
     if (o->resume_dir && keel_trainer_read_state(t, from)) return -1;
+    if (keel_step_sync_copies(t->st)) return -1; /* the weights are final now: their bf16 copies */
     int64_t n_par = 0, n_tr = 0;
     for (int i = 0; i < t->st->m->n_params; i++) n_par += keel_nelements(t->st->m->params[i]);
     for (int i = 0; i < t->n_train; i++) n_tr += keel_nelements(t->train_p[i]);

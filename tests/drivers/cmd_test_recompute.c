@@ -59,6 +59,9 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
                          .backward = true,
                          .recompute = &rm,
                          .precision = precision};
+    /* as keel train builds it: in bf16 with recompute off, the weights' bf16 copies kept by AdamW, so
+     * this mode's bits against the others' (CASTs in the step) also prove the copies */
+    so.weight_copies = keel_step_copies_wanted(&so);
     keel_step *st = be ? keel_step_build(&so) : NULL;
     int rc = -1;
     if (!st || keel_step_adamw(st, NULL, NULL, 0, 1e-2, 0.01, 0, 1) || keel_step_place(st, be)) goto done;
@@ -77,6 +80,7 @@ static int run_mode(const keel_qwen35_config *cfg, const keel_checkpoint *ck, co
         }
         free(v);
     }
+    if (keel_step_sync_copies(st)) goto done;
     int32_t iv[T * B], tv[T * B], pv[T * B];
     for (int step = 0; step < STEPS; step++) {
         for (int64_t i = 0; i < T * B; i++) {

@@ -230,16 +230,25 @@ static keel_tensor *build_repeat_back_unaligned(keel_ctx *ctx, const op_case *c,
     return v ? keel_repeat_back(ctx, v, (const int64_t[]){516, 1, 1, 1}) : NULL;
 }
 
-/* ADAMW as training builds it: s is the SUM_SQ of the gradients themselves (inputs p, g, m, v) */
-static keel_tensor *build_adamw_own_norm(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
-    keel_tensor *src[5] = {x[0], x[1], x[2], x[3], keel_sum_sq(ctx, x[1])};
-    return src[4] ? keel_op_new(ctx, KEEL_OP_ADAMW, src, 5, c->ip, c->n_ip, c->fp, c->n_fp) : NULL;
+/* SHADOW over the weight's own bf16 CAST (input w), read back in w's type (the gradient harness
+ * weighs a result of w's type) */
+static keel_tensor *build_shadow_of_cast(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    (void)c;
+    return keel_cast(ctx, keel_shadow(ctx, keel_cast(ctx, x[0], KEEL_BF16), x[0]), x[0]->type);
 }
 
-/* ADAMW whose s is not finite: the SUM_SQ of LOG of values with exact zeros (inputs p, g, m, v, x) */
+/* ADAMW (or ADAMW_SHADOW, the bf16 copies c the last input) as training builds it: s is the SUM_SQ of
+ * the gradients themselves (inputs p, g, m, v[, c]) */
+static keel_tensor *build_adamw_own_norm(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
+    keel_tensor *src[6] = {x[0], x[1], x[2], x[3], keel_sum_sq(ctx, x[1]), x[4]};
+    return src[4] ? keel_op_new(ctx, c->op, src, c->op == KEEL_OP_ADAMW ? 5 : 6, c->ip, c->n_ip, c->fp, c->n_fp) : NULL;
+}
+
+/* ADAMW (or ADAMW_SHADOW) whose s is not finite: the SUM_SQ of LOG of values with exact zeros (inputs p,
+ * g, m, v, x[, c]) */
 static keel_tensor *build_adamw_nonfinite(keel_ctx *ctx, const op_case *c, keel_tensor **x) {
-    keel_tensor *src[5] = {x[0], x[1], x[2], x[3], keel_sum_sq(ctx, keel_log(ctx, x[4]))};
-    return src[4] ? keel_op_new(ctx, KEEL_OP_ADAMW, src, 5, c->ip, c->n_ip, c->fp, c->n_fp) : NULL;
+    keel_tensor *src[6] = {x[0], x[1], x[2], x[3], keel_sum_sq(ctx, keel_log(ctx, x[4])), x[5]};
+    return src[4] ? keel_op_new(ctx, c->op, src, c->op == KEEL_OP_ADAMW ? 5 : 6, c->ip, c->n_ip, c->fp, c->n_fp) : NULL;
 }
 
 /* FLASH_ATTN_BACK on the forward's own packed output (its o and lse are what the backward reads):
@@ -315,6 +324,20 @@ int keel_cases_all(op_case **out) {
         case KEEL_OP_CONT:
         case KEEL_OP_DUP:
             copy_family(&l, op);
+            break;
+        case KEEL_OP_SHADOW: /* the optimizer's bf16 copy read as it is; the float32 weight takes the gradient */
+            for (int s = 0; s < 2; s++) {
+                c = C(&l, op);
+                I(c, KEEL_BF16, s ? 4097 : 33, s ? 2 : 17, 1, 1);
+                I(c, KEEL_F32, s ? 4097 : 33, s ? 2 : 17, 1, 1);
+                c->keep_types = true;
+            }
+            /* as a step builds it, the copy being the weight's CAST (so the oracle's is its own): the
+             * gradient reaches the weight, float32 (float64 on ref) */
+            c = C(&l, op);
+            I(c, KEEL_F32, 65, 9, 1, 1);
+            c->build = build_shadow_of_cast, c->name = "CAST(SHADOW(CAST(w, bf16), w), w's type)", c->tol = 2e-5;
+            c->no_fd = "bf16 rounding of the value (steps)";
             break;
         case KEEL_OP_CAST: { /* every pair of real types, views and a wide row */
             static const keel_type ty[] = {KEEL_F32, KEEL_BF16, KEEL_F16};
@@ -1138,13 +1161,16 @@ int keel_cases_all(op_case **out) {
             }
             break;
         case KEEL_OP_ADAMW:
+        case KEEL_OP_ADAMW_SHADOW:
             /* k 0: the norm given, no clipping, every element decayed; 1: the gradients' own SUM_SQ,
              * clipped to 0.5 (their norm is larger), a divisor of 2, a decay of lr x wd = 5e-3 on the
              * first half only (large enough that decaying the rest fails the tolerance);
-             * 2: a non-finite norm (SUM_SQ of LOG(0)): nothing may change */
+             * 2: a non-finite norm (SUM_SQ of LOG(0)): nothing may change. ADAMW_SHADOW: the same, and
+             * the decayed elements' bf16 copies (the runner also checks that each is the backend's own
+             * updated weight rounded as CAST rounds it, bit for bit) */
             for (int w = 0; w < N_WIDTHS; w += 2)
                 for (int k = 0; k < 3; k++) {
-                    int64_t n = WIDTHS[w] * 3;
+                    int64_t n = WIDTHS[w] * 3, decay_end = k == 1 ? n / 2 + 1 : n;
                     c = C(&l, op);
                     I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
                     I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
@@ -1152,13 +1178,24 @@ int keel_cases_all(op_case **out) {
                     I(c, KEEL_F32, WIDTHS[w], 3, 1, 1)->dom = DOM_SMALL;
                     if (k == 0) I(c, KEEL_F32, 1, 1, 1, 1)->dom = DOM_POSITIVE;
                     if (k == 2) I(c, KEEL_F32, 64, 1, 1, 1)->dom = DOM_UNIT_EDGES;
-                    P(c, 3, (int64_t[]){3, k == 1 ? 2 : 1, k == 1 ? n / 2 + 1 : n}, 6,
+                    if (op == KEEL_OP_ADAMW_SHADOW) {
+                        I(c, KEEL_BF16, decay_end, 1, 1, 1);
+                        c->keep_types = true; /* the copies are bf16 on every backend */
+                        c->copies_exact = k != 2;
+                    }
+                    P(c, 3, (int64_t[]){3, k == 1 ? 2 : 1, decay_end}, 6,
                       (double[]){k == 1 ? 1e-2 : 1e-3, 0.9, 0.999, 1e-8, k == 1 ? 0.5 : 0.1, k == 1 ? 0.5 : 0.0});
                     c->tol = 1e-9; /* float32 arithmetic on values of about 1 */
                     if (k) c->build = k == 1 ? build_adamw_own_norm : build_adamw_nonfinite;
                     if (k)
-                        c->name = k == 1 ? "ADAMW(s = SUM_SQ(g), clip 0.5, divisor 2, decay on the first half)"
-                                         : "ADAMW(s = SUM_SQ(LOG(0 ...)): not finite, nothing changes)";
+                        c->name = k == 1
+                                      ? (op == KEEL_OP_ADAMW
+                                             ? "ADAMW(s = SUM_SQ(g), clip 0.5, divisor 2, decay on the first half)"
+                                             : "ADAMW_SHADOW(s = SUM_SQ(g), clip 0.5, divisor 2, decay and copies on "
+                                               "the first half)")
+                                      : (op == KEEL_OP_ADAMW
+                                             ? "ADAMW(s = SUM_SQ(LOG(0 ...)): not finite, nothing changes)"
+                                             : "ADAMW_SHADOW(s = SUM_SQ(LOG(0 ...)): not finite, nothing changes)");
                 }
             break;
         default:

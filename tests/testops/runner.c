@@ -10,6 +10,7 @@
 #include "autodiff/autodiff.h"
 #include "backend/backend.h"
 #include "ops/ops.h"
+#include "tensor/convert.h"
 #include "testops/testops.h"
 #include "util/error.h"
 #include "util/rng.h"
@@ -531,13 +532,32 @@ static int run_and_read(inst *x, keel_backend *be, double **out, double **side, 
     }
     *out = host_read(be, x->out);
     if (side) {
-        side[0] = side[1] = NULL;
+        side[0] = side[1] = side[2] = NULL;
         if (keel_op_get(x->out->op)->flags & OPF_SIDE_EFFECT) {
             side[0] = host_read(be, x->out->src[2]);
             side[1] = host_read(be, x->out->src[3]);
         }
+        if (x->out->op == KEEL_OP_ADAMW_SHADOW) side[2] = host_read(be, x->out->src[5]);
     }
     return *out ? 0 : -1;
+}
+
+/* ADAMW_SHADOW's bf16 copies c (t's src5) after a run whose updated weights are p: each the backend's
+ * own p[i] rounded as CAST rounds it, bit for bit (c->copies_exact), or else (a skipped update) the
+ * oracle's, which left them as they were. NULL when right, else what is wrong. */
+static const char *copies_wrong(const op_case *c, const keel_tensor *t, const double *p, const double *got,
+                                const double *oracle) {
+    static char why[160];
+    int64_t n = keel_nelements(t->src[5]);
+    for (int64_t i = 0; i < n; i++) {
+        double want = c->copies_exact ? (double)keel_cvt_bf16_to_f32(keel_cvt_f32_to_bf16((float)p[i])) : oracle[i];
+        if (!(got[i] == want || (isnan(got[i]) && isnan(want)))) {
+            snprintf(why, sizeof why, "bf16 copy %lld is %.9g, %s %.9g", (long long)i, got[i],
+                     c->copies_exact ? "the updated weight rounded is" : "unchanged it is", want);
+            return why;
+        }
+    }
+    return NULL;
 }
 
 static void forward_case(suite *S, op_case *c, uint64_t seed) {
@@ -548,7 +568,7 @@ static void forward_case(suite *S, op_case *c, uint64_t seed) {
         inst_free(&orc);
         return;
     }
-    double *ref_out = NULL, *ref_side[2] = {0};
+    double *ref_out = NULL, *ref_side[3] = {0};
     char err[512];
     if (run_and_read(&orc, S->ref, &ref_out, ref_side, err, sizeof err)) {
         printf("%s ref(f64): ORACLE FAILED (%s)\n", c->label, err);
@@ -568,16 +588,20 @@ static void forward_case(suite *S, op_case *c, uint64_t seed) {
             continue;
         }
         S->present[c->op][bi] = true;
-        double *out = NULL, *side[2] = {0};
+        double *out = NULL, *side[3] = {0};
         bool ok = run_and_read(&x, be, &out, side, err, sizeof err) == 0;
         if (ok) {
             double e = nmse_parts(orc.out, out, ref_out);
             for (int k = 0; k < 2 && side[0]; k++) e = fmax(e, nmse(side[k], ref_side[k], keel_nelements(x.out)));
             double tol = c->tol > 0 ? c->tol : DEFAULT_TOL;
             ok = e <= tol;
+            const char *bad_copies = side[2] ? copies_wrong(c, x.out, out, side[2], ref_side[2]) : NULL;
+            if (bad_copies) ok = false;
             if (ok && e > S->worst_nmse[bi]) S->worst_nmse[bi] = e;
             if (ok)
                 snprintf(err, sizeof err, "nmse=%.1e", e);
+            else if (bad_copies)
+                snprintf(err, sizeof err, "%s", bad_copies);
             else
                 snprintf(err, sizeof err, "nmse=%.3g > %.0e, first difference at flat index %lld", e, tol,
                          (long long)first_diff(out, ref_out, n, 1e-3));
@@ -602,10 +626,10 @@ static void forward_case(suite *S, op_case *c, uint64_t seed) {
             }
         }
         outcome(S, bi, c->op, c->label, orc.width, ok, err);
-        free(out), free(side[0]), free(side[1]);
+        free(out), free(side[0]), free(side[1]), free(side[2]);
         inst_free(&x);
     }
-    free(ref_out), free(ref_side[0]), free(ref_side[1]);
+    free(ref_out), free(ref_side[0]), free(ref_side[1]), free(ref_side[2]);
     inst_free(&orc);
 }
 

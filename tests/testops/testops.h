@@ -61,9 +61,11 @@ struct op_case {
     int64_t width;       /* widest row the copy path moves, when not the widest row of the graph (composite cases):
                              decides fault expectations */
     case_builder build;
-    bool loss_out;    /* build cases: the gradient harness differentiates the output itself (one element),
+    bool loss_out;     /* build cases: the gradient harness differentiates the output itself (one element),
                        * not its weighted sum: the backward's seed 1 reaches it as it is */
-    const char *name; /* composite cases: their own label */
+    const char *name;  /* composite cases: their own label */
+    bool copies_exact; /* ADAMW_SHADOW: each bf16 copy must be the backend's own updated weight rounded as CAST
+                        * rounds it, bit for bit (not when the update is skipped: then they must not change) */
     char label[320];
 };
 

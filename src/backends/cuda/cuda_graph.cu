@@ -64,7 +64,8 @@ static void key_of(const cuda_impl *im, const keel_tensor *t, node_key *k) {
     k->op = t->op, k->type = (int)t->type;
     memcpy(k->ne, t->ne, sizeof k->ne), memcpy(k->nb, t->nb, sizeof k->nb);
     memcpy(k->ip, t->ip, sizeof k->ip), memcpy(k->fp, t->fp, sizeof k->fp);
-    if (t->op == KEEL_OP_ADAMW) k->fp[0] = 0, k->ip[0] = cuda_adamw_slot(im, t); /* lr and step: in the slot */
+    if (t->op == KEEL_OP_ADAMW || t->op == KEEL_OP_ADAMW_SHADOW)
+        k->fp[0] = 0, k->ip[0] = cuda_adamw_slot(im, t); /* lr and step: in the slot */
     k->data = t->data, k->scratch = t->scratch, k->scratch_bytes = t->scratch_bytes;
     for (int i = 0; i < KEEL_MAX_SRC; i++) {
         const keel_tensor *s = t->src[i];

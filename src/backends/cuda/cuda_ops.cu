@@ -1417,7 +1417,7 @@ int cuda_adamw_upload(keel_backend *be, const keel_graph *g, int64_t from, int64
     im->run++;
     for (int64_t i = from; i < to; i++) {
         const keel_tensor *t = g->nodes[i];
-        if (t->op != KEEL_OP_ADAMW) continue;
+        if (t->op != KEEL_OP_ADAMW && t->op != KEEL_OP_ADAMW_SHADOW) continue;
         int s = cuda_adamw_slot(im, t);
         for (int k = 0; s < 0 && k < KEEL_CUDA_HP_SLOTS; k++) /* a new node: a free slot */
             if (!im->hp_node[k]) s = k;
@@ -1450,13 +1450,16 @@ __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
  * trained parameter at once; elements [0, decay_end) take the weight decay. Every thread works out
  * the factor from the sum of squares s and leaves everything as it was when the norm is not
  * finite, so a bad step changes nothing without the host looking first. */
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, const float *s, int64_t n, int64_t decay_end,
-                        const adamw_hp *hp, double clip, int64_t div, int vec) {
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, const float *s, uint16_t *c, int64_t n,
+                        int64_t decay_end, const adamw_hp *hp, double clip, int64_t div, int vec) {
     double f;
     if (!keel_adamw_factor((double)*s, clip, div, &f)) return;
     const adamw_hp h = *hp;
     const float gs = (float)f;
+    /* c: the decayed weights' bf16 copies (SHADOW's), each rounded as CAST rounds it, or NULL */
 #define ADAMW_AT(i, P, G, M, V) adamw_one(P, G, M, V, h, gs, (i) < decay_end ? h.decay : 1.0f)
+#define COPY_AT(i, P)                                                                                                  \
+    if (c && (i) < decay_end) c[i] = keel_cvt_f32_to_bf16(P)
     if (vec) {
         VEC_LOOP(q, n) {
             float4 p4 = ((float4 *)p)[q], m4 = ((float4 *)m)[q], v4 = ((float4 *)v)[q];
@@ -1466,12 +1469,27 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, const floa
             ADAMW_AT(4 * q + 2, p4.z, g4.z, m4.z, v4.z);
             ADAMW_AT(4 * q + 3, p4.w, g4.w, m4.w, v4.w);
             ((float4 *)p)[q] = p4, ((float4 *)m)[q] = m4, ((float4 *)v)[q] = v4;
+            if (c && 4 * q + 4 <= decay_end) { /* 8 bytes at once (c is KEEL_ALIGN-aligned, as p) */
+                store4(c, q, p4, 1);
+            } else {
+                COPY_AT(4 * q, p4.x);
+                COPY_AT(4 * q + 1, p4.y);
+                COPY_AT(4 * q + 2, p4.z);
+                COPY_AT(4 * q + 3, p4.w);
+            }
         }
-        VEC_TAIL(e, n) ADAMW_AT(e, p[e], g[e], m[e], v[e]);
+        VEC_TAIL(e, n) {
+            ADAMW_AT(e, p[e], g[e], m[e], v[e]);
+            COPY_AT(e, p[e]);
+        }
         return;
     }
-    GRID_STRIDE(e, n) ADAMW_AT(e, p[e], g[e], m[e], v[e]);
+    GRID_STRIDE(e, n) {
+        ADAMW_AT(e, p[e], g[e], m[e], v[e]);
+        COPY_AT(e, p[e]);
+    }
 #undef ADAMW_AT
+#undef COPY_AT
 }
 
 /* SUM_SQ's first level: a block per KEEL_SUM_SQ_BLOCK elements; thread i takes the runs of four
@@ -2233,15 +2251,19 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         k_finish_sum<<<1, RT, 0, st(be)>>>((float *)t->data, partial, R, 1.0, NULL);
         return 0;
     }
-    case KEEL_OP_ADAMW: {
-        bool vec = vec_tensors(t, b, t->src[2]) && vec_tensors(t->src[3], NULL, NULL);
+    case KEEL_OP_ADAMW:
+    case KEEL_OP_ADAMW_SHADOW: {
+        /* the copies' 4-element stores take 8 bytes (a 16-byte aligned p gives an 8-byte aligned c at the
+         * same element, when c starts 8-byte aligned) */
+        uint16_t *c = t->op == KEEL_OP_ADAMW_SHADOW ? (uint16_t *)t->src[5]->data : NULL;
+        bool vec = vec_tensors(t, b, t->src[2]) && vec_tensors(t->src[3], NULL, NULL) && (uintptr_t)c % 8 == 0;
         int slot = cuda_adamw_slot(cuda_im(be), t); /* its scalars, uploaded when the run started */
         if (slot < 0) return keel_fail("cuda: ADAMW node '%s' has no slot of scalars", t->name);
         const adamw_hp *hp = (const adamw_hp *)((const char *)cuda_im(be)->hp_dev + (size_t)slot * KEEL_CUDA_HP_BYTES);
         if (n > 0)
             k_adamw<<<vec ? vec_blocks(n) : cuda_blocks(n, 256), 256, 0, st(be)>>>(
                 (float *)t->data, (const float *)b->data, (float *)t->src[2]->data, (float *)t->src[3]->data,
-                (const float *)t->src[4]->data, n, t->ip[2], hp, t->fp[5], t->ip[1], vec ? 1 : 0);
+                (const float *)t->src[4]->data, c, n, t->ip[2], hp, t->fp[5], t->ip[1], vec ? 1 : 0);
         return 0;
     }
     default:

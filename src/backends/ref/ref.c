@@ -853,7 +853,8 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
         put(t, 0, 0, 0, 0, s);
         return 0;
     }
-    case KEEL_OP_ADAMW: {
+    case KEEL_OP_ADAMW:
+    case KEEL_OP_ADAMW_SHADOW: {
         const keel_tensor *gr = t->src[1], *m = t->src[2], *v = t->src[3];
         double lr = t->fp[0], b1 = t->fp[1], b2 = t->fp[2], eps = t->fp[3], f;
         double bc1 = 1.0 - pow(b1, (double)t->ip[0]), bc2 = 1.0 - pow(b2, (double)t->ip[0]);
@@ -871,6 +872,8 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
             put(m, i0, i1, i2, i3, mm);
             put(v, i0, i1, i2, i3, vv);
             put(t, i0, i1, i2, i3, p);
+            /* the bf16 copy of the stored value, as CAST makes it from the weight */
+            if (t->op == KEEL_OP_ADAMW_SHADOW && e < t->ip[2]) putf(t->src[5], e, get(t, i0, i1, i2, i3));
         }
         return 0;
     }
