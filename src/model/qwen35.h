@@ -54,7 +54,8 @@ typedef struct {
     bool gdn_float32;
     struct keel_lora *lora; /* LoRA adapters (model/lora.h), NULL: none */
     /* per params[i]: its bf16 copy kept by the optimizer, which the bf16 graph reads through SHADOW in
-     * place of a CAST (keel_step_opts.weight_copies); NULL (the array or an entry): a CAST */
+     * place of a CAST (keel_step_opts.weight_copies; the step builder fills it, keel_qwen35_free frees
+     * it); NULL (the array or an entry): a CAST */
     keel_tensor **copy;
 } keel_qwen35;
 
