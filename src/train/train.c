@@ -389,6 +389,8 @@ static int setup(trainer *t) {
            "plan %.1f MiB\n",
            (long long)cfg.layers, (long long)n_par, (long long)n_tr, t->be->name, (long long)o->threads, o->precision,
            o->recompute, (double)t->st->s->plan->total_bytes / 1048576.0);
+    if (t->st->copies) /* in the plan above: they take the place of a CAST of every matrix in every step */
+        printf("bf16 copies of the matrices kept by AdamW: %.1f MiB\n", (double)keel_nbytes(t->st->copies) / 1048576.0);
     if (t->world > 1)
         printf("data parallel: %d ranks, batch %lld per rank, global batch %lld x %lld tokens per step; gradients in "
                "%d buckets, "
