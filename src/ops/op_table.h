@@ -177,9 +177,9 @@
       "fp4 wd fp5 clip (0: none); ip0 step (1-based), ip1 divisor d, ip2 decay end (elements [0, ip2) decay): "        \
       "with n = sqrt(s) / d, g times min(1, clip / n) / d; no element changes when n is not finite")                  \
     X(ADAMW_SHADOW, OWN, 6, OPF_INPLACE0 | OPF_SIDE_EFFECT, 0, 0,                                                      \
-      "ADAMW's sources and parameters, and c (contiguous bf16 [ip2]): ADAMW's update, then c[i] = p[i] rounded as "    \
-      "CAST rounds it for i < ip2 (the decayed weights' bf16 copies that SHADOW reads); nothing changes when n is "   \
-      "not finite")
+      "ADAMW's sources and parameters, ip3, and c (contiguous bf16 [ip2 - ip3]): ADAMW's update, then c[i - ip3] = "   \
+      "p[i] rounded as CAST rounds it for ip3 <= i < ip2 (decayed weights' bf16 copies that SHADOW reads); nothing "  \
+      "changes when n is not finite")
 
 enum {
     OPF_LEAF = 1 << 0,         /* no computation */

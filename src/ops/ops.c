@@ -586,8 +586,10 @@ static int shape_rule(keel_tensor *t) {
         REQ(keel_nelements(t->src[4]) == 1 && t->src[4]->type == a->type, "s (the SUM_SQ) must be one %s",
             keel_type_name(a->type));
         if (op == KEEL_OP_ADAMW_SHADOW)
-            REQ(t->src[5]->type == KEEL_BF16 && keel_is_contiguous(t->src[5]) && keel_nelements(t->src[5]) == t->ip[2],
-                "c (the weights' bf16 copies) must be contiguous bf16 of ip2 = %lld elements", (long long)t->ip[2]);
+            REQ(t->ip[3] >= 0 && t->ip[3] < t->ip[2] && t->src[5]->type == KEEL_BF16 && keel_is_contiguous(t->src[5]) &&
+                    keel_nelements(t->src[5]) == t->ip[2] - t->ip[3],
+                "c (the weights' bf16 copies) must be contiguous bf16 of ip2 - ip3 = %lld - %lld elements",
+                (long long)t->ip[2], (long long)t->ip[3]);
         REQ(t->ip[0] >= 1, "step must be >= 1");
         REQ(t->ip[1] >= 1, "the divisor %lld must be >= 1", (long long)t->ip[1]);
         REQ(t->ip[2] >= 0 && t->ip[2] <= keel_nelements(a), "the decay end %lld is outside [0, %lld]",
@@ -906,11 +908,11 @@ keel_tensor *keel_cross_entropy_loss(keel_ctx *ctx, keel_tensor *logits, keel_te
 }
 keel_tensor *keel_sum_sq(keel_ctx *ctx, keel_tensor *x) { return OP(KEEL_OP_SUM_SQ, (x), NULL, 0, NULL, 0); }
 keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, keel_tensor *s,
-                        keel_tensor *c, double lr, double beta1, double beta2, double eps, double wd, double clip,
-                        int64_t step, int64_t divisor, int64_t decay_end) {
-    const int64_t ip[3] = {step, divisor, decay_end};
+                        keel_tensor *c, int64_t c_start, double lr, double beta1, double beta2, double eps, double wd,
+                        double clip, int64_t step, int64_t divisor, int64_t decay_end) {
+    const int64_t ip[4] = {step, divisor, decay_end, c_start};
     const double fp[6] = {lr, beta1, beta2, eps, wd, clip};
-    return c ? OP(KEEL_OP_ADAMW_SHADOW, (p, g, m, v, s, c), ip, 3, fp, 6)
+    return c ? OP(KEEL_OP_ADAMW_SHADOW, (p, g, m, v, s, c), ip, 4, fp, 6)
              : OP(KEEL_OP_ADAMW, (p, g, m, v, s), ip, 3, fp, 6);
 }
 keel_tensor *keel_shadow(keel_ctx *ctx, keel_tensor *copy, keel_tensor *w) {

@@ -239,11 +239,12 @@ keel_tensor *keel_sum_sq(keel_ctx *ctx, keel_tensor *x);
  * tensors): s = keel_sum_sq(g) gives the gradient norm sqrt(s) / divisor, the gradient is used
  * times min(1, clip / norm) / divisor (clip 0: no clipping), weight decay wd applies to elements
  * [0, decay_end), and when the norm is not finite nothing is written. c: NULL (ADAMW), or bf16
- * [decay_end] (ADAMW_SHADOW), which then holds the decayed elements of p rounded to bf16 (the copies
- * SHADOW reads). Set lr and step per step (keel_adamw_set in train/optim.h). */
+ * [decay_end - c_start] (ADAMW_SHADOW), which then holds the decayed elements of p from c_start on
+ * rounded to bf16 (the copies SHADOW reads). Set lr and step per step (keel_adamw_set in
+ * train/optim.h). */
 keel_tensor *keel_adamw(keel_ctx *ctx, keel_tensor *p, keel_tensor *g, keel_tensor *m, keel_tensor *v, keel_tensor *s,
-                        keel_tensor *c, double lr, double beta1, double beta2, double eps, double wd, double clip,
-                        int64_t step, int64_t divisor, int64_t decay_end);
+                        keel_tensor *c, int64_t c_start, double lr, double beta1, double beta2, double eps, double wd,
+                        double clip, int64_t step, int64_t divisor, int64_t decay_end);
 /* A bf16 copy of the float32 weight w that the optimizer keeps: `copy` (a window of ADAMW's c, which
  * ADAMW rewrites after each update as CAST(w, bf16) would make it), read as it is, with w taking the
  * gradient as CAST's rule gives it. No computation in the step: the casts of every step become one

@@ -27,8 +27,8 @@ int64_t keel_adamw_decayed_layout(keel_tensor *const *params, int n, int64_t *of
 }
 
 int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, keel_tensor *const *grads, int n,
-                      keel_tensor *copies, double lr, double weight_decay, double clip, int64_t divisor,
-                      keel_optim *out) {
+                      keel_tensor *copies, int64_t copies_start, double lr, double weight_decay, double clip,
+                      int64_t divisor, keel_optim *out) {
     out->mom = calloc((size_t)(2 * n), sizeof *out->mom);
     keel_tensor **by = malloc((size_t)(4 * n) * sizeof *by); /* the groups' members: p, g, m, v */
     int *order = malloc((size_t)n * sizeof *order);
@@ -59,23 +59,23 @@ int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, 
             decay_end = n_decay < n ? g->groups[g->n_groups - 1].offset[n_decay] / (int64_t)sizeof(float)
                                     : keel_nelements(flat[0]);
     }
-    if (copies) { /* laid out as keel_adamw_decayed_layout says, the group's elements [0, decay_end) */
+    if (copies) { /* laid out as keel_adamw_decayed_layout says, the group's elements [copies_start, decay_end) */
         const keel_group *gr = &g->groups[g->n_groups - 4];
         int64_t *off = malloc((size_t)n * sizeof *off);
-        bool same = off && keel_adamw_decayed_layout(params, n, off) == decay_end &&
-                    keel_nelements(copies) == decay_end && copies->type == KEEL_BF16;
+        bool same = off && keel_adamw_decayed_layout(params, n, off) == decay_end && copies_start >= 0 &&
+                    keel_nelements(copies) == decay_end - copies_start && copies->type == KEEL_BF16;
         for (int j = 0; same && j < n_decay; j++) same = gr->offset[j] / (int64_t)sizeof(float) == off[order[j]];
         free(off);
         if (!same) {
-            keel_fail("adamw: the weights' bf16 copies '%s' (%lld elements) are not laid out as the %lld decayed "
-                      "elements of the parameters' group",
-                      copies->name, (long long)keel_nelements(copies), (long long)decay_end);
+            keel_fail("adamw: the weights' bf16 copies '%s' (%lld elements from %lld) are not laid out as the %lld "
+                      "decayed elements of the parameters' group",
+                      copies->name, (long long)keel_nelements(copies), (long long)copies_start, (long long)decay_end);
             goto done;
         }
     }
     out->sumsq = keel_sum_sq(ctx, flat[1]);
-    out->adamw = out->sumsq ? keel_adamw(ctx, flat[0], flat[1], flat[2], flat[3], out->sumsq, copies, lr, 0.9, 0.95,
-                                         1e-8, weight_decay, clip, 1, divisor, decay_end)
+    out->adamw = out->sumsq ? keel_adamw(ctx, flat[0], flat[1], flat[2], flat[3], out->sumsq, copies, copies_start, lr,
+                                         0.9, 0.95, 1e-8, weight_decay, clip, 1, divisor, decay_end)
                             : NULL;
     if (!out->adamw || keel_graph_expand(g, out->adamw)) goto done;
     keel_set_flags(keel_set_name(out->sumsq, "adamw.grad_sumsq"), KEEL_FLAG_OUTPUT);

@@ -16,18 +16,21 @@ typedef struct {
  * the plan (parameters, gradients, m, v; the decayed parameters first), the gradients' SUM_SQ, and
  * one ADAMW node over the groups' flat tensors that clips to `clip` (0: none), divides the summed
  * gradients by `divisor` (micro-batches x ranks) and changes nothing when the norm is not finite;
- * with `copies` (NULL: none), it also writes the decayed parameters' bf16 copies there (below).
+ * with `copies` (NULL: none), it also writes the decayed parameters' bf16 copies there from element
+ * copies_start of the group on (below).
  * The caller zeroes the moments or loads saved ones, and sets the step with keel_adamw_set before
  * each run. -1 with an error. */
 int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, keel_tensor *const *grads, int n,
-                      keel_tensor *copies, double lr, double weight_decay, double clip, int64_t divisor,
-                      keel_optim *out);
+                      keel_tensor *copies, int64_t copies_start, double lr, double weight_decay, double clip,
+                      int64_t divisor, keel_optim *out);
 
 /* The layout keel_adamw_attach gives the decayed parameters (the matrices, ne[1] > 1) of params[0..n)
  * in the parameters' group, in float32 elements from its start: off[i] for params[i] (-1 for the
  * others), and the decayed elements' end (the returned count, padding included). `copies`, when
- * given to keel_adamw_attach, is bf16 of that count, and params[i]'s bf16 copy its elements from
- * off[i] on (ADAMW_SHADOW writes them; keel_shadow reads them): a mismatch is an error there. */
+ * given to keel_adamw_attach, is bf16 of that count less copies_start (the decayed elements before it
+ * get no copy: an untied input embedding, which only GET_ROWS reads), and params[i]'s bf16 copy its
+ * elements from off[i] - copies_start on (ADAMW_SHADOW writes them; keel_shadow reads them): a
+ * mismatch is an error there. */
 int64_t keel_adamw_decayed_layout(keel_tensor *const *params, int n, int64_t *off);
 
 /* What changes from one update to the next: the 1-based step (bias correction) and the learning

@@ -45,16 +45,29 @@ static int make_copies(keel_step *st, const keel_step_opts *o) {
         return keel_fail("out of memory");
     }
     int64_t n = keel_adamw_decayed_layout(m->params, m->n_params, off);
+    /* an untied input embedding is read by GET_ROWS alone, in float32: no copy. It is the first
+     * parameter, so the copies start at the next matrix (the conv weights, also float32 where read,
+     * are few and between copied matrices: they keep theirs) */
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i] == m->embed && !m->cfg.tied) off[i] = -1;
+    st->copies_start = n;
+    for (int i = 0; i < m->n_params; i++)
+        if (off[i] >= 0 && off[i] < st->copies_start) st->copies_start = off[i];
     st->copies =
-        keel_set_flags(keel_set_name(keel_new_1d(st->ctx, KEEL_BF16, n), "adamw.bf16_copies"), KEEL_FLAG_INPUT);
+        st->copies_start < n
+            ? keel_set_flags(keel_set_name(keel_new_1d(st->ctx, KEEL_BF16, n - st->copies_start), "adamw.bf16_copies"),
+                             KEEL_FLAG_INPUT)
+            : NULL;
     for (int i = 0; st->copies && i < m->n_params; i++) {
         const keel_tensor *p = m->params[i];
         if (off[i] < 0) continue;
-        m->copy[i] = keel_view_2d(st->ctx, st->copies, p->ne[0], p->ne[1], p->ne[0] * 2, off[i] * 2);
+        m->copy[i] =
+            keel_view_2d(st->ctx, st->copies, p->ne[0], p->ne[1], p->ne[0] * 2, (off[i] - st->copies_start) * 2);
         if (!m->copy[i]) break;
         keel_set_name(m->copy[i], "%s.bf16", p->name);
     }
     bool ok = st->copies != NULL;
+    if (!ok) keel_fail("the weights' bf16 copies: the model has no matrix to copy");
     for (int i = 0; ok && i < m->n_params; i++) ok = off[i] < 0 || m->copy[i];
     free(off);
     return ok ? 0 : -1;
@@ -170,7 +183,8 @@ int keel_step_adamw(keel_step *st, keel_tensor *const *params, keel_tensor *cons
         free(gr);
         return keel_fail("the weights' bf16 copies need AdamW over every parameter of the model, in its order");
     }
-    int rc = keel_adamw_attach(st->ctx, st->g, st->opt_p, gr, n, st->copies, lr, weight_decay, clip, divisor, &st->opt);
+    int rc = keel_adamw_attach(st->ctx, st->g, st->opt_p, gr, n, st->copies, st->copies_start, lr, weight_decay, clip,
+                               divisor, &st->opt);
     free(gr);
     return rc;
 }

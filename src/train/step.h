@@ -62,7 +62,8 @@ typedef struct {
     keel_tensor **opt_p;         /* which they are, */
     keel_optim opt;              /* their moments, the gradients' sum of squares and the update node */
     const keel_adapter *adapter; /* the adapter keel_step_load reads (opts.adapter) */
-    keel_tensor *copies;         /* opts.weight_copies: the bf16 copies (ADAMW_SHADOW's c), else NULL */
+    keel_tensor *copies;         /* opts.weight_copies: the bf16 copies (ADAMW_SHADOW's c), else NULL; */
+    int64_t copies_start;        /* the parameter group's element where they start */
     keel_backend *be;            /* after keel_step_place */
     keel_session *s;
 } keel_step;

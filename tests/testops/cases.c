@@ -1170,7 +1170,9 @@ int keel_cases_all(op_case **out) {
              * updated weight rounded as CAST rounds it, bit for bit) */
             for (int w = 0; w < N_WIDTHS; w += 2)
                 for (int k = 0; k < 3; k++) {
-                    int64_t n = WIDTHS[w] * 3, decay_end = k == 1 ? n / 2 + 1 : n;
+                    /* c0: the first element with a copy (an untied embedding before it has none); n / 4 is a
+                     * multiple of 4 for some widths (cuda's 4-wide stores) and not for others */
+                    int64_t n = WIDTHS[w] * 3, decay_end = k == 1 ? n / 2 + 1 : n, c0 = k == 1 ? n / 4 : k;
                     c = C(&l, op);
                     I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
                     I(c, KEEL_F32, WIDTHS[w], 3, 1, 1);
@@ -1179,23 +1181,22 @@ int keel_cases_all(op_case **out) {
                     if (k == 0) I(c, KEEL_F32, 1, 1, 1, 1)->dom = DOM_POSITIVE;
                     if (k == 2) I(c, KEEL_F32, 64, 1, 1, 1)->dom = DOM_UNIT_EDGES;
                     if (op == KEEL_OP_ADAMW_SHADOW) {
-                        I(c, KEEL_BF16, decay_end, 1, 1, 1);
+                        I(c, KEEL_BF16, decay_end - c0, 1, 1, 1);
                         c->keep_types = true; /* the copies are bf16 on every backend */
                         c->copies_exact = k != 2;
                     }
-                    P(c, 3, (int64_t[]){3, k == 1 ? 2 : 1, decay_end}, 6,
+                    P(c, op == KEEL_OP_ADAMW ? 3 : 4, (int64_t[]){3, k == 1 ? 2 : 1, decay_end, c0}, 6,
                       (double[]){k == 1 ? 1e-2 : 1e-3, 0.9, 0.999, 1e-8, k == 1 ? 0.5 : 0.1, k == 1 ? 0.5 : 0.0});
                     c->tol = 1e-9; /* float32 arithmetic on values of about 1 */
                     if (k) c->build = k == 1 ? build_adamw_own_norm : build_adamw_nonfinite;
                     if (k)
-                        c->name = k == 1
-                                      ? (op == KEEL_OP_ADAMW
-                                             ? "ADAMW(s = SUM_SQ(g), clip 0.5, divisor 2, decay on the first half)"
-                                             : "ADAMW_SHADOW(s = SUM_SQ(g), clip 0.5, divisor 2, decay and copies on "
-                                               "the first half)")
-                                      : (op == KEEL_OP_ADAMW
-                                             ? "ADAMW(s = SUM_SQ(LOG(0 ...)): not finite, nothing changes)"
-                                             : "ADAMW_SHADOW(s = SUM_SQ(LOG(0 ...)): not finite, nothing changes)");
+                        c->name = k == 1 ? (op == KEEL_OP_ADAMW
+                                                ? "ADAMW(s = SUM_SQ(g), clip 0.5, divisor 2, decay on the first half)"
+                                                : "ADAMW_SHADOW(s = SUM_SQ(g), clip 0.5, divisor 2, decay on the first "
+                                                  "half, copies of its last half)")
+                                         : (op == KEEL_OP_ADAMW
+                                                ? "ADAMW(s = SUM_SQ(LOG(0 ...)): not finite, nothing changes)"
+                                                : "ADAMW_SHADOW(s = SUM_SQ(LOG(0 ...)): not finite, nothing changes)");
                 }
             break;
         default:

@@ -543,14 +543,15 @@ static int run_and_read(inst *x, keel_backend *be, double **out, double **side, 
 }
 
 /* ADAMW_SHADOW's bf16 copies c (t's src5) after a run whose updated weights are p: each the backend's
- * own p[i] rounded as CAST rounds it, bit for bit (c->copies_exact), or else (a skipped update) the
+ * own p[ip3 + i] rounded as CAST rounds it, bit for bit (c->copies_exact), or else (a skipped update) the
  * oracle's, which left them as they were. NULL when right, else what is wrong. */
 static const char *copies_wrong(const op_case *c, const keel_tensor *t, const double *p, const double *got,
                                 const double *oracle) {
     static char why[160];
-    int64_t n = keel_nelements(t->src[5]);
+    int64_t n = keel_nelements(t->src[5]), c0 = t->ip[3]; /* c[i] is p[c0 + i]'s */
     for (int64_t i = 0; i < n; i++) {
-        double want = c->copies_exact ? (double)keel_cvt_bf16_to_f32(keel_cvt_f32_to_bf16((float)p[i])) : oracle[i];
+        double want =
+            c->copies_exact ? (double)keel_cvt_bf16_to_f32(keel_cvt_f32_to_bf16((float)p[c0 + i])) : oracle[i];
         if (!(got[i] == want || (isnan(got[i]) && isnan(want)))) {
             snprintf(why, sizeof why, "bf16 copy %lld is %.9g, %s %.9g", (long long)i, got[i],
                      c->copies_exact ? "the updated weight rounded is" : "unchanged it is", want);

@@ -665,7 +665,9 @@ static void adamw_task(void *arg, int64_t b, int64_t e, int th) {
     float *p = t->data;
     const float *g = t->src[1]->data;
     float *m = t->src[2]->data, *v = t->src[3]->data;
-    uint16_t *cp = t->op == KEEL_OP_ADAMW_SHADOW ? t->src[5]->data : NULL; /* the decayed weights' bf16 copies */
+    /* the decayed weights' bf16 copies, elements [ip3, ip2) */
+    uint16_t *cp = t->op == KEEL_OP_ADAMW_SHADOW ? t->src[5]->data : NULL;
+    int64_t c0 = t->op == KEEL_OP_ADAMW_SHADOW ? t->ip[3] : 0;
     float lr = (float)t->fp[0], b1 = (float)t->fp[1], b2 = (float)t->fp[2], eps = (float)t->fp[3],
           gs = (float)c->adamw_f;
     float bc1 = (float)(1.0 - pow(t->fp[1], (double)t->ip[0])), bc2 = (float)(1.0 - pow(t->fp[2], (double)t->ip[0]));
@@ -679,7 +681,7 @@ static void adamw_task(void *arg, int64_t b, int64_t e, int th) {
             m[i] = mi;
             v[i] = vi;
             p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-            if (cp && !seg) cp[i] = keel_cvt_f32_to_bf16(p[i]); /* as CAST rounds the weight */
+            if (cp && !seg && i >= c0) cp[i - c0] = keel_cvt_f32_to_bf16(p[i]); /* as CAST rounds the weight */
         }
     }
 }

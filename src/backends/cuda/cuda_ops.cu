@@ -1450,16 +1450,17 @@ __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
  * trained parameter at once; elements [0, decay_end) take the weight decay. Every thread works out
  * the factor from the sum of squares s and leaves everything as it was when the norm is not
  * finite, so a bad step changes nothing without the host looking first. */
-__global__ void k_adamw(float *p, const float *g, float *m, float *v, const float *s, uint16_t *c, int64_t n,
-                        int64_t decay_end, const adamw_hp *hp, double clip, int64_t div, int vec) {
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, const float *s, uint16_t *c, int64_t c0,
+                        int64_t n, int64_t decay_end, const adamw_hp *hp, double clip, int64_t div, int vec) {
     double f;
     if (!keel_adamw_factor((double)*s, clip, div, &f)) return;
     const adamw_hp h = *hp;
     const float gs = (float)f;
-    /* c: the decayed weights' bf16 copies (SHADOW's), each rounded as CAST rounds it, or NULL */
+    /* c: the decayed weights' bf16 copies (SHADOW's) of elements [c0, decay_end), each rounded as CAST
+     * rounds it, or NULL */
 #define ADAMW_AT(i, P, G, M, V) adamw_one(P, G, M, V, h, gs, (i) < decay_end ? h.decay : 1.0f)
 #define COPY_AT(i, P)                                                                                                  \
-    if (c && (i) < decay_end) c[i] = keel_cvt_f32_to_bf16(P)
+    if (c && (i) >= c0 && (i) < decay_end) c[(i)-c0] = keel_cvt_f32_to_bf16(P)
     if (vec) {
         VEC_LOOP(q, n) {
             float4 p4 = ((float4 *)p)[q], m4 = ((float4 *)m)[q], v4 = ((float4 *)v)[q];
@@ -1469,8 +1470,8 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, const floa
             ADAMW_AT(4 * q + 2, p4.z, g4.z, m4.z, v4.z);
             ADAMW_AT(4 * q + 3, p4.w, g4.w, m4.w, v4.w);
             ((float4 *)p)[q] = p4, ((float4 *)m)[q] = m4, ((float4 *)v)[q] = v4;
-            if (c && 4 * q + 4 <= decay_end) { /* 8 bytes at once (c is KEEL_ALIGN-aligned, as p) */
-                store4(c, q, p4, 1);
+            if (c && 4 * q >= c0 && 4 * q + 4 <= decay_end) { /* 8 bytes at once (vec: c0 % 4 == 0) */
+                store4(c + (4 * q - c0), 0, p4, 1);
             } else {
                 COPY_AT(4 * q, p4.x);
                 COPY_AT(4 * q + 1, p4.y);
@@ -2253,17 +2254,19 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     }
     case KEEL_OP_ADAMW:
     case KEEL_OP_ADAMW_SHADOW: {
-        /* the copies' 4-element stores take 8 bytes (a 16-byte aligned p gives an 8-byte aligned c at the
-         * same element, when c starts 8-byte aligned) */
+        /* the copies' 4-element stores take 8 bytes: 8-byte aligned when c is and c0, the element c
+         * starts at, is a multiple of 4 */
         uint16_t *c = t->op == KEEL_OP_ADAMW_SHADOW ? (uint16_t *)t->src[5]->data : NULL;
-        bool vec = vec_tensors(t, b, t->src[2]) && vec_tensors(t->src[3], NULL, NULL) && (uintptr_t)c % 8 == 0;
+        int64_t c0 = c ? t->ip[3] : 0;
+        bool vec =
+            vec_tensors(t, b, t->src[2]) && vec_tensors(t->src[3], NULL, NULL) && (uintptr_t)c % 8 == 0 && c0 % 4 == 0;
         int slot = cuda_adamw_slot(cuda_im(be), t); /* its scalars, uploaded when the run started */
         if (slot < 0) return keel_fail("cuda: ADAMW node '%s' has no slot of scalars", t->name);
         const adamw_hp *hp = (const adamw_hp *)((const char *)cuda_im(be)->hp_dev + (size_t)slot * KEEL_CUDA_HP_BYTES);
         if (n > 0)
             k_adamw<<<vec ? vec_blocks(n) : cuda_blocks(n, 256), 256, 0, st(be)>>>(
                 (float *)t->data, (const float *)b->data, (float *)t->src[2]->data, (float *)t->src[3]->data,
-                (const float *)t->src[4]->data, c, n, t->ip[2], hp, t->fp[5], t->ip[1], vec ? 1 : 0);
+                (const float *)t->src[4]->data, c, c0, n, t->ip[2], hp, t->fp[5], t->ip[1], vec ? 1 : 0);
         return 0;
     }
     default:

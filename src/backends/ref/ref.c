@@ -873,7 +873,8 @@ static int ref_node(keel_backend *be, const keel_tensor *t) {
             put(v, i0, i1, i2, i3, vv);
             put(t, i0, i1, i2, i3, p);
             /* the bf16 copy of the stored value, as CAST makes it from the weight */
-            if (t->op == KEEL_OP_ADAMW_SHADOW && e < t->ip[2]) putf(t->src[5], e, get(t, i0, i1, i2, i3));
+            if (t->op == KEEL_OP_ADAMW_SHADOW && e >= t->ip[3] && e < t->ip[2])
+                putf(t->src[5], e - t->ip[3], get(t, i0, i1, i2, i3));
         }
         return 0;
     }
