@@ -37,21 +37,18 @@ static int r_transpose(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad
     ADD(0, keel_cont(ctx, keel_transpose(ctx, dy)));
     return 0;
 }
-static int r_copy(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    keel_tensor *a = t->src[0];
-    keel_type want = keel_grad_type(a->type);
-    if (dy->type == want) {
-        ADD(0, contiguous(ctx, dy));
-    } else { /* CPY or CAST across types: the gradient goes back in the source's gradient type */
-        ADD(0, keel_cast(ctx, dy, want));
-    }
+/* a copy's gradient to source i: dy, or across types (CPY, CAST) dy in the source's gradient type */
+static int copied_grad(keel_ctx *ctx, keel_tensor *t, int i, keel_tensor *dy, keel_grad_acc *acc) {
+    keel_type want = keel_grad_type(t->src[i]->type);
+    ADD(i, dy->type == want ? contiguous(ctx, dy) : keel_cast(ctx, dy, want));
     return 0;
 }
-/* the optimizer's bf16 copy of src1: src1's gradient as CAST's rule gives it (r_copy) */
+static int r_copy(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
+    return copied_grad(ctx, t, 0, dy, acc);
+}
+/* the optimizer's bf16 copy of src1: src1's gradient as from the CAST it stands for */
 static int r_shadow(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    keel_type want = keel_grad_type(t->src[1]->type);
-    ADD(1, dy->type == want ? contiguous(ctx, dy) : keel_cast(ctx, dy, want));
-    return 0;
+    return copied_grad(ctx, t, 1, dy, acc);
 }
 static int r_get_rows(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     ADD(0, keel_get_rows_back(ctx, dy, t->src[1], t->src[0]->ne[1]));

@@ -208,22 +208,12 @@ int keel_step_place(keel_step *st, keel_backend *be) {
 int keel_step_sync_copies(keel_step *st) {
     if (!st->copies) return 0;
     const keel_qwen35 *m = st->m;
-    int64_t n = keel_nelements(st->copies), most = 0;
+    /* each copy the graph reads (a placed view: its data set by the plan) made by the backend's copy
+     * path, which CAST runs: CAST's bits, on the device. A copy nothing reads (the conv weights', read
+     * in float32) is not placed and stays as it is until ADAMW_SHADOW writes it. */
     for (int i = 0; i < m->n_params; i++)
-        if (m->copy[i] && keel_nelements(m->params[i]) > most) most = keel_nelements(m->params[i]);
-    uint16_t *c = calloc((size_t)n, sizeof *c);
-    float *w = malloc((size_t)(most ? most : 1) * sizeof *w);
-    int rc = c && w ? 0 : keel_fail("out of memory for the weights' bf16 copies");
-    for (int i = 0; !rc && i < m->n_params; i++) {
-        const keel_tensor *p = m->params[i], *v = m->copy[i];
-        if (!v) continue;
-        rc = keel_tensor_read(st->be, p, w, KEEL_F32);
-        uint16_t *d = c + v->view_offs / 2;
-        for (int64_t j = 0; !rc && j < keel_nelements(p); j++) keel_store_value(KEEL_BF16, d + j, w[j]); /* CAST's */
-    }
-    rc = rc || keel_tensor_write(st->be, st->copies, c, KEEL_BF16);
-    free(c), free(w);
-    return rc ? -1 : 0;
+        if (m->copy[i] && m->copy[i]->data && st->be->copy(st->be, m->copy[i], m->params[i], false)) return -1;
+    return 0;
 }
 
 int keel_step_load(keel_step *st, const keel_checkpoint *ck) {

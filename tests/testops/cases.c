@@ -1166,8 +1166,8 @@ int keel_cases_all(op_case **out) {
              * clipped to 0.5 (their norm is larger), a divisor of 2, a decay of lr x wd = 5e-3 on the
              * first half only (large enough that decaying the rest fails the tolerance);
              * 2: a non-finite norm (SUM_SQ of LOG(0)): nothing may change. ADAMW_SHADOW: the same, and
-             * the decayed elements' bf16 copies (the runner also checks that each is the backend's own
-             * updated weight rounded as CAST rounds it, bit for bit) */
+             * the decayed elements' bf16 copies (the runner checks each is the backend's own updated
+             * weight rounded as CAST rounds it, bit for bit, and all within 2e-5 of the oracle's) */
             for (int w = 0; w < N_WIDTHS; w += 2)
                 for (int k = 0; k < 3; k++) {
                     /* c0: the first element with a copy (an untied embedding before it has none); n / 4 is a
