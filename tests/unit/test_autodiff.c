@@ -155,14 +155,15 @@ static void packed_head_gradients(void **st) {
  * (CONT: no window of the result reaches s), value for value on cpu and ref. */
 enum { GW_DK = 4, GW_DV = 3, GW_HV = 2, GW_T = 5, GW_B = 2 };
 typedef enum { GW_TILED, GW_V_OWN, GW_SHARED_KEYS, GW_LEAF } gw_kind; /* GW_LEAF: the parameter viewed itself */
-static keel_graph *gdn_windows_graph(keel_ctx *ctx, gw_kind kind, bool copies, keel_tensor **leaves) {
-    int64_t Hk = kind == GW_SHARED_KEYS ? 1 : GW_HV, kd = GW_DK * Hk, C = 2 * kd + GW_DV * GW_HV, es = 4;
+static keel_graph *gdn_windows_graph_of(keel_ctx *ctx, gw_kind kind, bool copies, bool half, keel_tensor **leaves) {
+    int64_t Hk = kind == GW_SHARED_KEYS ? 1 : GW_HV, kd = GW_DK * Hk, C = 2 * kd + GW_DV * GW_HV, es = half ? 2 : 4;
     keel_tensor *x = keel_set_flags(keel_set_name(keel_new_3d(ctx, KEEL_F32, C, GW_T, GW_B), "x"), KEEL_FLAG_PARAM);
     keel_tensor *xv = keel_set_flags(keel_new_4d(ctx, KEEL_F32, GW_DV, GW_HV, GW_T, GW_B), KEEL_FLAG_PARAM);
     keel_tensor *g = keel_set_flags(keel_new_3d(ctx, KEEL_F32, GW_HV, GW_T, GW_B), KEEL_FLAG_INPUT);
     keel_tensor *beta = keel_set_flags(keel_new_3d(ctx, KEEL_F32, GW_HV, GW_T, GW_B), KEEL_FLAG_INPUT);
     keel_tensor *pos = keel_set_flags(keel_new_2d(ctx, KEEL_I32, GW_T, GW_B), KEEL_FLAG_INPUT);
     keel_tensor *s = kind == GW_LEAF ? x : keel_scale(ctx, x, 0.5, 0.0);
+    if (half) s = keel_cast(ctx, s, KEEL_BF16); /* bf16 q, k, v: a float32 gradient, its bytes twice s's */
     keel_tensor *q = keel_view_4d(ctx, s, GW_DK, Hk, GW_T, GW_B, GW_DK * es, C * es, C * GW_T * es, 0);
     keel_tensor *k = keel_view_4d(ctx, s, GW_DK, Hk, GW_T, GW_B, GW_DK * es, C * es, C * GW_T * es, kd * es);
     keel_tensor *v = keel_view_4d(ctx, s, GW_DV, GW_HV, GW_T, GW_B, GW_DV * es, C * es, C * GW_T * es, 2 * kd * es);
@@ -174,6 +175,9 @@ static keel_graph *gdn_windows_graph(keel_ctx *ctx, gw_kind kind, bool copies, k
     assert_int_equal(keel_build_backward(gr, loss), 0);
     leaves[0] = x, leaves[1] = xv, leaves[2] = g, leaves[3] = beta, leaves[4] = pos;
     return gr;
+}
+static keel_graph *gdn_windows_graph(keel_ctx *ctx, gw_kind kind, bool copies, keel_tensor **leaves) {
+    return gdn_windows_graph_of(ctx, kind, copies, false, leaves);
 }
 
 static double *gdn_windows_run(const char *backend, keel_graph *g, keel_tensor **lv) {
@@ -227,6 +231,42 @@ static void windows_in_place(void **st) {
                 assert_true(r[i] == want[i]);
                 assert_true(r[i] != 0.0 || (kind == GW_V_OWN && i % C >= v0)); /* every window reached */
             }
+            free(r), free(want);
+        }
+        keel_graph_free(g), keel_graph_free(oracle);
+        keel_ctx_free(ctx), keel_ctx_free(cc);
+    }
+}
+
+/* The same with s in bf16 (mixed precision's q, k, v, made in bf16 by the conv): its gradient is
+ * float32, so a window's strides and offset in s's bytes are half those in the gradient's. Tiled: the
+ * backward's result as it lies (in place); shared keys: a FILL and ACCs at the gradient's strides.
+ * Against the copies' graph, value for value (before the windows were scaled to the gradient's
+ * bytes the ACCs wrote the wrong elements of a float32 gradient). */
+static void bf16_windows(void **st) {
+    (void)st;
+    for (gw_kind kind = GW_TILED; kind <= GW_SHARED_KEYS; kind += GW_SHARED_KEYS - GW_TILED) {
+        keel_ctx *ctx = keel_ctx_new(), *cc = keel_ctx_new();
+        keel_tensor *lv[5], *lc[5];
+        keel_graph *g = gdn_windows_graph_of(ctx, kind, false, true, lv),
+                   *oracle = gdn_windows_graph_of(cc, kind, true, true, lc);
+        int accs = back_ops(g, KEEL_OP_ACC);
+        keel_tensor *sg = keel_graph_grad(g, lv[0])->src[0]; /* x's: SCALE's of s's (CAST's rule passes it on) */
+        if (kind == GW_TILED) {
+            assert_int_equal(sg->op, KEEL_OP_VIEW);
+            assert_int_equal(sg->src[0]->op, KEEL_OP_GATED_DELTA_NET_BACK);
+            assert_int_equal(sg->type, KEEL_F32);
+            assert_int_equal(sg->nb[1], 4 * sg->ne[0]);
+            assert_int_equal(accs, 0);
+        } else {
+            assert_int_equal(sg->op, KEEL_OP_ACC);
+            assert_int_equal(accs, 3);
+        }
+        int64_t n = keel_nelements(lv[0]);
+        for (int b = 0; b < 2; b++) {
+            double *r = gdn_windows_run(b ? "ref" : "cpu", g, lv),
+                   *want = gdn_windows_run(b ? "ref" : "cpu", oracle, lc);
+            for (int64_t i = 0; i < n; i++) assert_true(r[i] == want[i] && r[i] != 0.0);
             free(r), free(want);
         }
         keel_graph_free(g), keel_graph_free(oracle);
@@ -418,6 +458,7 @@ int main(void) {
         cmocka_unit_test(products_accumulate_in_place),
         cmocka_unit_test(packed_head_gradients),
         cmocka_unit_test(windows_in_place),
+        cmocka_unit_test(bf16_windows),
         cmocka_unit_test(halves_side_by_side),
         cmocka_unit_test(bf16_gradients),
         cmocka_unit_test(residual_norm_adds_in_place),
