@@ -132,17 +132,11 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
         if (t->src[0]->type == KEEL_BF16)
             return t->src[1]->type == KEEL_BF16 && (t->type == KEEL_F32 || t->type == KEEL_BF16);
         break;
-    case KEEL_OP_SWIGLU: /* float32 or bf16 gate and up: a float32 or (rounded) bf16 result; bf16 in, bf16 out */
-        if (t->src[0]->type == KEEL_BF16) return t->src[1]->type == KEEL_BF16 && t->type == KEEL_BF16;
-        /* fall through */
-    case KEEL_OP_SIGMOID_MUL: /* float32 x and gate, a float32 or (rounded) bf16 result */
+    case KEEL_OP_SWIGLU: /* float32 gate and up (x and gate), a float32 or (rounded) bf16 result */
+    case KEEL_OP_SIGMOID_MUL:
         if (t->type == KEEL_BF16) return t->src[0]->type == KEEL_F32 && t->src[1]->type == KEEL_F32;
         break;
-    case KEEL_OP_SWIGLU_BACK: /* float32, or bf16 gate and up with a float32 dy: float32 or (rounded) bf16 results */
-        if (t->src[0]->type == KEEL_BF16)
-            return t->src[1]->type == KEEL_BF16 && t->src[2]->type == KEEL_F32 &&
-                   (t->type == KEEL_F32 || t->type == KEEL_BF16);
-        /* fall through */
+    case KEEL_OP_SWIGLU_BACK:
     case KEEL_OP_CONV1D_BACK_INPUT:
     case KEEL_OP_RMS_NORM_W:
     case KEEL_OP_GATED_RMS_NORM: /* float32 sources, a float32 or (rounded) bf16 result */
@@ -151,16 +145,6 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
         for (int i = 0; i < 5; i++)
             if (t->src[i]->type != KEEL_F32) return false;
         return t->type == KEEL_F32 && t->src[5]->type == KEEL_BF16;
-    case KEEL_OP_GDN_CONV: /* float32 sources, a float32 or (rounded) bf16 result */
-        return (t->type == KEEL_F32 || t->type == KEEL_BF16) && f32_sources(t);
-    case KEEL_OP_GATED_DELTA_NET:
-    case KEEL_OP_GATED_DELTA_NET_BACK: /* float32, or bf16 q, k, v with the rest float32 */
-        if (t->src[0]->type == KEEL_BF16) {
-            for (int i = 3; i < info->arity; i++)
-                if (i != 5 && t->src[i]->type != KEEL_F32) return false;
-            return t->src[1]->type == KEEL_BF16 && t->src[2]->type == KEEL_BF16 && t->type == KEEL_F32;
-        }
-        break;
     case KEEL_OP_MUL_MAT_ADD: /* the same, the addend and the result float32 */
         if (t->src[0]->type == KEEL_BF16)
             return t->src[1]->type == KEEL_BF16 && t->src[2]->type == KEEL_F32 && t->type == KEEL_F32;

@@ -94,9 +94,8 @@
     X(SWIGLU, OWN, 2, 0, 3, 0,                                                                                         \
       "src0 gate, src1 up, one shape: silu(gate) * up, the SILU and MUL it replaces; ip0 result type (0: the sources', " \
       "bf16 for float32 sources: the float32 result rounded, the CAST it replaces)")                                   \
-    X(SWIGLU_BACK, OWN, 3, OPF_BACKWARD, 0, 0, "src0 gate, src1 up (float32, or bf16 with a float32 dy), src2 dy -> packed " \
-      "[d gate | d up], each src0's shape; ip0 its type: 0 dy's, or bf16 (a float32 dy, each float32 value rounded as CAST " \
-      "rounds it)")             \
+    X(SWIGLU_BACK, OWN, 3, OPF_BACKWARD, 0, 0, "src0 gate, src1 up, src2 dy -> packed [d gate | d up], each src0's shape; ip0 its " \
+      "type: 0 the sources', or bf16 (float32 sources, each float32 value rounded as CAST rounds it)")             \
     X(SIGMOID, UNARY, 1, 0, 1, 0, "")                                                                                            \
     X(SIGMOID_BACK, OWN, 2, OPF_BACKWARD, 0, 0,                                                                        \
       "src0 y (SIGMOID's result), src1 dy -> dy * (y * (1 - y)): the SCALE and the two MULs of SIGMOID's old rule, "  \
@@ -140,8 +139,7 @@
     X(GDN_CONV, OWN, 3, 0, 3, 4,                                                                                       \
       "src0 x [C,T,B], src1 w [K,C], src2 i32 positions [T,B]; ip0 n, ip1 d, fp0 eps, fp1 s: y = silu(CONV1D(x)), "   \
       "then channels [0,2n) L2-normalised per d channels (x / sqrt(sum x^2 + eps)) and [0,n) times s (the DeltaNet's " \
-      "conv, SiLU, q/k norms and q scale: the ops it replaces, formula by formula); ip2 the result's type: 0 x's, or "  \
-      "bf16 for a float32 x (each float32 value rounded, the CAST it replaces)")                                  \
+      "conv, SiLU, q/k norms and q scale: the ops it replaces, formula by formula)")                                  \
     X(GDN_CONV_BACK, OWN, 4, OPF_BACKWARD, 0, 4,                                                                       \
       "x, w, positions, dy; params as GDN_CONV -> the gradient of the conv's output [C,T,B] (the conv recomputed)")    \
     X(GDN_GATE, OWN, 3, 0, 7, 0,                                                                                       \

@@ -288,20 +288,14 @@ static int shape_rule(keel_tensor *t) {
             "p %g must be in [0, 1) with threshold round(2^32 p)", t->fp[0]);
         set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         return 0;
-    case KEEL_OP_SWIGLU_BACK: {
-        /* gate and up of one type; dy of it, or float32 against bf16 gate and up (mixed precision's
-         * projections, whose gradients are float32) */
-        keel_type dt = t->src[2]->type;
-        REQ(a->type == b->type && keel_type_is_float(a->type) &&
-                (dt == a->type || (a->type == KEEL_BF16 && dt == KEEL_F32)),
-            "gate and up must have one real type, dy it or float32 against bf16 (%s, %s, %s)", keel_type_name(a->type),
-            keel_type_name(b->type), keel_type_name(dt));
+    case KEEL_OP_SWIGLU_BACK:
+        REQ(a->type == b->type && a->type == t->src[2]->type && keel_type_is_float(a->type),
+            "gate, up and dy must have one real type");
         REQ(keel_same_shape(a, b) && keel_same_shape(a, t->src[2]), "gate, up and dy must have one shape");
-        REQ(t->ip[0] == 0 || (t->ip[0] == KEEL_BF16 && dt == KEEL_F32),
-            "result type %lld: 0 (dy's) or bf16 for a float32 dy", (long long)t->ip[0]);
-        set_shape(t, t->ip[0] ? KEEL_BF16 : dt, 2 * keel_nelements(a), 1, 1, 1);
+        REQ(t->ip[0] == 0 || (t->ip[0] == KEEL_BF16 && a->type == KEEL_F32),
+            "result type %lld: 0 (the sources') or bf16 for float32 sources", (long long)t->ip[0]);
+        set_shape(t, t->ip[0] ? KEEL_BF16 : a->type, 2 * keel_nelements(a), 1, 1, 1);
         return 0;
-    }
     case KEEL_OP_SWIGLU:
         REQ(a->type == b->type && keel_same_shape(a, b), "src0 and src1 must have one type and shape");
         REQ(t->ip[0] == 0 || (t->ip[0] == KEEL_BF16 && a->type == KEEL_F32),
@@ -476,10 +470,7 @@ static int shape_rule(keel_tensor *t) {
             t->fp[0], t->fp[1]);
         if (op == KEEL_OP_GDN_CONV_BACK)
             REQ(keel_same_shape(t->src[3], a) && t->src[3]->type == a->type, "dy must be shaped like x");
-        else
-            REQ(t->ip[2] == 0 || t->ip[2] == a->type || (t->ip[2] == KEEL_BF16 && a->type == KEEL_F32),
-                "result type %lld: 0 (x's) or bf16 for a float32 x", (long long)t->ip[2]);
-        set_shape(t, op == KEEL_OP_GDN_CONV && t->ip[2] ? (keel_type)t->ip[2] : a->type, C, a->ne[1], a->ne[2], 1);
+        set_shape(t, a->type, C, a->ne[1], a->ne[2], 1);
         return 0;
     }
     case KEEL_OP_GATED_DELTA_NET:
@@ -491,28 +482,21 @@ static int shape_rule(keel_tensor *t) {
         REQ(v->ne[2] == T && v->ne[3] == B, "v must be [Dv,Hv,%lld,%lld]", (long long)T, (long long)B);
         REQ(Hv % Hk == 0, "value heads (%lld) must be a multiple of key heads (%lld)", (long long)Hv, (long long)Hk);
         REQ(g->ne[0] == Hv && g->ne[1] == T && g->ne[2] == B && keel_same_shape(g, be), "g and beta must be [Hv,T,B]");
-        /* q, k, v of one type; g, beta (and the result, S0, dO) of another, the same, or float32
-         * against bf16 q, k, v (mixed precision's, rounded where the conv made them) */
-        keel_type vt = g->type;
-        REQ(k->type == a->type && v->type == a->type, "q, k and v types differ");
-        REQ(be->type == vt && keel_type_is_float(vt), "g and beta must have one real type");
-        REQ(a->type == vt || (a->type == KEEL_BF16 && vt == KEEL_F32 && op != KEEL_OP_GATED_DELTA_NET_STATE),
-            "q, k, v are %s against g's %s: one type, or bf16 against float32", keel_type_name(a->type),
-            keel_type_name(vt));
+        for (int i = 1; i < 5; i++) REQ(t->src[i]->type == a->type, "types differ");
         REQ(is_positions(t->src[5], T, B), "positions must be i32 [T,B]");
         REQ(t->ip[0] >= KEEL_GDN_FLOAT32 && t->ip[0] <= KEEL_GDN_SPLIT_BF16,
             "ip0 (the products: 0 float32, 1 split TF32, 2 split bf16) must be 0, 1 or 2, not %lld",
             (long long)t->ip[0]);
         if (op == KEEL_OP_GATED_DELTA_NET) {
-            set_shape(t, vt, Dv, Hv, T, B);
+            set_shape(t, a->type, Dv, Hv, T, B);
         } else if (op == KEEL_OP_GATED_DELTA_NET_STATE) {
             const keel_tensor *s0 = t->src[6];
-            REQ(s0->type == vt && s0->ne[0] == Dv && s0->ne[1] == Dk && s0->ne[2] == Hv && s0->ne[3] == B,
+            REQ(s0->type == a->type && s0->ne[0] == Dv && s0->ne[1] == Dk && s0->ne[2] == Hv && s0->ne[3] == B,
                 "S0 must be [Dv,Dk,Hv,B]");
-            set_shape(t, vt, Dv * Hv * T * B + Dv * Dk * Hv * B, 1, 1, 1);
+            set_shape(t, a->type, Dv * Hv * T * B + Dv * Dk * Hv * B, 1, 1, 1);
         } else {
-            REQ(keel_same_shape(t->src[6], v) && t->src[6]->type == vt, "do must be shaped like v, g's type");
-            set_shape(t, vt, (2 * Dk * Hv + Dv * Hv + 2 * Hv) * T * B, 1, 1, 1);
+            REQ(keel_same_shape(t->src[6], v) && t->src[6]->type == a->type, "do must be shaped like v");
+            set_shape(t, a->type, (2 * Dk * Hv + Dv * Hv + 2 * Hv) * T * B, 1, 1, 1);
         }
         return 0;
     }
@@ -910,11 +894,6 @@ keel_tensor *keel_gated_rms_norm_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *
 keel_tensor *keel_gdn_conv(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, int64_t n_qk, int64_t head,
                            double eps, double q_scale) {
     return OP(KEEL_OP_GDN_CONV, (x, w, pos), IPS(n_qk, head), 2, FPS(eps, q_scale), 2);
-}
-keel_tensor *keel_gdn_conv_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, int64_t n_qk,
-                              int64_t head, double eps, double q_scale, keel_type out) {
-    if (!x || out == x->type) return keel_gdn_conv(ctx, x, w, pos, n_qk, head, eps, q_scale);
-    return OP(KEEL_OP_GDN_CONV, (x, w, pos), IPS(n_qk, head, out), 3, FPS(eps, q_scale), 2);
 }
 keel_tensor *keel_gated_delta_net(keel_ctx *ctx, keel_tensor *q, keel_tensor *k, keel_tensor *v, keel_tensor *g,
                                   keel_tensor *beta, keel_tensor *pos, int products) {

@@ -177,11 +177,6 @@ keel_tensor *keel_gated_rms_norm_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *
  * conv recomputed; CONV1D's backward ops take it from there. */
 keel_tensor *keel_gdn_conv(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, int64_t n_qk, int64_t head,
                            double eps, double q_scale);
-/* The same with the result in `out`: x's type, or bf16 for a float32 x (each float32 value rounded as
- * CAST rounds it: the bits of GDN_CONV then CAST; mixed precision's q, k and v for the delta rule,
- * which reads them in bf16) */
-keel_tensor *keel_gdn_conv_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, int64_t n_qk,
-                              int64_t head, double eps, double q_scale, keel_type out);
 /* How the CUDA kernels of the delta rule take their per-chunk products (the op's ip0; the other
  * backends compute in float32 or float64 whatever it says) */
 enum {

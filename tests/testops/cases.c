@@ -49,22 +49,6 @@ static case_input *SEG(op_case *c, int64_t T, int64_t B, int64_t max_len) {
     return in;
 }
 
-/* The chunked delta rule's inputs for the row x of its case table (Dk, Hk, T, B, Dv, Hv, longest
- * example, gate scale, q permuted): q, k, v in qkv (float32, or bf16: mixed precision's), g with
- * gates down to -(scale), beta with exact 0 and 1, the positions, and dO for the backward */
-static void gdn_chunk_inputs(op_case *c, int op, const int64_t *x, keel_type qkv) {
-    case_input *q = I(c, qkv, x[0], x[1], x[2], x[3]);
-    case_input *k = I(c, qkv, x[0], x[1], x[2], x[3]);
-    q->scale = k->scale = 1.0 / sqrt((double)x[0]);
-    q->view = x[8] ? VIEW_PERMUTED : VIEW_NONE;
-    I(c, qkv, x[4], x[5], x[2], x[3]);
-    case_input *g = I(c, KEEL_F32, x[5], x[2], x[3], 1);
-    g->dom = DOM_GATE, g->scale = (double)x[7];
-    I(c, KEEL_F32, x[5], x[2], x[3], 1)->dom = DOM_UNIT_EDGES;
-    SEG(c, x[2], x[3], x[6]);
-    if (op == KEEL_OP_GATED_DELTA_NET_BACK) I(c, KEEL_F32, x[4], x[5], x[2], x[3]);
-}
-
 static void P(op_case *c, int n_ip, const int64_t *ip, int n_fp, const double *fp) {
     c->n_ip = n_ip;
     c->n_fp = n_fp;
@@ -558,24 +542,6 @@ int keel_cases_all(op_case **out) {
                     I(c, KEEL_F32, sh[s][0], sh[s][1], sh[s][2], sh[s][3])->view = s == 4 ? VIEW_TRANSPOSED : VIEW_NONE;
                 P(c, 1, (int64_t[]){KEEL_BF16}, 0, NULL);
             }
-            /* bf16 gate and up (mixed precision's MLP projections; a float32 dy): the forward's bf16
-             * result, the backward's float32 and bf16 ones; the same shapes and views (dense sizes that
-             * are multiples of 8: cuda's 8-wide loop; of 4: its 4-wide one and tail) and a larger
-             * multiple of 8 */
-            for (int s = 0; op != KEEL_OP_SIGMOID_MUL && s < (op == KEEL_OP_SWIGLU ? 6 : 12); s++) {
-                static const int64_t sh[][4] = {{4097, 3, 1, 1}, {2, 65537, 1, 1}, {33, 17, 1, 1},
-                                                {5, 7, 3, 2},    {64, 5, 1, 1},    {1024, 24, 3, 1}};
-                const int64_t *x = sh[s % 6];
-                bool bf_out = op == KEEL_OP_SWIGLU || s >= 6;
-                c = C(&l, op);
-                c->keep_types = true, c->no_fd = "bf16 inputs: the float32 cases prove the backward";
-                if (bf_out) c->tol = 2e-5;
-                I(c, KEEL_BF16, x[0], x[1], x[2], x[3])->view = s % 6 == 2 ? VIEW_TRANSPOSED : VIEW_NONE;
-                I(c, KEEL_BF16, x[0], x[1], x[2], x[3])->view = s % 6 == 3 ? VIEW_PERMUTED : VIEW_NONE;
-                if (op == KEEL_OP_SWIGLU_BACK)
-                    I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = s % 6 == 4 ? VIEW_TRANSPOSED : VIEW_NONE;
-                if (op == KEEL_OP_SWIGLU_BACK && bf_out) P(c, 1, (int64_t[]){KEEL_BF16}, 0, NULL);
-            }
             if (op == KEEL_OP_SIGMOID_MUL) { /* attention's gate: half rows (cuda's 4-wide groups of strided rows) */
                 c = C(&l, op);
                 c->keep_types = true, c->tol = 2e-5, c->no_fd = "bf16 rounding of the result";
@@ -993,19 +959,6 @@ int keel_cases_all(op_case **out) {
                 if (op == KEEL_OP_GDN_CONV_BACK) I(c, KEEL_F32, x[0], x[1], x[2], 1);
                 P(c, 2, (int64_t[]){x[4], x[5]}, 2, (double[]){1e-6 * (double)x[7], (double)x[8] / 8.0});
             }
-            /* the forward's bf16 result (ip2; mixed precision's q, k and v): the float32 value rounded
-             * once (2e-5); strided (cuda's generic kernels), the 0.8B's heads of 128 (the dense ones),
-             * value channels past the heads, the fixture's packed examples */
-            static const int bf_rows[] = {1, 6, 9, 4};
-            for (int s = 0; op == KEEL_OP_GDN_CONV && s < 4; s++) {
-                const int64_t *x = sh[bf_rows[s]];
-                c = C(&l, op);
-                c->keep_types = true, c->tol = 2e-5, c->no_fd = "bf16 rounding of the result";
-                I(c, KEEL_F32, x[0], x[1], x[2], 1)->view = s == 0 ? VIEW_STRIDED : VIEW_NONE;
-                I(c, KEEL_F32, x[3], x[0], 1, 1);
-                SEG(c, x[1], x[2], x[6]);
-                P(c, 3, (int64_t[]){x[4], x[5], KEEL_BF16}, 2, (double[]){1e-6 * (double)x[7], (double)x[8] / 8.0});
-            }
             break;
         }
         case KEEL_OP_GDN_GATE:
@@ -1079,24 +1032,18 @@ int keel_cases_all(op_case **out) {
                     int64_t products = s < 13 ? KEEL_GDN_SPLIT_TF32 : KEEL_GDN_SPLIT_BF16;
                     P(c, 1, &products, 0, NULL), c->tol = s < 13 ? 1e-10 : 1e-6;
                 }
-                gdn_chunk_inputs(c, op, x, KEEL_F32);
+                case_input *q = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                case_input *k = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
+                q->scale = k->scale = 1.0 / sqrt((double)x[0]);
+                q->view = x[8] ? VIEW_PERMUTED : VIEW_NONE;
+                I(c, KEEL_F32, x[4], x[5], x[2], x[3]);
+                case_input *g = I(c, KEEL_F32, x[5], x[2], x[3], 1);
+                g->dom = DOM_GATE, g->scale = (double)x[7];
+                I(c, KEEL_F32, x[5], x[2], x[3], 1)->dom = DOM_UNIT_EDGES;
+                SEG(c, x[2], x[3], x[6]);
+                if (op == KEEL_OP_GATED_DELTA_NET_BACK) I(c, KEEL_F32, x[4], x[5], x[2], x[3]);
                 if (op == KEEL_OP_GATED_DELTA_NET_STATE) I(c, KEEL_F32, x[4], x[0], x[5], x[3])->scale = 0.3;
                 if (x[2] >= 1024) c->no_fd = "long: each backend against ref's backward, proven on the short cases";
-            }
-            /* bf16 q, k, v (mixed precision's, from GDN_CONV's bf16 result; the rest float32), read
-             * exactly by every backend: in split bf16 (the bf16 mode's, 1e-6 as above) and in float32
-             * (the default bound); T of 1, a whole chunk, GQA with q permuted (cuda's element-wise
-             * widening) and packed examples, a long one with a partial last chunk */
-            static const int bf_rows[] = {0, 2, 3, 7, 5};
-            for (int s = 0; op != KEEL_OP_GATED_DELTA_NET_STATE && s < 5; s++) {
-                const int64_t *x = ch[bf_rows[s]];
-                c = C(&l, op);
-                c->keep_types = true, c->no_fd = "bf16 inputs: the float32 cases prove the backward";
-                if (s < 4) {
-                    int64_t products = KEEL_GDN_SPLIT_BF16;
-                    P(c, 1, &products, 0, NULL), c->tol = 1e-6;
-                }
-                gdn_chunk_inputs(c, op, x, KEEL_BF16);
             }
             break;
         }

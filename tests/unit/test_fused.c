@@ -102,17 +102,10 @@ static void check_pair(const char *name, int n_in, const int64_t (*ne)[4], const
     check_pair_of(name, n_in, ne, ty, build, p, true);
 }
 
-/* in: x [C,T,B], w [K,C], positions [T,B]; p: n channels of q and of k, heads of p[1]; p[2] 1: the bf16
- * result (ip2) against the ops then CAST, each read back as float32 */
+/* in: x [C,T,B], w [K,C], positions [T,B]; p: n channels of q and of k, heads of p[1] */
 static keel_tensor *gdn_conv_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
     int64_t n = (int64_t)p[0], hd = (int64_t)p[1], C = in[0]->ne[0], T = in[0]->ne[1], B = in[0]->ne[2], es = 4;
     double eps = 1e-6, qs = 1.0 / sqrt((double)hd);
-    if (p[2] > 0) {
-        keel_tensor *y =
-            fused ? keel_gdn_conv_to(ctx, in[0], in[1], in[2], n, hd, eps, qs, KEEL_BF16)
-                  : keel_cast(ctx, gdn_conv_pair(ctx, in, false, (const double[]){p[0], p[1], 0}), KEEL_BF16);
-        return keel_cast(ctx, y, KEEL_F32);
-    }
     if (fused) return keel_gdn_conv(ctx, in[0], in[1], in[2], n, hd, eps, qs);
     keel_tensor *s = keel_silu(ctx, keel_conv1d(ctx, in[0], in[1], in[2]));
     keel_tensor *q = keel_view_4d(ctx, s, hd, n / hd, T, B, hd * es, C * es, C * T * es, 0);
@@ -128,10 +121,8 @@ static void gdn_conv_is_its_ops(void **st) {
     const keel_type ty[3] = {KEEL_F32, KEEL_F32, KEEL_I32};
     const int64_t generic[3][4] = {{40, 12, 2, 1}, {4, 40, 1, 1}, {12, 2, 1, 1}}, /* heads of 4: generic kernels */
         dense[3][4] = {{256, 12, 2, 1}, {4, 256, 1, 1}, {12, 2, 1, 1}};           /* heads of 32: cuda's dense ones */
-    check_pair("GDN_CONV", 3, generic, ty, gdn_conv_pair, (const double[]){8, 4, 0});
-    check_pair("GDN_CONV", 3, dense, ty, gdn_conv_pair, (const double[]){64, 32, 0});
-    check_pair("GDN_CONV bf16", 3, generic, ty, gdn_conv_pair, (const double[]){8, 4, 1});
-    check_pair("GDN_CONV bf16", 3, dense, ty, gdn_conv_pair, (const double[]){64, 32, 1});
+    check_pair("GDN_CONV", 3, generic, ty, gdn_conv_pair, (const double[]){8, 4});
+    check_pair("GDN_CONV", 3, dense, ty, gdn_conv_pair, (const double[]){64, 32});
 }
 
 static keel_tensor *swiglu_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 
 #include "backends/cpu/cpu_internal.h"
-#include "tensor/convert.h"
 #include "ops/ops.h"
 #include "util/error.h"
 
@@ -30,26 +29,16 @@ typedef struct {
     float *q, *k, *v, *g, *beta, *dO; /* [T][Dk], [T][Dk], [T][Dv], [T], [T], [T][Dv] */
 } lane_in;
 
-/* an element of q, k or v: float32, or bf16 (mixed precision's, each read exactly as a float32) */
-static inline float qkv_ld(const keel_tensor *x, const char *p) {
-    if (x->type == KEEL_BF16) {
-        uint16_t h;
-        memcpy(&h, p, 2);
-        return keel_cvt_bf16_to_f32(h);
-    }
-    return cpu_ldf(p);
-}
-
 static void gather(const gdn_ctx *c, int64_t b, int64_t hv, lane_in *L, bool with_do) {
     keel_tensor *const *s = c->t->src;
     int64_t hk = hv / (c->Hv / c->Hk);
     for (int64_t t = 0; t < c->T; t++) {
         const char *qr = cpu_row(s[0], hk, t, b), *kr = cpu_row(s[1], hk, t, b), *vr = cpu_row(s[2], hv, t, b);
         for (int64_t i = 0; i < c->Dk; i++) {
-            L->q[t * c->Dk + i] = qkv_ld(s[0], qr + i * s[0]->nb[0]);
-            L->k[t * c->Dk + i] = qkv_ld(s[1], kr + i * s[1]->nb[0]);
+            L->q[t * c->Dk + i] = cpu_ldf(qr + i * s[0]->nb[0]);
+            L->k[t * c->Dk + i] = cpu_ldf(kr + i * s[1]->nb[0]);
         }
-        for (int64_t j = 0; j < c->Dv; j++) L->v[t * c->Dv + j] = qkv_ld(s[2], vr + j * s[2]->nb[0]);
+        for (int64_t j = 0; j < c->Dv; j++) L->v[t * c->Dv + j] = cpu_ldf(vr + j * s[2]->nb[0]);
         /* an example starts here: g = -inf makes the decay exp(g) exactly 0, which resets the
          * state (forward) and stops dS flowing into the previous example (backward) */
         L->g[t] = cpu_pos(s[5], t, b) == 0 ? -INFINITY : cpu_ldf(cpu_row(s[3], t, b, 0) + hv * s[3]->nb[0]);

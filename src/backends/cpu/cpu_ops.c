@@ -456,9 +456,7 @@ static void gdn_conv_task(void *arg, int64_t b, int64_t e, int th) {
         int64_t tt = r % x->ne[1], bb = r / x->ne[1];
         conv_row(x, p, c->wt, K, tt, bb, u, false);
         for (int64_t ch = 0; ch < C; ch++) sv[ch] = silu_f32(u[ch]);
-        /* a bf16 result (forward only): the float32 row made in u (free once sv is), then rounded */
-        bool half = t->type == KEEL_BF16;
-        float *d = half ? u : (float *)(void *)cpu_row(t, tt, bb, 0);
+        float *d = (float *)(void *)cpu_row(t, tt, bb, 0);
         const char *g = dy ? cpu_row(dy, tt, bb, 0) : NULL;
         int64_t gn = dy ? dy->nb[0] : 0;
         for (int64_t ch = 2 * n; ch < C; ch++) d[ch] = dy ? silu_back_f32(u[ch], F(g + ch * gn)) : sv[ch];
@@ -481,10 +479,6 @@ static void gdn_conv_task(void *arg, int64_t b, int64_t e, int th) {
                 float gv = q ? keel_unary_f32(KEEL_OP_SCALE, F(g + ch * gn), a, 0.0f) : F(g + ch * gn);
                 d[ch] = silu_back_f32(u[ch], (float)(sc * gv - f2 * sv[ch]));
             }
-        }
-        if (half) {
-            uint16_t *h = (uint16_t *)(void *)cpu_row(t, tt, bb, 0);
-            for (int64_t ch = 0; ch < C; ch++) h[ch] = keel_cvt_f32_to_bf16(u[ch]);
         }
     }
 }
@@ -624,52 +618,44 @@ static void sigmoid_mul_task(void *arg, int64_t b, int64_t e, int th) {
     }
 }
 
-/* SWIGLU and SWIGLU_BACK over rows of the gate: silu_f32, silu_back_f32 and MUL's product. Gate
- * and up float32, or bf16 (mixed precision's projections, each read exactly as a float32). */
-static inline float swiglu_ld(const keel_tensor *x, const char *p) {
-    return x->type == KEEL_BF16 ? keel_cvt_bf16_to_f32(*(const uint16_t *)(const void *)p) : F(p);
-}
-
+/* SWIGLU and SWIGLU_BACK over rows of the gate: silu_f32, silu_back_f32 and MUL's product. */
 static void swiglu_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
     node_ctx *c = arg;
     const keel_tensor *t = c->t, *g = t->src[0], *u = t->src[1], *dy = t->src[2];
     bool back = t->op == KEEL_OP_SWIGLU_BACK;
     int64_t n = g->ne[0], all = keel_nelements(g);
-#define G(i) swiglu_ld(g, gs + (i)*g->nb[0])
-#define U(i) swiglu_ld(u, us + (i)*u->nb[0])
     for (int64_t r = b; r < e; r++) {
         int64_t i1 = r % g->ne[1], i2 = r / g->ne[1] % g->ne[2], i3 = r / g->ne[1] / g->ne[2];
         const char *gs = cpu_row(g, i1, i2, i3), *us = cpu_row(u, i1, i2, i3);
         if (!back && t->type == KEEL_BF16) { /* the float32 result rounded, as CAST rounds it */
             uint16_t *d = (uint16_t *)(void *)cpu_row(t, i1, i2, i3);
-            for (int64_t i = 0; i < n; i++) d[i] = keel_cvt_f32_to_bf16(silu_f32(G(i)) * U(i));
+            for (int64_t i = 0; i < n; i++)
+                d[i] = keel_cvt_f32_to_bf16(silu_f32(F(gs + i * g->nb[0])) * F(us + i * u->nb[0]));
             continue;
         }
         if (!back) {
             float *d = (float *)(void *)cpu_row(t, i1, i2, i3);
-            for (int64_t i = 0; i < n; i++) d[i] = silu_f32(G(i)) * U(i);
+            for (int64_t i = 0; i < n; i++) d[i] = silu_f32(F(gs + i * g->nb[0])) * F(us + i * u->nb[0]);
             continue;
         }
         const char *ds = cpu_row(dy, i1, i2, i3);
         if (t->type == KEEL_BF16) { /* each float32 value rounded, as CAST rounds it */
             uint16_t *dg = (uint16_t *)t->data + r * n, *du = (uint16_t *)t->data + all + r * n;
             for (int64_t i = 0; i < n; i++) {
-                float x = G(i), d = F(ds + i * dy->nb[0]);
-                dg[i] = keel_cvt_f32_to_bf16(silu_back_f32(x, d * U(i)));
+                float x = F(gs + i * g->nb[0]), d = F(ds + i * dy->nb[0]);
+                dg[i] = keel_cvt_f32_to_bf16(silu_back_f32(x, d * F(us + i * u->nb[0])));
                 du[i] = keel_cvt_f32_to_bf16(d * silu_f32(x));
             }
             continue;
         }
         float *dg = (float *)t->data + r * n, *du = (float *)t->data + all + r * n;
         for (int64_t i = 0; i < n; i++) {
-            float x = G(i), d = F(ds + i * dy->nb[0]);
-            dg[i] = silu_back_f32(x, d * U(i));
+            float x = F(gs + i * g->nb[0]), d = F(ds + i * dy->nb[0]);
+            dg[i] = silu_back_f32(x, d * F(us + i * u->nb[0]));
             du[i] = d * silu_f32(x);
         }
     }
-#undef G
-#undef U
 }
 
 static void adamw_task(void *arg, int64_t b, int64_t e, int th) {

@@ -939,15 +939,6 @@ __device__ static inline float gconv_g(const gconv_args &A, int64_t ch, int64_t 
     return q ? keel_unary_f32(KEEL_OP_SCALE, d, A.a, 0.0f) : d;
 }
 
-/* a result element: float32, or bf16 (GDN_CONV's ip2: the value rounded as CAST rounds it) */
-__device__ static inline void gconv_store(const gconv_args &A, int64_t ch, int64_t tt, int64_t bb, float y) {
-    char *p = kt_at(A.t, ch, tt, bb, 0);
-    if (A.t.type == KEEL_BF16)
-        *(uint16_t *)p = keel_cvt_f32_to_bf16(y);
-    else
-        stf(p, y);
-}
-
 __global__ void k_gconv_heads(gconv_args A) {
     int64_t T = A.x.ne[1], H = 2 * A.n / A.hd, tasks = T * A.x.ne[2] * H;
     int lane = threadIdx.x & 31;
@@ -973,7 +964,7 @@ __global__ void k_gconv_heads(gconv_args A) {
                 y = silu_back1(u, (float)(sc * gconv_g(A, ch, tt, bb, q) - f2 * sv));
             else
                 y = q ? keel_unary_f32(KEEL_OP_SCALE, sv * scf, A.a, 0.0f) : sv * scf;
-            gconv_store(A, ch, tt, bb, y);
+            stf(kt_at(A.t, ch, tt, bb, 0), y);
         }
     }
 }
@@ -984,7 +975,7 @@ __global__ void k_gconv_values(gconv_args A) {
         int64_t ch = c0 + e % nv, r = e / nv, tt = r % T, bb = r / T;
         float u = gconv_u(A, ch, tt, bb, pos_at(A.pos, tt, bb));
         float y = A.back ? silu_back1(u, ldf(kt_at(A.dy, ch, tt, bb, 0))) : keel_unary_f32(KEEL_OP_SILU, u, 0.0f, 0.0f);
-        gconv_store(A, ch, tt, bb, y);
+        stf(kt_at(A.t, ch, tt, bb, 0), y);
     }
 }
 
@@ -995,13 +986,13 @@ __global__ void k_gconv_values(gconv_args A) {
  * replaces. */
 typedef struct {
     const float *x, *w, *dy;
-    void *y; /* float32, or bf16 where bf (the forward's ip2) */
+    float *y;
     kt pos;
     int64_t C, T, B, n;
     int K, hd;
     double eps;
     float a;
-    int back, bf;
+    int back;
 } gconv_dense;
 
 /* The dense conv kernels' 4 channels a thread: a tap's products added to the 4 sums (float32, in
@@ -1038,7 +1029,7 @@ __global__ void __launch_bounds__(256, KM <= 4 ? 3 : 1) k_gconv_heads_tiled(gcon
         int nr = (int)(R - r0 < CONV_TILE ? R - r0 : CONV_TILE), tt = (int)(r0 % A.T);
         bool q = h0 < A.n;
         const float *xr = A.x + r0 * A.C + h0 + lane, *dr = BACK ? A.dy + r0 * A.C + h0 + lane : NULL;
-        int64_t yo = r0 * A.C + h0 + lane; /* the tile's first result element of the lane */
+        float *yr = A.y + r0 * A.C + h0 + lane;
         float wv[PER][KM], win[PER][KM], nx[PER], nd[PER];
 #pragma unroll
         for (int m = 0; m < PER; m++) {
@@ -1090,7 +1081,7 @@ __global__ void __launch_bounds__(256, KM <= 4 ? 3 : 1) k_gconv_heads_tiled(gcon
             for (int m = 0; m < PER; m++) {
                 float v = BACK ? silu_back1(u[m], (float)(sc * g[m] - f2 * sv[m]))
                                : (q ? keel_unary_f32(KEEL_OP_SCALE, sv[m] * scf, A.a, 0.0f) : sv[m] * scf);
-                store1(A.y, yo + (i * C + 32 * m), v, BACK ? 0 : A.bf);
+                yr[i * C + 32 * m] = v;
             }
             if (++tt == T) tt = 0, bb++;
         }
@@ -1127,24 +1118,14 @@ __device__ static inline void swiglu_back1(float g, float u, float d, float *dg,
     *dg = silu_back1(g, __fmul_rn(d, u));
     *du = __fmul_rn(d, keel_unary_f32(KEEL_OP_SILU, g, 0.0f, 0.0f));
 }
-/* gate and up: float32, or bf16 (H: mixed precision's projections, each element read exactly) */
-template <bool H> __device__ static inline float4 swiglu_ld4(const void *p, int64_t q) {
-    if (!H) return ((const float4 *)p)[q];
-    ushort4 v = ((const ushort4 *)p)[q];
-    return make_float4(keel_cvt_bf16_to_f32(v.x), keel_cvt_bf16_to_f32(v.y), keel_cvt_bf16_to_f32(v.z),
-                       keel_cvt_bf16_to_f32(v.w));
-}
-template <bool H> __device__ static inline float swiglu_ld1(const char *p) {
-    return H ? keel_cvt_bf16_to_f32(*(const uint16_t *)p) : ldf(p);
-}
-template <bool H> __global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec, int bf) {
-    int64_t n = g.ne[0] * g.ne[1] * g.ne[2] * g.ne[3], es = H ? 2 : 4;
-    const float *dp = (const float *)dy.p;
+__global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, int vec, int bf) {
+    int64_t n = g.ne[0] * g.ne[1] * g.ne[2] * g.ne[3];
+    const float *gp = (const float *)g.p, *up = (const float *)u.p, *dp = (const float *)dy.p;
     /* SWIGLU_BACK: [d gate | d up], the second half n elements on */
     char *y2 = t.p + n * (bf ? 2 : 4);
     if (vec) {
         VEC_LOOP(q, n) {
-            float4 a = swiglu_ld4<H>(g.p, q), b = swiglu_ld4<H>(u.p, q), r, r2;
+            float4 a = ((const float4 *)gp)[q], b = ((const float4 *)up)[q], r, r2;
             if (!back) {
                 r = make_float4(swiglu1(a.x, b.x), swiglu1(a.y, b.y), swiglu1(a.z, b.z), swiglu1(a.w, b.w));
             } else {
@@ -1158,12 +1139,11 @@ template <bool H> __global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, in
             store4(t.p, q, r, bf);
         }
         VEC_TAIL(e, n) {
-            float ge = swiglu_ld1<H>(g.p + e * es), ue = swiglu_ld1<H>(u.p + e * es);
             if (!back) {
-                store1(t.p, e, swiglu1(ge, ue), bf);
+                store1(t.p, e, swiglu1(gp[e], up[e]), bf);
             } else {
                 float r, r2;
-                swiglu_back1(ge, ue, dp[e], &r, &r2);
+                swiglu_back1(gp[e], up[e], dp[e], &r, &r2);
                 store1(t.p, e, r, bf), store1(y2, e, r2, bf);
             }
         }
@@ -1172,7 +1152,7 @@ template <bool H> __global__ void k_swiglu(kt t, kt g, kt u, kt dy, int back, in
     GRID_STRIDE(e, n) {
         int64_t i[4];
         kt_unflat(g, e, i);
-        float a = swiglu_ld1<H>(kt_at(g, i[0], i[1], i[2], i[3])), b = swiglu_ld1<H>(kt_at(u, i[0], i[1], i[2], i[3]));
+        float a = ldf(kt_at(g, i[0], i[1], i[2], i[3])), b = ldf(kt_at(u, i[0], i[1], i[2], i[3]));
         if (!back && bf) {
             *(uint16_t *)kt_at(t, i[0], i[1], i[2], i[3]) = keel_cvt_f32_to_bf16(swiglu1(a, b));
         } else if (!back) {
@@ -1318,13 +1298,11 @@ __global__ void __launch_bounds__(256) k_conv4_rows(void *y, const float *x, con
                     if (j >= jlo && in) tap_add4(acc, wv[j], win[j]);
                 }
                 int64_t q = (r0 + i) * C4 + c4;
-                if (MODE == CV_SILU) /* bf: GDN_CONV's bf16 result */
-                    store4(y, q,
-                           make_float4(keel_unary_f32(KEEL_OP_SILU, acc.x, 0.0f, 0.0f),
-                                       keel_unary_f32(KEEL_OP_SILU, acc.y, 0.0f, 0.0f),
-                                       keel_unary_f32(KEEL_OP_SILU, acc.z, 0.0f, 0.0f),
-                                       keel_unary_f32(KEEL_OP_SILU, acc.w, 0.0f, 0.0f)),
-                           bf);
+                if (MODE == CV_SILU)
+                    ((float4 *)y)[q] = make_float4(keel_unary_f32(KEEL_OP_SILU, acc.x, 0.0f, 0.0f),
+                                                   keel_unary_f32(KEEL_OP_SILU, acc.y, 0.0f, 0.0f),
+                                                   keel_unary_f32(KEEL_OP_SILU, acc.z, 0.0f, 0.0f),
+                                                   keel_unary_f32(KEEL_OP_SILU, acc.w, 0.0f, 0.0f));
                 else if (MODE == CV_SILU_BACK)
                     ((float4 *)y)[q] = make_float4(silu_back1(acc.x, cd[u].x), silu_back1(acc.y, cd[u].y),
                                                    silu_back1(acc.z, cd[u].z), silu_back1(acc.w, cd[u].w));
@@ -2121,8 +2099,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         int64_t ng = keel_nelements(a);
         bool vec = vec_tensors(t, a, b) && (!back || (vec_tensors(t->src[2], NULL, NULL) && ng % 4 == 0));
         if (ng > 0)
-            (a->type == KEEL_BF16 ? k_swiglu<true>
-                                  : k_swiglu<false>)<<<vec ? vec_blocks(ng) : cuda_blocks(ng, 256), 256, 0, st(be)>>>(
+            k_swiglu<<<vec ? vec_blocks(ng) : cuda_blocks(ng, 256), 256, 0, st(be)>>>(
                 kt_of(t), kt_of(a), kt_of(b), kd, back ? 1 : 0, vec ? 1 : 0, t->type == KEEL_BF16 ? 1 : 0);
         return 0;
     }
@@ -2239,9 +2216,8 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
             A.n % 4 == 0 && a->ne[0] % 4 == 0 && fits32) {
             gconv_dense D;
             D.x = (const float *)a->data, D.w = (const float *)w->data, D.dy = dy ? (const float *)dy->data : NULL;
-            D.y = t->data, D.pos = A.pos, D.C = a->ne[0], D.T = a->ne[1], D.B = a->ne[2], D.n = A.n;
+            D.y = (float *)t->data, D.pos = A.pos, D.C = a->ne[0], D.T = a->ne[1], D.B = a->ne[2], D.n = A.n;
             D.K = (int)w->ne[0], D.hd = (int)A.hd, D.eps = A.eps, D.a = A.a, D.back = A.back;
-            D.bf = t->type == KEEL_BF16;
             int64_t nt = (R + CONV_TILE - 1) / CONV_TILE;
             unsigned hb = (unsigned)cuda_blocks(nt * (heads / R) * 32, 256);
             if (heads > 0 && D.K <= 4) gconv_heads_launch<4>(be, D, hb);
@@ -2250,7 +2226,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
             if (D.back)
                 conv4_rows_launch<CV_SILU_BACK>(be, D.y, D.x, D.dy, D.w, D.pos, D.C, 2 * D.n, D.T, D.B, D.K, 0);
             else
-                conv4_rows_launch<CV_SILU>(be, D.y, D.x, D.dy, D.w, D.pos, D.C, 2 * D.n, D.T, D.B, D.K, D.bf);
+                conv4_rows_launch<CV_SILU>(be, D.y, D.x, D.dy, D.w, D.pos, D.C, 2 * D.n, D.T, D.B, D.K, 0);
             return 0;
         }
         if (heads > 0) k_gconv_heads<<<cuda_blocks(heads * 32, 256), 256, 0, st(be)>>>(A);

@@ -606,51 +606,10 @@ __device__ static void fetch_2d(float *dst, int ldd, const char *src, int64_t sb
     else
         fetch_walk<4>(dst, ldd, src, sb, rows, cols);
 }
-/* The same rows of a bf16 x (mixed precision's q, k and v of the delta rule), each element widened
- * exactly to float32 (its 16 bits shifted up) by plain loads (cp.async copies bytes, it cannot widen
- * them): 8 bytes, 4 elements, a load, a thread's loads of a batch of FB issued before any store (a
- * store to shared memory between them made each load wait for the one before: the delta rule's
- * kernels ran slower on half the bytes). The stores are visible after the caller's barrier, as the
- * copies are after its fetch_wait and barrier. */
-#define FB 8
-__device__ static inline float bf16_bits_f32(uint32_t h) { return __uint_as_float(h << 16); }
-__device__ static void fetch_rows_bf16(float *dst, int ld, const kt &x, int64_t h, int64_t t0, int64_t b, int n,
-                                       int64_t c0, int cols) {
-    const char *base = kt_at(x, c0, h, t0, b);
-    int64_t sb = x.nb[2];
-    if (x.nb[0] == 2 && (cols & 3) == 0 && (ld & 3) == 0 && (sb & 7) == 0 && ((uintptr_t)base & 7) == 0 && al16(dst)) {
-        int units = cols >> 2, total = n * units;
-        for (int u0 = (int)threadIdx.x; u0 < total; u0 += FB * NT) {
-            uint2 v[FB];
-#pragma unroll
-            for (int j = 0; j < FB; j++) {
-                int u = u0 + j * NT, t = u / units;
-                if (u < total) v[j] = *(const uint2 *)(base + t * sb + 8 * (u - t * units));
-            }
-#pragma unroll
-            for (int j = 0; j < FB; j++) {
-                int u = u0 + j * NT, t = u / units;
-                if (u < total)
-                    *(float4 *)(dst + t * ld + 4 * (u - t * units)) =
-                        make_float4(bf16_bits_f32(v[j].x & 0xffffu), bf16_bits_f32(v[j].x >> 16),
-                                    bf16_bits_f32(v[j].y & 0xffffu), bf16_bits_f32(v[j].y >> 16));
-            }
-        }
-        return;
-    }
-    grid_walk(n, cols, [&](int t, int c) {
-        dst[t * ld + c] = bf16_bits_f32(*(const uint16_t *)kt_at(x, c0 + c, h, t0 + t, b));
-    });
-}
-
 /* dst[t][c] = x(c0 + c, h, t0 + t, b): rows of an input tensor (a view whose elements are not
- * contiguous along dim 0 goes element by element; a bf16 one through fetch_rows_bf16). */
+ * contiguous along dim 0 goes element by element). */
 __device__ static void fetch_rows(float *dst, int ld, const kt &x, int64_t h, int64_t t0, int64_t b, int n, int64_t c0,
                                   int cols) {
-    if (x.type == KEEL_BF16) {
-        fetch_rows_bf16(dst, ld, x, h, t0, b, n, c0, cols);
-        return;
-    }
     if (x.nb[0] == (int64_t)sizeof(float)) {
         fetch_2d(dst, ld, kt_at(x, c0, h, t0, b), x.nb[2], n, cols);
         return;
