@@ -8,16 +8,15 @@
 #include "util/error.h"
 
 /* Windows in place. A contribution through a VIEW of a contiguous tensor s that is itself the same
- * window of a tensor P laid out as s (a root of s's gradient type, at least s's elements, the
- * window's strides and offset in elements the same in both: the delta rule's backward writes dq, dk,
- * dv in the layout of the channels the model views q, k and v from; a bf16 s has a float32
- * gradient, so P's bytes are twice s's) is held back while s has no gradient yet. When s's gradient
- * is read (its node's rule, the end of the backward), windows of one P that are bands of s's rows
- * (the same bytes of every row) and tile the rows exactly make s's gradient P's first bytes as they
- * lie: no zero FILL, no ACC, the same values (0 + x is x; a -0 becomes +0 only the other way).
- * Otherwise, or when any other contribution to s arrives first, the held windows go in as every
- * window does: a FILL, then an ACC each in the order they came. Halves (half_of, below) are held the
- * same way, the first until the second comes. */
+ * window of a tensor P laid out as s (a root of s's type, at least s's bytes, the window's strides and
+ * offset in both: the delta rule's backward writes dq, dk, dv in the layout of the channels the model
+ * views q, k and v from) is held back while s has no gradient yet. When s's gradient is read (its
+ * node's rule, the end of the backward), windows of one P that are bands of s's rows (the same bytes
+ * of every row) and tile the rows exactly make s's gradient P's first bytes as they lie: no zero
+ * FILL, no ACC, the same values (0 + x is x; a -0 becomes +0 only the other way). Otherwise, or
+ * when any other contribution to s arrives first, the held windows go in as every window does: a
+ * FILL, then an ACC each in the order they came. Halves (half_of, below) are held the same way, the
+ * first until the second comes. */
 #define HELD_MAX 8
 typedef struct {
     keel_tensor *s, *P; /* P: NULL for halves (below) */
@@ -59,12 +58,12 @@ static int grow(keel_grad_acc *a) {
     return 0;
 }
 
-/* A tensor whose gradient only ever becomes a bf16 product operand: a float32 or bf16 product of bf16
+/* A tensor whose gradient only ever becomes a bf16 product operand: a float32 product of bf16
  * operands (MUL_MAT's rule rounds dy to bf16 and reads nothing else of it) read by `readers` nodes'
  * sources and no more, no output, no gradient yet. Its gradient may come in bf16, rounded as CAST
  * rounds it: the bits the product's rule would make, without the float32 tensor. */
 static bool bf16_product_read_by(const keel_grad_acc *acc, const keel_tensor *s, int readers) {
-    return s->op == KEEL_OP_MUL_MAT && (s->type == KEEL_F32 || s->type == KEEL_BF16) && s->src[0]->type == KEEL_BF16 &&
+    return s->op == KEEL_OP_MUL_MAT && s->type == KEEL_F32 && s->src[0]->type == KEEL_BF16 &&
            s->src[1]->type == KEEL_BF16 && s->id < acc->n_uses && acc->uses[s->id] == readers &&
            !(s->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_LOSS | KEEL_FLAG_PARAM)) && !acc->g->grads[s->id];
 }
@@ -81,13 +80,12 @@ bool keel_grad_wanted(const keel_grad_acc *acc, int src) {
 
 keel_type keel_grad_type(keel_type t) { return t == KEEL_BF16 ? KEEL_F32 : t; }
 
-/* The bytes [lo, hi) of every row of the contiguous s, counted in its gradient's type, that a window
- * of shape ne (strides es, nb1..3, byte offset, in that type too) covers, when it covers the same
- * bytes of every row and nothing else: its dimensions (those of more than one element) are a
- * contiguous run within a row, then s's rows in order. */
+/* The bytes [lo, hi) of every row of the contiguous s that a window of shape ne (strides es, nb1..3,
+ * byte offset) covers, when it covers the same bytes of every row and nothing else: its dimensions
+ * (those of more than one element) are a contiguous run within a row, then s's rows in order. */
 static bool band_of(const keel_tensor *s, const int64_t *ne, int64_t nb1, int64_t nb2, int64_t nb3, int64_t offset,
                     int64_t *lo, int64_t *hi) {
-    int64_t es = (int64_t)keel_type_size(keel_grad_type(s->type)), R = s->ne[0] * es, rows = keel_nrows(s);
+    int64_t es = (int64_t)keel_type_size(s->type), R = s->ne[0] * es, rows = keel_nrows(s);
     int64_t nb[4] = {es, nb1, nb2, nb3}, run = es, span = R, count = 1;
     int d = 0;
     while (d < 4 && (ne[d] == 1 || nb[d] == run)) run *= ne[d], d++;                   /* the run within a row */
@@ -110,7 +108,7 @@ static held_windows *held_of(keel_grad_acc *acc, const keel_tensor *s) {
 
 /* Do the held windows of h tile s's rows, P written by nothing in place since the first was made? */
 static bool held_tiles(const keel_grad_acc *acc, const held_windows *h) {
-    int64_t at = 0, R = h->s->ne[0] * (int64_t)keel_type_size(keel_grad_type(h->s->type));
+    int64_t at = 0, R = h->s->ne[0] * (int64_t)keel_type_size(h->s->type);
     for (int k = 0; k < h->n; k++) { /* windows in order of their bytes: each starts where one ends */
         int next = -1;
         for (int i = 0; i < h->n; i++)
@@ -189,9 +187,8 @@ static int settle(keel_grad_acc *acc, held_windows *h) {
     *h = acc->held[--acc->n_held]; /* out of the list first: the ACCs below must not hold them again */
     keel_tensor *s = w.s;
     if (w.P && held_tiles(acc, &w)) {
-        int64_t es = (int64_t)keel_type_size(s->type), eg = (int64_t)keel_type_size(w.P->type);
-        keel_tensor *v = keel_view_4d(acc->ctx, w.P, s->ne[0], s->ne[1], s->ne[2], s->ne[3], s->nb[1] / es * eg,
-                                      s->nb[2] / es * eg, s->nb[3] / es * eg, 0);
+        keel_tensor *v =
+            keel_view_4d(acc->ctx, w.P, s->ne[0], s->ne[1], s->ne[2], s->ne[3], s->nb[1], s->nb[2], s->nb[3], 0);
         if (!v || grow(acc)) return -1;
         acc->g->grads[s->id] = v;
         return 0;
@@ -274,16 +271,16 @@ int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t n
                          acc->node->name, s->name);
     if (grow(acc)) return -1;
     held_windows *h = acc->n_held ? held_of(acc, s) : NULL;
-    /* the window in the bytes of s's gradient: a bf16 s has a float32 gradient, every stride and the
-     * offset twice s's own */
+    /* the window in the bytes of s's gradient, where the ACCs below put it: a bf16 s has a float32
+     * gradient, every stride and the offset twice s's own (in place and halves: s's own type only) */
     int64_t es = (int64_t)keel_type_size(s->type), eg = (int64_t)keel_type_size(keel_grad_type(s->type));
     nb1 = nb1 / es * eg, nb2 = nb2 / es * eg, nb3 = nb3 / es * eg, offset = offset / es * eg;
     keel_tensor *P = dy->view_src;
     int64_t lo, hi;
-    bool in_place = P && dy->op == KEEL_OP_VIEW && !acc->owned[P->id] && P->type == keel_grad_type(s->type) &&
-                    keel_is_contiguous(P) && keel_nelements(P) >= keel_nelements(s) && dy->nb[0] == eg &&
-                    dy->nb[1] == nb1 && dy->nb[2] == nb2 && dy->nb[3] == nb3 && dy->view_offs == offset &&
-                    band_of(s, dy->ne, nb1, nb2, nb3, offset, &lo, &hi);
+    bool in_place = P && dy->op == KEEL_OP_VIEW && !acc->owned[P->id] && P->type == s->type &&
+                    keel_grad_type(s->type) == s->type && keel_is_contiguous(P) && keel_nbytes(P) >= keel_nbytes(s) &&
+                    dy->nb[0] == (int64_t)keel_type_size(s->type) && dy->nb[1] == nb1 && dy->nb[2] == nb2 &&
+                    dy->nb[3] == nb3 && dy->view_offs == offset && band_of(s, dy->ne, nb1, nb2, nb3, offset, &lo, &hi);
     if (in_place && !acc->g->grads[s->id] && (!h || (h->P == P && h->n < HELD_MAX))) {
         if (!h && !(h = held_new(acc, s, P))) return -1;
         h->w[h->n].dy = dy, h->w[h->n].nb1 = nb1, h->w[h->n].nb2 = nb2, h->w[h->n].nb3 = nb3;
