@@ -30,16 +30,16 @@ static void view_gradient_is_fill_plus_acc(void **st) {
 }
 
 /* A window of a bf16 tensor: its strides are in bf16 bytes, its gradient float32, so the window goes
- * into the gradient at twice them. x -> bf16 -> rows 1 and 2 (a strided window: every other element
- * of them) -> float32 -> sum of squares: dx = 2 x there, 0 elsewhere (the values exact in bf16).
- * With the strides left in bf16 bytes the ACC writes other elements. */
+ * into the gradient at twice them. x -> bf16 -> elements 1 and 5 of rows 1 and 2 (a strided window,
+ * shape [1, 2, 2]) -> float32 -> sum of squares: dx = 2 x there, 0 elsewhere (the values exact in
+ * bf16). With the strides left in bf16 bytes the ACC writes other elements. */
 static void bf16_view_gradient(void **st) {
     (void)st;
     keel_ctx *ctx = keel_ctx_new();
     keel_tensor *x = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 8, 4), "x"), KEEL_FLAG_PARAM);
     keel_tensor *b = keel_cast(ctx, x, KEEL_BF16);
-    int64_t e = b->nb[0], row = b->nb[1];                                            /* 2 and 16 bytes */
-    keel_tensor *v = keel_view_4d(ctx, b, 1, 2, 2, 1, 4 * e, row, 2 * row, row + e); /* [1, 2, 2]: 1, 5 of 1, 2 */
+    int64_t e = b->nb[0], row = b->nb[1]; /* 2 and 16 bytes */
+    keel_tensor *v = keel_view_4d(ctx, b, 1, 2, 2, 1, 4 * e, row, 2 * row, row + e);
     keel_tensor *loss = keel_sum(ctx, keel_sqr(ctx, keel_cast(ctx, v, KEEL_F32)));
     keel_graph *g = keel_graph_build(ctx, &loss, 1);
     assert_int_equal(keel_build_backward(g, loss), 0);
