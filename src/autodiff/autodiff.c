@@ -274,6 +274,11 @@ int keel_grad_add_window(keel_grad_acc *acc, int src, keel_tensor *dy, int64_t n
     /* the window in the bytes of s's gradient, where the ACCs below put it: a bf16 s has a float32
      * gradient, every stride and the offset twice s's own (in place and halves: s's own type only) */
     int64_t es = (int64_t)keel_type_size(s->type), eg = (int64_t)keel_type_size(keel_grad_type(s->type));
+    if (es != eg && (nb1 % es || nb2 % es || nb3 % es || offset % es))
+        return keel_fail("autodiff: '%s' views '%s' at strides %lld, %lld, %lld and offset %lld bytes, not whole "
+                         "%lld-byte elements: its float32 gradient has no such window",
+                         acc->node->name, s->name, (long long)nb1, (long long)nb2, (long long)nb3, (long long)offset,
+                         (long long)es);
     nb1 = nb1 / es * eg, nb2 = nb2 / es * eg, nb3 = nb3 / es * eg, offset = offset / es * eg;
     keel_tensor *P = dy->view_src;
     int64_t lo, hi;
