@@ -23,12 +23,21 @@ void keel_graph_free(keel_graph *g) {
     free(g);
 }
 
+int64_t keel_group_layout(keel_tensor *const *members, int n, int64_t *offset) {
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        at = (at + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
+        if (offset) offset[i] = at;
+        at += (int64_t)keel_nbytes(members[i]);
+    }
+    return at;
+}
+
 keel_tensor *keel_graph_group(keel_graph *g, keel_tensor *const *members, int n, const char *name) {
     if (n < 1) {
         keel_fail("group '%s': no members", name);
         return NULL;
     }
-    int64_t bytes = 0;
     for (int i = 0; i < n; i++) {
         const keel_tensor *t = members[i];
         const char *bad = t->type != KEEL_F32            ? "is not float32"
@@ -45,8 +54,8 @@ keel_tensor *keel_graph_group(keel_graph *g, keel_tensor *const *members, int n,
             keel_fail("group '%s': member '%s' %s", name, t->name, bad);
             return NULL;
         }
-        bytes = (bytes + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN + (int64_t)keel_nbytes(t);
     }
+    int64_t bytes = keel_group_layout(members, n, NULL);
     keel_group *gs = realloc(g->groups, (size_t)(g->n_groups + 1) * sizeof *gs);
     if (!gs) {
         keel_fail("out of memory");
@@ -62,11 +71,8 @@ keel_tensor *keel_graph_group(keel_graph *g, keel_tensor *const *members, int n,
         return NULL;
     }
     g->n_groups++;
-    for (int64_t i = 0, at = 0; i < n; i++) {
-        at = (at + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
-        gr->members[i] = members[i], gr->offset[i] = at;
-        at += (int64_t)keel_nbytes(members[i]);
-    }
+    for (int i = 0; i < n; i++) gr->members[i] = members[i];
+    keel_group_layout(members, n, gr->offset);
     return keel_set_name(gr->flat, "%s", name);
 }
 

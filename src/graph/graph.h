@@ -39,6 +39,9 @@ keel_graph *keel_graph_build(keel_ctx *ctx, keel_tensor *const *outputs, int n_o
  * (named `name`), which nodes read or write as the members' bytes. Every node that writes a member
  * must come before the first node that reads the flat tensor (the plan checks). NULL with an error. */
 keel_tensor *keel_graph_group(keel_graph *g, keel_tensor *const *members, int n, const char *name);
+/* The group's layout: member i at byte offset[i] (NULL: not wanted), each at the next KEEL_ALIGN
+ * boundary after the one before; returns the bytes up to the last member's end. */
+int64_t keel_group_layout(keel_tensor *const *members, int n, int64_t *offset);
 /* Node or leaf by name, or NULL. */
 keel_tensor *keel_graph_find(const keel_graph *g, const char *name);
 /* The gradient of t (after keel_build_backward), or NULL. */

@@ -9,21 +9,26 @@
 static bool decayed(const keel_tensor *p) { return p->ne[1] > 1; }
 
 int64_t keel_adamw_decayed_layout(keel_tensor *const *params, int n, int64_t *off) {
-    int64_t at = 0; /* keel_graph_group's layout: each member at the next KEEL_ALIGN boundary */
-    bool rest = false;
-    for (int i = 0; i < n; i++) {
-        off[i] = -1;
-        if (!decayed(params[i])) {
-            rest = true;
-            continue;
-        }
-        at = (at + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
-        off[i] = at / (int64_t)sizeof(float);
-        at += (int64_t)keel_nbytes(params[i]);
+    /* the group's members as keel_adamw_attach orders them: the decayed ones, then (for where the
+     * decayed elements end) the first of the rest; keel_group_layout places them as the group does */
+    keel_tensor **m = calloc((size_t)(n + 1), sizeof *m);
+    int64_t *at = malloc((size_t)(n + 1) * sizeof *at);
+    if (!m || !at) {
+        free(m), free(at);
+        return keel_fail("out of memory");
     }
-    /* where the first parameter without decay starts, or the group's end (keel_adamw_attach's decay_end) */
-    if (rest) at = (at + KEEL_ALIGN - 1) / KEEL_ALIGN * KEEL_ALIGN;
-    return (at + (int64_t)sizeof(float) - 1) / (int64_t)sizeof(float);
+    int k = 0, rest = -1;
+    for (int i = 0; i < n; i++)
+        if (decayed(params[i]))
+            m[k++] = params[i];
+        else if (rest < 0)
+            rest = i;
+    if (rest >= 0) m[k] = params[rest];
+    int64_t end = keel_group_layout(m, rest >= 0 ? k + 1 : k, at);
+    if (rest >= 0) end = at[k]; /* where the first parameter without decay starts (keel_adamw_attach's decay_end) */
+    for (int i = 0, j = 0; i < n; i++) off[i] = decayed(params[i]) ? at[j++] / (int64_t)sizeof(float) : -1;
+    free(m), free(at);
+    return (end + (int64_t)sizeof(float) - 1) / (int64_t)sizeof(float);
 }
 
 int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, keel_tensor *const *grads, int n,
@@ -62,8 +67,13 @@ int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, 
     if (copies) { /* laid out as keel_adamw_decayed_layout says, the group's elements [copies_start, decay_end) */
         const keel_group *gr = &g->groups[g->n_groups - 4];
         int64_t *off = malloc((size_t)n * sizeof *off);
-        bool same = off && keel_adamw_decayed_layout(params, n, off) == decay_end && copies_start >= 0 &&
-                    keel_nelements(copies) == decay_end - copies_start && copies->type == KEEL_BF16;
+        int64_t end = off ? keel_adamw_decayed_layout(params, n, off) : keel_fail("out of memory");
+        if (end < 0) {
+            free(off);
+            goto done;
+        }
+        bool same = end == decay_end && copies_start >= 0 && keel_nelements(copies) == decay_end - copies_start &&
+                    copies->type == KEEL_BF16;
         for (int j = 0; same && j < n_decay; j++) same = gr->offset[j] / (int64_t)sizeof(float) == off[order[j]];
         free(off);
         if (!same) {

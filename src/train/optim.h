@@ -30,7 +30,7 @@ int keel_adamw_attach(keel_ctx *ctx, keel_graph *g, keel_tensor *const *params, 
  * given to keel_adamw_attach, is bf16 of that count less copies_start (the decayed elements before it
  * get no copy: an untied input embedding, which only GET_ROWS reads), and params[i]'s bf16 copy its
  * elements from off[i] - copies_start on (ADAMW_SHADOW writes them; keel_shadow reads them): a
- * mismatch is an error there. */
+ * mismatch is an error there. -1 (with an error) when out of memory. */
 int64_t keel_adamw_decayed_layout(keel_tensor *const *params, int n, int64_t *off);
 
 /* What changes from one update to the next: the 1-based step (bias correction) and the learning

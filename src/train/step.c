@@ -45,6 +45,10 @@ static int make_copies(keel_step *st, const keel_step_opts *o) {
         return keel_fail("out of memory");
     }
     int64_t n = keel_adamw_decayed_layout(m->params, m->n_params, off);
+    if (n < 0) {
+        free(off);
+        return -1;
+    }
     /* an untied input embedding is read by GET_ROWS alone, in float32: no copy. It is the first
      * parameter, so the copies start at the next matrix (the conv weights, also float32 where read,
      * are few and between copied matrices: they keep theirs) */
