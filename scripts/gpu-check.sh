@@ -183,6 +183,9 @@ fi
 if want reference; then
     run "check-reference --backend cuda" reference.log $keel check-reference $fx --backend cuda
     grep -i "worst\|max\|passed" "$out/reference.log" | tail -5
+    # the same model at seeds 1 to 7, each tensor's error pooled over them (tests/fixtures/README.md)
+    run "check-reference seeds 1-7 --backend cuda (pooled)" reference-seeds.log $keel check-reference tests/fixtures/qwen35-tiny-seeds --backend cuda
+    grep "alone\|worst\|passed" "$out/reference-seeds.log"
 fi
 if want recompute; then
     run "test-recompute --backend cuda (bitwise)" recompute.log $keel test-recompute --backend cuda --fixture $fx/causal-f32-sharded
@@ -204,6 +207,8 @@ if want bf16; then # mixed precision: PyTorch autocast's own errors on the fixtu
     [ -e $fx/peer-bf16.json ] || cp "$out/peer-bf16.json" $fx/ 2>/dev/null
     run "check-reference --precision bf16 (ref,cpu,cuda)" bf16-ref.log $keel check-reference $fx --precision bf16 --backend ref,cpu,cuda
     grep -i "worst\|passed\|above" "$out/bf16-ref.log" | tail -4
+    run "check-reference seeds 1-7 --precision bf16 --backend cuda (pooled)" bf16-ref-seeds.log $keel check-reference tests/fixtures/qwen35-tiny-seeds --precision bf16 --backend cuda
+    grep "alone\|worst\|passed" "$out/bf16-ref-seeds.log"
     run "test-recompute --precision bf16 --backend cuda" bf16-recompute.log $keel test-recompute --backend cuda --precision bf16 --fixture $fx/causal-f32-sharded
     run "test-ops --grad: products, fused LM head (cuda)" bf16-grad.log $keel test-ops --grad --backend cuda --op MUL_MAT,OUT_PROD,LINEAR_CROSS_ENTROPY
     grep "^cuda:" "$out/bf16-grad.log"
