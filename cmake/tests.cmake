@@ -70,14 +70,19 @@ set_tests_properties(model_check_reference_bf16 recompute_bitwise_bf16 PROPERTIE
 # together: each tensor's error pooled over the seven (its RMS over them within the RMS of its
 # tolerances), in float32 and bf16. On one seed a tensor's error and the peer's are one draw each
 # (tests/fixtures/README.md): keel's bf16 run passes pooled at 0.46 of its tolerance and fails
-# seeds 2, 4 and 5 alone; a real loss of precision (the delta rule's update rounded to bf16 each
-# step) passes seed 7 alone and fails pooled, 1.29. The cpu f32 set also under the sanitizers (the
-# set's own code).
+# seeds 2, 4 and 5 alone. The cpu f32 set also under the sanitizers (the set's own code).
 add_test(NAME model_check_reference_seeds COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny-seeds --backend ref,cpu)
 add_test(NAME model_check_reference_seeds_bf16 COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny-seeds --precision bf16 --backend ref,cpu)
 add_test(NAME model_check_reference_seeds_cpu COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny-seeds --backend cpu)
 set_tests_properties(model_check_reference_seeds model_check_reference_seeds_bf16 PROPERTIES LABELS "model")
 set_tests_properties(model_check_reference_seeds_cpu PROPERTIES LABELS "sanitize")
+# Known-positive: a real loss of precision (KEEL_FAULT=gdn-update-bf16: the cpu delta rule's update
+# rounded to bf16 each step) fails the pooled check (1.29 of the tolerance, 10 tensors), while seed
+# 7's check alone passes it (124 of 124): what the set is for.
+add_test(NAME fault_gdn_update_seeds COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny-seeds --precision bf16 --backend cpu)
+set_tests_properties(fault_gdn_update_seeds PROPERTIES LABELS "fault" ENVIRONMENT "KEEL_FAULT=gdn-update-bf16" WILL_FAIL TRUE)
+add_test(NAME fault_gdn_update_seed7_alone COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny --precision bf16 --backend cpu)
+set_tests_properties(fault_gdn_update_seed7_alone PROPERTIES LABELS "fault" ENVIRONMENT "KEEL_FAULT=gdn-update-bf16")
 add_test(NAME cli_seeds_one_checkpoint COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny-seeds --checkpoint multimodal-bf16)
 set_tests_properties(cli_seeds_one_checkpoint PROPERTIES LABELS "unit" WILL_FAIL TRUE)
 

@@ -28,9 +28,11 @@ static int fault(const char *want, long long *v) {
             kind = "save-kill";
         else if (!strcmp(item, "save-no-exchange"))
             kind = "save-no-exchange", n = 1;
+        else if (!strcmp(item, "gdn-update-bf16"))
+            kind = "gdn-update-bf16", n = 1;
         if (!kind)
-            return keel_fail("KEEL_FAULT='%s': '%s' is not copy-row-limit:N (N > 0), save-kill:P (P in 1..%d) or "
-                             "save-no-exchange (several: comma-separated)",
+            return keel_fail("KEEL_FAULT='%s': '%s' is not copy-row-limit:N (N > 0), save-kill:P (P in 1..%d), "
+                             "save-no-exchange or gdn-update-bf16 (several: comma-separated)",
                              f, item, KEEL_SAVE_POINTS);
         if (!strcmp(kind, want)) *v = n;
         it += len + (it[len] == ',');
@@ -60,6 +62,11 @@ int keel_fault_save_point(int point) {
 int keel_fault_save_no_exchange(void) {
     long long v;
     return fault("save-no-exchange", &v) == 0 && v == 1;
+}
+
+int keel_fault_gdn_update_bf16(void) {
+    long long v;
+    return fault("gdn-update-bf16", &v) ? -1 : v == 1;
 }
 
 int keel_fault_dist_step(int rank, int64_t step) {

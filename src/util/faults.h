@@ -7,6 +7,9 @@
  *                                        the save), as a power cut or `kill -9` would
  *   KEEL_FAULT=save-no-exchange          saves swap folders with two renames, as on a file system
  *                                        without an exchanging rename (the recovery path)
+ *   KEEL_FAULT=gdn-update-bf16           the cpu delta rule rounds each step's update to bf16: a
+ *                                        loss of precision that one fixture's check-reference passes
+ *                                        (seed 7) and the pooled check over seeds 1-7 catches
  *   KEEL_DIST_FAULT=exit:R:S | hang:R:S  rank R exits (or hangs) before the first collective of
  *                                        step S (the other ranks must notice and stop)
  * KEEL_FAULT may list several, comma-separated. A malformed value is an error naming the variable,
@@ -28,6 +31,8 @@ int keel_fault_copy_row_limit(int64_t *n);
 int keel_fault_save_point(int point);
 /* 1 under KEEL_FAULT=save-no-exchange. */
 int keel_fault_save_no_exchange(void);
+/* 1 under KEEL_FAULT=gdn-update-bf16; 0 otherwise; -1 with a message on a malformed KEEL_FAULT. */
+int keel_fault_gdn_update_bf16(void);
 /* KEEL_DIST_FAULT, for `rank` about to run `step`: when it names them, the process exits with
  * status 9 or hangs for good (a simulated dead or stuck rank; the one place outside the CLI
  * that ends the process, on purpose). Returns 0 otherwise; -1 with a message on a malformed value. */

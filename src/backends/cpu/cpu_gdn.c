@@ -13,6 +13,8 @@
 
 #include "backends/cpu/cpu_internal.h"
 #include "ops/ops.h"
+#include "tensor/convert.h"
+#include "util/faults.h"
 #include "util/error.h"
 
 #define GDN_CHUNK 64
@@ -21,7 +23,8 @@ enum { VB = 8 }; /* value columns per block */
 typedef struct {
     const keel_tensor *t;
     int64_t Dk, Hk, T, B, Dv, Hv;
-    int failed; /* set by a lane that could not get scratch memory */
+    int failed;       /* set by a lane that could not get scratch memory */
+    bool fault_round; /* KEEL_FAULT=gdn-update-bf16: step's update rounded to bf16 (util/faults.h) */
 } gdn_ctx;
 
 /* Lane inputs gathered into contiguous arrays (inputs may be strided views). */
@@ -83,13 +86,14 @@ static inline float dot_scaled(const float *x, float a, const float *y, int64_t 
 
 /* One step for the nb columns of a block, S [nb][Dk]: Sa = exp(g) S; d = beta (v - Sa^T k);
  * S <- Sa + k d^T; and, when o is given, o[jj] = S[jj] . q. v and o point at the block's first
- * column. */
+ * column. fault: d rounded to bf16 (KEEL_FAULT=gdn-update-bf16, for the tests). */
 static void step(float *S, int64_t nb, const float *k, const float *v, float g, float beta, int64_t Dk, const float *q,
-                 float *o) {
+                 float *o, bool fault) {
     float eg = expf(g);
     for (int64_t jj = 0; jj < nb; jj++) {
         float *s = S + jj * Dk;
         float d = beta * (v[jj] - dot_scaled(s, eg, k, Dk));
+        if (fault) d = keel_cvt_bf16_to_f32(keel_cvt_f32_to_bf16(d));
         for (int64_t i = 0; i < Dk; i++) s[i] = eg * s[i] + k[i] * d;
         if (o) o[jj] = dot_lanes(s, q, Dk);
     }
@@ -129,7 +133,7 @@ static void forward_task(void *arg, int64_t begin, int64_t end, int th) {
                 for (int64_t i = 0; i < Dk; i++)
                     S[jj * Dk + i] = s0 ? cpu_ldf(cpu_row(s0, i, hv, b) + (j0 + jj) * s0->nb[0]) : 0.0f;
             for (int64_t t = 0; t < T; t++) {
-                step(S, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, L.q + t * Dk, o);
+                step(S, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, L.q + t * Dk, o, c->fault_round);
                 if (s0) {
                     float *orow = (float *)c->t->data + ((b * T + t) * c->Hv + hv) * Dv + j0;
                     for (int64_t jj = 0; jj < nb; jj++) orow[jj] = o[jj];
@@ -181,7 +185,7 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
             memset(Sl, 0, (size_t)n * sizeof(float));
             for (int64_t t = 0; t < T; t++) {
                 if (t % GDN_CHUNK == 0) memcpy(Sck + (t / GDN_CHUNK) * n, Sl, (size_t)n * sizeof(float));
-                step(Sl, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, NULL, NULL);
+                step(Sl, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, NULL, NULL, c->fault_round);
             }
             memset(dS, 0, (size_t)n * sizeof(float));
             for (int64_t ch = n_chunks - 1; ch >= 0; ch--) {
@@ -189,7 +193,8 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
                 memcpy(Sl, Sck + ch * n, (size_t)n * sizeof(float));
                 for (int64_t t = t0; t < t1; t++) {
                     memcpy(Sl + (t - t0 + 1) * n, Sl + (t - t0) * n, (size_t)n * sizeof(float));
-                    step(Sl + (t - t0 + 1) * n, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, NULL, NULL);
+                    step(Sl + (t - t0 + 1) * n, nb, L.k + t * Dk, L.v + t * Dv + j0, L.g[t], L.beta[t], Dk, NULL, NULL,
+                         c->fault_round);
                 }
                 for (int64_t t = t1 - 1; t >= t0; t--) {
                     const float *q = L.q + t * Dk, *k = L.k + t * Dk;
@@ -244,7 +249,10 @@ static void backward_task(void *arg, int64_t begin, int64_t end, int th) {
 
 static int run(keel_backend *be, const keel_tensor *t, keel_pool_fn fn) {
     const keel_tensor *q = t->src[0], *v = t->src[2];
-    gdn_ctx c = {t, q->ne[0], q->ne[1], q->ne[2], q->ne[3], v->ne[0], v->ne[1], 0};
+    gdn_ctx c = {t, q->ne[0], q->ne[1], q->ne[2], q->ne[3], v->ne[0], v->ne[1], 0, false};
+    int fr = keel_fault_gdn_update_bf16();
+    if (fr < 0) return -1;
+    c.fault_round = fr == 1;
     keel_pool_for(cpu_pool(be), c.B * c.Hv, fn, &c);
     if (c.failed) return keel_fail("cpu: out of memory for the gated delta rule scratch of '%s'", t->name);
     return 0;
