@@ -1,5 +1,5 @@
 /* What a dependent kernel launch costs in a replayed CUDA graph, and what programmatic dependent
- * launch (PDL) takes off it (the measurement behind README's "The step is power-bound"): 1,000
+ * launch (PDL) takes off it (the measurement behind docs/h200-log.md's "The step is power-bound"): 1,000
  * dependent kernels, each a grid-stride pass over a buffer, captured from a stream into a graph
  * and replayed 10 times after 3, in four forms: plain launches of a kernel that does not wait;
  * launches with cudaLaunchAttributeProgrammaticStreamSerialization of a kernel that waits

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The projections that share an input, as one wide product or as one product each (the measurement
-behind README's "Fused projection weights ... are not built"): cuBLAS through PyTorch, bf16 operands,
+behind docs/h200-log.md's "Fused projection weights ... are not built"): cuBLAS through PyTorch, bf16 operands,
 batch 8 x 1024 tokens of Qwen3.5-0.8B's hidden 1024, each timed as 20 launches captured in a CUDA
 graph (as keel's step runs), forward (x W^T), the weight gradient (dy^T x, float32 out) and the
 input gradient (dy W). Needs a CUDA GPU and PyTorch; prints one line a group."""

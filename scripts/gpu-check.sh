@@ -323,7 +323,7 @@ if want bitwise; then # training against another build of keel, byte for byte: a
         fi
     fi
 fi
-if want conv-ncu; then # the command the twentieth session ran by hand (README, "Index arithmetic out of ...")
+if want conv-ncu; then # the command the twentieth session ran by hand (docs/h200-log.md, "Index arithmetic out of ...")
     conv_m='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum'
     for v in this base; do
         k=$keel

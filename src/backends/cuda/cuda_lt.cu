@@ -83,7 +83,7 @@ static void entry_destroy(cuda_lt_entry *e) {
  * these shapes (the Qwen3.5-0.8B step at batch 8, window 1024: its projections, their gradients and
  * the fused LM head's three products) cuBLASLt's first answer on the H200 (cuBLAS 13.0) is mostly a
  * 256 x 128 tile; another of its answers ran 3-60% faster, timed offline by KEEL_CUDA_LT_SURVEY
- * (README, "cuBLASLt's answers timed"). Where the heuristic's answers include the configuration
+ * (docs/h200-log.md, "cuBLASLt's answers timed"). Where the heuristic's answers include the configuration
  * named here, the product takes it; otherwise (another shape, GPU or library) the first answer.
  * The choice depends on the shape alone, as before: the same algorithm in every run, with or
  * without recompute. ta, tb, c (an addend), m, n and k as cuda_gemm has them. */

@@ -265,7 +265,7 @@ __device__ static inline void tc_step(float (*s)[WN][4], const float *A, int lda
  * left out is about 2^-16 of a b (the split TF32 above: 2^-21). Per 16 in depth, three products a
  * tile where the split TF32 takes six, and two operands to a conversion. One bf16 part alone (8 bits)
  * was measured too: the delta rule's gate gradients on the transformers fixture then went past 1.5x
- * PyTorch autocast's error (README, "Where the delta rule's time goes"). Precision PR of the
+ * PyTorch autocast's error (docs/h200-log.md, "Where the delta rule's time goes"). Precision PR of the
  * products below: 1 the split TF32, 2 the split bf16. The results are laid out as above (tc_elems
  * holds for both). */
 __device__ static inline uint32_t bf16_pair(float lo, float hi) { /* lo in the low half, as mma reads it */
@@ -340,7 +340,7 @@ __device__ static inline void tc_sum(float (*s)[WN][4], const float *A, int lda,
  * small, element by element), in place, so that the products read their fragments with `ldmatrix`
  * (four 8 x 8 bf16 matrices an instruction) instead of every warp loading and splitting its own
  * float32 elements at every depth step (two conversions, two subtractions and the index work a pair,
- * most of the delta rule's instructions: README). A row's elements go by groups of 8, 32 bytes a
+ * most of the delta rule's instructions: docs/h200-log.md). A row's elements go by groups of 8, 32 bytes a
  * group where their 8 floats were: the 8 big parts, then the 8 small ones. The products then are the
  * same mma.sync on the same operands in the same order as tc_sum's split bf16 (PR 2): the same bits.
  * Rows and columns keep the float tile's layout (and its row stride, whose odd number of 16-byte
@@ -522,7 +522,7 @@ __device__ static inline void bmm_sel(float *C, int64_t ldc, const float *A, int
  * threadIdx.x + NT, ... in that order (the order of `for (e = threadIdx.x; e < rows cols; e += NT)`),
  * the row and column stepped by NT without a division an element: the delta rule's contractions
  * spent a third of their instructions on their copies' index arithmetic, a division a copy (ncu's
- * SASS counts, README). */
+ * SASS counts, docs/h200-log.md). */
 template <typename F> __device__ static inline void grid_walk(int rows, int cols, F f) {
     if (cols <= 0) return;
     int r, c, dr, dc;
