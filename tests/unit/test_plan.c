@@ -266,7 +266,7 @@ static void cuda_gdn_carry(void **st) {
             assert_true(i == b ? bytes > 0 && w == f : bytes == 0);
         }
         size_t unpaired_back = keel_cuda_scratch_bytes(g->nodes[b]);
-        keel_plan_opts o;
+        keel_plan_opts o = {0};
         assert_int_equal(keel_backend_plan_rules("cuda", &o), 0);
         keel_plan *p = keel_plan_make(g, &o);
         assert_non_null(p);
