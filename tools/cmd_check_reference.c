@@ -444,9 +444,13 @@ static int check_set(const char *dir, char **names, int n_fx, const char *backen
             printf("  %-12s alone: %d passed, %d failed", names[f], alone.pass, alone.fail);
             int shown = 0;
             for (int i = 0; i < rs[f].n; i++)
-                if (!(rs[f].r[i].err <= rs[f].r[i].tol) && shown++ < 3)
-                    printf("%s%s %.2f", shown == 1 ? "; above alone (error / tolerance): " : ", ", rs[f].r[i].name,
-                           rs[f].r[i].err / rs[f].r[i].tol);
+                if (!(rs[f].r[i].err <= rs[f].r[i].tol) && shown++ < 3) {
+                    printf("%s%s", shown == 1 ? "; above alone (error / tolerance): " : ", ", rs[f].r[i].name);
+                    if (rs[f].r[i].tol > 0)
+                        printf(" %.2f", rs[f].r[i].err / rs[f].r[i].tol);
+                    else
+                        printf(" (no tolerance)");
+                }
             if (shown > 3) printf(" and %d more", shown - 3);
             printf("\n");
             fixture_close(&fx);
@@ -460,8 +464,9 @@ static int check_set(const char *dir, char **names, int n_fx, const char *backen
                 const rec *r = NULL;
                 for (int j = 0; !rs[f].failed && j < rs[f].n && !r; j++)
                     if (!strcmp(rs[f].r[j].name, r0->name)) r = &rs[f].r[j];
-                if (!r) {
-                    printf("  %-58s missing from %s  FAIL\n", r0->name, names[f]);
+                if (!r || !(r->tol >= 0)) {
+                    printf("  %-58s %s %s  FAIL\n", r0->name, r ? "no peer's error for it in" : "missing from",
+                           names[f]);
                     ok = false;
                     break;
                 }
