@@ -780,6 +780,37 @@ static void grad_case(suite *S, op_case *c, uint64_t seed) {
     inst_free(&orc);
 }
 
+/* The cases split into o->shards shards of about the same work, so that make check runs them side by
+ * side: the selected cases, largest first (by their inputs' elements, which the float64 oracle's time
+ * follows; ties in table order), each to the shard with the least so far. From the table alone, so a
+ * case is always in the same shard. shard[i]: case i's shard (-1: not selected). */
+static void shard_cases(const keel_testops_opts *o, const op_case *cases, int n, int *shard) {
+    double *cost = calloc((size_t)n, sizeof *cost), load[64] = {0};
+    int *order = malloc((size_t)n * sizeof *order), m = 0, N = o->shards > 1 ? o->shards : 1;
+    for (int i = 0; i < n; i++) {
+        shard[i] = -1;
+        if (!keel_testops_listed(o->ops, keel_op_get(cases[i].op)->name)) continue;
+        shard[i] = 0;
+        if (!cost || !order) continue;
+        for (int j = 0; j < cases[i].n_in; j++)
+            cost[i] += (double)cases[i].in[j].ne[0] * (double)cases[i].in[j].ne[1] * (double)cases[i].in[j].ne[2] *
+                       (double)cases[i].in[j].ne[3];
+        order[m++] = i;
+    }
+    for (int a = 1; cost && order && a < m; a++) /* insertion sort: largest first, stable */
+        for (int b = a; b > 0 && cost[order[b]] > cost[order[b - 1]]; b--) {
+            int t = order[b];
+            order[b] = order[b - 1], order[b - 1] = t;
+        }
+    for (int a = 0; N > 1 && cost && order && a < m; a++) {
+        int best = 0;
+        for (int k = 1; k < N; k++)
+            if (load[k] < load[best]) best = k;
+        shard[order[a]] = best, load[best] += cost[order[a]] + 1.0;
+    }
+    free(cost), free(order);
+}
+
 int keel_test_ops(const keel_testops_opts *o) {
     suite S = {.o = o};
     S.ref = keel_backend_new("ref", 1);
@@ -800,10 +831,18 @@ int keel_test_ops(const keel_testops_opts *o) {
     }
     op_case *cases;
     int n = keel_cases_all(&cases);
-    int n_sel = 0;
+    int n_sel = 0, *shard = malloc((size_t)(n ? n : 1) * sizeof *shard);
+    bool sharded = o->shards > 1, in_table[KEEL_OP_COUNT] = {false};
+    if (!shard) {
+        fprintf(stderr, "keel test-ops: out of memory\n");
+        return -1;
+    }
+    shard_cases(o, cases, n, shard);
     for (int i = 0; i < n; i++) {
         op_case *c = &cases[i];
-        if (!keel_testops_listed(o->ops, keel_op_get(c->op)->name)) continue;
+        if (shard[i] < 0) continue;
+        in_table[c->op] = true;
+        if (sharded && shard[i] != o->shard) continue;
         make_label(c);
         n_sel++;
         /* the inputs' seed comes from the case's label, not its position: a case added to the
@@ -834,6 +873,8 @@ int keel_test_ops(const keel_testops_opts *o) {
                 snprintf(cell, sizeof cell, "no gradient");
             else if (info->flags & OPF_VIEW && !o->grad)
                 snprintf(cell, sizeof cell, "view %d/%d", c->pass, c->run);
+            else if (c->run == 0 && sharded && in_table[op])
+                snprintf(cell, sizeof cell, "other shard");
             else if (c->run == 0)
                 snprintf(cell, sizeof cell, "MISSING (no case)");
             else
@@ -847,14 +888,14 @@ int keel_test_ops(const keel_testops_opts *o) {
             /* every op has a kernel or is a view: a selected op with no case is a failure */
             if (!o->grad)
                 for (int b = 0; b < S.n_be; b++)
-                    if (S.per_op[op][b].run == 0) S.failures++;
+                    if (S.per_op[op][b].run == 0 && !(sharded && in_table[op])) S.failures++;
         } else {
             if (!keel_grad_rule_of(op)) {
                 printf("  %s: differentiable but no backward rule\n", info->name);
                 S.failures++;
             }
             for (int b = 0; b < S.n_be; b++)
-                if (S.per_op[op][b].run == 0) S.failures++;
+                if (S.per_op[op][b].run == 0 && !(sharded && in_table[op])) S.failures++;
         }
         if (!info->grad_srcs && !info->nograd) {
             printf("  %s: no gradient and no reason given\n", info->name);
@@ -862,16 +903,18 @@ int keel_test_ops(const keel_testops_opts *o) {
         }
     }
     printf("\n");
-    if (!o->grad)
+    if (!o->grad && (!sharded || o->shard == 0)) /* once, in the first shard */
         for (int b = 0; b < S.n_be; b++) S.failures += keel_test_bad_ids(S.be[b], o->ops);
+    if (sharded) printf("shard %d of %d (numbered from 0): %d of the selected cases\n", o->shard, o->shards, n_sel);
     for (int b = 0; b < S.n_be; b++)
         printf("%s: %d cases, %d as expected, %d not, %d without a kernel; worst passing nmse %.2e\n", S.be[b]->name,
                S.per_be[b].run, S.per_be[b].pass, S.per_be[b].fail, S.per_be[b].missing, S.worst_nmse[b]);
     if (o->grad) printf("worst passing relative error, analytic vs finite differences (ref, f64): %.2e\n", S.worst_fd);
     if (n_sel == 0) {
-        printf("no case matched --op %s\n", o->ops ? o->ops : "");
+        printf("no case matched --op %s%s\n", o->ops ? o->ops : "", sharded ? " in this shard" : "");
         S.failures++;
     }
+    free(shard);
     free(cases);
     for (int b = 0; b < S.n_be; b++) keel_backend_free(S.be[b]);
     keel_backend_free(S.ref);
