@@ -93,6 +93,10 @@ add_test(NAME fault_gdn_update_seed7_alone COMMAND keel check-reference ${KEEL_F
 set_tests_properties(fault_gdn_update_seed7_alone PROPERTIES LABELS "fault" ENVIRONMENT "KEEL_FAULT=gdn-update-bf16")
 add_test(NAME cli_seeds_one_checkpoint COMMAND keel check-reference ${KEEL_FIXTURES}/qwen35-tiny-seeds --checkpoint multimodal-bf16)
 set_tests_properties(cli_seeds_one_checkpoint PROPERTIES LABELS "unit" WILL_FAIL TRUE)
+# a set's bad inputs named: a peer file without a tensor's error, a reference without a gradient,
+# an empty folder
+add_test(NAME check_reference_set_inputs COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-check-reference-set.sh $<TARGET_FILE:keel> ${KEEL_FIXTURES}/qwen35-tiny-seeds ${CMAKE_BINARY_DIR}/check-reference-set)
+set_tests_properties(check_reference_set_inputs PROPERTIES LABELS "model")
 
 # Activation recompute: bitwise identical training in every mode (and thread count), and the
 # reference check with recompute on.
