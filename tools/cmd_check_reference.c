@@ -39,6 +39,8 @@ typedef struct {
     double err, tol;
     bool peer;
 } rec;
+/* A run with a recs records its errors for the set and prints no line a tensor; without one, it
+ * prints them (a single fixture). */
 typedef struct {
     rec *r;
     int n, cap;
@@ -97,14 +99,8 @@ static double tol_of(const tolerances *tl, const char *name, bool is_grad) {
     return cJSON_IsNumber(pe) && pe->valuedouble >= 0 ? tl->per_tensor * pe->valuedouble : -1;
 }
 
-/* How a run reports: each tensor's line (quiet false), and its errors for a set's verdict (rs) */
-typedef struct {
-    bool quiet;
-    recs *rs;
-} report;
-
 static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *ref, const char *name,
-                   const tolerances *tl, tally *ty, bool is_grad, const report *rp) {
+                   const tolerances *tl, tally *ty, bool is_grad, recs *rs) {
     const keel_st_tensor *r = keel_st_find(ref, name);
     if (!r || keel_st_numel(r) != keel_nelements(t)) {
         if (!r)
@@ -113,7 +109,7 @@ static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *r
             printf("  %-58s %lld elements, reference has %lld  FAIL\n", name, (long long)keel_nelements(t),
                    (long long)keel_st_numel(r));
         ty->fail++;
-        if (rp->rs) rp->rs->failed = true;
+        if (rs) rs->failed = true;
         return -1;
     }
     double *x = keel_tensor_read_f64(be, t);
@@ -125,9 +121,9 @@ static int compare(keel_backend *be, const keel_tensor *t, const keel_st_file *r
     if (tol < 0) printf("  %-58s the peer's file has no error for it  FAIL\n", name);
     const cJSON *pe = tl->errors ? cJSON_GetObjectItemCaseSensitive(tl->errors, name) : NULL;
     bool above = cJSON_IsNumber(pe) && e > pe->valuedouble;
-    record(rp->rs, name, e, tol, tl->errors != NULL);
+    record(rs, name, e, tol, tl->errors != NULL);
     if (above) ty->above_peer++;
-    if (!rp->quiet) {
+    if (!rs) {
         printf("  %-58s rel err %.3e  (tol %.2e %s)  %s", name, e, tol, tl->why, ok ? "PASS" : "FAIL");
         if (above) printf("   [above the peer's %.2e on this tensor]", pe->valuedouble);
         printf("\n");
@@ -151,7 +147,7 @@ typedef struct {
 
 static int check_one(const char *ckpt_dir, const char *backend, int threads, const keel_recompute_mode *rm,
                      const trace_opts *to, const keel_st_file *ref, const cJSON *peer, const keel_adapter *ad,
-                     keel_precision prec, tally *ty, const report *rp) {
+                     keel_precision prec, tally *ty, recs *rs) {
     keel_checkpoint *ck = keel_checkpoint_open(ckpt_dir);
     if (!ck) {
         fprintf(stderr, "keel check-reference: %s\n", keel_last_error());
@@ -225,17 +221,17 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
             if (wr) goto done;
         }
     }
-    if (!rp->quiet)
+    if (!rs)
         printf("%s%s%s on %s (%s%s, %s weights, %lld layers, B=%lld T=%lld, recompute %s)\n", ckpt_dir,
                ad ? " + adapter " : "", ad ? ad->dir : "", backend, keel_type_name(type),
                prec == KEEL_PRECISION_BF16 ? ", bf16 products" : "", ck->dtype[0] ? ck->dtype : "stored",
                (long long)ck->cfg.layers, (long long)B, (long long)T, rm->text);
-    compare(be, out.logits, ref, "logits", &tl, ty, false, rp);
-    compare(be, out.loss, ref, "loss", &tl, ty, false, rp);
+    compare(be, out.logits, ref, "logits", &tl, ty, false, rs);
+    compare(be, out.loss, ref, "loss", &tl, ty, false, rs);
     for (int i = 0; i < ck->cfg.layers; i++) {
         char nm[32];
         snprintf(nm, sizeof nm, "hidden.%d", i);
-        compare(be, out.hidden[i], ref, nm, &tl, ty, false, rp);
+        compare(be, out.hidden[i], ref, nm, &tl, ty, false, rs);
     }
     { /* the last hidden state: transformers reports it after the final norm; say which matched */
         char nm[32];
@@ -247,11 +243,11 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
             double e_pre = rel_err(pre, r, keel_nelements(out.normed)),
                    e_post = rel_err(post, r, keel_nelements(out.normed));
             double e = fmin(e_pre, e_post), tol_v = tol_of(&tl, nm, false);
-            if (!rp->quiet)
+            if (!rs)
                 printf("  %-58s rel err %.3e  (tol %.2e %s)  %s   [taken %s the final norm; the other side: %.1e]\n",
                        nm, e, tol_v, tl.why, e <= tol_v ? "PASS" : "FAIL", e_post <= e_pre ? "after" : "before",
                        fmax(e_pre, e_post));
-            record(rp->rs, nm, e, tol_v, tl.errors != NULL);
+            record(rs, nm, e, tol_v, tl.errors != NULL);
             if (e <= tol_v)
                 ty->pass++;
             else
@@ -260,7 +256,7 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
         } else {
             printf("  %-58s missing from the reference or of another size  FAIL\n", nm);
             ty->fail++;
-            if (rp->rs) rp->rs->failed = true;
+            if (rs) rs->failed = true;
         }
         free(pre), free(post);
     }
@@ -270,7 +266,7 @@ static int check_one(const char *ckpt_dir, const char *backend, int threads, con
     for (int p = 0; p < n_tp; p++) {
         char nm[KEEL_NAME_MAX + 8];
         snprintf(nm, sizeof nm, "grad.%s", tp[p]->name);
-        compare(be, keel_graph_grad(st->g, tp[p]), ref, nm, &tl, ty, true, rp);
+        compare(be, keel_graph_grad(st->g, tp[p]), ref, nm, &tl, ty, true, rs);
     }
     free(tp);
     if (n_tp < 0) goto done;
@@ -381,8 +377,7 @@ static int fixture_open(fixture *f, const char *dir, keel_precision prec, const 
 
 /* Runs every checkpoint of fixture f on backend b. Returns the runs that did not finish. */
 static int check_fixture(const fixture *f, const char *b, int threads, const keel_recompute_mode *rm,
-                         const trace_opts *to, const keel_adapter *ad, keel_precision prec, tally *ty,
-                         const report *rp) {
+                         const trace_opts *to, const keel_adapter *ad, keel_precision prec, tally *ty, recs *rs) {
     int errors = 0;
     for (int i = 0; i < f->n_sub; i++) {
         char p[8300];
@@ -390,9 +385,9 @@ static int check_fixture(const fixture *f, const char *b, int threads, const kee
             snprintf(p, sizeof p, "%s", f->subs[i]); /* an absolute --checkpoint */
         else
             snprintf(p, sizeof p, "%s/%s", f->dir, f->subs[i]);
-        if (check_one(p, b, threads, rm, to, f->ref, f->peer, ad, prec, ty, rp)) {
+        if (check_one(p, b, threads, rm, to, f->ref, f->peer, ad, prec, ty, rs)) {
             errors++;
-            if (rp->rs) rp->rs->failed = true;
+            if (rs) rs->failed = true;
         }
     }
     return errors;
@@ -439,8 +434,7 @@ static int check_set(const char *dir, char **names, int n_fx, const char *backen
                 continue;
             }
             tally alone = {0};
-            report rp = {.quiet = true, .rs = &rs[f]};
-            errors += check_fixture(&fx, b, threads, rm, &(trace_opts){0}, NULL, prec, &alone, &rp);
+            errors += check_fixture(&fx, b, threads, rm, &(trace_opts){0}, NULL, prec, &alone, &rs[f]);
             printf("  %-12s alone: %d passed, %d failed", names[f], alone.pass, alone.fail);
             int shown = 0;
             for (int i = 0; i < rs[f].n; i++)
@@ -576,9 +570,8 @@ int cmd_check_reference(int argc, char **argv) {
     int errors = 0;
     char bl[128];
     snprintf(bl, sizeof bl, "%s", backends);
-    report rp = {.quiet = false, .rs = NULL};
     for (char *b = strtok(bl, ","); b; b = strtok(NULL, ","))
-        errors += check_fixture(&fx, b, (int)threads, &rm, &to, ad, prec, &ty, &rp);
+        errors += check_fixture(&fx, b, (int)threads, &rm, &to, ad, prec, &ty, NULL);
     bool peer = fx.peer != NULL;
     keel_adapter_close(ad);
     fixture_close(&fx);

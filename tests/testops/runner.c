@@ -783,32 +783,35 @@ static void grad_case(suite *S, op_case *c, uint64_t seed) {
 /* The cases split into o->shards shards of about the same work, so that make check runs them side by
  * side: the selected cases, largest first (by their inputs' elements, which the float64 oracle's time
  * follows; ties in table order), each to the shard with the least so far. From the table alone, so a
- * case is always in the same shard. shard[i]: case i's shard (-1: not selected). */
-static void shard_cases(const keel_testops_opts *o, const op_case *cases, int n, int *shard) {
-    double *cost = calloc((size_t)n, sizeof *cost), load[64] = {0};
-    int *order = malloc((size_t)n * sizeof *order), m = 0, N = o->shards > 1 ? o->shards : 1;
+ * case is always in the same shard. shard[i]: case i's shard (-1: not selected). -1: out of memory. */
+static int shard_cases(const keel_testops_opts *o, const op_case *cases, int n, int *shard) {
+    double *cost = calloc((size_t)(n ? n : 1), sizeof *cost), load[64] = {0};
+    int *order = malloc((size_t)(n ? n : 1) * sizeof *order), m = 0, N = o->shards > 1 ? o->shards : 1;
+    if (!cost || !order) {
+        free(cost), free(order);
+        return -1;
+    }
     for (int i = 0; i < n; i++) {
-        shard[i] = -1;
-        if (!keel_testops_listed(o->ops, keel_op_get(cases[i].op)->name)) continue;
-        shard[i] = 0;
-        if (!cost || !order) continue;
+        shard[i] = keel_testops_listed(o->ops, keel_op_get(cases[i].op)->name) ? 0 : -1;
+        if (shard[i] < 0) continue;
         for (int j = 0; j < cases[i].n_in; j++)
             cost[i] += (double)cases[i].in[j].ne[0] * (double)cases[i].in[j].ne[1] * (double)cases[i].in[j].ne[2] *
                        (double)cases[i].in[j].ne[3];
         order[m++] = i;
     }
-    for (int a = 1; cost && order && a < m; a++) /* insertion sort: largest first, stable */
+    for (int a = 1; a < m; a++) /* insertion sort: largest first, stable */
         for (int b = a; b > 0 && cost[order[b]] > cost[order[b - 1]]; b--) {
             int t = order[b];
             order[b] = order[b - 1], order[b - 1] = t;
         }
-    for (int a = 0; N > 1 && cost && order && a < m; a++) {
+    for (int a = 0; N > 1 && a < m; a++) {
         int best = 0;
         for (int k = 1; k < N; k++)
             if (load[k] < load[best]) best = k;
         shard[order[a]] = best, load[best] += cost[order[a]] + 1.0;
     }
     free(cost), free(order);
+    return 0;
 }
 
 int keel_test_ops(const keel_testops_opts *o) {
@@ -833,11 +836,11 @@ int keel_test_ops(const keel_testops_opts *o) {
     int n = keel_cases_all(&cases);
     int n_sel = 0, *shard = malloc((size_t)(n ? n : 1) * sizeof *shard);
     bool sharded = o->shards > 1, in_table[KEEL_OP_COUNT] = {false};
-    if (!shard) {
+    if (!shard || shard_cases(o, cases, n, shard)) {
         fprintf(stderr, "keel test-ops: out of memory\n");
+        free(shard), free(cases);
         return -1;
     }
-    shard_cases(o, cases, n, shard);
     for (int i = 0; i < n; i++) {
         op_case *c = &cases[i];
         if (shard[i] < 0) continue;
