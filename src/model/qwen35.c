@@ -391,9 +391,11 @@ static keel_tensor *gated_deltanet(keel_ctx *ctx, const keel_qwen35 *m, const ke
         *S_out = keel_cont(
             ctx, keel_view_4d(ctx, pk, Dv, Dk, Hv, B, Dv * es, Dv * Dk * es, Dv * Dk * Hv * es, Dv * Hv * T * B * es));
     } else {
-        /* [Dv, Hv, T, B]; in the bf16 mode its products on the tensor cores, operands in two bf16 parts */
+        /* [Dv, Hv, T, B]; in the bf16 mode its products on the tensor cores, the forward's on operands in
+         * two bf16 parts, the backward's on one (the forward's rounding is what moves the gradients:
+         * docs/h200-log.md, "The delta rule's backward in one bf16 part") */
         o = keel_gated_delta_net(ctx, q, k, v, g, beta, pos,
-                                 m->operand_type == KEEL_BF16 && !m->gdn_float32 ? KEEL_GDN_SPLIT_BF16
+                                 m->operand_type == KEEL_BF16 && !m->gdn_float32 ? KEEL_GDN_BF16_GRAD
                                                                                  : KEEL_GDN_FLOAT32);
     }
     keel_tensor *z = keel_reshape_4d(ctx, linear(ctx, m, L->z, hin), Dv, Hv, T, B);

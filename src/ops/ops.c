@@ -484,8 +484,9 @@ static int shape_rule(keel_tensor *t) {
         REQ(g->ne[0] == Hv && g->ne[1] == T && g->ne[2] == B && keel_same_shape(g, be), "g and beta must be [Hv,T,B]");
         for (int i = 1; i < 5; i++) REQ(t->src[i]->type == a->type, "types differ");
         REQ(is_positions(t->src[5], T, B), "positions must be i32 [T,B]");
-        REQ(t->ip[0] >= KEEL_GDN_FLOAT32 && t->ip[0] <= KEEL_GDN_SPLIT_BF16,
-            "ip0 (the products: 0 float32, 1 split TF32, 2 split bf16) must be 0, 1 or 2, not %lld",
+        REQ(t->ip[0] >= KEEL_GDN_FLOAT32 && t->ip[0] <= KEEL_GDN_BF16_GRAD,
+            "ip0 (the products: 0 float32, 1 split TF32, 2 split bf16, 3 split bf16 with a one-part bf16 backward) "
+            "must be 0 to 3, not %lld",
             (long long)t->ip[0]);
         if (op == KEEL_OP_GATED_DELTA_NET) {
             set_shape(t, a->type, Dv, Hv, T, B);

@@ -1022,15 +1022,18 @@ int keel_cases_all(op_case **out) {
              * these cost CI time there, so not all 8). Bounds: split TF32, float32's; split bf16, 16 bits
              * of each operand: about 1e-10 where nothing cancels, 4.5e-8 measured on the backward's T = 1
              * case with inputs whose one scalar dO.u cancels (the label seeds the inputs: those were
-             * another label's); one bf16 part alone (8 bits) gave 1e-5 to 2.6e-4. */
+             * another label's); one bf16 part alone (8 bits) gave 1e-5 to 2.6e-4. The backward also in ip0
+             * 3, the bf16 mode's (the backward's products in one bf16 part; its forward runs ip0 2's
+             * kernels): held to the issue's bf16 bound, 1e-4. Not as forward cases: the gradient tier
+             * would run ref's float64 backward of each again (ref ignores ip0), half a minute of CI. */
             static const int tc_rows[] = {0, 2, 3, 5, 7};
-            int n_ch = op == KEEL_OP_GATED_DELTA_NET_STATE ? 8 : 18;
+            int n_ch = op == KEEL_OP_GATED_DELTA_NET_STATE ? 8 : op == KEEL_OP_GATED_DELTA_NET_BACK ? 23 : 18;
             for (int s = 0; s < n_ch; s++) {
                 const int64_t *x = ch[s < 8 ? s : tc_rows[(s - 8) % 5]];
                 c = C(&l, op);
                 if (s >= 8) {
-                    int64_t products = s < 13 ? KEEL_GDN_SPLIT_TF32 : KEEL_GDN_SPLIT_BF16;
-                    P(c, 1, &products, 0, NULL), c->tol = s < 13 ? 1e-10 : 1e-6;
+                    int64_t products = s < 13 ? KEEL_GDN_SPLIT_TF32 : s < 18 ? KEEL_GDN_SPLIT_BF16 : KEEL_GDN_BF16_GRAD;
+                    P(c, 1, &products, 0, NULL), c->tol = s < 13 ? 1e-10 : s < 18 ? 1e-6 : 1e-4;
                 }
                 case_input *q = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
                 case_input *k = I(c, KEEL_F32, x[0], x[1], x[2], x[3]);

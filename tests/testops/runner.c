@@ -459,7 +459,9 @@ static void make_label(op_case *c) {
         k = snprintf(p, left, ",1+w"), p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_GATED_DELTA_NET || c->op == KEEL_OP_GATED_DELTA_NET_BACK) && c->ip[0])
         k = snprintf(p, left,
-                     c->ip[0] == KEEL_GDN_SPLIT_BF16 ? ",tensor cores split bf16" : ",tensor cores split tf32"),
+                     c->ip[0] == KEEL_GDN_BF16_GRAD    ? ",tensor cores split bf16, backward one bf16 part"
+                     : c->ip[0] == KEEL_GDN_SPLIT_BF16 ? ",tensor cores split bf16"
+                                                       : ",tensor cores split tf32"),
         p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_SWIGLU || c->op == KEEL_OP_SWIGLU_BACK || c->op == KEEL_OP_CONV1D_BACK_INPUT ||
          c->op == KEEL_OP_SIGMOID_MUL) &&

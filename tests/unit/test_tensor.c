@@ -57,15 +57,15 @@ static void shape_errors_name_everything(void **st) {
     assert_non_null(strstr(keel_last_error(), "inner dimensions"));
     assert_int_equal(keel_type_from_name("bf16"), KEEL_BF16);
     assert_int_equal(keel_type_from_name("f8"), -1);
-    /* the delta rule's products: the three variants, nothing else */
+    /* the delta rule's products: the four variants, nothing else */
     keel_tensor *q = keel_new_4d(ctx, KEEL_F32, 4, 1, 5, 1), *k = keel_new_4d(ctx, KEEL_F32, 4, 1, 5, 1),
                 *v = keel_new_4d(ctx, KEEL_F32, 3, 1, 5, 1), *g = keel_new_3d(ctx, KEEL_F32, 1, 5, 1),
                 *be = keel_new_3d(ctx, KEEL_F32, 1, 5, 1), *pos = keel_new_2d(ctx, KEEL_I32, 5, 1);
-    for (int p = KEEL_GDN_FLOAT32; p <= KEEL_GDN_SPLIT_BF16; p++)
+    for (int p = KEEL_GDN_FLOAT32; p <= KEEL_GDN_BF16_GRAD; p++)
         assert_non_null(keel_gated_delta_net(ctx, q, k, v, g, be, pos, p));
-    assert_null(keel_gated_delta_net(ctx, q, k, v, g, be, pos, KEEL_GDN_SPLIT_BF16 + 1));
+    assert_null(keel_gated_delta_net(ctx, q, k, v, g, be, pos, KEEL_GDN_BF16_GRAD + 1));
     assert_non_null(strstr(keel_last_error(), "ip0"));
-    assert_non_null(strstr(keel_last_error(), "not 3"));
+    assert_non_null(strstr(keel_last_error(), "not 4"));
     keel_ctx_free(ctx);
 }
 

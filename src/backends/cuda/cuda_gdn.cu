@@ -1,6 +1,7 @@
 /* keel: the gated delta rule on CUDA in the chunked (WY) form, forward and backward, float32 (with
- * the op's ip0, TC below: the per-chunk products on the tensor cores, 1 in split TF32, 2 in split bf16,
- * the bf16 mode's variant; see bmm_tc).
+ * the op's ip0, TC below: the per-chunk products on the tensor cores, 1 in split TF32, 2 in split bf16;
+ * 3, the bf16 mode's variant, runs the forward as 2 and the backward's products on one bf16 part of
+ * each operand, PR 3: see bmm_tc).
  *
  * Per (batch, value head) lane the recurrence is, with the state S (Dk x Dv), for each step t:
  * S = e^g_t S (0 where an example starts);  u_t = beta_t (v_t - S^T k_t);  S = S + k_t u_t^T;
@@ -770,9 +771,9 @@ __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A
             int j16 = (jw + 15) / 16 * 16;
             sums();
             if (part != 0) __syncthreads();
-            split_tile(Ta, LDJ, n, jw, n, j16);
-            split_tile(St, LDJ, Dk, jw, Dk, j16);
-            if (part != 1) split_tile(Tb, LDJ, n, jw, n, j16);
+            split_tile<TC == 3>(Ta, LDJ, n, jw, n, j16);
+            split_tile<TC == 3>(St, LDJ, Dk, jw, Dk, j16);
+            if (part != 1) split_tile<TC == 3>(Tb, LDJ, n, jw, n, j16);
             __syncthreads();
             tc_acc<TC, false, true, 2, 4, NB / 2, true>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
             if (part != 1) tc_acc<TC, false, true, 2, 2, 1, true>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
@@ -1148,9 +1149,15 @@ static int forward_states(keel_backend *be, const keel_tensor *t, const gdn_args
     return 0;
 }
 
-/* forward_states for the op's ip0 (KEEL_GDN_: 0 float32, 1 split TF32, 2 split bf16 = bmm_tc's PR) */
+/* The products' precision (bmm_tc's PR) of the forward for the op's ip0: KEEL_GDN_ 0 float32, 1 split
+ * TF32, 2 split bf16; 3 (KEEL_GDN_BF16_GRAD) runs the forward in split bf16 and only its backward's
+ * products in one bf16 part (PR 3) */
+static int forward_pr(int tc) { return tc == KEEL_GDN_BF16_GRAD ? KEEL_GDN_SPLIT_BF16 : tc; }
+
+/* forward_states for the op's ip0 */
 static int forward_any(int tc, keel_backend *be, const keel_tensor *t, const gdn_args &A, const gdn_scr &P, int bwd,
                        float *packed, float *o) {
+    tc = forward_pr(tc);
     return tc == 2   ? forward_states<2>(be, t, A, P, bwd, packed, o)
            : tc == 1 ? forward_states<1>(be, t, A, P, bwd, packed, o)
                      : forward_states<0>(be, t, A, P, bwd, packed, o);
@@ -1185,6 +1192,7 @@ int cuda_gdn_forward(keel_backend *be, const keel_tensor *t) {
     if (forward_any(tc, be, t, A, P, bwd, packed, (float *)t->data)) return -1;
     if (state_tc(tc, A, packed)) return 0; /* its state pass made the output */
     dim3 outs((unsigned)(P.nc * jo_blocks(A)), (unsigned)(A.B * A.Hv));
+    tc = forward_pr(tc);
     void (*outk)(gdn_args, gdn_scr, float *) = tc == 2 ? k_gdn_out<2> : tc == 1 ? k_gdn_out<1> : k_gdn_out<0>;
     TILE_LAUNCH(outk, outs, NT, out_smem(A.Dk), "gated delta rule output launch", A, P, (float *)t->data);
     return 0;
@@ -1201,11 +1209,11 @@ template <int TC> static int backward(keel_backend *be, const keel_tensor *t, co
     void (*state_back)(gdn_args, gdn_scr, float *) =
         A.Dk <= 128 ? k_gdn_state_back<128 * JB / NT, TC> : k_gdn_state_back<256 * JB / NT, TC>;
     TILE_LAUNCH(state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
-    /* split tiles (TC 2, the same bits) where Dk is whole warp tiles of 32 */
-    bool sp = TC == 2 && A.Dk % 32 == 0;
+    /* split tiles (TC 2 and 3, the same bits) where Dk is whole warp tiles of 32 */
+    bool sp = TC >= 2 && A.Dk % 32 == 0;
     void (*contract)(gdn_args, gdn_scr) = A.Dk <= 128
-                                              ? (sp ? k_gdn_contract<TC, 2, TC == 2> : k_gdn_contract<TC, 2, false>)
-                                              : (sp ? k_gdn_contract<TC, 4, TC == 2> : k_gdn_contract<TC, 4, false>);
+                                              ? (sp ? k_gdn_contract<TC, 2, TC >= 2> : k_gdn_contract<TC, 2, false>)
+                                              : (sp ? k_gdn_contract<TC, 4, TC >= 2> : k_gdn_contract<TC, 4, false>);
     TILE_LAUNCH(contract, parts, NT, contract_smem(A.Dk), "gated delta rule contraction launch", A, P);
     void (*grads)(gdn_args, gdn_scr, float *) = A.Dk <= 128 ? k_gdn_grads<2, TC> : k_gdn_grads<4, TC>;
     TILE_LAUNCH(grads, chunks, NT, grads_smem(A.Dk), "gated delta rule gradient launch", A, P, out);
@@ -1221,5 +1229,8 @@ int cuda_gdn_backward(keel_backend *be, const keel_tensor *t) {
     gdn_scr P;
     if (scratch_of(be, t, A, &P)) return -1;
     int tc = (int)t->ip[0];
-    return tc == 2 ? backward<2>(be, t, A, P) : tc == 1 ? backward<1>(be, t, A, P) : backward<0>(be, t, A, P);
+    return tc == 3   ? backward<3>(be, t, A, P)
+           : tc == 2 ? backward<2>(be, t, A, P)
+           : tc == 1 ? backward<1>(be, t, A, P)
+                     : backward<0>(be, t, A, P);
 }

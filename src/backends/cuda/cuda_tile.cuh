@@ -211,18 +211,20 @@ __device__ static inline void mma_bf16(float d[4], const uint32_t a[4], const ui
 /* The three products of a split step for a warp's WM x WN tiles, small_a big_b, big_a small_b, then
  * big_a big_b, tile after tile in each round, so that no product waits on the one before it; the
  * fragments' parts ab, as (A's big and small), bb, bs (B's), in TF32 or (BF16) as bf16 pairs. */
-template <bool BF16, int WM, int WN>
+template <bool BF16, int WM, int WN, bool ONE = false>
 __device__ static inline void split_products(float (*s)[WN][4], const uint32_t (*ab)[4], const uint32_t (*as)[4],
                                              const uint32_t (*bb)[2], const uint32_t (*bs)[2]) {
     void (*mma)(float *, const uint32_t *, const uint32_t *) = BF16 ? mma_bf16 : mma_tf32;
+    if (!ONE) {
 #pragma unroll
-    for (int i = 0; i < WM; i++)
+        for (int i = 0; i < WM; i++)
 #pragma unroll
-        for (int j = 0; j < WN; j++) mma(s[i][j], as[i], bb[j]);
+            for (int j = 0; j < WN; j++) mma(s[i][j], as[i], bb[j]);
 #pragma unroll
-    for (int i = 0; i < WM; i++)
+        for (int i = 0; i < WM; i++)
 #pragma unroll
-        for (int j = 0; j < WN; j++) mma(s[i][j], ab[i], bs[j]);
+            for (int j = 0; j < WN; j++) mma(s[i][j], ab[i], bs[j]);
+    }
 #pragma unroll
     for (int i = 0; i < WM; i++)
 #pragma unroll
@@ -263,11 +265,12 @@ __device__ static inline void tc_step(float (*s)[WN][4], const float *A, int lda
  * rounded to bf16 (to nearest even), small = x - big rounded (x - big is exact, so big + small holds
  * 16 bits of x), and a b = big_a big_b + big_a small_b + small_a big_b, the small terms first; what is
  * left out is about 2^-16 of a b (the split TF32 above: 2^-21). Per 16 in depth, three products a
- * tile where the split TF32 takes six, and two operands to a conversion. One bf16 part alone (8 bits)
- * was measured too: the delta rule's gate gradients on the transformers fixture then went past 1.5x
- * PyTorch autocast's error (docs/h200-log.md, "Where the delta rule's time goes"). Precision PR of the
- * products below: 1 the split TF32, 2 the split bf16. The results are laid out as above (tc_elems
- * holds for both). */
+ * tile where the split TF32 takes six, and two operands to a conversion. One bf16 part alone (8 bits,
+ * PR 3: big_a big_b only) in the forward takes the delta rule's gate gradients past 1.5x PyTorch
+ * autocast's error (docs/h200-log.md, "Where the delta rule's time goes"); in the backward alone it
+ * does not ("The delta rule's backward in one bf16 part"), which is where the bf16 mode uses it.
+ * Precision PR of the products below: 1 the split TF32, 2 the split bf16, 3 one bf16 part. The results
+ * are laid out as above (tc_elems holds for all). */
 __device__ static inline uint32_t bf16_pair(float lo, float hi) { /* lo in the low half, as mma reads it */
     uint32_t r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -295,7 +298,7 @@ __device__ static inline void bf16_split(float2 x, uint32_t *big, uint32_t *smal
 /* One step of 16 in depth from p0: a0 (g, 2q..2q+1), a1 (g + 8, 2q..), a2 (g, 2q+8..), a3 (g + 8,
  * 2q+8..); b0 (depth 2q..2q+1, column g), b1 (depth 2q+8.., column g); then the products, tile after
  * tile. va, vb: whether A's and B's rows may be read 8 bytes at a time. */
-template <bool TA, bool TB, int WM, int WN, bool TAIL>
+template <bool TA, bool TB, int WM, int WN, bool TAIL, bool ONE>
 __device__ static inline void tc_step16(float (*s)[WN][4], const float *A, int lda, const float *B, int ldb,
                                         const int (*ar)[2], const int *bc, int p0, int k, int q, bool va, bool vb) {
     uint32_t a[WM][4], as[WM][4], b[WN][2], bs[WN][2];
@@ -310,7 +313,7 @@ __device__ static inline void tc_step16(float (*s)[WN][4], const float *A, int l
 #pragma unroll
         for (int e = 0; e < 2; e++)
             bf16_split(depth_pair<TB, TAIL>(B, ldb, bc[j], p0 + 2 * q + 8 * e, k, vb), &b[j][e], &bs[j][e]);
-    split_products<true, WM, WN>(s, a, as, b, bs);
+    split_products<true, WM, WN, ONE>(s, a, as, b, bs);
 }
 /* 8-byte loads of two depths at once: the matrix and its row length both keep 8-byte alignment */
 __device__ static inline bool al8(const float *X, int ld) { return ((uintptr_t)X & 7) == 0 && (ld & 1) == 0; }
@@ -324,12 +327,12 @@ __device__ static inline void tc_sum(float (*s)[WN][4], const float *A, int lda,
     for (int i = 0; i < WM; i++) ar[i][0] = min(m0 + 16 * i + g, m - 1), ar[i][1] = min(m0 + 16 * i + g + 8, m - 1);
 #pragma unroll
     for (int j = 0; j < WN; j++) bc[j] = min(n0 + 8 * j + g, n - 1);
-    if (PR == 2) {
+    if (PR >= 2) {
         int k16 = k & ~15;
         bool va = al8(A, lda), vb = al8(B, ldb);
         for (int p0 = 0; p0 < k16; p0 += 16)
-            tc_step16<TA, TB, WM, WN, false>(s, A, lda, B, ldb, ar, bc, p0, k, q, va, vb);
-        if (k16 < k) tc_step16<TA, TB, WM, WN, true>(s, A, lda, B, ldb, ar, bc, k16, k, q, va, vb);
+            tc_step16<TA, TB, WM, WN, false, PR == 3>(s, A, lda, B, ldb, ar, bc, p0, k, q, va, vb);
+        if (k16 < k) tc_step16<TA, TB, WM, WN, true, PR == 3>(s, A, lda, B, ldb, ar, bc, k16, k, q, va, vb);
         return;
     }
     int k8 = k & ~7;
@@ -366,13 +369,13 @@ template <bool TRANS> __device__ static inline void ldsm4(uint32_t r[4], uint32_
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                      : "r"(addr));
 }
-/* tc_sum for split tiles (PR 2 only), the warp tile at (m0, n0) over depth k (WN even). Lane L
- * gives row L % 8 of matrix L / 8 of each ldmatrix: an A fragment's four matrices are (rows, depth)
+/* tc_sum for split tiles (PR 2; ONE, PR 3: their big parts alone), the warp tile at (m0, n0) over
+ * depth k (WN even). Lane L gives row L % 8 of matrix L / 8 of each ldmatrix: an A fragment's four matrices are (rows, depth)
  * (0, 0), (8, 0), (0, 8), (8, 8) from (m0 + 16 i, p0), two B tiles' are (depth, columns) (0, 0),
  * (8, 0), (0, 8), (8, 8) from (p0, n0 + 16 jj): registers a0..a3, and b0, b1 of tile 2 jj then of
  * tile 2 jj + 1, as tc_step16 makes them. Rows and columns past m and n read the tile's rows
  * beyond (inside its allocation; their sums are never stored). */
-template <bool TA, bool TB, int WM, int WN>
+template <bool TA, bool TB, int WM, int WN, bool ONE>
 __device__ static inline void tc_sum_split(float (*s)[WN][4], const float *A, int lda, const float *B, int ldb, int k,
                                            int m0, int n0) {
     static_assert(WN % 2 == 0, "two B tiles an ldmatrix");
@@ -391,15 +394,21 @@ __device__ static inline void tc_sum_split(float (*s)[WN][4], const float *A, in
     for (int p0 = 0; p0 < k; p0 += 16) {
         uint32_t ab[WM][4], as[WM][4], bb[WN][2], bs[WN][2];
 #pragma unroll
-        for (int i = 0; i < WM; i++) ldsm4<TA>(ab[i], aa[i]), ldsm4<TA>(as[i], aa[i] + 16), aa[i] += sa;
+        for (int i = 0; i < WM; i++) {
+            ldsm4<TA>(ab[i], aa[i]);
+            if (!ONE) ldsm4<TA>(as[i], aa[i] + 16);
+            aa[i] += sa;
+        }
 #pragma unroll
         for (int j = 0; j < WN / 2; j++) {
-            uint32_t x[4], y[4];
-            ldsm4<!TB>(x, ba[j]), ldsm4<!TB>(y, ba[j] + 16), ba[j] += sb;
+            uint32_t x[4], y[4] = {0, 0, 0, 0};
+            ldsm4<!TB>(x, ba[j]);
+            if (!ONE) ldsm4<!TB>(y, ba[j] + 16);
+            ba[j] += sb;
             bb[2 * j][0] = x[0], bb[2 * j][1] = x[1], bb[2 * j + 1][0] = x[2], bb[2 * j + 1][1] = x[3];
             bs[2 * j][0] = y[0], bs[2 * j][1] = y[1], bs[2 * j + 1][0] = y[2], bs[2 * j + 1][1] = y[3];
         }
-        split_products<true, WM, WN>(s, ab, as, bb, bs);
+        split_products<true, WM, WN, ONE>(s, ab, as, bb, bs);
     }
 }
 /* The warp's tiles of an m x n product: its b-th turn is the warp tile at (m0, n0), f(b, m0, n0), for
@@ -471,14 +480,14 @@ __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int l
 }
 /* The tensor-core bmm_reg: a warp's NB turns of WM x WN tiles of an m x n result kept in registers,
  * s[b] its b-th turn (tc_turns); tc_acc adds op(A) op(B) to them (the tensor cores' sums, from the
- * values s holds; SP: A and B are split tiles, split_tile below, their products tc_sum_split's, PR
- * unused), tc_each visits their elements: f(b, i, j, e, r, c). */
+ * values s holds; SP: A and B are split tiles, split_tile below, their products tc_sum_split's, PR 2
+ * or 3), tc_each visits their elements: f(b, i, j, e, r, c). */
 template <int PR, bool TA, bool TB, int WM, int WN, int NB, bool SP = false>
 __device__ static void tc_acc(float (*s)[WM][WN][4], const float *A, int lda, const float *B, int ldb, int m, int n,
                               int k) {
     tc_turns<WM, WN, NB>(m, n, [&](int b, int m0, int n0) {
         if constexpr (SP)
-            tc_sum_split<TA, TB, WM, WN>(s[b], A, lda, B, ldb, k, m0, n0);
+            tc_sum_split<TA, TB, WM, WN, PR == 3>(s[b], A, lda, B, ldb, k, m0, n0);
         else
             tc_sum<PR, TA, TB, WM, WN>(s[b], A, lda, B, ldb, m, n, k, m0, n0);
     });
@@ -541,7 +550,9 @@ template <typename F> __device__ static inline void grid_walk(int rows, int cols
 
 /* Tile X (rows x cols of floats, row stride ld, 16-byte aligned rows) split in place; the elements
  * of rows up to rows_pad and columns up to cols_pad (a multiple of 8, at most ld) past rows x cols
- * become zeros (depth padding). A thread a group: its 8 floats read before its parts are written. */
+ * become zeros (depth padding). A thread a group: its 8 floats read before its parts are written.
+ * ONE: only the big parts, for products in one bf16 part (tc_sum_split's ONE reads no small part). */
+template <bool ONE = false>
 __device__ static void split_tile(float *X, int ld, int rows, int cols, int rows_pad, int cols_pad) {
     grid_walk(rows_pad, cols_pad >> 3, [&](int r, int g) {
         float v[8];
@@ -559,7 +570,8 @@ __device__ static void split_tile(float *X, int ld, int rows, int cols, int rows
         bf16_split(make_float2(v[4], v[5]), &big.z, &small.z);
         bf16_split(make_float2(v[6], v[7]), &big.w, &small.w);
         uint4 *p = (uint4 *)(X + r * ld + 8 * g);
-        p[0] = big, p[1] = small;
+        p[0] = big;
+        if (!ONE) p[1] = small;
     });
 }
 /* rows up to a multiple of 16 past `rows`, cols columns (a multiple of 8), of split tile X set to
