@@ -151,8 +151,9 @@
     X(GATED_DELTA_NET, OWN, 6, 0, 31, 32,                                                                              \
       "q,k [Dk,Hk,T,B], v [Dv,Hv,T,B], g,beta [Hv,T,B], i32 positions [T,B] -> o [Dv,Hv,T,B]; the state is 0 "         \
       "before a step at position 0; ip0: the CUDA kernels' products, 0 float32 on the CUDA cores, 1 the tensor "     \
-      "cores in split TF32 (about float32's precision), 2 the tensor cores in split bf16 (16 bits; the bf16 mode) " \
-      "(other backends: float32 or float64 whatever ip0 says)")                                                 \
+      "cores in split TF32 (about float32's precision), 2 the tensor cores in split bf16 (16 bits), 3 the "         \
+      "forward as 2 and the backward's products on one bf16 part (8 bits; the bf16 mode) (other backends: "         \
+      "float32 or float64 whatever ip0 says)")                                                                      \
     X(GATED_DELTA_NET_BACK, OWN, 7, OPF_BACKWARD, 0, 32,                                                               \
       "q,k,v,g,beta,positions,do; ip0 as GATED_DELTA_NET -> packed [a row a token: dq|dk|dv (per value head)] then dg, dbeta (keel_gdn_back_layout)")\
     X(GATED_DELTA_NET_STATE, OWN, 7, 0, 0, 32,                                                                         \
