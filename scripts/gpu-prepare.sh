@@ -18,8 +18,10 @@ cp -r "$fx/causal-f32-sharded" "$fx/multimodal-bf16" "$fx/reference.safetensors"
 ./build/keel info .gpu-data/init/tiny --batch 2 --window 48 --dump-logits .gpu-data/init/tiny-logits.safetensors >/dev/null
 cp assets/moby-dick.txt .gpu-data/
 mkdir -p .gpu-data/qwen3 && cp assets/qwen3/tokenizer.json assets/qwen3/tokenizer_config.json .gpu-data/qwen3/
-# the sources gpu-check.sh's bitwise stage builds beside the tree under test (HEAD, or KEEL_BITWISE_BASE)
-git archive --format=tar "${KEEL_BITWISE_BASE:-HEAD}" >.gpu-data/base.tar
+# the sources gpu-check.sh's bitwise stage builds beside the tree under test (HEAD, or KEEL_BITWISE_BASE);
+# without tests/fixtures (the stage trains from .gpu-data/fixture; with them, 29 MB, the tree and what is
+# carried no longer fit the device tool's 64 MiB)
+git archive --format=tar "${KEEL_BITWISE_BASE:-HEAD}" -- . ':(exclude)tests/fixtures' >.gpu-data/base.tar
 # NCCL's header, for a GPU machine whose NCCL (in PyTorch's wheels) comes without one
 if [ -e /usr/local/cuda/include/nccl.h ]; then mkdir -p .gpu-data/nccl-include && cp -r /usr/local/cuda/include/nccl*.h /usr/local/cuda/include/nccl_device .gpu-data/nccl-include/; fi
 du -sh .gpu-data
