@@ -224,14 +224,15 @@ static void carried_blocks(void **st) {
 #ifdef KEEL_HAVE_CUDA
 #include "backends/cuda/cuda_api.h"
 
-/* The delta rule's inputs: q, k [16, 2, 65, 2], v [24, 4, 65, 2], g, beta [4, 65, 2] (parameters),
+/* The delta rule's inputs: q, k [dk, 2, 65, 2], v [24, 4, 65, 2], g, beta [4, 65, 2] (parameters),
  * positions [65, 2] */
-static void gdn_inputs(keel_ctx *ctx, keel_tensor **x) {
-    x[0] = keel_new_4d(ctx, KEEL_F32, 16, 2, 65, 2), x[1] = keel_new_4d(ctx, KEEL_F32, 16, 2, 65, 2);
+static void gdn_inputs_dk(keel_ctx *ctx, keel_tensor **x, int64_t dk) {
+    x[0] = keel_new_4d(ctx, KEEL_F32, dk, 2, 65, 2), x[1] = keel_new_4d(ctx, KEEL_F32, dk, 2, 65, 2);
     x[2] = keel_new_4d(ctx, KEEL_F32, 24, 4, 65, 2), x[3] = keel_new_3d(ctx, KEEL_F32, 4, 65, 2);
     x[4] = keel_new_3d(ctx, KEEL_F32, 4, 65, 2), x[5] = keel_set_flags(keel_new_2d(ctx, KEEL_I32, 65, 2), KEEL_FLAG_INPUT);
     for (int i = 0; i < 5; i++) keel_set_flags(x[i], KEEL_FLAG_PARAM);
 }
+static void gdn_inputs(keel_ctx *ctx, keel_tensor **x) { gdn_inputs_dk(ctx, x, 16); }
 static int64_t node_index(const keel_graph *g, const keel_tensor *t) {
     for (int64_t i = 0; i < g->n_nodes; i++)
         if (g->nodes[i] == t) return i;
@@ -305,6 +306,36 @@ static void cuda_gdn_carry(void **st) {
         assert_true(k == 0 ? bytes > 0 && w == f : bytes == 0);
         keel_graph_free(g);
         keel_ctx_free(ctx);
+    }
+}
+
+/* The bf16 mode's variant (ip0 3) keeps the three arrays only its backward's one-part products read
+ * (Kb, Ac [chunk][64][Dk] and Am [chunk][64][64] a lane) as bf16 where Dk is a multiple of 32: the
+ * carried block and the unpaired backward's scratch are those arrays' half smaller than split
+ * bf16's (ip0 2); at Dk 16 the two are the same size. */
+static void cuda_gdn_half_arrays(void **st) {
+    (void)st;
+    for (int64_t dk = 16; dk <= 32; dk += 16) {
+        size_t carry[2], back[2];
+        for (int v = 0; v < 2; v++) {
+            keel_ctx *ctx = keel_ctx_new();
+            keel_tensor *x[6];
+            gdn_inputs_dk(ctx, x, dk);
+            keel_tensor *dy = keel_set_flags(keel_new_4d(ctx, KEEL_F32, 24, 4, 65, 2), KEEL_FLAG_INPUT);
+            int64_t tc = v ? KEEL_GDN_BF16_GRAD : KEEL_GDN_SPLIT_BF16, w = -1;
+            keel_tensor *outs[2] = {keel_gated_delta_net(ctx, x[0], x[1], x[2], x[3], x[4], x[5], tc),
+                                    gdn_back(ctx, x, dy, tc)};
+            keel_graph *g = keel_graph_build(ctx, outs, 2);
+            carry[v] = keel_cuda_carry_bytes(g, node_index(g, outs[1]), &w);
+            assert_int_equal(w, node_index(g, outs[0]));
+            back[v] = keel_cuda_scratch_bytes(outs[1]);
+            keel_graph_free(g);
+            keel_ctx_free(ctx);
+        }
+        size_t lane_chunks = 2 * 4 * 2 /* batch x value heads x chunks of 64 in 65 steps */,
+               halved = dk % 32 == 0 ? lane_chunks * 64 * (size_t)(2 * dk + 64) * sizeof(float) / 2 : 0;
+        assert_int_equal(carry[0] - carry[1], halved);
+        assert_int_equal(back[0] - back[1], halved);
     }
 }
 #endif
@@ -435,6 +466,7 @@ int main(void) {
         cmocka_unit_test(carried_blocks),
 #ifdef KEEL_HAVE_CUDA
         cmocka_unit_test(cuda_gdn_carry),
+        cmocka_unit_test(cuda_gdn_half_arrays),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,8 @@
 /* keel: the gated delta rule on CUDA in the chunked (WY) form, forward and backward, float32 (with
  * the op's ip0, TC below: the per-chunk products on the tensor cores, 1 in split TF32, 2 in split bf16;
  * 3, the bf16 mode's variant, runs the forward as 2 and the backward's products on one bf16 part of
- * each operand, PR 3: see bmm_tc).
+ * each operand, PR 3: see bmm_tc; the arrays only those products read, Kb, Ac and Am, it keeps in
+ * bf16: gdn_scr).
  *
  * Per (batch, value head) lane the recurrence is, with the state S (Dk x Dv), for each step t:
  * S = e^g_t S (0 where an example starts);  u_t = beta_t (v_t - S^T k_t);  S = S + k_t u_t^T;
@@ -44,6 +45,7 @@
 typedef struct {
     kt q, k, v, g, beta, pos, dO, s0;
     int64_t Dk, Hk, T, B, Dv, Hv;
+    int half; /* Kb, Ac and Am in bf16 (below) */
 } gdn_args;
 
 /* Scratch, per lane l and chunk c at lc = l * nc + c, rows of a chunk at stride CH. */
@@ -52,6 +54,9 @@ typedef struct {
         *Ac;        /* [lc][CH][Dk]: A diag(beta Gam) K, diag(Gam) Q, diag(D_C) K, diag(beta Gam) K, A^T Kc */
     float *U0;      /* [lc][CH][Dv]: A diag(beta) V */
     float *Pm, *Am; /* [lc][CH][CH]: D o Q K^T (lower), A */
+    /* With gdn_args' half (ip0 3, whose backward reads Kb, Ac and Am only as operands of its products
+     * in one bf16 part, Dk a multiple of 32), those three hold bf16 values (uint16_t, half the bytes),
+     * each the float32 value rounded as those products round it: the same bits, half the traffic. */
     float *GamC;    /* [lc] the decay across the whole chunk */
     float *Sc, *Uc; /* [lc][Dk][Dv] the state entering the chunk, [lc][CH][Dv] U */
     /* backward */
@@ -215,6 +220,7 @@ template <int TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, g
     int64_t c = blockIdx.x, l = blockIdx.y, b = l / A.Hv, hv = l % A.Hv, hk = hv / (A.Hv / A.Hk);
     int64_t t0 = c * CH, lc = l * P.nc + c;
     int n = chunk_len(A.T, c), Dk = (int)A.Dk, Dv = (int)A.Dv, ldk = PAD_LD(Dk);
+    bool half = TC == 2 && bwd && A.half; /* ip0 3's forward runs as 2 */
     chunk_decay d = decay_at(smd);
     float *Q = (float *)((char *)smd + DECAY_BYTES), *K = Q + prep_q_floats(Dk) + 2 * PREP_T, *M = K + CH * ldk,
           *Pm = M + CH * LDC, *Vt = Q; /* V's columns take Q's space (and on, see below) */
@@ -245,7 +251,10 @@ template <int TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, g
     grid_walk(n, n, [&](int t, int s) {
         float a = (float)Ad[t * CH + s];
         P.Pm[lc * CH * CH + t * CH + s] = Pm[t * LDC + s];
-        if (bwd) P.Am[lc * CH * CH + t * CH + s] = a;
+        if (half)
+            ((uint16_t *)P.Am)[lc * CH * CH + t * CH + s] = bf16_of(a);
+        else if (bwd)
+            P.Am[lc * CH * CH + t * CH + s] = a;
         M[t * LDC + s] = a;
         Pm[t * LDC + s] = (float)(Ad[t * CH + s] * (double)d.bt[s]);
     });
@@ -267,12 +276,17 @@ template <int TC> __global__ void __launch_bounds__(NT) k_gdn_prep(gdn_args A, g
         P.Kc[rk + t * Dk + i] = kc;
         if (bwd) Q[t * ldk + i] = kc;
         K[t * ldk + i] = kb;
-        if (bwd) P.Kb[rk + t * Dk + i] = kb;
+        if (half)
+            ((uint16_t *)P.Kb)[rk + t * Dk + i] = bf16_of(kb);
+        else if (bwd)
+            P.Kb[rk + t * Dk + i] = kb;
     });
     if (threadIdx.x == 0) P.GamC[lc] = d.Gam[n - 1];
     __syncthreads();
     if (bwd) {
-        bmm_sel<TC, true, false>(P.Ac + rk, Dk, M, LDC, Q, ldk, n, Dk, n, 1.0f, 0.0f, false);
+        if constexpr (TC == 2)
+            if (half) bmm_tc<2, true, false>((uint16_t *)P.Ac + rk, Dk, M, LDC, Q, ldk, n, Dk, n, 1.0f, 0.0f, false);
+        if (!half) bmm_sel<TC, true, false>(P.Ac + rk, Dk, M, LDC, Q, ldk, n, Dk, n, 1.0f, 0.0f, false);
         __syncthreads(); /* Kc is read: V's first columns take its space */
         fetch_rows(Vt, ldv, A.v, hv, t0, b, n, 0, vb);
         fetch_commit();
@@ -556,7 +570,11 @@ template <int TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args 
     fetch_rows(dOt, LDO, A.dO, hv, c * CH, b, n, j0, jw);
     fetch_commit();
     fetch_mat(X, ldk, P.Qg + lc * CH * (int64_t)Dk, Dk, n, Dk); /* in flight during the first product */
-    fetch_mat(Am, LDC, P.Am + lc * CH * CH, CH, n, n);
+    bool half = TC == 3 && A.half;
+    if (half)
+        fetch_mat16((uint16_t *)Am, 2 * LDC, (const uint16_t *)P.Am + lc * CH * CH, CH, n, n);
+    else
+        fetch_mat(Am, LDC, P.Am + lc * CH * CH, CH, n, n);
     fetch_commit();
     fetch_wait(1);
     __syncthreads();
@@ -565,6 +583,12 @@ template <int TC> __global__ void __launch_bounds__(NT) k_gdn_pre_back(gdn_args 
     __syncthreads();
     bmm_sel<TC, true, false>(P.dSc + lc * Dk * (int64_t)Dv + j0, Dv, X, ldk, dOt, LDO, Dk, jw, n, 1.0f, 0.0f, false);
     __syncthreads();
+    if constexpr (TC == 3)
+        if (half) {
+            bmm_tc<3, true, false>(P.dR + lc * CH * (int64_t)Dv + j0, Dv, (const uint16_t *)Am, 2 * LDC, dU, LDO, n, jw,
+                                   n, 1.0f, 0.0f, false);
+            return;
+        }
     bmm_sel<TC, true, false>(P.dR + lc * CH * (int64_t)Dv + j0, Dv, Am, LDC, dU, LDO, n, jw, n, 1.0f, 0.0f, false);
 }
 
@@ -596,18 +620,26 @@ template <int GR, typename F> __device__ static inline void g0_walk(int Dk, int 
         if (x >= jw) x -= jw, i++;
     }
 }
-template <int GR, int TC>
+template <int GR, int TC, bool H>
 __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_args A, gdn_scr P, float *out) {
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, kh = state_kh(Dk), ldx = PAD_LD(kh), jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
     float *dS = sm, *X = dS + Dk * LDJ, *dRt = X + CH * ldx, *bt = dRt + CH * LDJ;
+    /* H (gdn_scr's bf16 Kb and Ac, TC 3): X holds their whole rows (Dk bf16 values take no more room
+     * than kh floats), each product one, as the two halves' sums in the same order (kh a multiple of 16) */
+    uint16_t *X16 = (uint16_t *)X;
+    const uint16_t *Ac16 = (const uint16_t *)P.Ac, *Kb16 = (const uint16_t *)P.Kb;
+    int ld16 = 2 * ldx;
     /* dv's place in a token's row of the packed result (keel_gdn_back_layout) */
     int64_t prow = (2 * A.Dk + A.Dv) * A.Hv, off_dv = 2 * A.Dk * A.Hv + hv * Dv, last = P.nc - 1;
     for (int e = threadIdx.x; e < Dk * LDJ; e += NT) dS[e] = 0.0f;
     int64_t lc = l * P.nc + last, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
     int n = chunk_len(A.T, last);
-    fetch_mat(X, ldx, P.Ac + rk, Dk, n, kh);
+    if (H)
+        fetch_mat16(X16, ld16, Ac16 + rk, Dk, n, Dk);
+    else
+        fetch_mat(X, ldx, P.Ac + rk, Dk, n, kh);
     fetch_mat(dRt, LDJ, P.dR + rv, Dv, n, jw);
     fetch_commit();
     bmm_owner<false, 2> ow(CH, JB); /* dR's blocks: one turn a thread at most */
@@ -620,9 +652,15 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
          * the pass on memory: ncu's samples, long scoreboard) */
         if ((int)threadIdx.x < Dk) l2_prefetch(dSo + threadIdx.x * (int64_t)Dv);
         for (int t = threadIdx.x; t < n; t += NT) bt[t] = ldf(kt_at(A.beta, hv, t0 + t, b, 0));
-        fetch_wait(0); /* Ac's first half, dR0 */
+        fetch_wait(0); /* Ac (its first half), dR0 */
         __syncthreads();
-        if (TC) { /* the same on the tensor cores: a warp's 16 x 16 tile, the sum continued over both halves */
+        if constexpr (H) {
+            float s[1][1][2][4] = {};
+            tc_acc<3, false, false, 1, 2, 1>(s, X16, ld16, dS, LDJ, n, jw, Dk);
+            tc_each<1, 2, 1>(n, jw, [&](int u, int i, int j, int e, int r, int x) {
+                dRt[r * LDJ + x] = 1.0f * dRt[r * LDJ + x] + 1.0f * s[u][i][j][e];
+            });
+        } else if (TC) { /* the same on the tensor cores: a warp's 16 x 16 tile, the sum continued over both halves */
             float s[1][1][2][4] = {};
             tc_acc<TC ? TC : 1, false, false, 1, 2, 1>(s, X, ldx, dS, LDJ, n, jw, kh);
             __syncthreads();
@@ -656,7 +694,10 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
             }
         }
         __syncthreads();
-        fetch_mat(X, ldx, P.Kb + rk, Dk, n, kh);
+        if (H)
+            fetch_mat16(X16, ld16, Kb16 + rk, Dk, n, Dk);
+        else
+            fetch_mat(X, ldx, P.Kb + rk, Dk, n, kh);
         fetch_commit();
         store_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
         grid_walk(n, jw, [&](int t, int x) {
@@ -677,15 +718,22 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
         }
         fetch_wait(0);
         __syncthreads();
-        bmm_sel<TC, true, false>(dS, LDJ, X, ldx, dRt, LDJ, kh, jw, n, -1.0f, 1.0f, true); /* dS's first kh rows */
+        if constexpr (H) {
+            bmm_tc<3, true, false>(dS, LDJ, (const uint16_t *)X16, ld16, dRt, LDJ, Dk, jw, n, -1.0f, 1.0f, true);
+        } else {
+            bmm_sel<TC, true, false>(dS, LDJ, X, ldx, dRt, LDJ, kh, jw, n, -1.0f, 1.0f, true); /* dS's first kh rows */
+            __syncthreads();
+            fetch_mat(X, ldx, P.Kb + rk + kh, Dk, n, Dk - kh);
+            fetch_commit();
+            fetch_wait(0);
+            __syncthreads();
+            bmm_sel<TC, true, false>(dS + kh * LDJ, LDJ, X, ldx, dRt, LDJ, Dk - kh, jw, n, -1.0f, 1.0f, true);
+        }
         __syncthreads();
-        fetch_mat(X, ldx, P.Kb + rk + kh, Dk, n, Dk - kh);
-        fetch_commit();
-        fetch_wait(0);
-        __syncthreads();
-        bmm_sel<TC, true, false>(dS + kh * LDJ, LDJ, X, ldx, dRt, LDJ, Dk - kh, jw, n, -1.0f, 1.0f, true);
-        __syncthreads();
-        fetch_mat(X, ldx, P.Ac + rk - CH * Dk, Dk, n1, kh);
+        if (H)
+            fetch_mat16(X16, ld16, Ac16 + rk - CH * Dk, Dk, n1, Dk);
+        else
+            fetch_mat(X, ldx, P.Ac + rk - CH * Dk, Dk, n1, kh);
         fetch_mat(dRt, LDJ, P.dR + rv - CH * Dv, Dv, n1, jw);
         fetch_commit();
     }
@@ -1030,6 +1078,7 @@ static gdn_args args_of(const keel_tensor *t) {
     if (t->op == KEEL_OP_GATED_DELTA_NET_STATE) A.s0 = kt_of(t->src[6]);
     const keel_tensor *q = t->src[0], *v = t->src[2];
     A.Dk = q->ne[0], A.Hk = q->ne[1], A.T = q->ne[2], A.B = q->ne[3], A.Dv = v->ne[0], A.Hv = v->ne[1];
+    A.half = t->ip[0] == KEEL_GDN_BF16_GRAD && A.Dk % 32 == 0;
     return A;
 }
 
@@ -1049,7 +1098,8 @@ static size_t carve(const gdn_args &A, int parts, float *p, gdn_scr *P) {
 #define TAKE(field, count) (P->field = p ? p + n : NULL, n += (count))
     if (parts & PART_STATE) TAKE(W, rk), TAKE(Kc, rk), TAKE(U0, rv);
     if (parts & PART_KEPT) TAKE(Qg, rk), TAKE(Uc, rv), TAKE(Pm, rc), TAKE(Sc, st);
-    if (parts & PART_BACK_KEPT) TAKE(Kb, rk), TAKE(Ac, rk), TAKE(Am, rc);
+    if (parts & PART_BACK_KEPT) /* in bf16 (half): half the floats, every array still 16-byte aligned */
+        TAKE(Kb, A.half ? rk / 2 : rk), TAKE(Ac, A.half ? rk / 2 : rk), TAKE(Am, A.half ? rc / 2 : rc);
     if (parts & PART_BACK)
         TAKE(dSc, st), TAKE(dR, rv), TAKE(dQa, rk), TAKE(dKa, rk), TAKE(dKb, rk), TAKE(dPm, rc), TAKE(dMm, rc),
             TAKE(r3, nlc * CH);
@@ -1207,7 +1257,10 @@ template <int TC> static int backward(keel_backend *be, const keel_tensor *t, co
         parts((unsigned)(P.nc * CONTRACT_PARTS), (unsigned)L), lanes((unsigned)L, (unsigned)((A.Dv + JB - 1) / JB));
     TILE_LAUNCH(k_gdn_pre_back<TC>, outs, NT, pre_back_smem(A.Dk), "gated delta rule reverse preparation launch", A, P);
     void (*state_back)(gdn_args, gdn_scr, float *) =
-        A.Dk <= 128 ? k_gdn_state_back<128 * JB / NT, TC> : k_gdn_state_back<256 * JB / NT, TC>;
+        A.Dk <= 128 ? k_gdn_state_back<128 * JB / NT, TC, false> : k_gdn_state_back<256 * JB / NT, TC, false>;
+    if (TC == 3 && A.half)
+        state_back =
+            A.Dk <= 128 ? k_gdn_state_back<128 * JB / NT, TC, TC == 3> : k_gdn_state_back<256 * JB / NT, TC, TC == 3>;
     TILE_LAUNCH(state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
     /* split tiles (TC 2 and 3, the same bits) where Dk is whole warp tiles of 32 */
     bool sp = TC >= 2 && A.Dk % 32 == 0;

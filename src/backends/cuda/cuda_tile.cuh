@@ -276,6 +276,11 @@ __device__ static inline uint32_t bf16_pair(float lo, float hi) { /* lo in the l
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+/* Operands in shared memory are float32, or (uint16_t) bf16 bits, values exact in float32: a product
+ * in one bf16 part (PR 3) takes them to the tensor cores as they are, the bits its rounding of the
+ * float32 values they were rounded from (bf16_pair's, to nearest even) would have given. */
+__device__ static inline float ld_f(const float *p) { return *p; }
+__device__ static inline float ld_f(const uint16_t *p) { return __uint_as_float((uint32_t)*p << 16); }
 /* Depths p and p + 1 at row (or column) r of X: X[r ld + p], X[r ld + p + 1] (ALONG: the depth runs
  * along X's rows; one 8-byte load when V2) or X[p ld + r], X[(p + 1) ld + r]; TAIL: depth at or past
  * k reads 0 (and nothing past k - 1 is read). */
@@ -289,6 +294,18 @@ __device__ static inline float2 depth_pair(const float *X, int ld, int r, int p,
     if (ALONG && v2) return *(const float2 *)(X + r * ld + p);
     return ALONG ? make_float2(X[r * ld + p], X[r * ld + p + 1]) : make_float2(X[p * ld + r], X[(p + 1) * ld + r]);
 }
+/* the same depths of bf16 X as one bf16 pair (the first depth in the low half; one 4-byte load when V2) */
+template <bool ALONG, bool TAIL>
+__device__ static inline uint32_t depth_bits(const uint16_t *X, int ld, int r, int p, int k, bool v2) {
+    if (TAIL) {
+        int p1 = min(p + 1, k - 1), p0 = min(p, k - 1);
+        uint32_t x0 = ALONG ? X[r * ld + p0] : X[p0 * ld + r], x1 = ALONG ? X[r * ld + p1] : X[p1 * ld + r];
+        return (p < k ? x0 : 0u) | (p + 1 < k ? x1 : 0u) << 16;
+    }
+    if (ALONG && v2) return *(const uint32_t *)(X + r * ld + p);
+    return ALONG ? (uint32_t)X[r * ld + p] | (uint32_t)X[r * ld + p + 1] << 16
+                 : (uint32_t)X[p * ld + r] | (uint32_t)X[(p + 1) * ld + r] << 16;
+}
 /* two depths of x as their big bf16 parts and their small ones (each pair's low half the first depth) */
 __device__ static inline void bf16_split(float2 x, uint32_t *big, uint32_t *small) {
     *big = bf16_pair(x.x, x.y);
@@ -298,46 +315,59 @@ __device__ static inline void bf16_split(float2 x, uint32_t *big, uint32_t *smal
 /* One step of 16 in depth from p0: a0 (g, 2q..2q+1), a1 (g + 8, 2q..), a2 (g, 2q+8..), a3 (g + 8,
  * 2q+8..); b0 (depth 2q..2q+1, column g), b1 (depth 2q+8.., column g); then the products, tile after
  * tile. va, vb: whether A's and B's rows may be read 8 bytes at a time. */
-template <bool TA, bool TB, int WM, int WN, bool TAIL, bool ONE>
-__device__ static inline void tc_step16(float (*s)[WN][4], const float *A, int lda, const float *B, int ldb,
+template <bool TA, bool TB, int WM, int WN, bool TAIL, bool ONE, typename AT, typename BT>
+__device__ static inline void tc_step16(float (*s)[WN][4], const AT *A, int lda, const BT *B, int ldb,
                                         const int (*ar)[2], const int *bc, int p0, int k, int q, bool va, bool vb) {
+    static_assert(ONE || (sizeof(AT) == 4 && sizeof(BT) == 4), "bf16 operands only in one bf16 part");
     uint32_t a[WM][4], as[WM][4], b[WN][2], bs[WN][2];
 #pragma unroll
     for (int i = 0; i < WM; i++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            bf16_split(depth_pair<!TA, TAIL>(A, lda, ar[i][e & 1], p0 + 2 * q + 8 * (e >> 1), k, va), &a[i][e],
-                       &as[i][e]);
+        for (int e = 0; e < 4; e++) {
+            int r = ar[i][e & 1], p = p0 + 2 * q + 8 * (e >> 1);
+            if constexpr (sizeof(AT) == 2)
+                a[i][e] = depth_bits<!TA, TAIL>(A, lda, r, p, k, va);
+            else
+                bf16_split(depth_pair<!TA, TAIL>(A, lda, r, p, k, va), &a[i][e], &as[i][e]);
+        }
 #pragma unroll
     for (int j = 0; j < WN; j++)
 #pragma unroll
-        for (int e = 0; e < 2; e++)
-            bf16_split(depth_pair<TB, TAIL>(B, ldb, bc[j], p0 + 2 * q + 8 * e, k, vb), &b[j][e], &bs[j][e]);
+        for (int e = 0; e < 2; e++) {
+            int p = p0 + 2 * q + 8 * e;
+            if constexpr (sizeof(BT) == 2)
+                b[j][e] = depth_bits<TB, TAIL>(B, ldb, bc[j], p, k, vb);
+            else
+                bf16_split(depth_pair<TB, TAIL>(B, ldb, bc[j], p, k, vb), &b[j][e], &bs[j][e]);
+        }
     split_products<true, WM, WN, ONE>(s, a, as, b, bs);
 }
-/* 8-byte loads of two depths at once: the matrix and its row length both keep 8-byte alignment */
-__device__ static inline bool al8(const float *X, int ld) { return ((uintptr_t)X & 7) == 0 && (ld & 1) == 0; }
+/* one load of two depths at once (8 bytes, or 4 of bf16): the matrix and its row length both keep its alignment */
+template <typename T> __device__ static inline bool al_pair(const T *X, int ld) {
+    return ((uintptr_t)X & (2 * sizeof(T) - 1)) == 0 && (ld & 1) == 0;
+}
 
 /* The warp tile at (m0, n0) of an m x n product: s += op(A) op(B) over depth k, precision PR */
-template <int PR, bool TA, bool TB, int WM, int WN>
-__device__ static inline void tc_sum(float (*s)[WN][4], const float *A, int lda, const float *B, int ldb, int m, int n,
-                                     int k, int m0, int n0) {
+template <int PR, bool TA, bool TB, int WM, int WN, typename AT, typename BT>
+__device__ static inline void tc_sum(float (*s)[WN][4], const AT *A, int lda, const BT *B, int ldb, int m, int n, int k,
+                                     int m0, int n0) {
     int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, ar[WM][2], bc[WN];
 #pragma unroll
     for (int i = 0; i < WM; i++) ar[i][0] = min(m0 + 16 * i + g, m - 1), ar[i][1] = min(m0 + 16 * i + g + 8, m - 1);
 #pragma unroll
     for (int j = 0; j < WN; j++) bc[j] = min(n0 + 8 * j + g, n - 1);
-    if (PR >= 2) {
+    if constexpr (PR >= 2) {
         int k16 = k & ~15;
-        bool va = al8(A, lda), vb = al8(B, ldb);
+        bool va = al_pair(A, lda), vb = al_pair(B, ldb);
         for (int p0 = 0; p0 < k16; p0 += 16)
             tc_step16<TA, TB, WM, WN, false, PR == 3>(s, A, lda, B, ldb, ar, bc, p0, k, q, va, vb);
         if (k16 < k) tc_step16<TA, TB, WM, WN, true, PR == 3>(s, A, lda, B, ldb, ar, bc, k16, k, q, va, vb);
-        return;
+    } else {
+        static_assert(sizeof(AT) == 4 && sizeof(BT) == 4, "split TF32 on float32 operands");
+        int k8 = k & ~7;
+        for (int p0 = 0; p0 < k8; p0 += 8) tc_step<TA, TB, WM, WN, false>(s, A, lda, B, ldb, ar, bc, p0, k, q);
+        if (k8 < k) tc_step<TA, TB, WM, WN, true>(s, A, lda, B, ldb, ar, bc, k8, k, q);
     }
-    int k8 = k & ~7;
-    for (int p0 = 0; p0 < k8; p0 += 8) tc_step<TA, TB, WM, WN, false>(s, A, lda, B, ldb, ar, bc, p0, k, q);
-    if (k8 < k) tc_step<TA, TB, WM, WN, true>(s, A, lda, B, ldb, ar, bc, k8, k, q);
 }
 /* Split tiles: a float32 tile in shared memory split once into its bf16 parts (bf16_split's big and
  * small, element by element), in place, so that the products read their fragments with `ldmatrix`
@@ -459,9 +489,20 @@ __device__ static inline void store_pair(float *p, float x, float y, int w) {
     p[0] = x;
     if (w == 2) p[1] = y;
 }
-template <int PR, bool TA, bool TB, int WM, int WN>
-__device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m,
-                                    int n, int k, float alpha, float beta, bool acc) {
+/* x and y to bf16 C at p and p + 1 (bf16_pair's rounding; one 4-byte store where p allows it) */
+__device__ static inline uint16_t bf16_of(float x) { return (uint16_t)bf16_pair(x, 0.0f); }
+__device__ static inline void store_pair(uint16_t *p, float x, float y, int w) {
+    uint32_t b = bf16_pair(x, y);
+    if (w == 2 && ((uintptr_t)p & 3) == 0) {
+        *(uint32_t *)p = b;
+        return;
+    }
+    p[0] = (uint16_t)b;
+    if (w == 2) p[1] = (uint16_t)(b >> 16);
+}
+template <int PR, bool TA, bool TB, int WM, int WN, typename CT, typename AT, typename BT>
+__device__ static void bmm_tc_tiles(CT *C, int64_t ldc, const AT *A, int lda, const BT *B, int ldb, int m, int n, int k,
+                                    float alpha, float beta, bool acc) {
     tc_turns<WM, WN, 0>(m, n, [&](int, int m0, int n0) {
         float s[WM][WN][4];
 #pragma unroll
@@ -472,8 +513,9 @@ __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int l
                 for (int e = 0; e < 4; e++) s[i][j][e] = 0.0f;
         tc_sum<PR, TA, TB, WM, WN>(s, A, lda, B, ldb, m, n, k, m0, n0);
         tc_pairs<WM, WN>(m, n, m0, n0, [&](int i, int j, int h, int r, int c, int w) {
-            float *p = C + r * ldc + c, x = alpha * s[i][j][2 * h], y = alpha * s[i][j][2 * h + 1];
-            if (acc) x = beta * p[0] + x, y = w == 2 ? beta * p[1] + y : y;
+            CT *p = C + r * ldc + c;
+            float x = alpha * s[i][j][2 * h], y = alpha * s[i][j][2 * h + 1];
+            if (acc) x = beta * ld_f(p) + x, y = w == 2 ? beta * ld_f(p + 1) + y : y;
             store_pair(p, x, y, w);
         });
     });
@@ -482,9 +524,8 @@ __device__ static void bmm_tc_tiles(float *C, int64_t ldc, const float *A, int l
  * s[b] its b-th turn (tc_turns); tc_acc adds op(A) op(B) to them (the tensor cores' sums, from the
  * values s holds; SP: A and B are split tiles, split_tile below, their products tc_sum_split's, PR 2
  * or 3), tc_each visits their elements: f(b, i, j, e, r, c). */
-template <int PR, bool TA, bool TB, int WM, int WN, int NB, bool SP = false>
-__device__ static void tc_acc(float (*s)[WM][WN][4], const float *A, int lda, const float *B, int ldb, int m, int n,
-                              int k) {
+template <int PR, bool TA, bool TB, int WM, int WN, int NB, bool SP = false, typename AT, typename BT>
+__device__ static void tc_acc(float (*s)[WM][WN][4], const AT *A, int lda, const BT *B, int ldb, int m, int n, int k) {
     tc_turns<WM, WN, NB>(m, n, [&](int b, int m0, int n0) {
         if constexpr (SP)
             tc_sum_split<TA, TB, WM, WN, PR == 3>(s[b], A, lda, B, ldb, k, m0, n0);
@@ -507,9 +548,11 @@ template <int WM, int WN, int NB, typename F> __device__ static void tc_each_pai
         });
     });
 }
-template <int PR, bool TA, bool TB>
-__device__ static void bmm_tc(float *C, int64_t ldc, const float *A, int lda, const float *B, int ldb, int m, int n,
-                              int k, float alpha, float beta, bool acc) {
+/* C = alpha op(A) op(B) [+ beta C] on the tensor cores in precision PR; C float32 or (uint16_t) bf16,
+ * each result rounded once (bf16_pair) */
+template <int PR, bool TA, bool TB, typename CT, typename AT, typename BT>
+__device__ static void bmm_tc(CT *C, int64_t ldc, const AT *A, int lda, const BT *B, int ldb, int m, int n, int k,
+                              float alpha, float beta, bool acc) {
     if (m * n >= 8 * 32 * 32) /* 64 x 128 and up: 32 x 32 a warp */
         bmm_tc_tiles<PR, TA, TB, 2, 4>(C, ldc, A, lda, B, ldb, m, n, k, alpha, beta, acc);
     else if (m * n >= 8 * 32 * 16) /* 64 x 64: 32 x 16 */
@@ -632,6 +675,11 @@ __device__ static void fetch_rows(float *dst, int ld, const kt &x, int64_t h, in
 }
 __device__ static void fetch_mat(float *dst, int ldd, const float *src, int64_t lds, int rows, int cols) {
     fetch_2d(dst, ldd, (const char *)src, lds * (int64_t)sizeof(float), rows, cols);
+}
+/* the same for bf16 rows (ldd and lds even, 4-byte aligned rows; an odd cols also copies the value
+ * after each row's last) */
+__device__ static void fetch_mat16(uint16_t *dst, int ldd, const uint16_t *src, int64_t lds, int rows, int cols) {
+    fetch_2d((float *)dst, ldd / 2, (const char *)src, lds * (int64_t)sizeof(uint16_t), rows, (cols + 1) / 2);
 }
 __device__ static inline void fetch_commit() { __pipeline_commit(); }
 /* the 128-byte line at p into the L2 cache, for a later load that would otherwise wait on memory */
