@@ -224,15 +224,15 @@ static void carried_blocks(void **st) {
 #ifdef KEEL_HAVE_CUDA
 #include "backends/cuda/cuda_api.h"
 
-/* The delta rule's inputs: q, k [dk, 2, 65, 2], v [24, 4, 65, 2], g, beta [4, 65, 2] (parameters),
+/* The delta rule's inputs: q, k [dk, 2, 65, 2], v [dv, 4, 65, 2], g, beta [4, 65, 2] (parameters),
  * positions [65, 2] */
-static void gdn_inputs_dk(keel_ctx *ctx, keel_tensor **x, int64_t dk) {
+static void gdn_inputs_of(keel_ctx *ctx, keel_tensor **x, int64_t dk, int64_t dv) {
     x[0] = keel_new_4d(ctx, KEEL_F32, dk, 2, 65, 2), x[1] = keel_new_4d(ctx, KEEL_F32, dk, 2, 65, 2);
-    x[2] = keel_new_4d(ctx, KEEL_F32, 24, 4, 65, 2), x[3] = keel_new_3d(ctx, KEEL_F32, 4, 65, 2);
+    x[2] = keel_new_4d(ctx, KEEL_F32, dv, 4, 65, 2), x[3] = keel_new_3d(ctx, KEEL_F32, 4, 65, 2);
     x[4] = keel_new_3d(ctx, KEEL_F32, 4, 65, 2), x[5] = keel_set_flags(keel_new_2d(ctx, KEEL_I32, 65, 2), KEEL_FLAG_INPUT);
     for (int i = 0; i < 5; i++) keel_set_flags(x[i], KEEL_FLAG_PARAM);
 }
-static void gdn_inputs(keel_ctx *ctx, keel_tensor **x) { gdn_inputs_dk(ctx, x, 16); }
+static void gdn_inputs(keel_ctx *ctx, keel_tensor **x) { gdn_inputs_of(ctx, x, 16, 24); }
 static int64_t node_index(const keel_graph *g, const keel_tensor *t) {
     for (int64_t i = 0; i < g->n_nodes; i++)
         if (g->nodes[i] == t) return i;
@@ -309,19 +309,20 @@ static void cuda_gdn_carry(void **st) {
     }
 }
 
-/* The bf16 mode's variant (ip0 3) keeps the three arrays only its backward's one-part products read
- * (Kb, Ac [chunk][64][Dk] and Am [chunk][64][64] a lane) as bf16 where Dk is a multiple of 32: the
- * carried block and the unpaired backward's scratch are those arrays' half smaller than split
- * bf16's (ip0 2); at Dk 16 the two are the same size. */
+/* The bf16 mode's variant (ip0 3) keeps the four arrays only its backward's one-part products read
+ * (Kb, Ac [chunk][64][Dk], Am [chunk][64][64] and Uc [chunk][64][Dv] a lane) as bf16 where Dk and Dv
+ * are multiples of 32: the carried block and the unpaired backward's scratch are those arrays' half
+ * smaller than split bf16's (ip0 2); at Dk 16 the two are the same size. */
 static void cuda_gdn_half_arrays(void **st) {
     (void)st;
+    const int64_t dv = 32;
     for (int64_t dk = 16; dk <= 32; dk += 16) {
         size_t carry[2], back[2];
         for (int v = 0; v < 2; v++) {
             keel_ctx *ctx = keel_ctx_new();
             keel_tensor *x[6];
-            gdn_inputs_dk(ctx, x, dk);
-            keel_tensor *dy = keel_set_flags(keel_new_4d(ctx, KEEL_F32, 24, 4, 65, 2), KEEL_FLAG_INPUT);
+            gdn_inputs_of(ctx, x, dk, dv);
+            keel_tensor *dy = keel_set_flags(keel_new_4d(ctx, KEEL_F32, dv, 4, 65, 2), KEEL_FLAG_INPUT);
             int64_t tc = v ? KEEL_GDN_BF16_GRAD : KEEL_GDN_SPLIT_BF16, w = -1;
             keel_tensor *outs[2] = {keel_gated_delta_net(ctx, x[0], x[1], x[2], x[3], x[4], x[5], tc),
                                     gdn_back(ctx, x, dy, tc)};
@@ -333,7 +334,7 @@ static void cuda_gdn_half_arrays(void **st) {
             keel_ctx_free(ctx);
         }
         size_t lane_chunks = 2 * 4 * 2 /* batch x value heads x chunks of 64 in 65 steps */,
-               halved = dk % 32 == 0 ? lane_chunks * 64 * (size_t)(2 * dk + 64) * sizeof(float) / 2 : 0;
+               halved = dk % 32 == 0 ? lane_chunks * 64 * (size_t)(2 * dk + 64 + dv) * sizeof(float) / 2 : 0;
         assert_int_equal(carry[0] - carry[1], halved);
         assert_int_equal(back[0] - back[1], halved);
     }

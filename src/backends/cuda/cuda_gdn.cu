@@ -1,8 +1,8 @@
 /* keel: the gated delta rule on CUDA in the chunked (WY) form, forward and backward, float32 (with
  * the op's ip0, TC below: the per-chunk products on the tensor cores, 1 in split TF32, 2 in split bf16;
  * 3, the bf16 mode's variant, runs the forward as 2 and the backward's products on one bf16 part of
- * each operand, PR 3: see bmm_tc; the arrays only those products read, Kb, Ac and Am, it keeps in
- * bf16: gdn_scr).
+ * each operand, PR 3: see bmm_tc; the arrays only those products read, Uc, Kb, Ac and Am, it keeps
+ * in bf16: gdn_scr).
  *
  * Per (batch, value head) lane the recurrence is, with the state S (Dk x Dv), for each step t:
  * S = e^g_t S (0 where an example starts);  u_t = beta_t (v_t - S^T k_t);  S = S + k_t u_t^T;
@@ -45,7 +45,7 @@
 typedef struct {
     kt q, k, v, g, beta, pos, dO, s0;
     int64_t Dk, Hk, T, B, Dv, Hv;
-    int half; /* Kb, Ac and Am in bf16 (below) */
+    int half; /* Uc, Kb, Ac and Am in bf16 (gdn_scr) */
 } gdn_args;
 
 /* Scratch, per lane l and chunk c at lc = l * nc + c, rows of a chunk at stride CH. */
@@ -54,9 +54,11 @@ typedef struct {
         *Ac;        /* [lc][CH][Dk]: A diag(beta Gam) K, diag(Gam) Q, diag(D_C) K, diag(beta Gam) K, A^T Kc */
     float *U0;      /* [lc][CH][Dv]: A diag(beta) V */
     float *Pm, *Am; /* [lc][CH][CH]: D o Q K^T (lower), A */
-    /* With gdn_args' half (ip0 3, whose backward reads Kb, Ac and Am only as operands of its products
-     * in one bf16 part, Dk a multiple of 32), those three hold bf16 values (uint16_t, half the bytes),
-     * each the float32 value rounded as those products round it: the same bits, half the traffic. */
+    /* With gdn_args' half (ip0 3, whose backward reads Uc, Kb, Ac and Am only as operands of its
+     * products in one bf16 part; Dk and Dv multiples of 32 up to STATE_TC_MAX, where the forward's
+     * output is the tensor-core state pass's, which does not read Uc back), those four hold bf16 values
+     * (uint16_t, half the bytes), each the float32 value rounded as those products round it: the same
+     * bits, half the traffic. */
     float *GamC;    /* [lc] the decay across the whole chunk */
     float *Sc, *Uc; /* [lc][Dk][Dv] the state entering the chunk, [lc][CH][Dv] U */
     /* backward */
@@ -452,7 +454,10 @@ template <int TC, bool SP> __global__ void __launch_bounds__(NT, 1) k_gdn_state_
                 float y0 = 1.0f * u0[i][j][2 * h] + -1.0f * u[t][i][j][2 * h],
                       y1 = 1.0f * u0[i][j][2 * h + 1] + -1.0f * u[t][i][j][2 * h + 1];
                 split_pair(Us, ldv, r, x, y0, y1);
-                store_pair(P.Uc + rv + r * (int64_t)Dv + x, y0, y1, w);
+                if (A.half)
+                    store_pair((uint16_t *)P.Uc + rv + r * (int64_t)Dv + x, y0, y1, w);
+                else
+                    store_pair(P.Uc + rv + r * (int64_t)Dv + x, y0, y1, w);
             });
             split_zero_rows(Us, ldv, n, Dv); /* U's depth past n (rows no warp reads as U0) */
         } else {
@@ -774,21 +779,29 @@ __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A
     double part_sum = 0.0; /* this thread's share of dGamC, in a fixed order */
     float acc1[NB][4][4], acc2[1][4][4], s1[NB / 2][2][4][4] = {}, s2[1][2][2][4] = {};
     /* block j0's operands into stage st: Ta, St, then Tb, St2 or Tb and Tc (tile below) */
+    /* Uc in bf16 (gdn_scr's half, TC 3 with split tiles: jw is 32) lands as its split tile's big parts */
+    bool uh = TC == 3 && SP && A.half;
+    auto fetch_u = [&](float *X, int j0, int jw) {
+        if (uh)
+            split_fetch16(X, LDJ, (const uint16_t *)P.Uc + rv + j0, Dv, n, jw);
+        else
+            fetch_mat(X, LDJ, P.Uc + rv + j0, Dv, n, jw);
+    };
     auto fetch_block = [&](int j0, int st) {
         int jw = Dv - j0 < JB ? Dv - j0 : JB;
         float *Ta = stages + st * sf, *St = Ta + CH * LDJ, *X3 = St + Dk * LDJ;
         if (part == 0) {
             fetch_rows(Ta, LDJ, A.dO, hv, t0, b, n, j0, jw);
             fetch_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
-            fetch_mat(X3, LDJ, P.Uc + rv + j0, Dv, n, jw);
+            fetch_u(X3, j0, jw);
         } else if (part == 1) {
-            fetch_mat(Ta, LDJ, P.Uc + rv + j0, Dv, n, jw);
+            fetch_u(Ta, j0, jw);
             fetch_mat(St, LDJ, dSc + j0, Dv, Dk, jw);
             fetch_mat(X3, LDJ, Sc + j0, Dv, Dk, jw);
         } else {
             fetch_mat(Ta, LDJ, P.dR + rv + j0, Dv, n, jw);
             fetch_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
-            fetch_mat(X3, LDJ, P.Uc + rv + j0, Dv, n, jw);
+            fetch_u(X3, j0, jw);
             fetch_rows(X3 + CH * LDJ, LDJ, A.v, hv, t0, b, n, j0, jw);
         }
         fetch_commit();
@@ -819,9 +832,9 @@ __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A
             int j16 = (jw + 15) / 16 * 16;
             sums();
             if (part != 0) __syncthreads();
-            split_tile<TC == 3>(Ta, LDJ, n, jw, n, j16);
+            if (!uh || part != 1) split_tile<TC == 3>(Ta, LDJ, n, jw, n, j16); /* Uc's came split */
             split_tile<TC == 3>(St, LDJ, Dk, jw, Dk, j16);
-            if (part != 1) split_tile<TC == 3>(Tb, LDJ, n, jw, n, j16);
+            if (part != 1 && !uh) split_tile<TC == 3>(Tb, LDJ, n, jw, n, j16);
             __syncthreads();
             tc_acc<TC, false, true, 2, 4, NB / 2, true>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
             if (part != 1) tc_acc<TC, false, true, 2, 2, 1, true>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
@@ -1078,7 +1091,8 @@ static gdn_args args_of(const keel_tensor *t) {
     if (t->op == KEEL_OP_GATED_DELTA_NET_STATE) A.s0 = kt_of(t->src[6]);
     const keel_tensor *q = t->src[0], *v = t->src[2];
     A.Dk = q->ne[0], A.Hk = q->ne[1], A.T = q->ne[2], A.B = q->ne[3], A.Dv = v->ne[0], A.Hv = v->ne[1];
-    A.half = t->ip[0] == KEEL_GDN_BF16_GRAD && A.Dk % 32 == 0;
+    A.half = t->ip[0] == KEEL_GDN_BF16_GRAD && t->op != KEEL_OP_GATED_DELTA_NET_STATE && A.Dk % 32 == 0 &&
+             A.Dv % 32 == 0 && A.Dk <= STATE_TC_MAX && A.Dv <= STATE_TC_MAX;
     return A;
 }
 
@@ -1097,8 +1111,8 @@ static size_t carve(const gdn_args &A, int parts, float *p, gdn_scr *P) {
            rv = nlc * CH * (size_t)A.Dv, rc = nlc * CH * CH, st = nlc * (size_t)(A.Dk * A.Dv), n = 0;
 #define TAKE(field, count) (P->field = p ? p + n : NULL, n += (count))
     if (parts & PART_STATE) TAKE(W, rk), TAKE(Kc, rk), TAKE(U0, rv);
-    if (parts & PART_KEPT) TAKE(Qg, rk), TAKE(Uc, rv), TAKE(Pm, rc), TAKE(Sc, st);
-    if (parts & PART_BACK_KEPT) /* in bf16 (half): half the floats, every array still 16-byte aligned */
+    if (parts & PART_KEPT) TAKE(Qg, rk), TAKE(Uc, A.half ? rv / 2 : rv), TAKE(Pm, rc), TAKE(Sc, st);
+    if (parts & PART_BACK_KEPT) /* in bf16 (half, as Uc): half the floats, every array still 16-byte aligned */
         TAKE(Kb, A.half ? rk / 2 : rk), TAKE(Ac, A.half ? rk / 2 : rk), TAKE(Am, A.half ? rc / 2 : rc);
     if (parts & PART_BACK)
         TAKE(dSc, st), TAKE(dR, rv), TAKE(dQa, rk), TAKE(dKa, rk), TAKE(dKb, rk), TAKE(dPm, rc), TAKE(dMm, rc),

@@ -638,12 +638,13 @@ __device__ static inline bool al16(const void *p) { return ((uintptr_t)p & 15) =
  * with both addresses stepped by additions: the walk's index arithmetic per copy (two products, a
  * 64-bit one among them) was a third of the delta rule's reverse preparation and contractions
  * (ncu's samples, the code before their first barrier). */
-template <int U>
+/* DU: the bytes from one copy's destination to the next one's in a row (U, or 32: split_fetch16) */
+template <int U, int DU = U>
 __device__ static inline void fetch_walk(float *dst, int ldd, const char *src, int64_t sb, int rows, int units) {
     if (units <= 0) return;
     int r = (int)threadIdx.x / units, c = (int)threadIdx.x - r * units, dr = NT / units, dc = NT - dr * units;
-    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst) + (uint32_t)((r * ldd) * 4 + c * U),
-             dstep = (uint32_t)(dr * ldd * 4 + dc * U), dwrap = (uint32_t)(ldd * 4 - units * U);
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst) + (uint32_t)((r * ldd) * 4 + c * DU),
+             dstep = (uint32_t)(dr * ldd * 4 + dc * DU), dwrap = (uint32_t)(ldd * 4 - units * DU);
     const char *s = src + r * sb + c * U;
     int64_t sstep = dr * sb + dc * U, swrap = sb - (int64_t)units * U;
     while (r < rows) {
@@ -680,6 +681,12 @@ __device__ static void fetch_mat(float *dst, int ldd, const float *src, int64_t 
  * after each row's last) */
 __device__ static void fetch_mat16(uint16_t *dst, int ldd, const uint16_t *src, int64_t lds, int rows, int cols) {
     fetch_2d((float *)dst, ldd / 2, (const char *)src, lds * (int64_t)sizeof(uint16_t), rows, (cols + 1) / 2);
+}
+/* Rows of `cols` bf16 values (a multiple of 8, 16-byte aligned rows) into split tile dst as its big
+ * parts (split_tile's layout, row stride ldd floats; the small parts' places untouched): a tile for
+ * products in one bf16 part (tc_sum_split's ONE), with no split to make. */
+__device__ static void split_fetch16(float *dst, int ldd, const uint16_t *src, int64_t lds, int rows, int cols) {
+    fetch_walk<16, 32>(dst, ldd, (const char *)src, lds * (int64_t)sizeof(uint16_t), rows, cols >> 3);
 }
 __device__ static inline void fetch_commit() { __pipeline_commit(); }
 /* the 128-byte line at p into the L2 cache, for a later load that would otherwise wait on memory */
