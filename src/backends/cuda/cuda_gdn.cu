@@ -67,6 +67,10 @@ typedef struct {
     float *dQa, *dKa, *dKb; /* [lc][CH][Dk]: dO S^T, U dS_next^T, dR S^T */
     float *dPm, *dMm;       /* [lc][CH][CH]: dO U^T, -dR U^T */
     float *r3, *dGamC;      /* [lc][CH]: rows of dR o V; [lc]: sum of S o dS_next */
+    /* With half, the reverse state pass also keeps dR (once made) as bf16 where its floats were, a block
+     * of JB columns' values in the first half of their floats' bytes, and makes r3 itself, a part a
+     * block of JB columns ([lc][Dv / JB][CH], the contractions' sums of the same terms in the same
+     * order), which the gradient pass adds in order as the contractions added them. */
     int64_t nc;
 } gdn_scr;
 
@@ -630,9 +634,10 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
     extern __shared__ float sm[];
     int64_t l = blockIdx.x, b = l / A.Hv, hv = l % A.Hv, j0 = (int64_t)blockIdx.y * JB;
     int Dk = (int)A.Dk, Dv = (int)A.Dv, kh = state_kh(Dk), ldx = PAD_LD(kh), jw = (int)(Dv - j0 < JB ? Dv - j0 : JB);
-    float *dS = sm, *X = dS + Dk * LDJ, *dRt = X + CH * ldx, *bt = dRt + CH * LDJ;
-    /* H (gdn_scr's bf16 Kb and Ac, TC 3): X holds their whole rows (Dk bf16 values take no more room
-     * than kh floats), each product one, as the two halves' sums in the same order (kh a multiple of 16) */
+    float *dS = sm, *X = dS + Dk * LDJ, *dRt = X + CH * ldx, *bt = dRt + CH * LDJ, *Vt = bt + CH;
+    /* H (gdn_scr's half, TC 3): X holds Kb's and Ac's whole rows in bf16 (Dk values take no more room
+     * than kh floats), each product one, as the two halves' sums in the same order (kh a multiple of
+     * 16); Vt the chunk's rows of V for r3's part; dR goes out as bf16 */
     uint16_t *X16 = (uint16_t *)X;
     const uint16_t *Ac16 = (const uint16_t *)P.Ac, *Kb16 = (const uint16_t *)P.Kb;
     int ld16 = 2 * ldx;
@@ -641,10 +646,12 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
     for (int e = threadIdx.x; e < Dk * LDJ; e += NT) dS[e] = 0.0f;
     int64_t lc = l * P.nc + last, rk = lc * CH * (int64_t)Dk, rv = lc * CH * (int64_t)Dv + j0;
     int n = chunk_len(A.T, last);
-    if (H)
+    if (H) {
         fetch_mat16(X16, ld16, Ac16 + rk, Dk, n, Dk);
-    else
+        fetch_rows(Vt, LDJ, A.v, hv, last * CH, b, n, j0, jw);
+    } else {
         fetch_mat(X, ldx, P.Ac + rk, Dk, n, kh);
+    }
     fetch_mat(dRt, LDJ, P.dR + rv, Dv, n, jw);
     fetch_commit();
     bmm_owner<false, 2> ow(CH, JB); /* dR's blocks: one turn a thread at most */
@@ -704,7 +711,19 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
         else
             fetch_mat(X, ldx, P.Kb + rk, Dk, n, kh);
         fetch_commit();
-        store_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
+        if constexpr (H) { /* dR as bf16 pairs (bf16_pair's rounding, as the products round it); r3's part */
+            grid_walk(n, jw / 2, [&](int t, int x2) {
+                ((uint32_t *)(P.dR + rv + t * (int64_t)Dv))[x2] =
+                    bf16_pair(dRt[t * LDJ + 2 * x2], dRt[t * LDJ + 2 * x2 + 1]);
+            });
+            int t = threadIdx.x >> 2, h = threadIdx.x & 3; /* the contractions' sums of a row, 4 threads */
+            float s = 0.0f;
+            for (int x = h; t < n && x < jw; x += 4) s += dRt[t * LDJ + x] * Vt[t * LDJ + x];
+            s = quad_sum(s);
+            if (t < n && h == 0) P.r3[(lc * gridDim.y + blockIdx.y) * CH + t] = s;
+        } else {
+            store_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
+        }
         grid_walk(n, jw, [&](int t, int x) {
             out[(b * A.T + t0 + t) * prow + off_dv + j0 + x] = bt[t] * dRt[t * LDJ + x];
         });
@@ -735,18 +754,20 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
             bmm_sel<TC, true, false>(dS + kh * LDJ, LDJ, X, ldx, dRt, LDJ, Dk - kh, jw, n, -1.0f, 1.0f, true);
         }
         __syncthreads();
-        if (H)
+        if (H) {
             fetch_mat16(X16, ld16, Ac16 + rk - CH * Dk, Dk, n1, Dk);
-        else
+            fetch_rows(Vt, LDJ, A.v, hv, t0 - CH, b, n1, j0, jw);
+        } else {
             fetch_mat(X, ldx, P.Ac + rk - CH * Dk, Dk, n1, kh);
+        }
         fetch_mat(dRt, LDJ, P.dR + rv - CH * Dv, Dv, n1, jw);
         fetch_commit();
     }
     fetch_wait(0);
 }
 
-static size_t state_back_smem(int64_t Dk) {
-    return (size_t)(Dk * LDJ + CH * PAD_LD(state_kh((int)Dk)) + CH * LDJ + CH) * sizeof(float);
+static size_t state_back_smem(int64_t Dk, bool half) {
+    return (size_t)(Dk * LDJ + CH * PAD_LD(state_kh((int)Dk)) + (half ? 2 : 1) * CH * LDJ + CH) * sizeof(float);
 }
 
 /* The contractions over value columns, per chunk (grid: chunks and 3 parts x lanes), summed over
@@ -761,7 +782,8 @@ static size_t state_back_smem(int64_t Dk) {
  * still runs the float32 backward 3.58 ms a layer against 3.87 with one block). NB: bmm_reg's turns
  * of n x Dk (2 up to Dk = 128, 4 up to 256). SP (split bf16, Dk a multiple of 32): each stage's
  * elementwise sums first, on its floats, then its tiles split in place for the products (565 -> 524
- * us a layer, ncu in the same call; the same bits). */
+ * us a layer, ncu in the same call; the same bits). With gdn_scr's half (TC 3), Uc and dR come in
+ * as bf16 straight into their split tiles' big parts, and r3 is the reverse state pass's. */
 /* a stage's floats: Ta (CH rows), St (Dk), and a third tile of Dk rows or two of CH: Tb (parts 0
  * and 2), St2 (part 1) or Tb and Tc (part 2) */
 __host__ __device__ static inline int contract_stage(int Dk) { return (CH + Dk + (Dk > 2 * CH ? Dk : 2 * CH)) * LDJ; }
@@ -798,6 +820,10 @@ __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A
             fetch_u(Ta, j0, jw);
             fetch_mat(St, LDJ, dSc + j0, Dv, Dk, jw);
             fetch_mat(X3, LDJ, Sc + j0, Dv, Dk, jw);
+        } else if (uh) { /* dR as the reverse pass left it, bf16 in its floats' first half; r3 made there */
+            split_fetch16(Ta, LDJ, (const uint16_t *)(P.dR + rv + j0), 2 * (int64_t)Dv, n, jw);
+            fetch_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
+            fetch_u(X3, j0, jw);
         } else {
             fetch_mat(Ta, LDJ, P.dR + rv + j0, Dv, n, jw);
             fetch_mat(St, LDJ, Sc + j0, Dv, Dk, jw);
@@ -820,7 +846,7 @@ __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A
                 grid_walk(Dk, jw, [&](int i, int x) {
                     part_sum += (double)St2[i * LDJ + x] * St[i * LDJ + x];
                 });
-            if (part == 2) { /* 4 threads a row (a thread a row left 3 of 4 warps waiting) */
+            if (part == 2 && !uh) { /* 4 threads a row (a thread a row left 3 of 4 warps waiting) */
                 int t = threadIdx.x >> 2, h = threadIdx.x & 3;
                 float s = 0.0f;
                 for (int x = h; t < n && x < jw; x += 4) s += Ta[t * LDJ + x] * Tc[t * LDJ + x];
@@ -831,10 +857,11 @@ __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A
         if (SP) { /* the sums first, then the tiles split in place (the depth padded to 16) for the products */
             int j16 = (jw + 15) / 16 * 16;
             sums();
-            if (part != 0) __syncthreads();
-            if (!uh || part != 1) split_tile<TC == 3>(Ta, LDJ, n, jw, n, j16); /* Uc's came split */
+            if (part == 1 || (part == 2 && !uh)) __syncthreads();
+            if (!uh || part == 0) /* uh: part 1's Ta (Uc) and part 2's (dR) came split; part 0's is dO */
+                split_tile<TC == 3>(Ta, LDJ, n, jw, n, j16);
             split_tile<TC == 3>(St, LDJ, Dk, jw, Dk, j16);
-            if (part != 1 && !uh) split_tile<TC == 3>(Tb, LDJ, n, jw, n, j16);
+            if (part != 1 && !uh) split_tile<TC == 3>(Tb, LDJ, n, jw, n, j16); /* Uc: came split with uh */
             __syncthreads();
             tc_acc<TC, false, true, 2, 4, NB / 2, true>(s1, Ta, LDJ, St, LDJ, n, Dk, jw);
             if (part != 1) tc_acc<TC, false, true, 2, 2, 1, true>(s2, Ta, LDJ, Tb, LDJ, n, n, jw);
@@ -874,7 +901,7 @@ __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A
             });
     }
     __syncthreads(); /* r3's rows are whole */
-    if (part == 2)
+    if (part == 2 && !uh)
         for (int t = threadIdx.x; t < n; t += NT) P.r3[lc * CH + t] = r3[t];
     if (part == 1) {
         double s = block_sum(part_sum, sh);
@@ -919,8 +946,14 @@ template <int NB, int TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_
     }
     /* what this thread's row of dG and dbeta reads of the contractions' results (the first of a row's
      * 4 threads), loaded now: behind a barrier later, they were a memory latency of their own */
-    float r3v = threadIdx.x < 4 * n && (threadIdx.x & 3) == 0 ? P.r3[lc * CH + (threadIdx.x >> 2)] : 0.0f,
-          dgc = P.dGamC[lc];
+    float r3v = 0.0f, dgc = P.dGamC[lc];
+    if (threadIdx.x < 4 * n && (threadIdx.x & 3) == 0) {
+        int t = (int)threadIdx.x >> 2, nj = (int)(A.Dv / JB);
+        if (TC == 3 && A.half) /* the reverse pass's parts, added as the contractions added them */
+            for (int j = 0; j < nj; j++) r3v += P.r3[(lc * nj + j) * CH + t];
+        else
+            r3v = P.r3[lc * CH + t];
+    }
     decay_load(A, d, b, hv, t0, n); /* while the tiles are in flight */
     fetch_wait(0);
     __syncthreads();
@@ -1116,7 +1149,7 @@ static size_t carve(const gdn_args &A, int parts, float *p, gdn_scr *P) {
         TAKE(Kb, A.half ? rk / 2 : rk), TAKE(Ac, A.half ? rk / 2 : rk), TAKE(Am, A.half ? rc / 2 : rc);
     if (parts & PART_BACK)
         TAKE(dSc, st), TAKE(dR, rv), TAKE(dQa, rk), TAKE(dKa, rk), TAKE(dKb, rk), TAKE(dPm, rc), TAKE(dMm, rc),
-            TAKE(r3, nlc * CH);
+            TAKE(r3, nlc * CH * (A.half ? (size_t)(A.Dv / JB) : 1));
     if (parts & PART_KEPT) TAKE(GamC, nlc);
     if (parts & PART_BACK) TAKE(dGamC, nlc);
 #undef TAKE
@@ -1275,7 +1308,8 @@ template <int TC> static int backward(keel_backend *be, const keel_tensor *t, co
     if (TC == 3 && A.half)
         state_back =
             A.Dk <= 128 ? k_gdn_state_back<128 * JB / NT, TC, TC == 3> : k_gdn_state_back<256 * JB / NT, TC, TC == 3>;
-    TILE_LAUNCH(state_back, lanes, NT, state_back_smem(A.Dk), "gated delta rule reverse state pass launch", A, P, out);
+    TILE_LAUNCH(state_back, lanes, NT, state_back_smem(A.Dk, TC == 3 && A.half),
+                "gated delta rule reverse state pass launch", A, P, out);
     /* split tiles (TC 2 and 3, the same bits) where Dk is whole warp tiles of 32 */
     bool sp = TC >= 2 && A.Dk % 32 == 0;
     void (*contract)(gdn_args, gdn_scr) = A.Dk <= 128
