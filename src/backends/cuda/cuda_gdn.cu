@@ -67,6 +67,7 @@ typedef struct {
     float *dQa, *dKa, *dKb; /* [lc][CH][Dk]: dO S^T, U dS_next^T, dR S^T */
     float *dPm, *dMm;       /* [lc][CH][CH]: dO U^T, -dR U^T */
     float *r3, *dGamC;      /* [lc][CH]: rows of dR o V; [lc]: sum of S o dS_next */
+    float *Pd16, *E16;      /* [lc][CH][CH] bf16, with half: the gradient pass's scaled dPm and dMm (below) */
     /* With half, the reverse state pass also keeps dR (once made) as bf16 where its floats were, a block
      * of JB columns' values in the first half of their floats' bytes, and makes r3 itself, a part a
      * block of JB columns ([lc][Dv / JB][CH], the contractions' sums of the same terms in the same
@@ -931,6 +932,11 @@ template <int NB, int TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_
     float *dGam = (float *)((char *)smd + DECAY_BYTES), *dDC = dGam + CH, *dG = dDC + CH, *kdKb = dG + CH,
           *Q = kdKb + CH, *K = Q + CH * ldk, *X = K + CH * ldk, *Y = X + CH * LDC, *Pd = X, *E = Y;
     float *gPd = P.dPm + lc * CH * CH, *gE = P.dMm + lc * CH * CH;
+    /* gdn_scr's half (TC 3): the scaled ones go to bf16 arrays of their own, which only this pass's
+     * one-part products read (rounded as they round them; in place they would overwrite floats other
+     * threads have still to read) */
+    bool gh = TC == 3 && A.half;
+    uint16_t *hPd = (uint16_t *)P.Pd16 + lc * CH * CH, *hE = (uint16_t *)P.E16 + lc * CH * CH;
     fetch_rows(Q, ldk, A.q, hk, t0, b, n, 0, Dk);
     fetch_rows(K, ldk, A.k, hk, t0, b, n, 0, Dk);
     fetch_commit();
@@ -984,8 +990,13 @@ template <int NB, int TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_
             /* X: D_ts times the gradient of D_ts (the diagonal's D is 1 and cancels in dG: left out) */
             X[t * LDC + s] = low ? D * (dpm * X[t * LDC + s] + dmm * d.bt[t] * y) : 0.0f;
             Y[t * LDC + s] = low ? dmm * D * y : 0.0f;
-            gPd[t * CH + s] = D * dpm;
-            gE[t * CH + s] = low ? dmm * d.bt[t] * D : 0.0f;
+            if (gh) {
+                hPd[t * CH + s] = bf16_of(D * dpm);
+                hE[t * CH + s] = bf16_of(low ? dmm * d.bt[t] * D : 0.0f);
+            } else {
+                gPd[t * CH + s] = D * dpm;
+                gE[t * CH + s] = low ? dmm * d.bt[t] * D : 0.0f;
+            }
         }
     }
     __syncthreads();
@@ -1051,8 +1062,13 @@ template <int NB, int TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_
         }
     }
     __syncthreads(); /* X and Y are read: they take the scaled dPm and dMm, in flight during what follows */
-    fetch_mat(Pd, LDC, gPd, CH, n, n);
-    fetch_mat(E, LDC, gE, CH, n, n);
+    if (gh) {
+        fetch_mat16((uint16_t *)Pd, 2 * LDC, hPd, CH, n, n);
+        fetch_mat16((uint16_t *)E, 2 * LDC, hE, CH, n, n);
+    } else {
+        fetch_mat(Pd, LDC, gPd, CH, n, n);
+        fetch_mat(E, LDC, gE, CH, n, n);
+    }
     fetch_commit();
     { /* dg: the example's dG summed from u on, 4 threads a step */
         int u = threadIdx.x >> 2, h = threadIdx.x & 3;
@@ -1068,26 +1084,36 @@ template <int NB, int TC> __global__ void __launch_bounds__(NT) k_gdn_grads(gdn_
     float *oq = out + (b * A.T + t0) * prow + hv * A.Dk, *ok = oq + off_dk, acc[NB][4][4];
     int64_t ld = prow;
     const float *qa = P.dQa + rk, *ka = P.dKa + rk, *kb = P.dKb + rk;
-    if (TC) { /* the same on the tensor cores: a warp's 32 x 32 tiles (NB / 2 turns) in registers */
+    /* the same on the tensor cores: a warp's 32 x 32 tiles (NB / 2 turns) in registers; Pd and E as
+     * floats (row stride LDC) or, with gh, as bf16 (2 LDC) */
+    auto tc_tail = [&](const auto *Pdx, const auto *Ex, int ldp) {
         float s[NB / 2][2][4][4];
         tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int t, int c) {
             s[u][i][j][e] = d.Gam[t] * qa[t * Dk + c];
         });
         fetch_wait(0);
         __syncthreads(); /* Pd and E have landed */
-        tc_acc<TC, false, false, 2, 4, NB / 2>(s, Pd, LDC, K, ldk, n, Dk, n);
+        tc_acc<TC, false, false, 2, 4, NB / 2>(s, Pdx, ldp, K, ldk, n, Dk, n);
         tc_each_pair<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int h, int t, int c, int w) {
             store_pair(oq + t * ld + c, s[u][i][j][2 * h], s[u][i][j][2 * h + 1], w);
         });
         tc_each<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int e, int t, int c) {
             s[u][i][j][e] = d.DC[t] * ka[t * Dk + c] - d.bt[t] * d.Gam[t] * kb[t * Dk + c];
         });
-        tc_acc<TC, false, false, 2, 4, NB / 2>(s, E, LDC, K, ldk, n, Dk, n);
-        tc_acc<TC, true, false, 2, 4, NB / 2>(s, E, LDC, K, ldk, n, Dk, n);
-        tc_acc<TC, true, false, 2, 4, NB / 2>(s, Pd, LDC, Q, ldk, n, Dk, n);
+        tc_acc<TC, false, false, 2, 4, NB / 2>(s, Ex, ldp, K, ldk, n, Dk, n);
+        tc_acc<TC, true, false, 2, 4, NB / 2>(s, Ex, ldp, K, ldk, n, Dk, n);
+        tc_acc<TC, true, false, 2, 4, NB / 2>(s, Pdx, ldp, Q, ldk, n, Dk, n);
         tc_each_pair<2, 4, NB / 2>(n, Dk, [&](int u, int i, int j, int h, int t, int c, int w) {
             store_pair(ok + t * ld + c, s[u][i][j][2 * h], s[u][i][j][2 * h + 1], w);
         });
+    };
+    if constexpr (TC == 3)
+        if (gh) {
+            tc_tail((const uint16_t *)Pd, (const uint16_t *)E, 2 * LDC);
+            return;
+        }
+    if (TC) {
+        tc_tail((const float *)Pd, (const float *)E, LDC);
         return;
     }
     bmm_each<false, NB>(n, Dk, [&](int u, int i, int j, int t, int c) {
@@ -1149,7 +1175,8 @@ static size_t carve(const gdn_args &A, int parts, float *p, gdn_scr *P) {
         TAKE(Kb, A.half ? rk / 2 : rk), TAKE(Ac, A.half ? rk / 2 : rk), TAKE(Am, A.half ? rc / 2 : rc);
     if (parts & PART_BACK)
         TAKE(dSc, st), TAKE(dR, rv), TAKE(dQa, rk), TAKE(dKa, rk), TAKE(dKb, rk), TAKE(dPm, rc), TAKE(dMm, rc),
-            TAKE(r3, nlc * CH * (A.half ? (size_t)(A.Dv / JB) : 1));
+            TAKE(r3, nlc * CH * (A.half ? (size_t)(A.Dv / JB) : 1)), TAKE(Pd16, A.half ? rc / 2 : 0),
+            TAKE(E16, A.half ? rc / 2 : 0);
     if (parts & PART_KEPT) TAKE(GamC, nlc);
     if (parts & PART_BACK) TAKE(dGamC, nlc);
 #undef TAKE
