@@ -184,7 +184,8 @@ enum {
     KEEL_GDN_SPLIT_TF32 = 1, /* the tensor cores, operands split in two TF32 parts: about float32's precision */
     KEEL_GDN_SPLIT_BF16 = 2, /* the tensor cores, operands split in two bf16 parts (16 bits), float32 sums */
     KEEL_GDN_BF16_GRAD = 3,  /* the forward as SPLIT_BF16; the backward's products on one bf16 part of each
-                              * operand (8 bits), float32 sums */
+                              * operand (8 bits), float32 sums (on CUDA, the scratch arrays only those
+                              * products read kept as that rounding: the same bits, half the bytes) */
 };
 /* The gated delta rule; the state is reset to 0 before every step whose position is 0 (<= 0): a
  * packed example starts from a fresh state, as it would alone. products: a KEEL_GDN_ value. */
