@@ -144,6 +144,18 @@ __device__ static inline float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+/* Row t = threadIdx.x / 4 of A o B summed over its jw columns (row stride ld), 4 threads a row, each
+ * every 4th column from its own, then quad_sum: r3's sums of a block of value columns, in the
+ * contractions and (gdn_scr's half) the reverse state pass, one sequence so both give the same bits.
+ * Every thread of the block calls it; *row is t, and t < n with threadIdx.x % 4 == 0 holds the sum. */
+__device__ static inline float row_dot4(const float *A, const float *B, int ld, int n, int jw, int *row) {
+    int t = (int)threadIdx.x >> 2;
+    float s = 0.0f;
+    for (int x = (int)threadIdx.x & 3; t < n && x < jw; x += 4) s += A[t * ld + x] * B[t * ld + x];
+    *row = t;
+    return quad_sum(s);
+}
+
 __device__ static inline int chunk_len(int64_t T, int64_t c) { return (int)(T - c * CH < CH ? T - c * CH : CH); }
 
 /* A = (I + M)^-1 in float64 for a strictly lower M (CH x CH, zero past the chunk's rows): the
@@ -717,11 +729,9 @@ __global__ void __launch_bounds__(NT, GR <= 16 ? 4 : 1) k_gdn_state_back(gdn_arg
                 ((uint32_t *)(P.dR + rv + t * (int64_t)Dv))[x2] =
                     bf16_pair(dRt[t * LDJ + 2 * x2], dRt[t * LDJ + 2 * x2 + 1]);
             });
-            int t = threadIdx.x >> 2, h = threadIdx.x & 3; /* the contractions' sums of a row, 4 threads */
-            float s = 0.0f;
-            for (int x = h; t < n && x < jw; x += 4) s += dRt[t * LDJ + x] * Vt[t * LDJ + x];
-            s = quad_sum(s);
-            if (t < n && h == 0) P.r3[(lc * gridDim.y + blockIdx.y) * CH + t] = s;
+            int t;
+            float s = row_dot4(dRt, Vt, LDJ, n, jw, &t);
+            if (t < n && (threadIdx.x & 3) == 0) P.r3[(lc * gridDim.y + blockIdx.y) * CH + t] = s;
         } else {
             store_mat(P.dR + rv, Dv, dRt, LDJ, n, jw);
         }
@@ -848,11 +858,9 @@ __global__ void __launch_bounds__(NT, NB == 2 ? 2 : 1) k_gdn_contract(gdn_args A
                     part_sum += (double)St2[i * LDJ + x] * St[i * LDJ + x];
                 });
             if (part == 2 && !uh) { /* 4 threads a row (a thread a row left 3 of 4 warps waiting) */
-                int t = threadIdx.x >> 2, h = threadIdx.x & 3;
-                float s = 0.0f;
-                for (int x = h; t < n && x < jw; x += 4) s += Ta[t * LDJ + x] * Tc[t * LDJ + x];
-                s = quad_sum(s);
-                if (t < n && h == 0) r3[t] += s;
+                int t;
+                float s = row_dot4(Ta, Tc, LDJ, n, jw, &t);
+                if (t < n && (threadIdx.x & 3) == 0) r3[t] += s;
             }
         };
         if (SP) { /* the sums first, then the tiles split in place (the depth padded to 16) for the products */
