@@ -145,9 +145,10 @@ __device__ static inline float quad_sum(float v) {
 }
 
 /* Row t = threadIdx.x / 4 of A o B summed over its jw columns (row stride ld), 4 threads a row, each
- * every 4th column from its own, then quad_sum: r3's sums of a block of value columns, in the
- * contractions and (gdn_scr's half) the reverse state pass, one sequence so both give the same bits.
- * Every thread of the block calls it; *row is t, and t < n with threadIdx.x % 4 == 0 holds the sum. */
+ * every 4th column from its own, then quad_sum: r3's sums of a block of value columns. The reverse
+ * state pass makes them in the bf16 mode (dR stored in bf16) and the contractions otherwise; one
+ * sequence, so both give the same bits. Every thread of the block calls it (quad_sum's shuffles);
+ * *row is t, and the thread with t < n and threadIdx.x % 4 == 0 holds the row's sum. */
 __device__ static inline float row_dot4(const float *A, const float *B, int ld, int n, int jw, int *row) {
     int t = (int)threadIdx.x >> 2;
     float s = 0.0f;
