@@ -489,8 +489,9 @@ __device__ static inline void store_pair(float *p, float x, float y, int w) {
     p[0] = x;
     if (w == 2) p[1] = y;
 }
-/* x and y to bf16 C at p and p + 1 (bf16_pair's rounding; one 4-byte store where p allows it) */
+/* x's bf16 bits, rounded as bf16_pair rounds it (so as the one-part products round their operands) */
 __device__ static inline uint16_t bf16_of(float x) { return (uint16_t)bf16_pair(x, 0.0f); }
+/* x and y to bf16 C at p and p + 1 (bf16_pair's rounding; one 4-byte store where p allows it) */
 __device__ static inline void store_pair(uint16_t *p, float x, float y, int w) {
     uint32_t b = bf16_pair(x, y);
     if (w == 2 && ((uintptr_t)p & 3) == 0) {
