@@ -60,7 +60,7 @@ static const command COMMANDS[] = {
      "the first node whose inputs agree but whose output does not (CONFIG: recompute=, threads=, backend=, fault=, "
      "precision=)"},
     {"test-ops", cmd_test_ops, true,
-     "test-ops [--backend ref,cpu,cuda] [--op NAME,...] [--grad] [--expect-fault N] [--shard K/N]",
+     "test-ops [--backend ref,cpu,cuda] [--op NAME,...] [--grad] [--expect-fault N] [--shard K/N] [--bits]",
      "check every op (and with --grad, every gradient) against the float64 reference"},
     {"test-model", cmd_test_model, true, "test-model [--backend cpu|cuda]",
      "whole-model gradient check: a Qwen3.5 layer pair (plain, LoRA, mixed precision) against finite differences "

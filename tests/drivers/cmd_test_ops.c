@@ -23,6 +23,9 @@ int cmd_test_ops(int argc, char **argv) {
                  "backends"},
         {"--no-thread-check", CLI_BOOL, &no_threads,
          .help = "skip the 1-vs-2-thread (or second run) bitwise comparison"},
+        {"--bits", CLI_BOOL, &o.bits,
+         .help = "append a hash of each passing case's result bits (diff two builds' lines: a change meant to keep "
+                 "the bits)"},
         {"--shard", CLI_STR, &shard, .meta = "K/N",
          .help = "only shard K (0 .. N-1) of the cases, split into N of about the same work (make check runs them "
                  "side by side)"},

@@ -319,6 +319,14 @@ static double nmse_strided(const double *x, const double *ref, strided_part p) {
         }
     return den > 0 ? num / den : num;
 }
+/* FNV-1a over the bytes of n doubles, continuing from h (--bits: a result's bits in 16 hex digits) */
+static uint64_t bits_hash(const double *x, int64_t n, uint64_t h) {
+    const unsigned char *p = (const unsigned char *)x;
+    for (size_t i = 0; x && i < (size_t)n * sizeof(double); i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+#define BITS_SEED 0xcbf29ce484222325ull
+
 static double nmse(const double *x, const double *ref, int64_t n) {
     return nmse_strided(x, ref, (strided_part){0, n, n, 1});
 }
@@ -634,6 +642,12 @@ static void forward_case(suite *S, op_case *c, uint64_t seed) {
                 }
                 free(out2);
             }
+            if (ok && S->o->bits && !be->oracle) {
+                uint64_t h = bits_hash(out, n, BITS_SEED);
+                for (int k = 0; k < 2 && side[0]; k++) h = bits_hash(side[k], keel_nelements(x.out), h);
+                size_t len = strlen(err);
+                snprintf(err + len, sizeof err - len, ", bits %016llx", (unsigned long long)h);
+            }
         }
         outcome(S, bi, c->op, c->label, orc.width, ok, err);
         free(out), free(side[0]), free(side[1]), free(side[2]);
@@ -771,6 +785,13 @@ static void grad_case(suite *S, op_case *c, uint64_t seed) {
                 strncat(err, cpu ? ", 1t==2t bitwise" : ", 2 runs bitwise", sizeof err - strlen(err) - 1);
             for (int i = 0; i < CASE_MAX_IN; i++) free(g2[i]);
             free(dummy);
+        }
+        if (ok && S->o->bits && !be->oracle) {
+            uint64_t h = BITS_SEED;
+            for (int i = 0; i < c->n_in; i++)
+                if (gb[i]) h = bits_hash(gb[i], keel_nelements(x.leaf[i]), h);
+            size_t len = strlen(err);
+            snprintf(err + len, sizeof err - len, ", bits %016llx", (unsigned long long)h);
         }
         char label[400];
         snprintf(label, sizeof label, "%s grad", c->label);

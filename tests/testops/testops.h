@@ -79,6 +79,7 @@ typedef struct {
     bool verbose;
     int64_t expect_fault; /* >0: expect cases wider than this to FAIL on non-ref backends, the rest to pass */
     bool check_threads;   /* cpu: run 1 and 2 threads and compare bits (default on) */
+    bool bits;            /* print a hash of each passing case's result bits (two builds compared case by case) */
     int shard, shards;    /* shards > 1: only the cases of shard `shard` (keel_testops_shard_of) */
 } keel_testops_opts;
 
