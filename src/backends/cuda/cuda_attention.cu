@@ -121,12 +121,34 @@ __global__ void __launch_bounds__(NT) k_fa_fwd(fa_args A, float *out) {
     for (int r = threadIdx.x; r < n; r += NT) out[A.no + row_of(A, t0 + r, h, b)] = rm[r] + logf(rl[r]);
 }
 
-/* delta = do.o - dlse, a warp a query row (a fixed shuffle tree) */
+/* delta = do.o - dlse, a warp a query row (a fixed shuffle tree): lane l sums columns l, l + 32, ...
+ * in that order. Heads of up to 256 whose width is a multiple of 32 (Qwen3.5's) issue a row's loads
+ * all at once, 16 a lane in flight, and make the bf16 copy from the registers: the same sums. */
 __global__ void k_fa_delta(fa_args A) {
     int64_t rows = A.H * A.Tq * A.B, w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (w >= rows) return;
     float s = 0.0f;
+    if (A.Dv % 32 == 0 && A.Dv <= FA_MAXD) {
+        const float *d = A.dO + w * A.Dv + lane, *o = A.o + w * A.Dv + lane;
+        int n = (int)(A.Dv / 32);
+        float dv[FA_MAXD / 32], ov[FA_MAXD / 32];
+#pragma unroll
+        for (int i = 0; i < FA_MAXD / 32; i++)
+            if (i < n) dv[i] = d[32 * i], ov[i] = o[32 * i];
+#pragma unroll
+        for (int i = 0; i < FA_MAXD / 32; i++)
+            if (i < n) s += dv[i] * ov[i];
+        s = warp_sum(s);
+        if (lane == 0) A.delta[w] = s - (A.dlse ? A.dlse[w] : 0.0f);
+        if (A.do16.p) {
+            __nv_bfloat16 *d16 = (__nv_bfloat16 *)A.do16.p + w * A.Dv + lane;
+#pragma unroll
+            for (int i = 0; i < FA_MAXD / 32; i++)
+                if (i < n) d16[32 * i] = __float2bfloat16_rn(dv[i]);
+        }
+        return;
+    }
     for (int64_t c = lane; c < A.Dv; c += 32) s += A.dO[w * A.Dv + c] * A.o[w * A.Dv + c];
     s = warp_sum(s);
     if (lane == 0) A.delta[w] = s - (A.dlse ? A.dlse[w] : 0.0f);
@@ -411,15 +433,26 @@ __device__ static inline void fa_softmax_tile(float (*s)[4], float (*o)[4], floa
     for (int i = 0; i < 2; i++) {
         int64_t hi = hi0 + 8 * i;
         float mx = -INFINITY;
+        if (j0 >= lor[i] && j0 + TC_K - 1 <= hi) { /* the row sees the whole tile: no mask to test */
 #pragma unroll
-        for (int nt = 0; nt < TC_K / 8; nt++)
+            for (int nt = 0; nt < TC_K / 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int64_t j = j0 + nt * 8 + 2 * c + e;
-                float v = j >= lor[i] && j <= hi ? s[nt][2 * i + e] * scale : -INFINITY;
-                s[nt][2 * i + e] = v;
-                mx = fmaxf(mx, v);
-            }
+                for (int e = 0; e < 2; e++) {
+                    float v = s[nt][2 * i + e] * scale;
+                    s[nt][2 * i + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < TC_K / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int64_t j = j0 + nt * 8 + 2 * c + e;
+                    float v = j >= lor[i] && j <= hi ? s[nt][2 * i + e] * scale : -INFINITY;
+                    s[nt][2 * i + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+        }
         float mn = fmaxf(m[i], quad_max(mx)), al = mn == -INFINITY ? 1.0f : expf(m[i] - mn), sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < TC_K / 8; nt++)
@@ -644,9 +677,12 @@ __device__ static void dq_ds_fetch(const fa_args &A, bf16 *Ks, bf16 *Ss, const b
 /* The A fragment of a dq block's warp (its 16 query rows) for keys 16 ks .. + 15 of the dS^T tile Ss
  * (rows: keys), read transposed (matrix m = lane / 8: keys + 8 (m / 2), queries + 8 (m % 2)) and
  * masked: a[f] holds row r0 + 8 (f & 1), keys j, j + 1; what the row does not see is 0 */
+__device__ static inline void ds_frag_all(uint32_t *a, const bf16 *Ss, int ks, int warp, int lane) {
+    ldsm_x4_t(a, Ss + (ks * 16 + ((lane >> 4) << 3) + (lane & 7)) * LDSD + warp * 16 + ((lane >> 3) & 1) * 8);
+}
 __device__ static inline void ds_frag(uint32_t *a, const bf16 *Ss, int ks, int64_t j0, const int *lor,
                                       const int64_t *hir, int warp, int lane) {
-    ldsm_x4_t(a, Ss + (ks * 16 + ((lane >> 4) << 3) + (lane & 7)) * LDSD + warp * 16 + ((lane >> 3) & 1) * 8);
+    ds_frag_all(a, Ss, ks, warp, lane);
 #pragma unroll
     for (int f = 0; f < 4; f++) {
         int64_t j = j0 + ks * 16 + 8 * (f >> 1) + 2 * (lane & 3);
@@ -688,18 +724,27 @@ template <int D, bool WG> __global__ void __launch_bounds__(128) k_fa_dq_ds_tc(f
         fetch_wait(1); /* this tile in; the next on its way */
         tile_ready<WG>();
         const bf16 *Ks = Kb + bi * TC_K * LD, *Ss = Sb + bi * TC_K * LDSD;
+        /* both of the thread's rows see the whole tile: the dk dv kernel wrote all of it, no mask */
+        bool full = j0 >= lor[0] && j0 >= lor[1] && j0 + TC_K - 1 <= hir[0];
         if constexpr (WG) {
 #ifdef KEEL_WGMMA_BODY
             uint32_t a[TC_K / 16][4];
+            if (full)
 #pragma unroll
-            for (int ks = 0; ks < TC_K / 16; ks++) ds_frag(a[ks], Ss, ks, j0, lor, hir, warp, lane);
+                for (int ks = 0; ks < TC_K / 16; ks++) ds_frag_all(a[ks], Ss, ks, warp, lane);
+            else
+#pragma unroll
+                for (int ks = 0; ks < TC_K / 16; ks++) ds_frag(a[ks], Ss, ks, j0, lor, hir, warp, lane);
             wg_acc_rs<D>(dq, a, Ks);
 #endif
         } else {
 #pragma unroll
             for (int ks = 0; ks < TC_K / 16; ks++) {
                 uint32_t a[4];
-                ds_frag(a, Ss, ks, j0, lor, hir, warp, lane);
+                if (full)
+                    ds_frag_all(a, Ss, ks, warp, lane);
+                else
+                    ds_frag(a, Ss, ks, j0, lor, hir, warp, lane);
                 mma_ay_step<D, D / 8>(dq, a, Ks, ks * 16, 0, lane);
             }
         }
@@ -832,6 +877,10 @@ template <int D, bool WG> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_
         } else {
             mma_abt2<D, 4>(s, Ks, Qs, dp, Vs, dOs, kr, 32 * qh, lane);
         }
+        /* each of the warp's 32 queries sees each of its 16 keys (a lane a query): no mask to test */
+        int64_t wj = j0 + kr, wq = t0 + 32 * qh + lane;
+        bool full = __all_sync(0xffffffffu, 32 * qh + lane < n && kr + 16 <= nk && wj + 15 <= wq + off &&
+                                                wq + off - ps[32 * qh + lane] <= wj);
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             float pv[4], dv4[4];
@@ -839,7 +888,7 @@ template <int D, bool WG> __global__ void __launch_bounds__(256) k_fa_dkv_tc(fa_
             for (int e = 0; e < 4; e++) { /* key jr[e / 2], query q */
                 int q = 32 * qh + nt * 8 + 2 * c + (e & 1);
                 int64_t j = jr[e >> 1], tq = t0 + q;
-                bool in = q < n && j >= tq + off - ps[q] && j <= tq + off; /* fa_lo's mask */
+                bool in = full || (q < n && j >= tq + off - ps[q] && j <= tq + off); /* fa_lo's mask */
                 float p = in ? expf(s[nt][e] * A.scale - ls[q]) : 0.0f;
                 pv[e] = p, dv4[e] = in ? p * (dp[nt][e] - dl[q]) : 0.0f;
             }
