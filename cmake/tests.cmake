@@ -40,6 +40,10 @@ set_tests_properties(fault_copy_row_limit_grad PROPERTIES LABELS "fault" ENVIRON
 add_test(NAME fault_expectation_bites COMMAND keel test-ops --backend cpu --op CONT --expect-fault 1024)
 set_tests_properties(fault_expectation_bites PROPERTIES LABELS "fault" WILL_FAIL TRUE)
 
+# test-ops --bits: a hash of each case's result bits, the same in two runs, distinct across cases.
+add_test(NAME ops_bits COMMAND ${CMAKE_SOURCE_DIR}/scripts/test-ops-bits.sh $<TARGET_FILE:keel> ${CMAKE_BINARY_DIR}/ops-bits)
+set_tests_properties(ops_bits PROPERTIES LABELS "unit")
+
 add_test(NAME cli_bad_flag COMMAND keel test-ops --no-such-flag)
 set_tests_properties(cli_bad_flag PROPERTIES LABELS "unit" WILL_FAIL TRUE)
 
