@@ -12,9 +12,12 @@ Usage: python3 peft_check.py BASE ADAPTER KEEL_LOGITS MERGED FIXTURE OUT_DIR
 
 Checks, one line each, then 'N passed, N failed':
   PeftModel.from_pretrained(base, ADAPTER) loads it with no missing and no unexpected adapter keys;
-  keel's float32 logits (the adapter beside the weights) match PEFT's within 1e-5 relative (PEFT in
-  float64: its own float32 logits are about 1e-5 off on this fixture, so float32 against float32 says
-  more about the peer than about keel; both numbers are printed);
+  keel's float32 logits (the adapter beside the weights) against PEFT's float64 ones on the same ids:
+  no worse than the peer, as keel check-reference judges float32 values: within PEFT's own float32
+  run's worst value error (logits and hidden states) against that float64 run, on the device keel's
+  dump ran on (the cpu). Float32 against float32 would say more about the peer than about keel. The
+  check's power is shown on the same ids: the float64 logits of the adapter 1% off (lora_B x 1.01)
+  must be outside that tolerance, or the check fails;
   transformers loads MERGED with no missing or unexpected keys, and its logits (float64 run) match
   PEFT's unmerged float64 logits within 1e-6 (the merge's one rounding to float32).
 """
@@ -75,22 +78,47 @@ nonzero = sum(int(p.abs().sum() > 0) for k, p in m.named_parameters() if "lora_B
 report("  the trained lora_B factors are not zero", nonzero == len([k for k in want if "lora_B" in k]),
        f"{nonzero} of {len([k for k in want if 'lora_B' in k])} non-zero")
 
-# 2. keel's float32 logits against PEFT's on the same ids. The comparison is with PEFT in float64:
-# PEFT's own float32 logits are about 1e-5 away from its float64 ones on this fixture (printed),
-# so two float32 runs cannot be expected to agree to 1e-5 with each other.
+# 2. keel's float32 logits against PEFT's float64 ones on the same ids, judged as keel check-reference
+# judges float32 values: no worse than the peer's own float32 run on that device kind (keel info ran on
+# the cpu), whose worst error over the logits and hidden states is the tolerance. A fixed bound (1e-5
+# until 2026-12-05) was a draw: keel's and PEFT's errors on these 96 ids both moved either side of it
+# from one trained adapter to the next.
 dump = load_file(keel_logits)
 ids = dump["input_ids"].long()
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 F64 = f64_module().Qwen3_5ForCausalLM
 m64 = peft_model(F64, torch.float64, "cpu")
+
+
+def values(model, device):
+    out = model(input_ids=ids.to(device), output_hidden_states=True, use_cache=False)
+    return [("logits", out.logits.detach().double().cpu())] + [
+        (f"hidden.{i}", h.detach().double().cpu()) for i, h in enumerate(out.hidden_states)]
+
+
 with torch.no_grad():
-    l64 = m64(input_ids=ids, use_cache=False).logits.double().cpu()
-    l32 = m.to(dev)(input_ids=ids.to(dev), use_cache=False).logits.double().cpu()
-e_peer = rel(l32, l64)
+    v64 = dict(values(m64, "cpu"))
+    l64 = v64["logits"]
+    peer_cpu = {k: rel(v, v64[k]) for k, v in values(m, "cpu")}
+    l32 = None
+    if dev == "cuda":  # printed beside: the peer's float32 on the GPU, not keel's device here
+        v32 = dict(values(peft_model(Qwen3_5ForCausalLM, torch.float32, dev), dev))
+        l32 = v32["logits"]
+    # the check's power: the same float64 model with every lora_B 1% larger (the adapter's scale off by 1%)
+    for k, p in m64.named_parameters():
+        if "lora_B" in k:
+            p.mul_(1.01)
+    l64_off = m64(input_ids=ids, use_cache=False).logits.double().cpu()
+tol = max(peer_cpu.values())
+worst = max(peer_cpu, key=peer_cpu.get)
 e = rel(dump["logits"], l64)
-report("  keel's float32 logits (adapter unmerged) vs PEFT float64", e <= 1e-5,
-       f"rel err {e:.2e} (tolerance 1e-5; PEFT's own float32 logits: {e_peer:.2e}; keel vs PEFT float32: "
-       f"{rel(dump['logits'], l32):.2e})")
+e_off = rel(l64_off, l64)
+report("  keel's float32 logits (adapter unmerged) vs PEFT float64", e <= tol,
+       f"rel err {e:.2e} (tolerance {tol:.2e}: PEFT's own float32 on cpu, worst value, {worst}; its logits "
+       f"{peer_cpu['logits']:.2e}" + (f"; PEFT float32 on cuda: logits {rel(l32, l64):.2e}, keel vs it "
+                                      f"{rel(dump['logits'], l32):.2e}" if l32 is not None else "") + ")")
+report("  the same check fails an adapter 1% off (lora_B x 1.01)", e_off > tol,
+       f"rel err {e_off:.2e} against the tolerance {tol:.2e}" + (f" ({e_off / tol:.0f}x)" if tol > 0 else ""))
 
 # 3. keel merge's checkpoint in transformers: the keys, and the logits of the merged weights (float64
 # run) against PEFT's unmerged float64 ones: only the merge's one rounding to float32 between them
