@@ -675,11 +675,12 @@ __device__ static void dq_ds_fetch(const fa_args &A, bf16 *Ks, bf16 *Ss, const b
 }
 
 /* The A fragment of a dq block's warp (its 16 query rows) for keys 16 ks .. + 15 of the dS^T tile Ss
- * (rows: keys), read transposed (matrix m = lane / 8: keys + 8 (m / 2), queries + 8 (m % 2)) and
- * masked: a[f] holds row r0 + 8 (f & 1), keys j, j + 1; what the row does not see is 0 */
+ * (rows: keys), read transposed (matrix m = lane / 8: keys + 8 (m / 2), queries + 8 (m % 2)), as
+ * stored: for a tile whose every key the thread's two rows see */
 __device__ static inline void ds_frag_all(uint32_t *a, const bf16 *Ss, int ks, int warp, int lane) {
     ldsm_x4_t(a, Ss + (ks * 16 + ((lane >> 4) << 3) + (lane & 7)) * LDSD + warp * 16 + ((lane >> 3) & 1) * 8);
 }
+/* ... and masked: a[f] holds row r0 + 8 (f & 1), keys j, j + 1; what the row does not see is 0 */
 __device__ static inline void ds_frag(uint32_t *a, const bf16 *Ss, int ks, int64_t j0, const int *lor,
                                       const int64_t *hir, int warp, int lane) {
     ds_frag_all(a, Ss, ks, warp, lane);
