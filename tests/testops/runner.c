@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <xxhash.h>
 
 #include "autodiff/autodiff.h"
 #include "backend/backend.h"
@@ -319,13 +320,11 @@ static double nmse_strided(const double *x, const double *ref, strided_part p) {
         }
     return den > 0 ? num / den : num;
 }
-/* FNV-1a over the bytes of n doubles, continuing from h (--bits: a result's bits in 16 hex digits) */
+/* --bits: XXH64 (the tracer's hash) of n doubles, seeded with the hash of the parts before them */
 static uint64_t bits_hash(const double *x, int64_t n, uint64_t h) {
-    const unsigned char *p = (const unsigned char *)x;
-    for (size_t i = 0; x && i < (size_t)n * sizeof(double); i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+    return x ? XXH64(x, (size_t)n * sizeof(double), h) : h;
 }
-#define BITS_SEED 0xcbf29ce484222325ull
+#define BITS_SEED 0
 
 static double nmse(const double *x, const double *ref, int64_t n) {
     return nmse_strided(x, ref, (strided_part){0, n, n, 1});
