@@ -410,14 +410,6 @@ __device__ static void tc_fetch(bf16 *dst, const kt &x, int64_t h, int64_t t0, i
             *(uint4 *)d = make_uint4(0, 0, 0, 0);
     }
 }
-__device__ static inline float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ static inline float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 #define TC_Q 64 /* query rows a forward or dq block (4 warps of 16) */
 #define TC_K 64 /* keys a forward tile, and a dk dv block (4 warps of 16 keys, each D in two halves) */

@@ -137,13 +137,6 @@ __device__ static chunk_decay decay_at(void *base) {
     return d;
 }
 
-/* The sum of v over the 4 lanes of a quad (lanes 4i .. 4i + 3), in a fixed tree: every lane gets the
- * same bits. Every lane of the warp must call it. */
-__device__ static inline float quad_sum(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
 /* Row t = threadIdx.x / 4 of A o B summed over its jw columns (row stride ld), 4 threads a row, each
  * every 4th column from its own, then quad_sum: r3's sums of a block of value columns. The reverse
  * state pass makes them in the bf16 mode (dR stored in bf16) and the contractions otherwise; one

@@ -28,6 +28,16 @@ __device__ static inline float warp_sum(float x) {
     for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
     return x;
 }
+/* The sum (max) of x over the 4 lanes of a quad (lanes 4i .. 4i + 3), in a fixed tree: every lane
+ * gets the same bits. Every lane of the warp must call it (the delta rule's and attention's kernels). */
+__device__ static inline float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ static inline float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
 
 /* C (m x n, row stride ldc) = alpha op(A) op(B) [+ beta C when acc], op(A)(r, p) = TA ? A[p lda + r]
  * : A[r lda + p], likewise B; k the depth; A and B in shared memory with lda, ldb multiples of 4
