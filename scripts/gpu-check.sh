@@ -15,7 +15,8 @@
 # ncu at the 0.8B shape, batch 8), memory (planned against measured peaks, recompute off and full), lt-survey
 # (cuBLASLt's answers timed for each product shape of the bf16 step: the measurement behind cuda_lt.cu's LT_PREFS),
 # step-kernels (every kernel of one bf16 step at batch 8 timed alone by ncu, one line a kernel: scripts/ncu_step_table.py),
-# bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit; or BASE_KEEL, one built already),
+# bitwise (training byte for byte against a base build: .gpu-data/base.tar, `git archive` of a commit; or BASE_KEEL, one built already;
+# BITWISE_OPS=OP,OP adds those ops' test-ops cases, compared line by line with their --bits hashes),
 # and multi (needs 2 GPUs) and profile
 # (GPU time per op and operand shapes of the bench step) and profile16 (the bf16 batch-8 step: wall
 # time, then GPU time per op), which are not in the default list
@@ -317,6 +318,24 @@ if want bitwise; then # training against another build of keel, byte for byte: a
             grep -E "identical|DIFFERENT" "$out/bitwise.log"
             if [ $differ -eq 0 ]; then record "bitwise: 4 training steps, 3 models x f32/bf16" PASS "$same of $same files identical ($bb)"
             else record "bitwise: 4 training steps, 3 models x f32/bf16" FAIL "$differ of $((same + differ)) files differ ($bb)"; fi
+            # BITWISE_OPS=OP,OP: those ops' cases (forward and gradients) case by case, each line's hash of its result
+            # bits (test-ops --bits) against the base's; a base older than --bits (63ff8f9) or than its XXH64 (093ebd7)
+            # prints no hash or other digits, and fails here
+            if [ -n "${BITWISE_OPS:-}" ]; then
+                for v in this base; do
+                    k=$keel
+                    [ $v = base ] && k=$bdir/build/keel
+                    { $k test-ops --backend $bb --op "$BITWISE_OPS" --bits; $k test-ops --backend $bb --op "$BITWISE_OPS" --grad --bits; } 2>&1 |
+                        grep " $bb: " >"$out/ops-bits-$v.txt"
+                done
+                n=$(grep -cE ', bits [0-9a-f]{16}\)$' "$out/ops-bits-this.txt" || true)
+                if [ "$n" -gt 0 ] && cmp -s "$out/ops-bits-this.txt" "$out/ops-bits-base.txt"; then
+                    record "bitwise: $BITWISE_OPS cases (--bits)" PASS "$n of $n case lines identical, hashes included ($bb)"
+                else
+                    diff "$out/ops-bits-base.txt" "$out/ops-bits-this.txt" | head -10
+                    record "bitwise: $BITWISE_OPS cases (--bits)" FAIL "$(diff "$out/ops-bits-base.txt" "$out/ops-bits-this.txt" | grep -c '^>') of $(wc -l <"$out/ops-bits-this.txt") lines differ, $n with a hash ($bb)"
+                fi
+            fi
         else
             tail -20 "$out/base-build.log"
             record "bitwise: the base build" FAIL "see base-build.log"
