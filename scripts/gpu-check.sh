@@ -247,9 +247,12 @@ if want lora; then
         --lora-dropout 0.1 --steps 20 --window 64 --batch 4 --lr 1e-2 --eval-every 10)
     run "LoRA: train an adapter on cuda, 20 steps" lora-train.log $keel train "${lt[@]}" --out $lo/run
     run "LoRA: resumed; recompute full: bitwise" lora-resume.log bash -c "$keel train ${lt[*]} --out $lo/half --stop-at 10 && $keel train --resume $lo/half --backend cuda && cmp $lo/run/checkpoint/adapter_model.safetensors $lo/half/checkpoint/adapter_model.safetensors && cmp $lo/run/checkpoint/optimizer.safetensors $lo/half/checkpoint/optimizer.safetensors && $keel train ${lt[*]} --out $lo/rc --recompute full && cmp $lo/run/checkpoint/adapter_model.safetensors $lo/rc/checkpoint/adapter_model.safetensors && echo resumed and recompute-full runs: adapter and moments byte-identical"
-    run "LoRA: keel info --adapter --dump-logits" lora-info.log $keel info $fx/causal-f32-sharded --adapter $lo/run/checkpoint --batch 2 --window 48 --dump-logits $lo/keel-logits.safetensors
+    # keel's float32 logits on 512 ids, for the model and three copies of it with every weight one ulp
+    # off: peft_check pools the float32 errors over the four (one sample is a draw, see the script)
+    li=(--adapter $lo/run/checkpoint --batch 8 --window 64)
+    run "LoRA: keel info --adapter --dump-logits (4 realizations)" lora-info.log bash -c "$keel info $fx/causal-f32-sharded ${li[*]} --dump-logits $lo/keel-logits.safetensors && for i in 1 2 3; do python3 scripts/perturb_weights.py $fx/causal-f32-sharded $lo/base-\$i \$i && $keel info $lo/base-\$i ${li[*]} --dump-logits $lo/keel-logits-\$i.safetensors || exit 1; done"
     run "LoRA: keel merge" lora-merge.log $keel merge $fx/causal-f32-sharded $lo/run/checkpoint $lo/merged
-    run "LoRA: PEFT loads keel's adapter; logits agree" lora-peft.log python3 scripts/peft_check.py $fx/causal-f32-sharded $lo/run/checkpoint $lo/keel-logits.safetensors $lo/merged $fx $lo/ref
+    run "LoRA: PEFT loads keel's adapter; logits agree" lora-peft.log python3 scripts/peft_check.py $fx/causal-f32-sharded $lo/run/checkpoint $lo/keel-logits.safetensors $lo/merged $fx $lo/ref $lo/base-1:$lo/keel-logits-1.safetensors $lo/base-2:$lo/keel-logits-2.safetensors $lo/base-3:$lo/keel-logits-3.safetensors
     cat "$out/lora-peft.log"
     run "LoRA: check-reference --adapter vs PEFT f64" lora-ref.log $keel check-reference $lo/ref --adapter $lo/run/checkpoint --backend ref,cpu,cuda
     grep -i "worst\|passed" "$out/lora-ref.log" | tail -3
