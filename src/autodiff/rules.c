@@ -275,11 +275,13 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     ADD(0, keel_op_new(ctx, KEEL_OP_ROPE_BACK, (keel_tensor *const[]){dy, t->src[1]}, 2, t->ip, 1, t->fp, 1));
     return 0;
 }
-/* RMS_NORM_W, GATED_RMS_NORM and QK_NORM_ROPE: one backward op for dx (and dz) and the terms of
- * dw, which REPEAT_BACK sums over rows as MUL's rule does (for the 1 + w form, SCALE's rule's dw * 1
- * + 0 only where no REPEAT_BACK was needed: see below). Where x has a gradient so far (a residual stream: the layer's output passes it back), the
- * plain norm's backward adds it to dx as it writes dx (RMS_NORM_W_BACK_ADD), the bits of the ADD
- * keel_grad_add would make, without that pass over three tensors of the stream's size. */
+/* RMS_NORM_W, GATED_RMS_NORM and QK_NORM_ROPE: one backward op for dx (and dz) and dw. The first two
+ * sum dw themselves, as REPEAT_BACK sums MUL's products over rows (no tensor of the products, no pass
+ * to read it back); QK_NORM_ROPE_BACK gives the terms, which REPEAT_BACK sums (for the 1 + w form,
+ * SCALE's rule's dw * 1 + 0 only where no sum was made: see below). Where x has a gradient so far (a
+ * residual stream: the layer's output passes it back), the plain norm's backward adds it to dx as it
+ * writes dx (RMS_NORM_W_BACK_ADD), the bits of the ADD keel_grad_add would make, without that pass
+ * over three tensors of the stream's size. */
 static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     bool gated = t->op == KEEL_OP_GATED_RMS_NORM, rope = t->op == KEEL_OP_QK_NORM_ROPE, three = gated || rope;
     keel_tensor *x = t->src[0], *w = t->src[1], *so_far = three ? NULL : keel_grad_so_far(acc, 0);
@@ -292,7 +294,7 @@ static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_ac
     if (!pk) return -1;
     int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(x), np = gated ? 3 : 2;
     keel_tensor *part[3];
-    for (int k = 0; k < np; k++)
+    for (int k = 0; k < (rope ? np : np - 1); k++) /* the parts of x's shape (dw: below) */
         part[k] = keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es, x->ne[0] * x->ne[1] * es,
                                x->ne[0] * x->ne[1] * x->ne[2] * es, k * n * es);
     if (so_far) {
@@ -301,11 +303,17 @@ static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_ac
         ADD(0, part[0]);
     }
     if (WANT(1)) {
-        /* the 1 + w form: SCALE's rule passes dw on as dw * 1 + 0, whose only effect is -0 -> +0; a
-         * REPEAT_BACK's sums start from +0 on every backend, so they hold no -0 and that SCALE (a launch
-         * a norm, tens a step) is left out after one: the same bits (a NaN's payload aside) */
-        keel_tensor *dw = reduce_to(ctx, part[np - 1], w);
-        ADD(1, t->ip[0] && dw->op != KEEL_OP_REPEAT_BACK ? keel_scale(ctx, dw, 1.0, 0.0) : dw);
+        /* the 1 + w form: SCALE's rule passes dw on as dw * 1 + 0, whose only effect is -0 -> +0; sums
+         * over rows (the backward op's own, a REPEAT_BACK's) start from +0 on every backend, so they hold
+         * no -0 and that SCALE (a launch a norm, tens a step) is left out after one: the same bits (a
+         * NaN's payload aside). The op's own dw is copied out of its packed result here: a weight's
+         * gradient that is a view gets that copy at the graph's end, which would keep the whole packed
+         * result (dx, dz) alive until then (3.5 GiB more at the 0.8B's bf16 peak with recompute full). */
+        keel_tensor *dw = rope ? reduce_to(ctx, part[1], w)
+                               : keel_cont(ctx, keel_view_4d(ctx, pk, w->ne[0], w->ne[1], w->ne[2], w->ne[3],
+                                                             w->ne[0] * es, w->ne[0] * w->ne[1] * es,
+                                                             w->ne[0] * w->ne[1] * w->ne[2] * es, (np - 1) * n * es));
+        ADD(1, t->ip[0] && rope && dw->op != KEEL_OP_REPEAT_BACK ? keel_scale(ctx, dw, 1.0, 0.0) : dw);
     }
     if (gated && WANT(2)) ADD(2, part[1]);
     return 0;

@@ -121,7 +121,8 @@
       "SCALE of w) it replaces, formula by formula; ip1 the result's type: 0 x's, or bf16 (float32 x, each value "   \
       "rounded as CAST rounds it)")                                                                                    \
     X(RMS_NORM_W_BACK, OWN, 3, OPF_BACKWARD, 0, 0,                                                                     \
-      "x, w, dy; params as RMS_NORM_W -> packed [dx | dy rms_norm(x), whose rows sum to dw], each x's shape")          \
+      "x, w, dy; params as RMS_NORM_W -> packed [dx (x's shape) | dw (ne0 values)], dw the float64 sum over rows, in "   \
+      "row order, of the float32 products dy rms_norm(x) (REPEAT_BACK's sums of MUL's rule, which it replaces)")       \
     X(RMS_NORM_W_BACK_ADD, OWN, 4, OPF_BACKWARD, 0, 0,                                                                 \
       "x, w, dy, g (x's shape and type); params as RMS_NORM_W -> RMS_NORM_W_BACK's packed result with g + dx in "     \
       "place of dx, added as ADD adds (autodiff's: the gradient so far of a residual stream, added where dx is made)") \
@@ -135,7 +136,8 @@
       "src0 x, src1 w [ne0], src2 z (x's shape); fp0 eps: rms_norm(x) * w * silu(z) (the DeltaNet's output norm: "     \
       "the RMS_NORM, MUL, SILU, MUL it replaces, formula by formula); ip1 the result's type, as RMS_NORM_W's")      \
     X(GATED_RMS_NORM_BACK, OWN, 4, OPF_BACKWARD, 0, 0,                                                                 \
-      "x, w, z, dy -> packed [dx | dz | (dy silu(z)) rms_norm(x), whose rows sum to dw], each x's shape")              \
+      "x, w, z, dy -> packed [dx | dz (each x's shape) | dw (ne0 values)], dw summed from (dy silu(z)) rms_norm(x) "   \
+      "as RMS_NORM_W_BACK sums it")                                                                                    \
     X(GDN_CONV, OWN, 3, 0, 3, 4,                                                                                       \
       "src0 x [C,T,B], src1 w [K,C], src2 i32 positions [T,B]; ip0 n, ip1 d, fp0 eps, fp1 s: y = silu(CONV1D(x)), "   \
       "then channels [0,2n) L2-normalised per d channels (x / sqrt(sum x^2 + eps)) and [0,n) times s (the DeltaNet's " \

@@ -431,7 +431,7 @@ static int shape_rule(keel_tensor *t) {
             REQ(keel_same_shape(dy, a) && dy->type == a->type, "dy must be shaped like x");
             if (op == KEEL_OP_RMS_NORM_W_BACK_ADD)
                 REQ(keel_same_shape(t->src[3], a) && t->src[3]->type == a->type, "g must be shaped like x");
-            set_shape(t, a->type, (gated ? 3 : 2) * keel_nelements(a), 1, 1, 1);
+            set_shape(t, a->type, (gated ? 2 : 1) * keel_nelements(a) + a->ne[0], 1, 1, 1); /* [dx | (dz) | dw] */
         }
         return 0;
     }

@@ -367,8 +367,8 @@ static int packed_parts(const keel_tensor *t, int64_t *size, strided_part *sp, i
     case KEEL_OP_GDN_GATE_BACK: /* [da | dA_log | ddt_bias] */
         size[0] = keel_nelements(q), size[1] = size[2] = q->ne[0];
         return 3;
-    case KEEL_OP_GATED_RMS_NORM_BACK:
-        size[0] = size[1] = size[2] = keel_nelements(q);
+    case KEEL_OP_GATED_RMS_NORM_BACK: /* [dx | dz | dw] */
+        size[0] = size[1] = keel_nelements(q), size[2] = q->ne[0];
         return 3;
     case KEEL_OP_FLASH_ATTN:
         size[0] = keel_nelements(v) / v->ne[1] / v->ne[2] * q->ne[1] * q->ne[2], size[1] = size[0] / v->ne[0];
@@ -376,10 +376,12 @@ static int packed_parts(const keel_tensor *t, int64_t *size, strided_part *sp, i
     case KEEL_OP_FLASH_ATTN_BACK:
         size[0] = keel_nelements(q), size[1] = keel_nelements(t->src[1]), size[2] = keel_nelements(v);
         return 3;
-    case KEEL_OP_QK_NORM_ROPE_BACK:
-    case KEEL_OP_RMS_NORM_W_BACK:
-    case KEEL_OP_RMS_NORM_W_BACK_ADD:
+    case KEEL_OP_QK_NORM_ROPE_BACK: /* [dx | the terms of dw] */
         size[0] = size[1] = keel_nelements(q);
+        return 2;
+    case KEEL_OP_RMS_NORM_W_BACK: /* [dx | dw] */
+    case KEEL_OP_RMS_NORM_W_BACK_ADD:
+        size[0] = keel_nelements(q), size[1] = q->ne[0];
         return 2;
     default:
         size[0] = keel_nelements(t);

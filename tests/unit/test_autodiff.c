@@ -381,7 +381,8 @@ static void bf16_gradients(void **st) {
 
 /* A residual stream: y = W rms_norm(x) (1 + w) + x. x's gradient so far (the addend's, dy) is added
  * where the norm's dx is made (RMS_NORM_W_BACK_ADD: no ADD in the backward), and the 1 + w weight's
- * gradient is REPEAT_BACK's result itself (no SCALE by 1); the values are, bit for bit on cpu, those
+ * gradient is the norm backward's own sum over rows, copied out of its packed result by the rule (no
+ * REPEAT_BACK, no SCALE by 1, no copy at the graph's end); the values are, bit for bit on cpu, those
  * of the same model built with x's other use first (a RESHAPE made before the norm), whose gradient
  * goes the plain way: RMS_NORM_W_BACK, then ADD of the two contributions (on ref, which stores float32
  * tensors' values rounded, within one rounding: the fused op rounds g + dx once, the pair twice). */
@@ -411,7 +412,10 @@ static void residual_norm_adds_in_place(void **st) {
         assert_int_equal(back_ops(g[o], KEEL_OP_RMS_NORM_W_BACK), o ? 1 : 0);
         assert_int_equal(back_ops(g[o], KEEL_OP_ADD), o ? 1 : 0);
         assert_int_equal(back_ops(g[o], KEEL_OP_SCALE), 0);
-        assert_int_equal(keel_graph_grad(g[o], lv[o][1])->op, KEEL_OP_REPEAT_BACK);
+        assert_int_equal(back_ops(g[o], KEEL_OP_REPEAT_BACK), 0);
+        keel_tensor *dw = keel_graph_grad(g[o], lv[o][1]);
+        assert_int_equal(dw->op, KEEL_OP_CONT);
+        assert_int_equal(dw->src[0]->view_src->op, o ? KEEL_OP_RMS_NORM_W_BACK : KEEL_OP_RMS_NORM_W_BACK_ADD);
     }
     double xs[40], ws[8], Ws[64], rs[40];
     for (int i = 0; i < 40; i++) xs[i] = 0.13 * ((i * 7) % 17) - 1.1, rs[i] = 0.2 * ((i * 3) % 7) - 0.6;

@@ -148,8 +148,11 @@ static void gated_rms_norm_is_its_ops(void **st) {
     (void)st;
     const keel_type ty[3] = {KEEL_F32, KEEL_F32, KEEL_F32};
     const int64_t heads[3][4] = {{128, 40, 1, 1}, {128, 1, 1, 1}, {128, 40, 1, 1}}, /* the DeltaNet's heads */
-        fixture[3][4] = {{24, 33, 1, 1}, {24, 1, 1, 1}, {24, 33, 1, 1}};
+        fixture[3][4] = {{24, 33, 1, 1}, {24, 1, 1, 1}, {24, 33, 1, 1}},
+                  /* rows enough that dw's sums take chunks of 2 rows in groups of 8, the last group 6 chunks */
+        many[3][4] = {{128, 4150, 2, 1}, {128, 1, 1, 1}, {128, 4150, 2, 1}};
     check_pair("GATED_RMS_NORM", 3, heads, ty, gated_rms_norm_pair, NULL);
+    check_pair("GATED_RMS_NORM", 3, many, ty, gated_rms_norm_pair, NULL);
     check_pair("GATED_RMS_NORM", 3, fixture, ty, gated_rms_norm_pair, NULL);
 }
 
@@ -164,8 +167,12 @@ static void rms_norm_w_is_its_ops(void **st) {
     const keel_type ty[2] = {KEEL_F32, KEEL_F32};
     /* rows of 1024 (the 0.8B model's hidden size), 256 (its attention heads' q and k norms), 24 */
     const int64_t hidden[2][4] = {{1024, 9, 1, 1}, {1024, 1, 1, 1}}, heads[2][4] = {{256, 20, 1, 1}, {256, 1, 1, 1}},
-                  small[2][4] = {{24, 7, 1, 1}, {24, 1, 1, 1}};
+                  small[2][4] = {{24, 7, 1, 1}, {24, 1, 1, 1}},
+                  /* dw's sums in chunks of 2 rows, groups of 8, the last group 6 chunks (cuda) */
+        many[2][4] = {{1024, 550, 2, 1}, {1024, 1, 1, 1}};
     check_pair("RMS_NORM_W 1+w", 2, hidden, ty, rms_norm_w_pair, (const double[]){1});
+    check_pair("RMS_NORM_W 1+w", 2, many, ty, rms_norm_w_pair, (const double[]){1});
+    check_pair("RMS_NORM_W", 2, many, ty, rms_norm_w_pair, (const double[]){0});
     check_pair("RMS_NORM_W 1+w", 2, heads, ty, rms_norm_w_pair, (const double[]){1});
     check_pair("RMS_NORM_W", 2, small, ty, rms_norm_w_pair, (const double[]){0});
 }
@@ -262,9 +269,9 @@ static void get_rows_back_add_is_its_ops(void **st) {
 }
 
 /* in: x [D,R], w [D], dy, g (x's shape); p[0]: the 1 + w form. Unfused: ADD(g, dx) as autodiff's
- * keel_grad_add adds (the gradient so far, then the contribution), and dw's terms after it. */
+ * keel_grad_add adds (the gradient so far, then the contribution), and dw after it. */
 static keel_tensor *norm_back_add_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
-    int64_t one = p[0] != 0, n = keel_nelements(in[0]);
+    int64_t one = p[0] != 0, n = keel_nelements(in[0]), D = in[0]->ne[0];
     double eps = 1e-6;
     if (fused)
         return keel_op_new(ctx, KEEL_OP_RMS_NORM_W_BACK_ADD, (keel_tensor *const[]){in[0], in[1], in[2], in[3]}, 4,
@@ -272,7 +279,7 @@ static keel_tensor *norm_back_add_pair(keel_ctx *ctx, keel_tensor **in, bool fus
     keel_tensor *pk =
         keel_op_new(ctx, KEEL_OP_RMS_NORM_W_BACK, (keel_tensor *const[]){in[0], in[1], in[2]}, 3, &one, 1, &eps, 1);
     keel_tensor *dx = keel_add(ctx, keel_reshape_4d(ctx, in[3], n, 1, 1, 1), keel_view_1d(ctx, pk, n, 0));
-    return keel_concat(ctx, dx, keel_view_1d(ctx, pk, n, n * 4), 0);
+    return keel_concat(ctx, dx, keel_view_1d(ctx, pk, D, n * 4), 0);
 }
 
 static void norm_back_add_is_its_ops(void **st) {

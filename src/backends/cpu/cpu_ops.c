@@ -20,10 +20,11 @@ typedef struct {
     double ce_div;   /* CROSS_ENTROPY_LOSS(_BACK): the loss's divisor */
     double adamw_f;  /* ADAMW: the gradients' factor (keel_adamw_factor) */
     int64_t *csr_start, *csr_items;
-    float *wt;   /* CONV1D, GDN_CONV: the weight as [K][C] */
-    float *rows; /* GDN_CONV: 2 C floats a thread (the conv's output and its SiLU); QK_NORM_ROPE, and
+    float *wt;    /* CONV1D, GDN_CONV: the weight as [K][C] */
+    float *rows;  /* GDN_CONV: 2 C floats a thread (the conv's output and its SiLU); QK_NORM_ROPE, and
                   * CONV1D_BACK_INPUT with a bf16 result: a row a thread */
-    double *acc; /* REPEAT_BACK: one row of float64 sums per thread (NULL: sum element by element) */
+    double *acc;  /* REPEAT_BACK: one row of float64 sums per thread (NULL: sum element by element) */
+    float *terms; /* RMS_NORM_W_BACK(_ADD), GATED_RMS_NORM_BACK: the products dw sums, row after row */
 } node_ctx;
 
 #define F(p) (*(const float *)(const void *)(p))
@@ -366,7 +367,8 @@ static void conv_task(void *arg, int64_t b, int64_t e, int th) {
 /* RMS_NORM_W and GATED_RMS_NORM and their backward, a row an item: RMS_NORM's float64 sum and
  * float32 scale, SCALE's 1 + w, MUL's products, silu_f32, and backward the products of MUL's rule,
  * silu_back_f32 and RMS_NORM_BACK's formula, so the bits of the ops they replace (the products dy
- * silu(z) rms_norm(x) go to REPEAT_BACK for dw as MUL's rule sends them). */
+ * silu(z) rms_norm(x), which MUL's rule sends to REPEAT_BACK, go to c->terms for norm_w_dw_task's
+ * sums; QK_NORM_ROPE_BACK's to its packed result, for REPEAT_BACK). */
 static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
     node_ctx *c = arg;
     const keel_tensor *t = c->t, *x = t->src[0], *w = t->src[1];
@@ -428,7 +430,7 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
             sd += (double)F(xs + i * xn) * (db * NW_W(i));
         }
         double sb = 1.0 / sqrt(ss / (double)n + t->fp[0]), f2 = sb * sb * sb * sd / (double)n;
-        float *dx = (float *)(void *)cpu_row_flat(t, 0) + r * n, *dz = dx + N, *gw = dx + (z ? 2 : 1) * N;
+        float *dx = (float *)(void *)cpu_row_flat(t, 0) + r * n, *dz = dx + N, *gw = rope ? dx + N : c->terms + r * n;
         const char *as = ga ? cpu_row(ga, i1, i2, i3) : NULL;
         for (int64_t i = 0; i < n; i++) {
             float xv = F(xs + i * xn), wv = NW_W(i), g = F(gs + i * gn), zv = z ? F(zs + i * zn) : 0.0f;
@@ -441,6 +443,21 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
     }
 #undef NW_W
 #undef NW_SG
+}
+
+/* dw of RMS_NORM_W_BACK(_ADD) and GATED_RMS_NORM_BACK, a column an item: the float64 sum of its terms
+ * over the rows in row order, as REPEAT_BACK sums the rows of MUL's product (the same bits) */
+static void norm_w_dw_task(void *arg, int64_t b, int64_t e, int th) {
+    (void)th;
+    node_ctx *c = arg;
+    const keel_tensor *t = c->t, *x = t->src[0];
+    int64_t n = x->ne[0], R = keel_nrows(x);
+    float *dw = (float *)(void *)cpu_row_flat(t, 0) + (t->op == KEEL_OP_GATED_RMS_NORM_BACK ? 2 : 1) * R * n;
+    for (int64_t i = b; i < e; i++) {
+        double acc = 0;
+        for (int64_t r = 0; r < R; r++) acc += c->terms[r * n + i];
+        dw[i] = (float)acc;
+    }
 }
 
 /* GDN_CONV and GDN_CONV_BACK, a (position, example) row an item: CONV1D's sum, silu_f32, L2_NORM's
@@ -892,19 +909,25 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         keel_pool_for(pool, (t->ne[1] + CONV_CB - 1) / CONV_CB, conv_task, &c);
         return 0;
     case KEEL_OP_RMS_NORM_W:
-    case KEEL_OP_RMS_NORM_W_BACK:
-    case KEEL_OP_RMS_NORM_W_BACK_ADD:
     case KEEL_OP_GATED_RMS_NORM:
         keel_pool_for(pool, keel_nrows(a), norm_w_task, &c);
         return 0;
+    case KEEL_OP_RMS_NORM_W_BACK:
+    case KEEL_OP_RMS_NORM_W_BACK_ADD:
     case KEEL_OP_GATED_RMS_NORM_BACK:
     case KEEL_OP_QK_NORM_ROPE:
-    case KEEL_OP_QK_NORM_ROPE_BACK:
-        c.rows = malloc((size_t)(keel_pool_size(pool) * a->ne[0]) * sizeof(float));
-        if (!c.rows) return keel_fail("cpu: out of memory in '%s'", t->name);
-        keel_pool_for(pool, keel_nrows(a), norm_w_task, &c);
-        free(c.rows);
-        return 0;
+    case KEEL_OP_QK_NORM_ROPE_BACK: {
+        bool rows = t->op == KEEL_OP_GATED_RMS_NORM_BACK || t->op == KEEL_OP_QK_NORM_ROPE ||
+                    t->op == KEEL_OP_QK_NORM_ROPE_BACK,
+             terms = t->op != KEEL_OP_QK_NORM_ROPE && t->op != KEEL_OP_QK_NORM_ROPE_BACK;
+        c.rows = rows ? malloc((size_t)(keel_pool_size(pool) * a->ne[0]) * sizeof(float)) : NULL;
+        c.terms = terms ? malloc((size_t)(keel_nelements(a) ? keel_nelements(a) : 1) * sizeof(float)) : NULL;
+        bool ok = (!rows || c.rows) && (!terms || c.terms);
+        if (ok) keel_pool_for(pool, keel_nrows(a), norm_w_task, &c);
+        if (ok && terms) keel_pool_for(pool, a->ne[0], norm_w_dw_task, &c);
+        free(c.rows), free(c.terms);
+        return ok ? 0 : keel_fail("cpu: out of memory in '%s'", t->name);
+    }
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK: {
         c.wt = conv_taps(b);

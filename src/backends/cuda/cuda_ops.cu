@@ -602,8 +602,10 @@ __global__ void k_sigmoid_mul(kt t, kt x, kt g, kt dy, int back, int rows4, int 
 /* RMS_NORM_W and GATED_RMS_NORM and their backward, a warp a row: k_rows' warp-a-row RMS_NORM and
  * RMS_NORM_BACK (the same lanes, the same butterfly), SCALE's 1 + w, MUL's products, the unary SILU
  * and silu_back1, so the bits of the ops they replace for rows of up to WARP_ROW_MAX elements. The
- * backward writes [dx | dz (gated) | the products dy silu(z) rms_norm(x) that REPEAT_BACK sums into
- * dw], each row at its flat place. */
+ * backward writes [dx | dz (gated)], each row at its flat place, and the products dy silu(z)
+ * rms_norm(x) that dw sums: QK_NORM_ROPE_BACK's after dx in its result, for REPEAT_BACK; the others'
+ * into the node's scratch (terms), which norm_dw then sums as REPEAT_BACK would, or, in
+ * k_norm_w_back_dw, into shared memory. */
 typedef struct {
     kt t, x, w, z, dy, pos; /* z: gated only; dy: backward only; pos: QK_NORM_ROPE */
     kt g;                   /* RMS_NORM_W_BACK_ADD: added to dx (add) */
@@ -615,7 +617,13 @@ typedef struct {
     const float2 *cs;   /* and the float cos, sin of positions [0, n_cs) (rope_cs): the same bits */
     int64_t nr, n_cs;
     int64_t fx, fz, fg, fa; /* k_norm_w_pipe: the byte stride of x's (z's, dy's, g's) rows where it is one (else 0) */
+    float *terms;           /* the backward's products dw sums, a row at r n (NULL: QK_NORM_ROPE_BACK's, in t) */
 } norm_w_args;
+
+/* where row r's products for dw go (n elements a row, N all rows' elements) */
+__device__ static inline float *norm_terms_row(const norm_w_args &A, int64_t r, int64_t n, int64_t N) {
+    return A.terms ? A.terms + r * n : (float *)A.t.p + N + r * n;
+}
 
 __device__ static inline float norm_w_weight(const norm_w_args &A, int64_t i) {
     /* through the read-only path: the weight is an input of the node, never written while it runs,
@@ -666,10 +674,11 @@ __device__ static inline float rope_elem(const norm_w_args &A, const char *row, 
  * gradient reaching the norm's output (dy, or ROPE_BACK's g); Y(i, sc, y): the forward's value
  * before the gate, from y = x sc w (the rotation's variant turns the normed row); W(i): w_i (or
  * 1 + w_i) as norm_w_weight gives it; S(i, v): the forward stores v as element i of its row; Ga(k, i):
- * element i of RMS_NORM_W_BACK_ADD's addend (add), which dx is added to as ADD adds. */
+ * element i of RMS_NORM_W_BACK_ADD's addend (add), which dx is added to as ADD adds; tw: where the
+ * backward puts the row's products for dw (tw[i]). */
 template <int KN, int UNR, typename FX, typename FZ, typename FG, typename FY, typename FW, typename FS, typename FA>
-__device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, int kn, bool gated, bool back, bool add, FX X,
-                                         FZ Z, FG G, FY Y, FW W, FS S, FA Ga) {
+__device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, int kn, bool gated, bool back, bool add,
+                                         float *tw, FX X, FZ Z, FG G, FY Y, FW W, FS S, FA Ga) {
     int64_t n = A.x.ne[0], N = n * A.x.ne[1] * A.x.ne[2] * A.x.ne[3];
     int lane = threadIdx.x & 31;
     double ss = 0, sd = 0;
@@ -706,7 +715,7 @@ __device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, int kn
         float g = G(k, i), db = gated ? __fmul_rn(g, sg) : g, dx = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
         o[i] = add ? __fadd_rn(Ga(k, i), dx) : dx; /* RMS_NORM_W_BACK_ADD: ADD's sum */
         if (gated) o[N + i] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
-        o[(gated ? 2 : 1) * N + i] = __fmul_rn(db, a);
+        tw[i] = __fmul_rn(db, a);
     }
 }
 
@@ -750,7 +759,7 @@ template <int PM, int GB> __global__ void k_norm_w(norm_w_args A) {
         }
         char *trow = back ? NULL : kt_at(A.t, 0, i1, i2, i3);
         norm_w_row<PM, PM ? PM : 1>(
-            A, r, kn, gated, back, add,
+            A, r, kn, gated, back, add, back ? norm_terms_row(A, r, n, n * R) : NULL,
             [&](int k, int64_t i) {
                 return PM ? xr[k] : ldf(xs + i * A.x.nb[0]);
             },
@@ -845,7 +854,7 @@ template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS
         char *trow = A.t.p + r * n * (bf ? 2 : 4);
         /* the rotation reads the row in shared memory as k_norm_w reads it in global memory */
         norm_w_row<PM, unr>(
-            A, r, PM, gated, back, add,
+            A, r, PM, gated, back, add, back ? norm_terms_row(A, r, n, n * R) : NULL,
             [&](int, int i) {
                 return xb[i];
             },
@@ -908,6 +917,116 @@ static int launch_norm_pipe_w(keel_backend *be, const keel_tensor *t, const norm
                        : launch_norm_pipe<PM, 2>(be, t, A, R);
     if (A.gated) return bf ? launch_norm_pipe<PM, 9>(be, t, A, R) : launch_norm_pipe<PM, 1>(be, t, A, R);
     return bf ? launch_norm_pipe<PM, 8>(be, t, A, R) : launch_norm_pipe<PM, 0>(be, t, A, R);
+}
+
+/* RMS_NORM_W_BACK(_ADD) and GATED_RMS_NORM_BACK with dw summed in the same pass: REPEAT_BACK's float64
+ * partials of [n] from the rows (chunks of per rows, grp chunks a partial: norm_dw_chunks) made from
+ * the products in shared memory, so that the [n, rows] tensor of products is neither written nor read
+ * back (a 1024-wide norm at batch 8: 32 MB each way, and a launch). A block takes one partial's rows,
+ * tr at a time: a row a warp (norm_w_row, its x, z, dy and addend in registers as k_norm_w keeps them,
+ * the loop over them unrolled whole so that they stay there; dx and dz to the result), its products
+ * into row k of the tile; then a thread a column adds the tile's products in row order to its chunk's
+ * float64 sum and, at a chunk's last row, that sum to the partial's: k_repeat_back_part_lead4's sums
+ * (at grp 1, k_repeat_back_part_lead's), so the partials, and after norm_dw's second pass dw, have
+ * REPEAT_BACK's bits. Short rows (PM <= 8) load a warp's next row while it works on this one, long
+ * ones (no registers for two) the next tile's while the tile's sums are made. PM: a lane's elements of
+ * a row (n <= 32 PM, unit stride); GB: gated (1), RMS_NORM_W_BACK_ADD (16). */
+#define NORM_DW_TILE_BYTES 32768
+#define NORM_DW_THREADS    256
+template <int PM, int GB>
+__global__ void __launch_bounds__(NORM_DW_THREADS, PM <= 4 ? 4 : PM <= 8 ? 2 : 1)
+    k_norm_w_back_dw(norm_w_args A, int64_t per, int64_t n_chunks, int grp, int tr, double *part) {
+    extern __shared__ float dsm[];
+    constexpr bool gated = (GB & 1) != 0, add = (GB & 16) != 0, pf = PM <= 8;
+    constexpr int CPT = (32 * PM + NORM_DW_THREADS - 1) / NORM_DW_THREADS, /* a thread's columns */
+        NW = NORM_DW_THREADS / 32, NQ = pf ? PM : 1;
+    int n = (int)A.x.ne[0], lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    int64_t R = A.x.ne[1] * A.x.ne[2] * A.x.ne[3], c0 = (int64_t)blockIdx.x * grp,
+            c1 = c0 + grp < n_chunks ? c0 + grp : n_chunks, r0 = c0 * per, r1 = c1 * per < R ? c1 * per : R;
+    float *tile = dsm, *wsm = dsm + (size_t)tr * n;
+    for (int i = threadIdx.x; i < n; i += NORM_DW_THREADS) wsm[i] = norm_w_weight(A, i);
+    double cs[CPT], ps[CPT]; /* this thread's columns' sums: of the chunk so far, of the partial */
+#pragma unroll
+    for (int j = 0; j < CPT; j++) cs[j] = 0.0, ps[j] = 0.0;
+    int64_t cend = r0 + per < R ? r0 + per : R; /* the end of the chunk the column sums are in */
+    bool have = false; /* long rows: this warp's first row of the tile loaded during the last tile */
+    float xr[PM], zr[PM], gr[PM], ar[PM], xq[NQ], zq[NQ], gq[NQ], aq[NQ];
+    __syncthreads();
+    for (int64_t ra = r0; ra < r1; ra += tr) {
+        int nr = (int)(r1 - ra < tr ? r1 - ra : tr);
+/* row r's elements into X, Z, G, A_ (all of the row's loads in flight at once) */
+#define NORM_DW_LOAD(r, X, Z, G, A_, M)                                                                                \
+    do {                                                                                                               \
+        const float *xs_ = (const float *)norm_row(A.x, (r), A.fx), *gs_ = (const float *)norm_row(A.dy, (r), A.fg);   \
+        const float *zs_ = gated ? (const float *)norm_row(A.z, (r), A.fz) : NULL,                                     \
+                    *as_ = add ? (const float *)norm_row(A.g, (r), A.fa) : NULL;                                       \
+        _Pragma("unroll") for (int m = 0; m < (M); m++) {                                                              \
+            int i = lane + 32 * m;                                                                                     \
+            if (i < n) {                                                                                               \
+                X[m] = xs_[i], G[m] = gs_[i];                                                                          \
+                if (gated) Z[m] = zs_[i];                                                                              \
+                if (add) A_[m] = as_[i];                                                                               \
+            }                                                                                                          \
+        }                                                                                                              \
+    } while (0)
+        if (!have && wp < nr) NORM_DW_LOAD(ra + wp, xr, zr, gr, ar, PM);
+        have = false;
+        for (int k = wp; k < nr; k += NW) {
+            bool next = pf && k + NW < nr;
+            if (next) NORM_DW_LOAD(ra + k + NW, xq, zq, gq, aq, NQ);
+            norm_w_row<PM, PM>(
+                A, ra + k, PM, gated, true, add, tile + (size_t)k * n,
+                [&](int m, int) {
+                    return xr[m];
+                },
+                [&](int m, int) {
+                    return zr[m];
+                },
+                [&](int m, int) {
+                    return gr[m];
+                },
+                [&](int, float, float y) {
+                    return y;
+                },
+                [&](int i) {
+                    return wsm[i];
+                },
+                [&](int, float) {
+                },
+                [&](int m, int) {
+                    return ar[m];
+                });
+            if (next) {
+#pragma unroll
+                for (int m = 0; m < NQ; m++) xr[m] = xq[m], zr[m] = zq[m], gr[m] = gq[m], ar[m] = aq[m];
+            } else if (!pf && k + NW < nr) {
+                NORM_DW_LOAD(ra + k + NW, xr, zr, gr, ar, PM);
+            } else if (!pf && wp < tr && ra + tr + wp < r1) { /* the next tile's row, in flight over the sums */
+                NORM_DW_LOAD(ra + tr + wp, xr, zr, gr, ar, PM);
+                have = true;
+            }
+        }
+#undef NORM_DW_LOAD
+        __syncthreads();   /* the tile's products are in */
+        uint64_t ends = 0; /* the tile's rows that end a chunk (tr <= 64) */
+        for (int k = 0; k < nr; k++)
+            if (ra + k + 1 == cend) ends |= 1ull << k, cend = cend + per < R ? cend + per : R;
+#pragma unroll
+        for (int j = 0; j < CPT; j++) {
+            int col = (int)threadIdx.x + NORM_DW_THREADS * j;
+            if (col >= n) continue;
+            for (int k = 0; k < nr; k++) {
+                cs[j] += tile[(size_t)k * n + col];
+                if (ends >> k & 1) ps[j] += cs[j], cs[j] = 0.0; /* a chunk's last row */
+            }
+        }
+        __syncthreads(); /* the tile is read: the next rows may take it */
+    }
+#pragma unroll
+    for (int j = 0; j < CPT; j++) {
+        int col = (int)threadIdx.x + NORM_DW_THREADS * j;
+        if (col < n) part[(int64_t)blockIdx.x * n + col] = ps[j];
+    }
 }
 
 /* GDN_CONV and GDN_CONV_BACK (ops.h): k_conv's float32 sum, the unary SILU, k_rows' warp-a-row
@@ -1695,6 +1814,35 @@ static int64_t terms_of(const keel_tensor *t) {
     return t->op == KEEL_OP_REPEAT_BACK ? keel_nelements(a) / (n ? n : 1) : a->ne[1] * a->ne[2];
 }
 
+/* dw of RMS_NORM_W_BACK(_ADD) and GATED_RMS_NORM_BACK: REPEAT_BACK's chunks for [n] from the [n, rows]
+ * products (per rows a chunk, n_chunks chunks, grp of them a partial, n_parts partials an element) */
+static void norm_dw_chunks(const keel_tensor *t, int64_t *per, int64_t *n_chunks, int *grp, int64_t *n_parts) {
+    const keel_tensor *a = t->src[0];
+    int64_t n = a->ne[0], R = keel_nrows(a);
+    *per = chunk_terms(n, R > 0 ? R : 1), *n_chunks = (R + *per - 1) / *per, *grp = chunk_group(n, true);
+    *n_parts = (*n_chunks + *grp - 1) / *grp;
+}
+static bool norm_dw_op(const keel_tensor *t) {
+    return t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ||
+           t->op == KEEL_OP_GATED_RMS_NORM_BACK;
+}
+/* The rows of k_norm_w_back_dw's tile of products: NORM_DW_TILE_BYTES of them, 1 to 64 rows */
+static int norm_dw_tile_rows(int64_t n) {
+    int64_t tr = NORM_DW_TILE_BYTES / (n * (int64_t)sizeof(float));
+    return (int)(tr < 1 ? 1 : tr > 64 ? 64 : tr);
+}
+/* k_norm_w_back_dw's PM for node t (a lane's elements of a row), or 0 where it does not take the node:
+ * float32 rows of at most WARP_ROW_MAX elements, unit stride along them (x, z, dy, the addend), a
+ * contiguous result */
+static int norm_dw_pm(const keel_tensor *t) {
+    const keel_tensor *a = t->src[0];
+    int64_t n = a->ne[0];
+    if (!norm_dw_op(t) || a->type != KEEL_F32 || n < 1 || n > WARP_ROW_MAX || !keel_is_contiguous(t)) return 0;
+    for (int i = 0; i < KEEL_MAX_SRC && t->src[i]; i++) /* x, z or dy, dy or the addend (w: any stride) */
+        if (i != 1 && t->src[i]->nb[0] != (int64_t)sizeof(float)) return 0;
+    return n <= 128 ? 4 : n <= 256 ? 8 : n <= 512 ? 16 : 32;
+}
+
 /* The scratch each node's kernel asks cuda_scratch for (keel_cuda_scratch_bytes): one formula per
  * kind of node, which its kernel uses too. */
 static size_t node_scratch(const keel_tensor *t) {
@@ -1711,6 +1859,15 @@ static size_t node_scratch(const keel_tensor *t) {
         int64_t per, n_chunks;
         gate_chunks(t, &per, &n_chunks);
         return (size_t)(2 * a->ne[0] * n_chunks) * sizeof(double);
+    }
+    case KEEL_OP_RMS_NORM_W_BACK: /* dw's float64 partials; without k_norm_w_back_dw, the products first */
+    case KEEL_OP_RMS_NORM_W_BACK_ADD:
+    case KEEL_OP_GATED_RMS_NORM_BACK: {
+        int64_t per, n_chunks, n_parts;
+        int grp;
+        norm_dw_chunks(t, &per, &n_chunks, &grp, &n_parts);
+        return (size_t)(a->ne[0] * n_parts) * sizeof(double) +
+               (norm_dw_pm(t) ? 0 : (size_t)keel_nelements(a) * sizeof(float));
     }
     case KEEL_OP_REPEAT_BACK: /* a float64 partial per result element and chunk of terms */
     case KEEL_OP_CONV1D_BACK_WEIGHT: {
@@ -1927,6 +2084,37 @@ static int gdn_gate_back(keel_backend *be, const keel_tensor *t) {
     return 0;
 }
 
+/* REPEAT_BACK's pass 1 where the result is x's leading dimensions (x the n_out x n_terms float32 terms,
+ * contiguous): float64 partials of n_out elements into part, by chunks of per terms (n_chunks of them),
+ * RB_CHUNKS of them a partial where n_out is a multiple of 4 (chunk_group). Returns the partials a
+ * result element, pass 2's count. */
+static int64_t lead_parts(keel_backend *be, const float *x, int64_t n_out, int64_t n_terms, int64_t per,
+                          int64_t n_chunks, double *part) {
+    if (chunk_group(n_out, true) > 1) {
+        int64_t nb = (n_out / 4 + 31) / 32 * ((n_chunks + RB_CHUNKS - 1) / RB_CHUNKS);
+        unsigned blocks = (unsigned)(nb < 65535LL * 8 ? nb : 65535LL * 8);
+        (vec_ok(x) ? k_repeat_back_part_lead4<true> : k_repeat_back_part_lead4<false>)<<<blocks, 256, 0, st(be)>>>(
+            x, n_out, n_terms, per, n_chunks, part);
+        return (n_chunks + RB_CHUNKS - 1) / RB_CHUNKS; /* pass 2 sums the blocks' partials */
+    }
+    k_repeat_back_part_lead<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(x, n_out, n_terms, per, n_chunks,
+                                                                                    part);
+    return n_chunks;
+}
+
+/* Pass 2 of REPEAT_BACK and CONV1D_BACK_WEIGHT (conv): element o of out the sum of its n_chunks partials */
+static void finish_parts(keel_backend *be, const kt &out, const double *part, int64_t n_out, int64_t n_chunks,
+                         int conv) {
+    if (n_chunks >= 64 && n_out >= 512) /* a few hundred result elements: a block per FO of them */
+        k_finish_parts_blocks4<<<(unsigned)((n_out + FO - 1) / FO < 65535 ? (n_out + FO - 1) / FO : 65535), RT, 0,
+                                 st(be)>>>(out, part, n_out, n_chunks, conv);
+    else if (n_chunks >= 64) /* few result elements: a block each */
+        k_finish_parts_blocks<<<(unsigned)(n_out < 65535 ? n_out : 65535), RT, 0, st(be)>>>(out, part, n_out, n_chunks,
+                                                                                            conv);
+    else
+        k_finish_parts<<<cuda_blocks(n_out, 256), 256, 0, st(be)>>>(out, part, n_out, n_chunks, conv);
+}
+
 /* REPEAT_BACK and CONV1D_BACK_WEIGHT: n_terms summed into each result element, in two passes. */
 static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms) {
     int64_t n_out = keel_nelements(t);
@@ -1949,28 +2137,91 @@ static int reduce_terms(keel_backend *be, const keel_tensor *t, int64_t n_terms)
     else if (conv)
         k_conv_back_w_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(
             kt_of(t), kt_of(t->src[0]), kt_of(t->src[1]), kt_of(t->src[2]), per, n_chunks, part);
-    else if (chunk_group(n_out, leading_dims(t, x)) > 1) {
-        int64_t nb = (n_out / 4 + 31) / 32 * ((n_chunks + RB_CHUNKS - 1) / RB_CHUNKS);
-        unsigned blocks = (unsigned)(nb < 65535LL * 8 ? nb : 65535LL * 8);
-        (vec_ok(x->data) ? k_repeat_back_part_lead4<true>
-                         : k_repeat_back_part_lead4<false>)<<<blocks, 256, 0, st(be)>>>((const float *)x->data, n_out,
-                                                                                        n_terms, per, n_chunks, part);
-        n_chunks = (n_chunks + RB_CHUNKS - 1) / RB_CHUNKS; /* pass 2 sums the blocks' partials */
-    } else if (leading_dims(t, x))
-        k_repeat_back_part_lead<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>((const float *)x->data, n_out,
-                                                                                        n_terms, per, n_chunks, part);
+    else if (leading_dims(t, x))
+        n_chunks = lead_parts(be, (const float *)x->data, n_out, n_terms, per, n_chunks, part);
     else
         k_repeat_back_part<<<cuda_blocks(n_out * n_chunks, 256), 256, 0, st(be)>>>(kt_of(t), kt_of(t->src[0]), per,
                                                                                    n_chunks, part);
-    if (n_chunks >= 64 && n_out >= 512) /* a few hundred result elements: a block per FO of them */
-        k_finish_parts_blocks4<<<(unsigned)((n_out + FO - 1) / FO < 65535 ? (n_out + FO - 1) / FO : 65535), RT, 0,
-                                 st(be)>>>(kt_of(t), part, n_out, n_chunks, conv ? 1 : 0);
-    else if (n_chunks >= 64) /* few result elements: a block each */
-        k_finish_parts_blocks<<<(unsigned)(n_out < 65535 ? n_out : 65535), RT, 0, st(be)>>>(kt_of(t), part, n_out,
-                                                                                            n_chunks, conv ? 1 : 0);
-    else
-        k_finish_parts<<<cuda_blocks(n_out, 256), 256, 0, st(be)>>>(kt_of(t), part, n_out, n_chunks, conv ? 1 : 0);
+    finish_parts(be, kt_of(t), part, n_out, n_chunks, conv ? 1 : 0);
     return 0;
+}
+
+/* RMS_NORM_W, GATED_RMS_NORM, QK_NORM_ROPE and their backward over rows (A made by the op's case; a
+ * backward's products for dw to A.terms, or QK_NORM_ROPE_BACK's to its result) */
+static int norm_w_rows(keel_backend *be, const keel_tensor *t, norm_w_args &A) {
+    /* the register variants of long rows take ~170 registers a thread: blocks of 128 threads,
+     * so that a multiprocessor holds three of them rather than one of 256 */
+    const keel_tensor *a = t->src[0], *b = t->src[1], *dyt = A.back ? t->src[A.gated || A.rope ? 3 : 2] : NULL;
+    int64_t R = keel_nrows(a), w = a->ne[0];
+    unsigned blocks = cuda_blocks(R * 32, 256), half = cuda_blocks(R * 32, 128);
+    if (R == 0) return 0;
+    bool unit = a->nb[0] == 4 && (!A.gated || t->src[2]->nb[0] == 4) && (!A.back || A.dy.nb[0] == 4);
+    if (w % 4 == 0 && w <= WARP_ROW_MAX && rows16(a) && (!A.gated || rows16(t->src[2])) && (!A.back || rows16(dyt)) &&
+        (!A.add || rows16(t->src[3])) && b->nb[0] == (int64_t)sizeof(float) && keel_is_contiguous(t)) {
+        A.fx = flat_rows(a), A.fz = A.gated ? flat_rows(t->src[2]) : 0, A.fg = A.back ? flat_rows(dyt) : 0;
+        A.fa = A.add ? flat_rows(t->src[3]) : 0;
+        int rc = w <= 32 * 4    ? launch_norm_pipe_w<4>(be, t, A, R)
+                 : w <= 32 * 8  ? launch_norm_pipe_w<8>(be, t, A, R)
+                 : w <= 32 * 16 ? launch_norm_pipe_w<16>(be, t, A, R)
+                                : launch_norm_pipe_w<32>(be, t, A, R);
+        if (rc <= 0) return rc; /* else the register kernels below */
+    }
+    if (A.rope || w > 32 * 32 || !unit)
+        k_norm_w<0, -1><<<blocks, 256, 0, st(be)>>>(A);
+    else if (w <= 32 * 4)
+        launch_norm_w<4>(A, blocks, 256, st(be));
+    else if (w <= 32 * 8)
+        launch_norm_w<8>(A, blocks, 256, st(be));
+    else if (w <= 32 * 16)
+        launch_norm_w<16>(A, half, 128, st(be));
+    else
+        launch_norm_w<32>(A, half, 128, st(be));
+    return 0;
+}
+
+/* dw of RMS_NORM_W_BACK(_ADD) and GATED_RMS_NORM_BACK (the last n values of the packed result): the
+ * sums REPEAT_BACK makes of [n] from the [n, rows] products, in the same chunks (norm_dw_chunks), made
+ * by k_norm_w_back_dw where it takes the rows (norm_dw_pm), else from the products written to the
+ * scratch by the norm kernels and summed by REPEAT_BACK's pass 1; then its pass 2. */
+static int norm_dw(keel_backend *be, const keel_tensor *t, norm_w_args &A) {
+    const keel_tensor *a = t->src[0];
+    int64_t n = a->ne[0], R = keel_nrows(a), per, n_chunks, n_parts;
+    int grp, pm = norm_dw_pm(t);
+    kt dw = kt_of(t); /* the result's last n values, as a [n] tensor */
+    dw.p += (keel_nelements(t) - n) * (int64_t)sizeof(float);
+    dw.ne[0] = n, dw.ne[1] = dw.ne[2] = dw.ne[3] = 1, dw.nb[1] = dw.nb[2] = dw.nb[3] = n * (int64_t)sizeof(float);
+    if (n == 0) return 0;
+    if (R == 0) return cuda_check(cudaMemsetAsync(dw.p, 0, (size_t)n * sizeof(float), st(be)), "memset", t);
+    norm_dw_chunks(t, &per, &n_chunks, &grp, &n_parts);
+    double *part = (double *)cuda_scratch(be, node_scratch(t), t);
+    if (!part) return -1;
+    if (pm) {
+        const keel_tensor *dyt = t->src[A.gated ? 3 : 2];
+        A.fx = flat_rows(a), A.fz = A.gated ? flat_rows(t->src[2]) : 0, A.fg = flat_rows(dyt);
+        A.fa = A.add ? flat_rows(t->src[3]) : 0;
+        int tr = norm_dw_tile_rows(n);
+        size_t shm = (size_t)(tr + 1) * (size_t)n * sizeof(float);
+        void (*k)(norm_w_args, int64_t, int64_t, int, int, double *) = pm == 4    ? (A.gated ? k_norm_w_back_dw<4, 1>
+                                                                                     : A.add ? k_norm_w_back_dw<4, 16>
+                                                                                             : k_norm_w_back_dw<4, 0>)
+                                                                       : pm == 8  ? (A.gated ? k_norm_w_back_dw<8, 1>
+                                                                                     : A.add ? k_norm_w_back_dw<8, 16>
+                                                                                             : k_norm_w_back_dw<8, 0>)
+                                                                       : pm == 16 ? (A.gated ? k_norm_w_back_dw<16, 1>
+                                                                                     : A.add ? k_norm_w_back_dw<16, 16>
+                                                                                             : k_norm_w_back_dw<16, 0>)
+                                                                                  : (A.gated ? k_norm_w_back_dw<32, 1>
+                                                                                     : A.add ? k_norm_w_back_dw<32, 16>
+                                                                                             : k_norm_w_back_dw<32, 0>);
+        k<<<(unsigned)n_parts, NORM_DW_THREADS, shm, st(be)>>>(A, per, n_chunks, grp, tr, part);
+    } else {
+        A.terms = (float *)(part + n * n_parts);
+        if (norm_w_rows(be, t, A)) return -1;
+        if (lead_parts(be, A.terms, n, R, per, n_chunks, part) != n_parts)
+            return keel_fail("cuda: '%s': dw's partials do not match the plan's", t->name);
+    }
+    finish_parts(be, dw, part, n, n_parts, 0);
+    return cuda_check(cudaGetLastError(), "norm launch", t);
 }
 
 #define EW(kernel, n, ...)                                                                                             \
@@ -2169,35 +2420,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
             A.n_cs = a->ne[2]; /* positions below the window's length (a window's own), from the table */
             if (A.n_cs > 0 && !(A.cs = rope_cs(be, t, t->ip[1], t->fp[1], A.n_cs))) return -1;
         }
-        /* the register variants of long rows take ~170 registers a thread: blocks of 128 threads,
-         * so that a multiprocessor holds three of them rather than one of 256 */
-        int64_t R = keel_nrows(a), w = a->ne[0];
-        unsigned blocks = cuda_blocks(R * 32, 256), half = cuda_blocks(R * 32, 128);
-        if (R == 0) return 0;
-        bool unit = a->nb[0] == 4 && (!A.gated || t->src[2]->nb[0] == 4) && (!A.back || A.dy.nb[0] == 4);
-        const keel_tensor *dyt = A.back ? t->src[A.gated || A.rope ? 3 : 2] : NULL;
-        if (w % 4 == 0 && w <= WARP_ROW_MAX && rows16(a) && (!A.gated || rows16(t->src[2])) &&
-            (!A.back || rows16(dyt)) && (!A.add || rows16(t->src[3])) && b->nb[0] == (int64_t)sizeof(float) &&
-            keel_is_contiguous(t)) {
-            A.fx = flat_rows(a), A.fz = A.gated ? flat_rows(t->src[2]) : 0, A.fg = A.back ? flat_rows(dyt) : 0;
-            A.fa = A.add ? flat_rows(t->src[3]) : 0;
-            int rc = w <= 32 * 4    ? launch_norm_pipe_w<4>(be, t, A, R)
-                     : w <= 32 * 8  ? launch_norm_pipe_w<8>(be, t, A, R)
-                     : w <= 32 * 16 ? launch_norm_pipe_w<16>(be, t, A, R)
-                                    : launch_norm_pipe_w<32>(be, t, A, R);
-            if (rc <= 0) return rc; /* else the register kernels below */
-        }
-        if (A.rope || w > 32 * 32 || !unit)
-            k_norm_w<0, -1><<<blocks, 256, 0, st(be)>>>(A);
-        else if (w <= 32 * 4)
-            launch_norm_w<4>(A, blocks, 256, st(be));
-        else if (w <= 32 * 8)
-            launch_norm_w<8>(A, blocks, 256, st(be));
-        else if (w <= 32 * 16)
-            launch_norm_w<16>(A, half, 128, st(be));
-        else
-            launch_norm_w<32>(A, half, 128, st(be));
-        return 0;
+        return A.back && !A.rope ? norm_dw(be, t, A) : norm_w_rows(be, t, A);
     }
     case KEEL_OP_GDN_CONV:
     case KEEL_OP_GDN_CONV_BACK: {

@@ -112,7 +112,7 @@ static double binary(int op, double a, double b) {
 
 /* RMS_NORM_W and GATED_RMS_NORM and their backward over rows: a = x / sqrt(mean x^2 + eps), w' = w
  * or 1 + w, y = a w' (times silu(z)); the backward gives dx (RMS_NORM_BACK of dy silu(z) w'; plus g
- * for RMS_NORM_W_BACK_ADD), dz (silu' of dy a w') and the terms of dw, (dy silu(z)) a. */
+ * for RMS_NORM_W_BACK_ADD), dz (silu' of dy a w') and dw, the sum over rows of (dy silu(z)) a. */
 static int ref_norm_w(const keel_tensor *t) {
     bool gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
     bool back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ||
@@ -121,6 +121,8 @@ static int ref_norm_w(const keel_tensor *t) {
     const keel_tensor *g = t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ? t->src[3] : NULL;
     const keel_tensor *dy = back ? t->src[gated ? 3 : 2] : NULL;
     int64_t n = x->ne[0], N = keel_nelements(x);
+    double *dw = dy ? calloc((size_t)(n ? n : 1), sizeof *dw) : NULL;
+    if (dy && !dw) return keel_fail("ref: out of memory in '%s'", t->name);
     for (int64_t r = 0; r < N / n; r++) {
         int64_t i1 = r % x->ne[1], i2 = (r / x->ne[1]) % x->ne[2], i3 = r / (x->ne[1] * x->ne[2]);
         double ss = 0, sd = 0;
@@ -143,9 +145,11 @@ static int ref_norm_w(const keel_tensor *t) {
             int64_t e = r * n + i;
             putf(t, e, (g ? get(g, i, i1, i2, i3) : 0.0) + (sc * (db * wv) - sc * sc * sc * xv * sd / (double)n));
             if (z) putf(t, N + e, silu_back(zv, d * (a * wv)));
-            putf(t, (z ? 2 : 1) * N + e, db * a);
+            dw[i] += db * a;
         }
     }
+    for (int64_t i = 0; dw && i < n; i++) putf(t, (z ? 2 : 1) * N + i, dw[i]);
+    free(dw);
     return 0;
 }
 
