@@ -121,8 +121,8 @@
       "SCALE of w) it replaces, formula by formula; ip1 the result's type: 0 x's, or bf16 (float32 x, each value "   \
       "rounded as CAST rounds it)")                                                                                    \
     X(RMS_NORM_W_BACK, OWN, 3, OPF_BACKWARD, 0, 0,                                                                     \
-      "x, w, dy; params as RMS_NORM_W -> packed [dx (x's shape) | dw (ne0 values)], dw the float64 sum over rows, in "   \
-      "row order, of the float32 products dy rms_norm(x) (REPEAT_BACK's sums of MUL's rule, which it replaces)")       \
+      "x, w, dy; params as RMS_NORM_W -> packed [dx (x's shape) | dw (ne0 values)], dw the float64 sum over rows of "  \
+      "the float32 products dy rms_norm(x), as each backend's REPEAT_BACK sums MUL's products (the same bits)")        \
     X(RMS_NORM_W_BACK_ADD, OWN, 4, OPF_BACKWARD, 0, 0,                                                                 \
       "x, w, dy, g (x's shape and type); params as RMS_NORM_W -> RMS_NORM_W_BACK's packed result with g + dx in "     \
       "place of dx, added as ADD adds (autodiff's: the gradient so far of a residual stream, added where dx is made)") \
