@@ -813,11 +813,11 @@ int keel_cases_all(op_case **out) {
              * 9th large enough that the weight gradient's chunks of terms (3 each) hold several
              * positions and an example column's end (301) falls inside one; then, dense too, taps of 3
              * and 6 (the cuda kernels keep a window of 4 or 8 taps in registers, the first unused where
-             * K is fewer) over tiles of 16 rows that split examples */
+             * K is fewer) over tiles of rows (64 in cuda's 4-channel kernel) that split examples */
             static const int64_t sh[][5] = {{1, 5, 1, 5, 4},    {31, 9, 2, 3, 4},      {4097, 3, 1, 3, 4},
                                             {8, 70, 2, 6, 4},   {3, 1, 1, 1, 4},       {16, 40, 3, 100, 4},
                                             {64, 37, 2, 9, 4},  {12, 300, 2, 1000, 4}, {1024, 301, 2, 40, 4},
-                                            {64, 50, 2, 20, 3}, {32, 45, 1, 45, 6}};
+                                            {64, 50, 2, 20, 3}, {32, 90, 1, 45, 6}};
             for (int s = 0; s < 11; s++) {
                 c = C(&l, op);
                 if (s == 8) c->no_fd = "large: each backend against ref's backward, proven on the small cases";

@@ -1123,8 +1123,8 @@ __device__ static inline void tap_add4(float4 &acc, float4 w, float4 x) {
     acc.w += __fmul_rn(w.w, x.w);
 }
 
-/* A warp (heads; the value channels: k_conv4_rows, below) takes CONV_TILE consecutive rows of its
- * channels and slides a window of the last K rows of x along them in registers, so each x element
+/* A warp (heads; the value channels: k_conv4_rows, below) takes CONV_TILE_HEADS consecutive rows of
+ * its channels and slides a window of the last K rows of x along them in registers, so each x element
  * is read about once (a kernel a row read it K times, 0.50 ms and 0.61 ms for the 0.8B's forward and
  * backward at batch 8; tiled 0.27 and 0.36) and the weights once a tile; the next row's loads are
  * issued before this row's sums. The sums are the row kernels': the same bits. The taps
@@ -1134,18 +1134,23 @@ __device__ static inline void tap_add4(float4 &acc, float4 w, float4 x) {
  * 106 and two blocks: 203 -> 191 us for the 0.8B's forward at batch 8). With a lane's channel count
  * and the direction known when compiled and 32-bit row offsets (the twentieth session): 191 -> 117
  * us forward, 263 -> 189 backward (ncu, same call), the same bits. */
-#define CONV_TILE 16
+/* The tiles of rows: at 16, a heads kernel's warp set up its weights and window (28 loads a lane) for
+ * 16 rows of 8 loads; 32 rows for the heads (64: too few warps for the last wave) and 64 for the
+ * 4-channel kernel took the conv ops 33.95 -> about 32.6 ms over 3 bf16 steps at batch 8 on an H100,
+ * the same bits (docs/h200-log.md, "The DeltaNet conv's backward fused a third time") */
+#define CONV_TILE_HEADS 32
+#define CONV_TILE_ROWS  64
 template <int KM, int PER, bool BACK>
 __global__ void __launch_bounds__(256, KM <= 4 ? 3 : 1) k_gconv_heads_tiled(gconv_dense A) {
     /* PER (a lane's channels of a head, hd / 32) and BACK are known when compiled, and a tile's rows
      * are addressed by 32-bit offsets from its first (the launcher checks they fit): the kernel was
      * issue-bound (75% of issue slots), much of it on 64-bit index arithmetic and branches */
-    int64_t H = 2 * A.n / A.hd, R = A.T * A.B, nt = (R + CONV_TILE - 1) / CONV_TILE, tasks = nt * H;
+    int64_t H = 2 * A.n / A.hd, R = A.T * A.B, nt = (R + CONV_TILE_HEADS - 1) / CONV_TILE_HEADS, tasks = nt * H;
     int lane = threadIdx.x & 31, K = A.K, jlo = KM - K, C = (int)A.C, T = (int)A.T;
     int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, ws = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t wi = w0; wi < tasks; wi += ws) {
-        int64_t h0 = (wi % H) * A.hd, r0 = (wi / H) * CONV_TILE, bb = r0 / A.T;
-        int nr = (int)(R - r0 < CONV_TILE ? R - r0 : CONV_TILE), tt = (int)(r0 % A.T);
+        int64_t h0 = (wi % H) * A.hd, r0 = (wi / H) * CONV_TILE_HEADS, bb = r0 / A.T;
+        int nr = (int)(R - r0 < CONV_TILE_HEADS ? R - r0 : CONV_TILE_HEADS), tt = (int)(r0 % A.T);
         bool q = h0 < A.n;
         const float *xr = A.x + r0 * A.C + h0 + lane, *dr = BACK ? A.dy + r0 * A.C + h0 + lane : NULL;
         float *yr = A.y + r0 * A.C + h0 + lane;
@@ -1333,7 +1338,7 @@ __global__ void k_conv(kt t, kt x, kt w, kt pos, int fwd) {
  * DeltaNet conv's value channels (GDN_CONV's SiLU, its backward's silu_back1 with dy): 4 channels a
  * thread through 16-byte loads and stores, each channel's sum the same float32 sum in j order (the
  * generic kernel's index arithmetic and 4-byte accesses ran at a fifth of the memory bandwidth). A
- * block takes CONV_TILE consecutive rows of 4 x 256 channels (upward, or downward for the input
+ * block takes CONV_TILE_ROWS consecutive rows of 4 x 256 channels (upward, or downward for the input
  * gradient, whose taps reach forward) and slides a window of the rows the taps read in registers:
  * each element read about once, the weights once (a thread a row: 0.46 ms for the 0.8B's input
  * gradient at batch 8; tiled 0.17). The rows' times and positions are the block's, in shared memory,
@@ -1349,9 +1354,9 @@ __global__ void __launch_bounds__(256) k_conv4_rows(void *y, const float *x, con
     constexpr bool fwd = MODE != CV_BACK_INPUT, dyr = MODE == CV_SILU_BACK;
     /* rows a group: two loads a row with dy */
     constexpr int G = dyr ? CONV_GROUP / 2 : CONV_GROUP;
-    __shared__ int st[CONV_TILE + KM], sp[CONV_TILE + KM]; /* the tile's rows' times and positions */
+    __shared__ int st[CONV_TILE_ROWS + KM], sp[CONV_TILE_ROWS + KM]; /* the tile's rows' times and positions */
     int64_t C4 = C / 4, c4 = c0 / 4 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x, R = T * B,
-            nt = (R + CONV_TILE - 1) / CONV_TILE, s = fwd ? -1 : 1; /* a tap d steps away reads row r + s d */
+            nt = (R + CONV_TILE_ROWS - 1) / CONV_TILE_ROWS, s = fwd ? -1 : 1; /* a tap d steps away reads row r + s d */
     int jlo = KM - K;
     bool act = c4 < C4;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1364,7 +1369,8 @@ __global__ void __launch_bounds__(256) k_conv4_rows(void *y, const float *x, con
                     : zero;
     }
     for (int64_t tile = blockIdx.y; tile < nt; tile += gridDim.y) {
-        int64_t r0 = tile * CONV_TILE, r1 = r0 + CONV_TILE < R ? r0 + CONV_TILE : R, rs = fwd ? r0 : r1 - 1;
+        int64_t r0 = tile * CONV_TILE_ROWS, r1 = r0 + CONV_TILE_ROWS < R ? r0 + CONV_TILE_ROWS : R,
+                rs = fwd ? r0 : r1 - 1;
         int n = (int)(r1 - r0), np = fwd ? n : n + KM - 1; /* the input gradient's taps read rows past the tile */
         const float4 *xs = (const float4 *)x + rs * C4 + c4, *ds = dyr ? (const float4 *)dy + rs * C4 + c4 : NULL;
         int step = fwd ? (int)C4 : -(int)C4; /* from a row to the next one the thread takes (the launcher: 32 bits) */
@@ -1432,13 +1438,13 @@ __global__ void __launch_bounds__(256) k_conv4_rows(void *y, const float *x, con
     }
 }
 /* k_conv4_rows over channels [c0, C) of dense x (and dy) and y: a block 256 groups of 4 channels and
- * CONV_TILE rows, tiles looped past 65535 */
+ * CONV_TILE_ROWS rows, tiles looped past 65535 */
 template <int MODE>
 static void conv4_rows_launch(keel_backend *be, void *y, const float *x, const float *dy, const float *w, kt pos,
                               int64_t C, int64_t c0, int64_t T, int64_t B, int K, int bf) {
-    int64_t nt = (T * B + CONV_TILE - 1) / CONV_TILE, g4 = (C - c0) / 4;
+    int64_t nt = (T * B + CONV_TILE_ROWS - 1) / CONV_TILE_ROWS, g4 = (C - c0) / 4;
     if (nt == 0 || g4 <= 0) return;
-    /* (the caller: C / 4 (CONV_TILE + CONV_TAPS_MAX) and T within 32 bits, the rows' offsets in a tile) */
+    /* (the caller: C / 4 (CONV_TILE_ROWS + CONV_TAPS_MAX) and T within 32 bits, the rows' offsets in a tile) */
     dim3 grid((unsigned)((g4 + 255) / 256), (unsigned)(nt < 65535 ? nt : 65535));
     if (K <= 4)
         k_conv4_rows<4, MODE><<<grid, 256, 0, st(be)>>>(y, x, dy, w, pos, C, c0, T, B, K, bf);
@@ -2380,7 +2386,7 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
     case KEEL_OP_CONV1D:
     case KEEL_OP_CONV1D_BACK_INPUT:
         if (a->ne[0] % 4 == 0 && b->ne[0] <= CONV_TAPS_MAX && vec_tensors(t, a, NULL) && keel_is_contiguous(b) &&
-            a->ne[0] <= INT32_MAX / (CONV_TILE + CONV_TAPS_MAX) && a->ne[1] <= INT32_MAX) {
+            a->ne[0] <= INT32_MAX / (CONV_TILE_ROWS + CONV_TAPS_MAX) && a->ne[1] <= INT32_MAX) {
             int K = (int)b->ne[0], bf = t->type == KEEL_BF16 ? 1 : 0;
             const float *x = (const float *)a->data, *w = (const float *)b->data;
             if (n > 0 && t->op == KEEL_OP_CONV1D)
@@ -2434,14 +2440,14 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         const keel_tensor *w = b, *dy = A.back ? t->src[3] : NULL;
         bool wdense = w->nb[0] == (int64_t)sizeof(float) && w->nb[1] == w->ne[0] * (int64_t)sizeof(float);
         /* the dense kernels address a tile's rows (and the K rows before it) by 32-bit offsets */
-        bool fits32 = a->ne[0] <= INT32_MAX / (CONV_TILE + CONV_TAPS_MAX) && a->ne[1] <= INT32_MAX;
+        bool fits32 = a->ne[0] <= INT32_MAX / (CONV_TILE_ROWS + CONV_TAPS_MAX) && a->ne[1] <= INT32_MAX;
         if (vec_tensors(a, t, dy) && wdense && w->ne[0] <= CONV_TAPS_MAX && A.hd % 32 == 0 && A.hd <= 128 &&
             A.n % 4 == 0 && a->ne[0] % 4 == 0 && fits32) {
             gconv_dense D;
             D.x = (const float *)a->data, D.w = (const float *)w->data, D.dy = dy ? (const float *)dy->data : NULL;
             D.y = (float *)t->data, D.pos = A.pos, D.C = a->ne[0], D.T = a->ne[1], D.B = a->ne[2], D.n = A.n;
             D.K = (int)w->ne[0], D.hd = (int)A.hd, D.eps = A.eps, D.a = A.a, D.back = A.back;
-            int64_t nt = (R + CONV_TILE - 1) / CONV_TILE;
+            int64_t nt = (R + CONV_TILE_HEADS - 1) / CONV_TILE_HEADS;
             unsigned hb = (unsigned)cuda_blocks(nt * (heads / R) * 32, 256);
             if (heads > 0 && D.K <= 4) gconv_heads_launch<4>(be, D, hb);
             if (heads > 0 && D.K > 4) gconv_heads_launch<CONV_TAPS_MAX>(be, D, hb);
