@@ -1135,9 +1135,9 @@ __device__ static inline void tap_add4(float4 &acc, float4 w, float4 x) {
  * and the direction known when compiled and 32-bit row offsets (the twentieth session): 191 -> 117
  * us forward, 263 -> 189 backward (ncu, same call), the same bits. */
 /* The tiles of rows: at 16, a heads kernel's warp set up its weights and window (28 loads a lane) for
- * 16 rows of 8 loads; 32 rows for the heads (64: too few warps for the last wave) and 64 for the
- * 4-channel kernel took the conv ops 33.95 -> about 32.6 ms over 3 bf16 steps at batch 8 on an H100,
- * the same bits (docs/h200-log.md, "The DeltaNet conv's backward fused a third time") */
+ * 16 rows of 4 loads (8 backward); 32 rows for the heads (64: too few warps for the last wave) and 64 for the
+ * 4-channel kernel took the conv ops 33.88 -> 32.35 ms over 3 bf16 steps at batch 8 on an H100, the
+ * same bits (docs/h200-log.md, "The DeltaNet conv's backward fused a third time") */
 #define CONV_TILE_HEADS 32
 #define CONV_TILE_ROWS  64
 template <int KM, int PER, bool BACK>
