@@ -37,11 +37,12 @@ static const command COMMANDS[] = {
     {"plot", cmd_plot, true, "plot METRICS.jsonl [--compare METRICS.jsonl...] -o loss.svg",
      "train and eval loss against tokens seen, of one run or several"},
     {"export", cmd_export, true,
-     "export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE | --byte-vocab]",
+     "export gguf CHECKPOINT OUT.gguf [--type f32|f16|bf16|q8_0] [--adapter DIR] [--tokenizer FILE | --byte-vocab]\n"
+     "                 [--name NAME]",
      "a GGUF file for llama.cpp, Ollama and LM Studio (keel export --help)"},
     {"merge", cmd_merge, true, "merge BASE ADAPTER OUT [--dtype f32|bf16|f16]",
      "a full checkpoint with a PEFT LoRA adapter merged in (float64, rounded once)"},
-    {"save", cmd_save, true, "save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal]",
+    {"save", cmd_save, true, "save SRC OUT [--dtype f32|bf16|f16] [--layout text|multimodal] [--allow-nonfinite]",
      "write a checkpoint folder (as transformers does) and check it reloads bitwise"},
     {"init", cmd_init, true, "init (--preset tiny|small|0.8b | --config CONFIG.json) OUT [--seed N] [--dtype f32|bf16]",
      "a Qwen3.5-family checkpoint with random weights"},
@@ -55,7 +56,8 @@ static const command COMMANDS[] = {
      "byte-level BPE, identical to Hugging Face tokenizers; --chat: conversations through the chat template"},
     {"diff", cmd_diff, true,
      "diff TRACE_A TRACE_B [--tolerance NMSE]\n"
-     "  diff --model DIR [--data FILE] [--tokenizer FILE] [--window T] --a CONFIG --b CONFIG [--tolerance NMSE]\n"
+     "  diff --model DIR [--data FILE] [--tokenizer FILE] [--window T] [--precision f32|bf16] --a CONFIG --b CONFIG\n"
+     "                 [--tolerance NMSE]\n"
      "  diff --case acc --a CONFIG --b CONFIG",
      "the first node whose inputs agree but whose output does not (CONFIG: recompute=, threads=, backend=, fault=, "
      "precision=)"},
@@ -72,8 +74,10 @@ static const command COMMANDS[] = {
      "check-reference DIR [--backend ref,cpu,cuda] [--checkpoint SUBDIR] [--adapter DIR] [--recompute MODE] "
      "[--threads N]\n"
      "                 [--precision f32|bf16]\n"
-     "                 [--trace FILE [--trace-data] [--trace-max-bytes N]]",
-     "run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers"},
+     "                 [--trace FILE [--trace-data] [--trace-max-bytes N]]\n"
+     "  check-reference SET [--backend ref,cpu,cuda] [--recompute MODE] [--threads N] [--precision f32|bf16]",
+     "run DIR/reference.safetensors through each checkpoint in DIR; compare with transformers (SET: a folder of "
+     "such fixtures, judged together)"},
     {"bench", cmd_bench, false,
      "bench matmul [--sizes 512,1024,2048,4096] [--threads N] [--reps N] [--model-shapes] [--bf16]",
      "cpu matrix product (float32, or bf16 operands): GFLOP/s next to OpenBLAS, BLIS (when installed) and the "
