@@ -139,6 +139,7 @@ bool keel_backend_f32_supports(const keel_tensor *t) {
     case KEEL_OP_SWIGLU_BACK:
     case KEEL_OP_CONV1D_BACK_INPUT:
     case KEEL_OP_RMS_NORM_W:
+    case KEEL_OP_QK_NORM_ROPE:
     case KEEL_OP_GATED_RMS_NORM: /* float32 sources, a float32 or (rounded) bf16 result */
         return (t->type == KEEL_F32 || t->type == KEEL_BF16) && f32_sources(t);
     case KEEL_OP_ADAMW_SHADOW: /* float32 p, g, m, v, s; the weights' copies bf16 */

@@ -319,16 +319,19 @@ static keel_tensor *gated_attention(keel_ctx *ctx, const keel_qwen35 *m, const k
     keel_tensor *k = keel_reshape_4d(ctx, linear(ctx, m, L->k, hin), hd, KV, T, B);
     keel_tensor *v = keel_reshape_4d(ctx, linear(ctx, m, L->v, hin), hd, KV, T, B);
     int64_t n_rot = (int64_t)(c->partial_rotary * (double)hd);
-    /* (1 + w) RMS norms over each head, then RoPE: one op each (the RMS_NORM_W and ROPE it replaces) */
-    q = keel_qk_norm_rope(ctx, q, L->q_norm, pos, c->rms_eps, true, n_rot, c->rope_theta);
-    k = keel_qk_norm_rope(ctx, k, L->k_norm, pos, c->rms_eps, true, n_rot, c->rope_theta);
+    /* (1 + w) RMS norms over each head, then RoPE: one op each (the RMS_NORM_W and ROPE it replaces);
+     * in mixed precision with float32 activations and no cache to join, made in bf16 by the op, as
+     * attention reads them (the bits of the op, then CAST) */
+    keel_type qk = m->operand_type == KEEL_BF16 && act_type(m) == KEEL_F32 && !kin && !kout ? KEEL_BF16 : act_type(m);
+    q = keel_qk_norm_rope_to(ctx, q, L->q_norm, pos, c->rms_eps, true, n_rot, c->rope_theta, qk);
+    k = keel_qk_norm_rope_to(ctx, k, L->k_norm, pos, c->rms_eps, true, n_rot, c->rope_theta, qk);
     if (kin) k = keel_concat(ctx, kin, k, 2), v = keel_concat(ctx, vin, v, 2); /* the cache, then the new tokens */
     if (kout) *kout = k, *vout = v;
     /* flash attention, causal within each example (positions restart where a packed example
      * starts), query head h reading kv head h / (H/KV); mixed precision: q, k, v as bf16 operands,
      * the softmax and the output float32 */
     if (m->operand_type == KEEL_BF16)
-        q = keel_cast(ctx, q, KEEL_BF16), k = keel_cast(ctx, k, KEEL_BF16), v = keel_cast(ctx, v, KEEL_BF16);
+        q = as_type(ctx, q, KEEL_BF16), k = as_type(ctx, k, KEEL_BF16), v = as_type(ctx, v, KEEL_BF16);
     keel_tensor *pk = keel_flash_attn(ctx, q, k, v, pos, 1.0 / sqrt((double)hd), act_type(m)); /* [o | lse] */
     if (!pk) return NULL;
     int64_t os = (int64_t)keel_type_size(pk->type);

@@ -128,7 +128,8 @@
       "place of dx, added as ADD adds (autodiff's: the gradient so far of a residual stream, added where dx is made)") \
     X(QK_NORM_ROPE, OWN, 3, 0, 3, 4,                                                                                   \
       "src0 x [D,H,T,B], src1 w [D], src2 i32 positions [T] or [T,B]; fp0 eps, fp1 theta, ip0 1: the 1 + w form, "    \
-      "ip1 n_rot: ROPE(RMS_NORM_W(x, w)), the ops it replaces formula by formula (attention's q and k)")               \
+      "ip1 n_rot: ROPE(RMS_NORM_W(x, w)), the ops it replaces formula by formula (attention's q and k); ip2 the "      \
+      "result's type: 0 x's, or bf16 (float32 x, each value rounded as CAST rounds it)")                              \
     X(QK_NORM_ROPE_BACK, OWN, 4, OPF_BACKWARD, 0, 4,                                                                   \
       "x, w, positions, dy; params as QK_NORM_ROPE -> packed [dx | g rms_norm(x), whose rows sum to dw], g = "         \
       "ROPE_BACK(dy), each x's shape")                                                                                 \

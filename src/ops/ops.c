@@ -450,7 +450,9 @@ static int shape_rule(keel_tensor *t) {
         REQ(t->ip[1] > 0 && t->ip[1] % 2 == 0 && t->ip[1] <= a->ne[0], "n_rot %lld must be even and <= %lld",
             (long long)t->ip[1], (long long)a->ne[0]);
         if (op == KEEL_OP_QK_NORM_ROPE) {
-            set_shape(t, a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+            REQ(t->ip[2] == 0 || (t->ip[2] == KEEL_BF16 && a->type == KEEL_F32),
+                "result type (ip2) %lld: 0 (x's), or bf16 for a float32 x", (long long)t->ip[2]);
+            set_shape(t, t->ip[2] ? KEEL_BF16 : a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         } else {
             REQ(keel_same_shape(t->src[3], a) && t->src[3]->type == a->type, "dy must be shaped like x");
             set_shape(t, a->type, 2 * keel_nelements(a), 1, 1, 1);
@@ -871,6 +873,11 @@ keel_tensor *keel_conv1d(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_ten
 keel_tensor *keel_qk_norm_rope(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, double eps,
                                bool one_plus, int64_t n_rot, double theta) {
     return OP(KEEL_OP_QK_NORM_ROPE, (x, w, pos), IPS(one_plus ? 1 : 0, n_rot), 2, FPS(eps, theta), 2);
+}
+keel_tensor *keel_qk_norm_rope_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, double eps,
+                                  bool one_plus, int64_t n_rot, double theta, keel_type out) {
+    if (!x || out == x->type) return keel_qk_norm_rope(ctx, x, w, pos, eps, one_plus, n_rot, theta);
+    return OP(KEEL_OP_QK_NORM_ROPE, (x, w, pos), IPS(one_plus ? 1 : 0, n_rot, out), 3, FPS(eps, theta), 2);
 }
 keel_tensor *keel_rms_norm_w(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, double eps, bool one_plus) {
     return OP(KEEL_OP_RMS_NORM_W, (x, w), IPS(one_plus ? 1 : 0), 1, FPS(eps), 1);

@@ -157,6 +157,9 @@ keel_tensor *keel_rms_norm_w_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, d
  * the products whose row sums are dw. */
 keel_tensor *keel_qk_norm_rope(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, double eps,
                                bool one_plus, int64_t n_rot, double theta);
+/* The same with its result in `out`, as keel_rms_norm_w_to (mixed precision's attention operands) */
+keel_tensor *keel_qk_norm_rope_to(keel_ctx *ctx, keel_tensor *x, keel_tensor *w, keel_tensor *pos, double eps,
+                                  bool one_plus, int64_t n_rot, double theta, keel_type out);
 /* Causal softmax attention without the score matrix: q [D,H,Tq,B], k [D,KV,Tk,B], v [Dv,KV,Tk,B]
  * (one type), query head h reading kv head h/(H/KV), each query over the keys of its example (the
  * mask of keel_soft_max_causal, positions [Tq,B]); scale multiplies q.k. Returns the packed

@@ -931,6 +931,21 @@ int keel_cases_all(op_case **out) {
             IDX(c, 6, 1, 64);
             if (op == KEEL_OP_QK_NORM_ROPE_BACK) I(c, KEEL_F32, 256, 4, 6, 2)->view = VIEW_ROWS_SWAPPED;
             P(c, 2, (int64_t[]){1, 64}, 2, (double[]){1e-6, 10000000.0});
+            /* the forward's bf16 result (ip2; mixed precision's attention operands): the float32 value
+             * rounded once (2e-5), on the shapes above (cuda's row-in-registers kernel, its general
+             * one for the strided x, more than 65535 rows) */
+            for (int s = 0; op == KEEL_OP_QK_NORM_ROPE && s < 6; s++) {
+                const int64_t *x = sh[s];
+                c = C(&l, op);
+                c->keep_types = true, c->tol = 2e-5, c->no_fd = "bf16 rounding of the result";
+                I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = x[9] ? VIEW_STRIDED : VIEW_NONE;
+                I(c, KEEL_F32, x[0], 1, 1, 1)->scale = 0.3;
+                if (x[5])
+                    SEG(c, x[2], x[3], x[5]);
+                else
+                    IDX(c, x[2], 1, 64);
+                P(c, 3, (int64_t[]){x[8], x[4], KEEL_BF16}, 2, (double[]){1e-6 * (double)x[7], (double)x[6]});
+            }
             break;
         }
         case KEEL_OP_GDN_CONV:

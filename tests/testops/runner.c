@@ -463,6 +463,8 @@ static void make_label(op_case *c) {
     if (c->op == KEEL_OP_CONCAT) k = snprintf(p, left, ",dim=%lld", (long long)c->ip[0]), p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_RMS_NORM_W || c->op == KEEL_OP_GATED_RMS_NORM || c->op == KEEL_OP_CONCAT) && c->ip[1])
         k = snprintf(p, left, "->%s", keel_type_name((keel_type)c->ip[1])), p += k, left -= (size_t)k;
+    if (c->op == KEEL_OP_QK_NORM_ROPE && c->ip[2])
+        k = snprintf(p, left, "->%s", keel_type_name((keel_type)c->ip[2])), p += k, left -= (size_t)k;
     if ((c->op == KEEL_OP_RMS_NORM_W || c->op == KEEL_OP_RMS_NORM_W_BACK || c->op == KEEL_OP_RMS_NORM_W_BACK_ADD) &&
         c->ip[0])
         k = snprintf(p, left, ",1+w"), p += k, left -= (size_t)k;

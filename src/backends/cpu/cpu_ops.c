@@ -22,7 +22,7 @@ typedef struct {
     int64_t *csr_start, *csr_items;
     float *wt;    /* CONV1D, GDN_CONV: the weight as [K][C] */
     float *rows;  /* GDN_CONV: 2 C floats a thread (the conv's output and its SiLU); QK_NORM_ROPE, and
-                  * CONV1D_BACK_INPUT with a bf16 result: a row a thread */
+                  * CONV1D_BACK_INPUT with a bf16 result: a row a thread (QK_NORM_ROPE's bf16 result: two) */
     double *acc;  /* REPEAT_BACK: one row of float64 sums per thread (NULL: sum element by element) */
     float *terms; /* RMS_NORM_W_BACK(_ADD), GATED_RMS_NORM_BACK: the products dw sums, row after row */
 } node_ctx;
@@ -380,9 +380,10 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
     const keel_tensor *z = gated ? t->src[2] : NULL, *dy = back ? t->src[gated || rope ? 3 : 2] : NULL;
     /* RMS_NORM_W_BACK_ADD: g + dx, ADD's float32 sum */
     const keel_tensor *ga = t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ? t->src[3] : NULL;
-    /* QK_NORM_ROPE: a row before its rotation; GATED_RMS_NORM_BACK: exp(-z) of the row, made by its
-     * first pass, read by its second (silu and silu's backward of each z: one exp, not three) */
-    float *row = rope || (gated && back) ? c->rows + (int64_t)th * x->ne[0] : NULL;
+    /* QK_NORM_ROPE: a row before its rotation (a bf16 result: then the row after it);
+     * GATED_RMS_NORM_BACK: exp(-z) of the row, made by its first pass, read by its second (silu and
+     * silu's backward of each z: one exp, not three) */
+    float *row = rope || (gated && back) ? c->rows + (int64_t)th * (t->type == KEEL_BF16 ? 2 : 1) * x->ne[0] : NULL;
     int64_t n = x->ne[0], N = keel_nelements(x), xn = x->nb[0], wn = w->nb[0], zn = z ? z->nb[0] : 0;
     const char *ws = cpu_row(w, 0, 0, 0);
 #define NW_W(i)  (one ? keel_unary_f32(KEEL_OP_SCALE, F(ws + (i)*wn), 1.0f, 1.0f) : F(ws + (i)*wn))
@@ -397,7 +398,7 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
         }
         float sc = (float)(1.0 / sqrt(ss / (double)n + t->fp[0]));
         int64_t pos = rope ? cpu_pos(t->src[2], i2, i3) : 0;
-        if (!dy && t->type == KEEL_BF16) { /* ip1: the float32 value rounded, as CAST rounds it */
+        if (!dy && t->type == KEEL_BF16 && !rope) { /* ip1: the float32 value rounded, as CAST rounds it */
             uint16_t *d = (uint16_t *)(void *)cpu_row(t, i1, i2, i3);
             for (int64_t i = 0; i < n; i++) {
                 float y = F(xs + i * xn) * sc * NW_W(i);
@@ -405,13 +406,16 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
             }
             continue;
         }
-        if (!dy) {
-            float *d = (float *)(void *)cpu_row(t, i1, i2, i3), *o = rope ? row : d;
+        if (!dy) { /* QK_NORM_ROPE's bf16 result (ip2): the rotated row made in the row's second half, rounded */
+            bool bf = t->type == KEEL_BF16;
+            float *d = bf ? row + n : (float *)(void *)cpu_row(t, i1, i2, i3), *o = rope ? row : d;
             for (int64_t i = 0; i < n; i++) {
                 float y = F(xs + i * xn) * sc * NW_W(i);
                 o[i] = z ? y * NW_SG(i) : y;
             }
             if (rope) rope_row(d, (const char *)row, 4, n, t->ip[1], t->fp[1], pos, 1.0);
+            uint16_t *h = bf ? (uint16_t *)(void *)cpu_row(t, i1, i2, i3) : NULL;
+            for (int64_t i = 0; bf && i < n; i++) h[i] = keel_cvt_f32_to_bf16(d[i]);
             continue;
         }
         const char *gs = cpu_row(dy, i1, i2, i3);
@@ -920,7 +924,9 @@ int cpu_node(keel_backend *be, const keel_tensor *t) {
         bool rows = t->op == KEEL_OP_GATED_RMS_NORM_BACK || t->op == KEEL_OP_QK_NORM_ROPE ||
                     t->op == KEEL_OP_QK_NORM_ROPE_BACK,
              terms = t->op != KEEL_OP_QK_NORM_ROPE && t->op != KEEL_OP_QK_NORM_ROPE_BACK;
-        c.rows = rows ? malloc((size_t)(keel_pool_size(pool) * a->ne[0]) * sizeof(float)) : NULL;
+        /* a row a thread (QK_NORM_ROPE with a bf16 result: two, the row before and after its rotation) */
+        int64_t per = t->op == KEEL_OP_QK_NORM_ROPE && t->type == KEEL_BF16 ? 2 : 1;
+        c.rows = rows ? malloc((size_t)(keel_pool_size(pool) * per * a->ne[0]) * sizeof(float)) : NULL;
         c.terms = terms ? malloc((size_t)(keel_nelements(a) ? keel_nelements(a) : 1) * sizeof(float)) : NULL;
         bool ok = (!rows || c.rows) && (!terms || c.terms);
         if (ok) keel_pool_for(pool, keel_nrows(a), norm_w_task, &c);

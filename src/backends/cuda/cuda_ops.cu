@@ -719,8 +719,8 @@ __device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, int kn
     }
 }
 
-/* the forward's store of v at element i of row trow (any strides): as float32, or as ip1's bf16
- * result, rounded as CAST rounds it */
+/* the forward's store of v at element i of row trow (any strides): as float32, or as the bf16 result
+ * (QK_NORM_ROPE's ip2, the others' ip1), rounded as CAST rounds it */
 __device__ static inline void norm_w_store(const norm_w_args &A, char *trow, int i, float v) {
     if (A.t.type == KEEL_BF16)
         *(uint16_t *)(trow + i * A.t.nb[0]) = keel_cvt_f32_to_bf16(v);
@@ -871,7 +871,7 @@ template <int PM, int GB> __global__ void __launch_bounds__(32 * NORM_PIPE_WARPS
                 return wsm[i];
             },
             [&](int i, float v) {
-                if (bf) /* ip1's bf16 result: rounded as CAST rounds it */
+                if (bf) /* the bf16 result (QK_NORM_ROPE's ip2, the others' ip1): rounded as CAST rounds it */
                     ((uint16_t *)trow)[i] = keel_cvt_f32_to_bf16(v);
                 else
                     ((float *)trow)[i] = v;
