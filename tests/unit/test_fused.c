@@ -1,7 +1,8 @@
 /* The fused ops are the ops they replace, bit for bit, on the float32 backends (cpu, and cuda where
  * a GPU is present; ref keeps a fused op's intermediates in float64, the ops' in their tensors):
  * GDN_CONV against CONV1D, SILU, L2_NORM and SCALE; SWIGLU against SILU and MUL; GATED_RMS_NORM
- * against RMS_NORM, MUL, SILU and MUL; RMS_NORM_W against RMS_NORM and MUL (and SCALE of w); GDN_GATE
+ * against RMS_NORM, MUL, SILU and MUL; RMS_NORM_W against RMS_NORM and MUL (and SCALE of w); QK_NORM_ROPE
+ * against RMS_NORM_W and ROPE (its bf16 result against the fused op's float32 one and CAST); GDN_GATE
  * against ADD, SOFTPLUS, EXP, NEG and MUL; SIGMOID_MUL against SIGMOID and MUL (its bf16 result
  * against them and CAST); SIGMOID_BACK against SCALE, MUL and MUL, GET_ROWS_BACK_ADD
  * against GET_ROWS_BACK and ADD, RMS_NORM_W_BACK_ADD against RMS_NORM_W_BACK and ADD, FLASH_ATTN_BACK
@@ -177,10 +178,15 @@ static void rms_norm_w_is_its_ops(void **st) {
     check_pair("RMS_NORM_W", 2, small, ty, rms_norm_w_pair, (const double[]){0});
 }
 
-/* in: x [D,H,T,B], w [D], positions [T,B]; p: n_rot, theta */
+/* in: x [D,H,T,B], w [D], positions [T,B]; p: n_rot, theta, and 1 for the bf16 result (ip2) against the
+ * ops then CAST, each read back as float32 */
 static keel_tensor *qk_norm_rope_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
-    if (fused) return keel_qk_norm_rope(ctx, in[0], in[1], in[2], 1e-6, true, (int64_t)p[0], p[1]);
-    return keel_rope(ctx, keel_rms_norm_w(ctx, in[0], in[1], 1e-6, true), in[2], (int64_t)p[0], p[1]);
+    int64_t nr = (int64_t)p[0];
+    if (p[2] != 0 && fused)
+        return keel_cast(ctx, keel_qk_norm_rope_to(ctx, in[0], in[1], in[2], 1e-6, true, nr, p[1], KEEL_BF16), KEEL_F32);
+    keel_tensor *y = fused ? keel_qk_norm_rope(ctx, in[0], in[1], in[2], 1e-6, true, nr, p[1])
+                           : keel_rope(ctx, keel_rms_norm_w(ctx, in[0], in[1], 1e-6, true), in[2], nr, p[1]);
+    return p[2] != 0 ? keel_cast(ctx, keel_cast(ctx, y, KEEL_BF16), KEEL_F32) : y;
 }
 
 static void qk_norm_rope_is_its_ops(void **st) {
@@ -190,8 +196,10 @@ static void qk_norm_rope_is_its_ops(void **st) {
      * fixture's heads of 32, all rotated */
     const int64_t big[3][4] = {{256, 8, 12, 2}, {256, 1, 1, 1}, {12, 2, 1, 1}},
                   small[3][4] = {{32, 4, 9, 2}, {32, 1, 1, 1}, {9, 2, 1, 1}};
-    check_pair("QK_NORM_ROPE", 3, big, ty, qk_norm_rope_pair, (const double[]){64, 1e7});
-    check_pair("QK_NORM_ROPE", 3, small, ty, qk_norm_rope_pair, (const double[]){32, 10000});
+    check_pair("QK_NORM_ROPE", 3, big, ty, qk_norm_rope_pair, (const double[]){64, 1e7, 0});
+    check_pair("QK_NORM_ROPE", 3, small, ty, qk_norm_rope_pair, (const double[]){32, 10000, 0});
+    check_pair("QK_NORM_ROPE bf16", 3, big, ty, qk_norm_rope_pair, (const double[]){64, 1e7, 1});
+    check_pair("QK_NORM_ROPE bf16", 3, small, ty, qk_norm_rope_pair, (const double[]){32, 10000, 1});
 }
 
 /* in: a [H,...], A_log [H], dt_bias [H] */
