@@ -59,13 +59,16 @@ static int grow(keel_grad_acc *a) {
 }
 
 /* A tensor whose gradient only ever becomes a bf16 product operand: a float32 product of bf16
- * operands (MUL_MAT's rule rounds dy to bf16 and reads nothing else of it) read by `readers` nodes'
- * sources and no more, no output, no gradient yet. Its gradient may come in bf16, rounded as CAST
- * rounds it: the bits the product's rule would make, without the float32 tensor. */
+ * operands (MUL_MAT's rule rounds dy to bf16 and reads nothing else of it), or a RESHAPE of one that
+ * it alone reads (the DeltaNet's z as heads: RESHAPE's rule hands dy on as it is), read by `readers`
+ * nodes' sources and no more, no output, no gradient yet. Its gradient may come in bf16, rounded as
+ * CAST rounds it: the bits the product's rule would make, without the float32 tensor. */
 static bool bf16_product_read_by(const keel_grad_acc *acc, const keel_tensor *s, int readers) {
-    return s->op == KEEL_OP_MUL_MAT && s->type == KEEL_F32 && s->src[0]->type == KEEL_BF16 &&
-           s->src[1]->type == KEEL_BF16 && s->id < acc->n_uses && acc->uses[s->id] == readers &&
-           !(s->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_LOSS | KEEL_FLAG_PARAM)) && !acc->g->grads[s->id];
+    bool alone = s->id < acc->n_uses && acc->uses[s->id] == readers &&
+                 !(s->flags & (KEEL_FLAG_OUTPUT | KEEL_FLAG_LOSS | KEEL_FLAG_PARAM)) && !acc->g->grads[s->id];
+    if (s->op == KEEL_OP_RESHAPE) return alone && bf16_product_read_by(acc, s->src[0], 1);
+    return alone && s->op == KEEL_OP_MUL_MAT && s->type == KEEL_F32 && s->src[0]->type == KEEL_BF16 &&
+           s->src[1]->type == KEEL_BF16;
 }
 
 /* ... with one reader: a contribution to it may come in bf16 */

@@ -19,7 +19,7 @@ static keel_tensor *reduce_to(keel_ctx *ctx, keel_tensor *dy, const keel_tensor 
 static keel_tensor *contiguous(keel_ctx *ctx, keel_tensor *x) { return keel_is_contiguous(x) ? x : keel_cont(ctx, x); }
 
 static int r_view(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
-    (void)ctx;
+    (void)ctx; /* (a view of another type lies over a backward op's result, which takes no gradient) */
     return keel_grad_add_window(acc, 0, dy, t->ip[5], t->ip[6], t->ip[7], t->ip[8]);
 }
 static int r_reshape(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
@@ -194,10 +194,24 @@ static int r_sum(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *
     ADD(0, keel_repeat(ctx, d, a->ne));
     return 0;
 }
+/* dy's bf16 copy where the norm's backward that made dy made one (norm_bf16_part): dy is the dx part
+ * (offset 0, in order) of an RMS_NORM_W_BACK(_ADD) with its bf16 part, dx rounded as CAST rounds it,
+ * which follows dx in the packed result; else NULL */
+static keel_tensor *bf16_copy_of(keel_ctx *ctx, keel_tensor *dy) {
+    keel_tensor *p = dy->op == KEEL_OP_VIEW ? dy->src[0] : NULL;
+    if (!p || (p->op != KEEL_OP_RMS_NORM_W_BACK && p->op != KEEL_OP_RMS_NORM_W_BACK_ADD) || p->ip[1] != KEEL_BF16 ||
+        dy->ip[8] != 0 || dy->type != KEEL_F32 || !keel_is_contiguous(dy) ||
+        keel_nelements(dy) != keel_nelements(p->src[0]))
+        return NULL;
+    return keel_view_4d_as(ctx, p, KEEL_BF16, dy->ne[0], dy->ne[1], dy->ne[2], dy->ne[3], dy->ne[0] * 2,
+                           dy->ne[0] * dy->ne[1] * 2, dy->ne[0] * dy->ne[1] * dy->ne[2] * 2,
+                           keel_nelements(dy) * (int64_t)sizeof(float));
+}
 static int r_mul_mat(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     keel_tensor *a = t->src[0], *b = t->src[1];
     if (a->type == KEEL_BF16) { /* mixed precision: dy as a bf16 operand, the gradients float32 sums */
-        keel_tensor *d16 = dy->type == KEEL_BF16 ? dy : keel_cast(ctx, dy, KEEL_BF16);
+        keel_tensor *d16 = dy->type == KEEL_BF16 ? dy : bf16_copy_of(ctx, dy);
+        if (!d16) d16 = keel_cast(ctx, dy, KEEL_BF16);
         if (WANT(0)) ADD(0, keel_out_prod_to(ctx, b, d16, a->ne[2], a->ne[3], KEEL_F32));
         if (WANT(1)) ADD(1, keel_mul_mat_to(ctx, keel_transpose(ctx, a), d16, KEEL_F32));
         return 0;
@@ -282,6 +296,18 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
  * residual stream: the layer's output passes it back), the plain norm's backward adds it to dx as it
  * writes dx (RMS_NORM_W_BACK_ADD), the bits of the ADD keel_grad_add would make, without that pass
  * over three tensors of the stream's size. */
+/* The bf16 part of the plain and the gated norm's backward (ip1), where a bf16 product's rule would
+ * otherwise CAST a float32 part, so that it reads the bf16 values made with the float32 ones, the same
+ * bits without a pass over the float32 tensor: the gated norm's dz where z goes only to a bf16
+ * product (the DeltaNet's z projection), dz then in bf16 alone; and a copy of the plain norm's dx
+ * where x is a bf16 product plus the residual (MUL_MAT_ADD), the residual stream, whose rule reads
+ * the copy (bf16_copy_of) while dx goes on in float32 to the residual before it. */
+static int64_t norm_bf16_part(const keel_tensor *t, keel_grad_acc *acc) {
+    const keel_tensor *x = t->src[0];
+    if (x->type != KEEL_F32 || t->op == KEEL_OP_QK_NORM_ROPE) return 0;
+    if (t->op == KEEL_OP_GATED_RMS_NORM) return keel_grad_bf16_ok(acc, 2) ? KEEL_BF16 : 0;
+    return WANT(0) && x->op == KEEL_OP_MUL_MAT_ADD && x->src[0]->type == KEEL_BF16 ? KEEL_BF16 : 0;
+}
 static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     bool gated = t->op == KEEL_OP_GATED_RMS_NORM, rope = t->op == KEEL_OP_QK_NORM_ROPE, three = gated || rope;
     keel_tensor *x = t->src[0], *w = t->src[1], *so_far = three ? NULL : keel_grad_so_far(acc, 0);
@@ -290,13 +316,17 @@ static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_ac
                : rope   ? KEEL_OP_QK_NORM_ROPE_BACK
                : so_far ? KEEL_OP_RMS_NORM_W_BACK_ADD
                         : KEEL_OP_RMS_NORM_W_BACK;
-    keel_tensor *pk = keel_op_new(ctx, back, src, three || so_far ? 4 : 3, t->ip, rope ? 2 : 1, t->fp, rope ? 2 : 1);
+    int64_t bf = norm_bf16_part(t, acc), ips[2] = {t->ip[0], bf}; /* QK_NORM_ROPE's: its own (ip1 n_rot) */
+    keel_tensor *pk = keel_op_new(ctx, back, src, three || so_far ? 4 : 3, rope ? t->ip : ips, 2, t->fp, rope ? 2 : 1);
     if (!pk) return -1;
     int64_t es = (int64_t)keel_type_size(pk->type), n = keel_nelements(x), np = gated ? 3 : 2;
     keel_tensor *part[3];
-    for (int k = 0; k < (rope ? np : np - 1); k++) /* the parts of x's shape (dw: below) */
-        part[k] = keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es, x->ne[0] * x->ne[1] * es,
-                               x->ne[0] * x->ne[1] * x->ne[2] * es, k * n * es);
+    for (int k = 0; k < (rope ? np : np - 1); k++) /* the parts of x's shape (dw: below), dz maybe bf16 */
+        part[k] = gated && k == 1 && bf
+                      ? keel_view_4d_as(ctx, pk, KEEL_BF16, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * 2,
+                                        x->ne[0] * x->ne[1] * 2, x->ne[0] * x->ne[1] * x->ne[2] * 2, n * es)
+                      : keel_view_4d(ctx, pk, x->ne[0], x->ne[1], x->ne[2], x->ne[3], x->ne[0] * es,
+                                     x->ne[0] * x->ne[1] * es, x->ne[0] * x->ne[1] * x->ne[2] * es, k * n * es);
     if (so_far) {
         if (keel_grad_set(acc, 0, part[0])) return -1;
     } else if (WANT(0)) {
@@ -309,10 +339,11 @@ static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_ac
          * NaN's payload aside). The op's own dw is copied out of its packed result here: a weight's
          * gradient that is a view gets that copy at the graph's end, which would keep the whole packed
          * result (dx, dz) alive until then (3.5 GiB more at the 0.8B's bf16 peak with recompute full). */
-        keel_tensor *dw = rope ? reduce_to(ctx, part[1], w)
-                               : keel_cont(ctx, keel_view_4d(ctx, pk, w->ne[0], w->ne[1], w->ne[2], w->ne[3],
-                                                             w->ne[0] * es, w->ne[0] * w->ne[1] * es,
-                                                             w->ne[0] * w->ne[1] * w->ne[2] * es, (np - 1) * n * es));
+        keel_tensor *dw =
+            rope ? reduce_to(ctx, part[1], w) /* else the packed result's last w values */
+                 : keel_cont(ctx, keel_view_4d(ctx, pk, w->ne[0], w->ne[1], w->ne[2], w->ne[3], w->ne[0] * es,
+                                               w->ne[0] * w->ne[1] * es, w->ne[0] * w->ne[1] * w->ne[2] * es,
+                                               (keel_nelements(pk) - keel_nelements(w)) * es));
         ADD(1, t->ip[0] && rope && dw->op != KEEL_OP_REPEAT_BACK ? keel_scale(ctx, dw, 1.0, 0.0) : dw);
     }
     if (gated && WANT(2)) ADD(2, part[1]);

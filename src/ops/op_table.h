@@ -19,7 +19,9 @@
 // clang-format off
 #define KEEL_OP_TABLE(X)                                                                                               \
     X(NONE, LEAF, 0, OPF_LEAF, 0, 0, "leaf: parameter, input or constant")                                                      \
-    X(VIEW, VIEW, 1, OPF_VIEW, 1, 0, "ip0-3 ne, ip4-7 nb (bytes), ip8 offset (bytes from src0 element 0)")                      \
+    X(VIEW, VIEW, 1, OPF_VIEW, 1, 0,                                                                                   \
+      "ip0-3 ne, ip4-7 nb (bytes), ip8 offset (bytes from src0 element 0), ip9 its type (0: src0's; another only "    \
+      "over a backward op's packed result, a part stored in that type, and then not differentiable)")                 \
     X(RESHAPE, VIEW, 1, OPF_VIEW, 1, 0, "ip0-3 ne (src0 contiguous)")                                                           \
     X(PERMUTE, VIEW, 1, OPF_VIEW, 1, 0, "ip0-3: src dim i becomes dim ip[i]")                                                   \
     X(TRANSPOSE, VIEW, 1, OPF_VIEW, 1, 0, "swaps dims 0 and 1")                                                                 \
@@ -122,7 +124,9 @@
       "rounded as CAST rounds it)")                                                                                    \
     X(RMS_NORM_W_BACK, OWN, 3, OPF_BACKWARD, 0, 0,                                                                     \
       "x, w, dy; params as RMS_NORM_W -> packed [dx (x's shape) | dw (ne0 values)], dw the float64 sum over rows of "  \
-      "the float32 products dy rms_norm(x), as each backend's REPEAT_BACK sums MUL's products (the same bits)")        \
+      "the float32 products dy rms_norm(x), as each backend's REPEAT_BACK sums MUL's products (the same bits); ip1 "  \
+      "bf16 (float32 x): [dx | dx rounded as CAST rounds it, bf16 in keel_bf16_part_floats(x's) floats | dw] "         \
+      "(autodiff's, where dx goes on to a bf16 product's rule)")                                                      \
     X(RMS_NORM_W_BACK_ADD, OWN, 4, OPF_BACKWARD, 0, 0,                                                                 \
       "x, w, dy, g (x's shape and type); params as RMS_NORM_W -> RMS_NORM_W_BACK's packed result with g + dx in "     \
       "place of dx, added as ADD adds (autodiff's: the gradient so far of a residual stream, added where dx is made)") \
@@ -138,7 +142,8 @@
       "the RMS_NORM, MUL, SILU, MUL it replaces, formula by formula); ip1 the result's type, as RMS_NORM_W's")      \
     X(GATED_RMS_NORM_BACK, OWN, 4, OPF_BACKWARD, 0, 0,                                                                 \
       "x, w, z, dy -> packed [dx | dz (each x's shape) | dw (ne0 values)], dw summed from (dy silu(z)) rms_norm(x) "   \
-      "as RMS_NORM_W_BACK sums it")                                                                                    \
+      "as RMS_NORM_W_BACK sums it; ip1 bf16 (float32 x): dz rounded as CAST rounds it, bf16 in "                     \
+      "keel_bf16_part_floats(x's) floats (autodiff's, where dz goes only to bf16 products)")                          \
     X(GDN_CONV, OWN, 3, 0, 3, 4,                                                                                       \
       "src0 x [C,T,B], src1 w [K,C], src2 i32 positions [T,B]; ip0 n, ip1 d, fp0 eps, fp1 s: y = silu(CONV1D(x)), "   \
       "then channels [0,2n) L2-normalised per d channels (x / sqrt(sum x^2 + eps)) and [0,n) times s (the DeltaNet's " \

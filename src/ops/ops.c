@@ -150,9 +150,15 @@ static int shape_rule(keel_tensor *t) {
         for (int i = 0; i < 4; i++) ne[i] = t->ip[i], nb[i] = t->ip[4 + i];
         for (int i = 0; i < 4; i++)
             REQ(ne[i] > 0 && nb[i] >= 0, "ne[%d]=%lld nb[%d]=%lld invalid", i, (long long)ne[i], i, (long long)nb[i]);
-        REQ(nb[0] == (int64_t)keel_type_size(a->type), "nb[0] must be the element size");
+        /* ip9: the view's own element type, over a backward op's packed result only (a part of another
+         * type than the whole's, as RMS_NORM_W_BACK's bf16 part; no gradient flows through it) */
+        keel_type vt = t->ip[9] ? (keel_type)t->ip[9] : a->type;
         keel_tensor *root = keel_root(a);
-        t->type = a->type;
+        REQ(vt == a->type ||
+                (t->ip[9] > 0 && t->ip[9] < KEEL_TYPE_COUNT && (keel_op_get(root->op)->flags & OPF_BACKWARD)),
+            "view type (ip9) %lld: src0's, or another over a backward op's packed result", (long long)t->ip[9]);
+        REQ(nb[0] == (int64_t)keel_type_size(vt), "nb[0] must be the element size");
+        t->type = vt;
         memcpy(t->ne, ne, sizeof ne);
         memcpy(t->nb, nb, sizeof nb);
         REQ(t->ip[8] >= 0, "negative offset");
@@ -422,8 +428,8 @@ static int shape_rule(keel_tensor *t) {
         REQ(t->fp[0] >= 0 && isfinite(t->fp[0]), "eps %g must be finite and >= 0", t->fp[0]);
         REQ(gated ? t->ip[0] == 0 : (t->ip[0] == 0 || t->ip[0] == 1), "ip0 %lld: 1 for the 1 + w form, else 0",
             (long long)t->ip[0]);
-        REQ(t->ip[1] == 0 || (!back && t->ip[1] == KEEL_BF16 && a->type == KEEL_F32),
-            "result type (ip1) %lld: 0 (x's), or bf16 for a float32 x (not for the backward)", (long long)t->ip[1]);
+        REQ(t->ip[1] == 0 || (t->ip[1] == KEEL_BF16 && a->type == KEEL_F32),
+            "%s (ip1) %lld: 0, or bf16 for a float32 x", back ? "the bf16 part" : "result type", (long long)t->ip[1]);
         if (!back) {
             set_shape(t, t->ip[1] ? KEEL_BF16 : a->type, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
         } else {
@@ -431,7 +437,8 @@ static int shape_rule(keel_tensor *t) {
             REQ(keel_same_shape(dy, a) && dy->type == a->type, "dy must be shaped like x");
             if (op == KEEL_OP_RMS_NORM_W_BACK_ADD)
                 REQ(keel_same_shape(t->src[3], a) && t->src[3]->type == a->type, "g must be shaped like x");
-            set_shape(t, a->type, (gated ? 2 : 1) * keel_nelements(a) + a->ne[0], 1, 1, 1); /* [dx | (dz) | dw] */
+            int64_t N = keel_nelements(a), mid = t->ip[1] ? keel_bf16_part_floats(N) : gated ? N : 0;
+            set_shape(t, a->type, N + mid + a->ne[0], 1, 1, 1); /* [dx | dz, or the bf16 part | dw] */
         }
         return 0;
     }
@@ -683,6 +690,12 @@ keel_tensor *keel_view_4d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne
     if (!a) return NULL;
     return keel_view(ctx, a, IPS(ne0, ne1, ne2, ne3), IPS((int64_t)keel_type_size(a->type), nb1, nb2, nb3), offset);
 }
+keel_tensor *keel_view_4d_as(keel_ctx *ctx, keel_tensor *a, keel_type type, int64_t ne0, int64_t ne1, int64_t ne2,
+                             int64_t ne3, int64_t nb1, int64_t nb2, int64_t nb3, int64_t offset) {
+    int64_t ip[10] = {ne0, ne1, ne2, ne3, (int64_t)keel_type_size(type), nb1, nb2, nb3, offset, type};
+    return OP(KEEL_OP_VIEW, (a), ip, 10, NULL, 0);
+}
+int64_t keel_bf16_part_floats(int64_t n) { return (n + 7) / 8 * 4; }
 keel_tensor *keel_view_3d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t nb1,
                           int64_t nb2, int64_t offset) {
     return keel_view_4d(ctx, a, ne0, ne1, ne2, 1, nb1, nb2, nb2 * ne2, offset);

@@ -905,15 +905,20 @@ int keel_cases_all(op_case **out) {
             /* D, H, T, B, n_rot, longest example (0: positions [T] up to 64), theta, eps (1e-6 x),
              * the 1 + w form, view of x: attention's heads of 256 with a quarter rotated and
              * theta 1e7 (the 0.8B's), all rotated, w as is, eps large, a strided view, and more
-             * than 65535 rows */
+             * than 65535 rows; then, for the forward, its bf16 result on the same shapes (ip2; mixed
+             * precision's attention operands): the float32 value rounded once (2e-5; cuda's
+             * row-in-registers kernel, its general one for the strided x, the wide grid) */
             static const int64_t sh[][10] = {
                 {256, 8, 5, 2, 64, 3, 10000000, 1, 1, 0}, {32, 4, 7, 2, 32, 0, 10000, 1, 1, 0},
                 {24, 2, 9, 1, 8, 0, 10000, 1, 0, 0},      {128, 2, 65, 1, 128, 40, 1000000, 1000000, 1, 0},
                 {34, 3, 4, 2, 16, 0, 10000, 1, 1, 1},     {4, 65537, 1, 1, 4, 0, 10000, 1, 1, 0}};
-            for (int s = 0; s < 6; s++) {
-                const int64_t *x = sh[s];
+            for (int s = 0; s < (op == KEEL_OP_QK_NORM_ROPE ? 12 : 6); s++) {
+                const int64_t *x = sh[s % 6];
+                bool bf = s >= 6;
                 c = C(&l, op);
-                if (x[1] > 60000)
+                if (bf)
+                    c->keep_types = true, c->tol = 2e-5, c->no_fd = "bf16 rounding of the result";
+                else if (x[1] > 60000)
                     c->no_fd = "many rows: each backend against ref's backward, proven on the small cases";
                 I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = x[9] ? VIEW_STRIDED : VIEW_NONE;
                 I(c, KEEL_F32, x[0], 1, 1, 1)->scale = 0.3;
@@ -922,7 +927,7 @@ int keel_cases_all(op_case **out) {
                 else
                     IDX(c, x[2], 1, 64);
                 if (op == KEEL_OP_QK_NORM_ROPE_BACK) I(c, KEEL_F32, x[0], x[1], x[2], x[3]);
-                P(c, 2, (int64_t[]){x[8], x[4]}, 2, (double[]){1e-6 * (double)x[7], (double)x[6]});
+                P(c, bf ? 3 : 2, (int64_t[]){x[8], x[4], KEEL_BF16}, 2, (double[]){1e-6 * (double)x[7], (double)x[6]});
             }
             /* heads of 256, a quarter rotated, rows not one stride apart (dims 1 and 2 swapped) */
             c = C(&l, op);
@@ -931,21 +936,6 @@ int keel_cases_all(op_case **out) {
             IDX(c, 6, 1, 64);
             if (op == KEEL_OP_QK_NORM_ROPE_BACK) I(c, KEEL_F32, 256, 4, 6, 2)->view = VIEW_ROWS_SWAPPED;
             P(c, 2, (int64_t[]){1, 64}, 2, (double[]){1e-6, 10000000.0});
-            /* the forward's bf16 result (ip2; mixed precision's attention operands): the float32 value
-             * rounded once (2e-5), on the shapes above (cuda's row-in-registers kernel, its general
-             * one for the strided x, more than 65535 rows) */
-            for (int s = 0; op == KEEL_OP_QK_NORM_ROPE && s < 6; s++) {
-                const int64_t *x = sh[s];
-                c = C(&l, op);
-                c->keep_types = true, c->tol = 2e-5, c->no_fd = "bf16 rounding of the result";
-                I(c, KEEL_F32, x[0], x[1], x[2], x[3])->view = x[9] ? VIEW_STRIDED : VIEW_NONE;
-                I(c, KEEL_F32, x[0], 1, 1, 1)->scale = 0.3;
-                if (x[5])
-                    SEG(c, x[2], x[3], x[5]);
-                else
-                    IDX(c, x[2], 1, 64);
-                P(c, 3, (int64_t[]){x[8], x[4], KEEL_BF16}, 2, (double[]){1e-6 * (double)x[7], (double)x[6]});
-            }
             break;
         }
         case KEEL_OP_GDN_CONV:

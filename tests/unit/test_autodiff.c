@@ -379,6 +379,22 @@ static void bf16_gradients(void **st) {
     for (int o = 0; o < 2; o++) keel_graph_free(g[o]), keel_ctx_free(ctx[o]);
 }
 
+/* The gradients of lv[0] (x: 40 values) and lv[1] (w: 8) in two graphs of the same leaves (lv0, lv1)
+ * on the same values: the same bits on cpu, each non-zero; on ref within rel (the float32 sums one
+ * graph rounds twice and the other once) */
+static void same_x_w_grads(keel_graph **g, keel_tensor **lv0, keel_tensor **lv1, double **vals, int n, double rel) {
+    keel_tensor **lv[2] = {lv0, lv1};
+    for (int b = 0; b < 2; b++)
+        for (int p = 0; p < 2; p++) { /* x's gradient, then w's */
+            double *v[2];
+            for (int o = 0; o < 2; o++)
+                v[o] = run_graph(b ? "ref" : "cpu", g[o], lv[o], vals, n, keel_graph_grad(g[o], lv[o][p]));
+            for (int i = 0; i < (p ? 8 : 40); i++)
+                assert_true(b ? fabs(v[0][i] - v[1][i]) <= rel * fabs(v[1][i]) : v[0][i] == v[1][i] && v[0][i] != 0.0);
+            free(v[0]), free(v[1]);
+        }
+}
+
 /* A residual stream: y = W rms_norm(x) (1 + w) + x. x's gradient so far (the addend's, dy) is added
  * where the norm's dx is made (RMS_NORM_W_BACK_ADD: no ADD in the backward), and the 1 + w weight's
  * gradient is the norm backward's own sum over rows, copied out of its packed result by the rule (no
@@ -422,15 +438,66 @@ static void residual_norm_adds_in_place(void **st) {
     for (int i = 0; i < 8; i++) ws[i] = 0.05 * i - 0.2;
     for (int i = 0; i < 64; i++) Ws[i] = 0.1 * ((i * 5) % 13) - 0.6;
     double *vals[4] = {xs, ws, Ws, rs};
-    for (int b = 0; b < 2; b++)
-        for (int p = 0; p < 2; p++) { /* x's gradient, then w's */
-            double *v[2];
-            for (int o = 0; o < 2; o++)
-                v[o] = run_graph(b ? "ref" : "cpu", g[o], lv[o], vals, 4, keel_graph_grad(g[o], lv[o][p]));
-            for (int i = 0; i < (p ? 8 : 40); i++) /* ref: g + dx rounded once, not twice (a few float32 ulps) */
-                assert_true(b ? fabs(v[0][i] - v[1][i]) <= 1e-6 * fabs(v[1][i]) : v[0][i] == v[1][i] && v[0][i] != 0.0);
-            free(v[0]), free(v[1]);
+    same_x_w_grads(g, lv[0], lv[1], vals, 4, 1e-6); /* ref: g + dx rounded once, not twice (a few float32 ulps) */
+    for (int o = 0; o < 2; o++) keel_graph_free(g[o]), keel_ctx_free(ctx[o]);
+}
+
+/* Mixed precision's norms hand their bf16 gradients on without CASTs. (a) A residual stream h1 = W1
+ * n1 + x (W1 bf16, MUL_MAT_ADD), then h2 = W2 rms_norm(h1) + h1: the norm's backward (RMS_NORM_W_BACK_ADD)
+ * also keeps dh1 in bf16 (ip1), which W1's rule reads through a bf16 view, where the same model with
+ * h1 reshaped before its norm (no MUL_MAT_ADD under the norm) CASTs it. (b) A gated norm whose z is a
+ * bf16 product's alone (reshaped, as the model's heads): its backward makes dz in bf16 (ip1), where z
+ * marked an output takes it in float32 and a CAST. x's and the weights' gradients: the same bits on cpu (on ref, the reshaped
+ * model's two roundings of h1's sum against one, as in residual_norm_adds_in_place). */
+static keel_graph *bf16_parts_graph(keel_ctx *ctx, bool plain, keel_tensor **lv) {
+    keel_tensor *x = keel_set_flags(keel_set_name(keel_new_2d(ctx, KEEL_F32, 8, 5), "x"), KEEL_FLAG_PARAM);
+    keel_tensor *w = keel_set_flags(keel_set_name(keel_new_1d(ctx, KEEL_F32, 8), "w"), KEEL_FLAG_PARAM);
+    keel_tensor *W1 = keel_set_flags(keel_new_2d(ctx, KEEL_BF16, 8, 8), KEEL_FLAG_INPUT);
+    keel_tensor *W2 = keel_set_flags(keel_new_2d(ctx, KEEL_BF16, 8, 8), KEEL_FLAG_INPUT);
+    keel_tensor *Wz = keel_set_flags(keel_new_2d(ctx, KEEL_BF16, 8, 8), KEEL_FLAG_INPUT);
+    keel_tensor *r = keel_set_flags(keel_new_2d(ctx, KEEL_F32, 8, 5), KEEL_FLAG_INPUT);
+    keel_tensor *xb = keel_cast(ctx, keel_rms_norm_w(ctx, x, w, 1e-6, true), KEEL_BF16);
+    keel_tensor *h1 = keel_mul_mat_add(ctx, W1, xb, x);
+    keel_tensor *h1n = plain ? keel_reshape_2d(ctx, h1, 8, 5) : h1; /* plain: made before the norm */
+    keel_tensor *n2 = keel_cast(ctx, keel_rms_norm_w(ctx, h1n, w, 1e-6, true), KEEL_BF16);
+    keel_tensor *h2 = keel_mul_mat_add(ctx, W2, n2, h1);
+    keel_tensor *z = keel_mul_mat_to(ctx, Wz, xb, KEEL_F32);
+    if (plain) keel_set_flags(z, KEEL_FLAG_OUTPUT);
+    keel_tensor *zh = keel_reshape_2d(ctx, z, 8, 5); /* z as the model's: a RESHAPE */
+    keel_tensor *gn = keel_gated_rms_norm(ctx, h2, w, zh, 1e-6);
+    keel_tensor *loss = keel_sum(ctx, keel_mul(ctx, gn, r));
+    lv[0] = x, lv[1] = w, lv[2] = W1, lv[3] = W2, lv[4] = Wz, lv[5] = r;
+    keel_graph *g = keel_graph_build(ctx, &loss, 1);
+    assert_int_equal(keel_build_backward(g, loss), 0);
+    return g;
+}
+
+static void norm_backward_bf16_parts(void **st) {
+    (void)st;
+    keel_ctx *ctx[2] = {keel_ctx_new(), keel_ctx_new()};
+    keel_tensor *lv[2][6];
+    keel_graph *g[2];
+    for (int o = 0; o < 2; o++) {
+        g[o] = bf16_parts_graph(ctx[o], o == 1, lv[o]);
+        int parts = 0, views = 0;
+        for (int64_t i = g[o]->n_forward; i < g[o]->n_nodes; i++) {
+            const keel_tensor *t = g[o]->nodes[i];
+            if (t->op == KEEL_OP_RMS_NORM_W_BACK_ADD || t->op == KEEL_OP_GATED_RMS_NORM_BACK)
+                parts += t->ip[1] == KEEL_BF16;
+            views += t->op == KEEL_OP_VIEW && t->type == KEEL_BF16;
         }
+        /* dh1's copy and dz in bf16, each read through a bf16 view */
+        assert_int_equal(parts, o ? 0 : 2);
+        assert_int_equal(views, o ? 0 : 2);
+        assert_int_equal(back_ops(g[o], KEEL_OP_CAST), o ? 3 : 1); /* h2's dy; plain: dh1's and dz's too */
+    }
+    double xs[40], ws[8], W[3][64], rs[40];
+    for (int i = 0; i < 40; i++) xs[i] = 0.13 * ((i * 7) % 17) - 1.1, rs[i] = 0.2 * ((i * 3) % 7) - 0.6;
+    for (int i = 0; i < 8; i++) ws[i] = 0.05 * i - 0.2;
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 64; i++) W[k][i] = 0.0625 * ((i * 5 + 3 * k) % 13) - 0.375; /* bf16 values */
+    double *vals[6] = {xs, ws, W[0], W[1], W[2], rs};
+    same_x_w_grads(g, lv[0], lv[1], vals, 6, 1e-5);
     for (int o = 0; o < 2; o++) keel_graph_free(g[o]), keel_ctx_free(ctx[o]);
 }
 
@@ -452,6 +519,24 @@ static void errors(void **st) {
     assert_int_equal(keel_build_backward(g, loss), -1);
     assert_non_null(strstr(keel_last_error(), "non-contiguous"));
     keel_graph_free(g);
+    /* a view of another type: only over a backward op's packed result, through which no gradient flows */
+    keel_tensor *xp = keel_set_flags(keel_new_2d(ctx, KEEL_F32, 8, 2), KEEL_FLAG_PARAM);
+    keel_tensor *w = keel_set_flags(keel_new_1d(ctx, KEEL_F32, 8), KEEL_FLAG_PARAM);
+    keel_tensor *dy = keel_set_flags(keel_new_2d(ctx, KEEL_F32, 8, 2), KEEL_FLAG_INPUT);
+    assert_null(keel_view_4d_as(ctx, xp, KEEL_BF16, 16, 1, 1, 1, 32, 32, 32, 0));
+    assert_non_null(strstr(keel_last_error(), "over a backward op's packed result"));
+    int64_t ip[2] = {0, KEEL_BF16};
+    double eps = 1e-6;
+    keel_tensor *pk = keel_op_new(ctx, KEEL_OP_RMS_NORM_W_BACK, (keel_tensor *const[]){xp, w, dy}, 3, ip, 2, &eps, 1);
+    assert_int_equal(keel_nelements(pk), 16 + keel_bf16_part_floats(16) + 8); /* [dx | bf16 dx | dw] */
+    keel_tensor *v16 = keel_view_4d_as(ctx, pk, KEEL_BF16, 16, 1, 1, 1, 32, 32, 32, 16 * 4);
+    assert_non_null(v16);
+    assert_null(keel_view_4d_as(ctx, pk, KEEL_BF16, 16, 1, 1, 1, 32, 32, 32, (16 + 8) * 4 + 2)); /* past the end */
+    loss = keel_sum(ctx, keel_cast(ctx, v16, KEEL_F32));
+    g = keel_graph_build(ctx, &loss, 1);
+    assert_int_equal(keel_build_backward(g, loss), -1);
+    assert_non_null(strstr(keel_last_error(), "does not depend on any parameter")); /* a backward op's: none */
+    keel_graph_free(g);
     keel_ctx_free(ctx);
 }
 
@@ -466,6 +551,7 @@ int main(void) {
         cmocka_unit_test(halves_side_by_side),
         cmocka_unit_test(bf16_gradients),
         cmocka_unit_test(residual_norm_adds_in_place),
+        cmocka_unit_test(norm_backward_bf16_parts),
         cmocka_unit_test(errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

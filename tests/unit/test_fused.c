@@ -14,7 +14,9 @@
 
 #include "util/rng.h"
 
-static const char *BACKENDS[] = {"cpu", "cuda"};
+/* ref too where a pair's two sides round alike there (with_ref): its float32 results then CAST */
+static const char *BACKENDS[] = {"cpu", "cuda", "ref"};
+static bool with_ref;
 
 /* uniform in [-2, 2), float32 values */
 static double *randoms(int64_t n, uint64_t seed) {
@@ -76,7 +78,7 @@ static void check_pair_of(const char *name, int n_in, const int64_t (*ne)[4], co
             vals[i][e] = tt < 5 ? (double)tt : (double)((tt - 5) % 3);
         }
     }
-    for (int b = 0; b < 2; b++) {
+    for (int b = 0; b < (with_ref ? 3 : 2); b++) {
         if (!backend_present(BACKENDS[b])) continue;
         for (int k = 0; k < n_out; k++) {
             double *x = run_graph(BACKENDS[b], g[0], in[0], vals, n_in + 1, out[0][k]),
@@ -183,7 +185,8 @@ static void rms_norm_w_is_its_ops(void **st) {
 static keel_tensor *qk_norm_rope_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
     int64_t nr = (int64_t)p[0];
     if (p[2] != 0 && fused)
-        return keel_cast(ctx, keel_qk_norm_rope_to(ctx, in[0], in[1], in[2], 1e-6, true, nr, p[1], KEEL_BF16), KEEL_F32);
+        return keel_cast(ctx, keel_qk_norm_rope_to(ctx, in[0], in[1], in[2], 1e-6, true, nr, p[1], KEEL_BF16),
+                         KEEL_F32);
     keel_tensor *y = fused ? keel_qk_norm_rope(ctx, in[0], in[1], in[2], 1e-6, true, nr, p[1])
                            : keel_rope(ctx, keel_rms_norm_w(ctx, in[0], in[1], 1e-6, true), in[2], nr, p[1]);
     return p[2] != 0 ? keel_cast(ctx, keel_cast(ctx, y, KEEL_BF16), KEEL_F32) : y;
@@ -300,6 +303,41 @@ static void norm_back_add_is_its_ops(void **st) {
     check_pair_of("RMS_NORM_W_BACK_ADD", 4, odd, ty, norm_back_add_pair, (const double[]){0}, false);
 }
 
+/* The norms' backward with its bf16 part (ip1) against the same op without it, its part then CAST:
+ * [dx | the bf16 part read back as float32 | dw]. p[0]: 0 RMS_NORM_W_BACK, 1 RMS_NORM_W_BACK_ADD (the
+ * part: dx's copy), 2 GATED_RMS_NORM_BACK (the part: dz, in place of the float32 dz); p[1]: the 1 + w
+ * form (not the gated norm's). in: x, w, then dy (and g), or z and dy. */
+static keel_tensor *norm_back_bf16_pair(keel_ctx *ctx, keel_tensor **in, bool fused, const double *p) {
+    int op = p[0] == 0   ? KEEL_OP_RMS_NORM_W_BACK
+             : p[0] == 1 ? KEEL_OP_RMS_NORM_W_BACK_ADD
+                         : KEEL_OP_GATED_RMS_NORM_BACK;
+    int64_t ip[2] = {p[0] == 2 ? 0 : (int64_t)p[1], fused ? KEEL_BF16 : 0}, n = keel_nelements(in[0]), D = in[0]->ne[0];
+    double eps = 1e-6;
+    keel_tensor *pk = keel_op_new(ctx, op, in, p[0] == 0 ? 3 : 4, ip, 2, &eps, 1);
+    keel_tensor *dx = keel_view_1d(ctx, pk, n, 0), *dw = keel_view_1d(ctx, pk, D, (keel_nelements(pk) - D) * 4);
+    keel_tensor *part = fused ? keel_view_4d_as(ctx, pk, KEEL_BF16, n, 1, 1, 1, 2 * n, 2 * n, 2 * n, n * 4)
+                              : keel_cast(ctx, p[0] == 2 ? keel_view_1d(ctx, pk, n, n * 4) : dx, KEEL_BF16);
+    return keel_concat(ctx, keel_concat(ctx, dx, keel_cast(ctx, part, KEEL_F32), 0), dw, 0);
+}
+
+static void norm_back_bf16_part_is_cast(void **st) {
+    (void)st;
+    with_ref = true; /* ref's bf16 part is its float32 part rounded, as its CAST rounds it */
+    const keel_type ty[4] = {KEEL_F32, KEEL_F32, KEEL_F32, KEEL_F32};
+    /* rows of 1024 (the residual stream: cuda's kernel that sums dw itself, PM 32), 128 (the DeltaNet's
+     * gated norm, PM 4) and 33 (its register kernel; 231 values, an odd count, in the bf16 part) */
+    const int64_t hidden[4][4] = {{1024, 9, 1, 1}, {1024, 1, 1, 1}, {1024, 9, 1, 1}, {1024, 9, 1, 1}},
+                  heads[4][4] = {{128, 16, 3, 2}, {128, 1, 1, 1}, {128, 16, 3, 2}, {128, 16, 3, 2}},
+                  odd[4][4] = {{33, 7, 1, 1}, {33, 1, 1, 1}, {33, 7, 1, 1}, {33, 7, 1, 1}};
+    check_pair_of("RMS_NORM_W_BACK bf16", 3, hidden, ty, norm_back_bf16_pair, (const double[]){0, 1}, false);
+    check_pair_of("RMS_NORM_W_BACK bf16", 3, odd, ty, norm_back_bf16_pair, (const double[]){0, 0}, false);
+    check_pair_of("..._BACK_ADD bf16", 4, hidden, ty, norm_back_bf16_pair, (const double[]){1, 1}, false);
+    check_pair_of("..._BACK_ADD bf16", 4, odd, ty, norm_back_bf16_pair, (const double[]){1, 0}, false);
+    check_pair_of("GATED_..._BACK bf16", 4, heads, ty, norm_back_bf16_pair, (const double[]){2, 0}, false);
+    check_pair_of("GATED_..._BACK bf16", 4, odd, ty, norm_back_bf16_pair, (const double[]){2, 0}, false);
+    with_ref = false;
+}
+
 /* Bad shapes and parameters: no node, and a message naming what is wrong. */
 static void gdn_conv_rejects_bad_input(void **st) {
     (void)st;
@@ -371,6 +409,7 @@ int main(void) {
         cmocka_unit_test(get_rows_back_add_is_its_ops),
         cmocka_unit_test(sigmoid_mul_is_its_ops),
         cmocka_unit_test(norm_back_add_is_its_ops),
+        cmocka_unit_test(norm_back_bf16_part_is_cast),
         cmocka_unit_test(gdn_conv_rejects_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -435,13 +435,24 @@ static void norm_w_task(void *arg, int64_t b, int64_t e, int th) {
         }
         double sb = 1.0 / sqrt(ss / (double)n + t->fp[0]), f2 = sb * sb * sb * sd / (double)n;
         float *dx = (float *)(void *)cpu_row_flat(t, 0) + r * n, *dz = dx + N, *gw = rope ? dx + N : c->terms + r * n;
+        /* the backward's bf16 part (ip1; not QK_NORM_ROPE_BACK's, whose ip1 is n_rot): dz, or a copy of
+         * dx, each float32 value rounded as CAST rounds it */
+        uint16_t *h = !rope && t->ip[1] ? (uint16_t *)(void *)((float *)(void *)cpu_row_flat(t, 0) + N) + r * n : NULL;
         const char *as = ga ? cpu_row(ga, i1, i2, i3) : NULL;
         for (int64_t i = 0; i < n; i++) {
             float xv = F(xs + i * xn), wv = NW_W(i), g = F(gs + i * gn), zv = z ? F(zs + i * zn) : 0.0f;
             float a = xv * sc, db = z ? g * silu_e(zv, row[i]) : g;
             dx[i] = (float)(sb * (db * wv) - f2 * xv);
             if (as) dx[i] = F(as + i * ga->nb[0]) + dx[i];
-            if (z) dz[i] = silu_back_e(zv, row[i], g * (a * wv));
+            if (z) {
+                float v = silu_back_e(zv, row[i], g * (a * wv));
+                if (h)
+                    h[i] = keel_cvt_f32_to_bf16(v);
+                else
+                    dz[i] = v;
+            } else if (h) {
+                h[i] = keel_cvt_f32_to_bf16(dx[i]);
+            }
             gw[i] = db * a;
         }
     }
@@ -456,7 +467,7 @@ static void norm_w_dw_task(void *arg, int64_t b, int64_t e, int th) {
     node_ctx *c = arg;
     const keel_tensor *t = c->t, *x = t->src[0];
     int64_t n = x->ne[0], R = keel_nrows(x);
-    float *dw = (float *)(void *)cpu_row_flat(t, 0) + (t->op == KEEL_OP_GATED_RMS_NORM_BACK ? 2 : 1) * R * n;
+    float *dw = (float *)(void *)cpu_row_flat(t, 0) + keel_nelements(t) - n; /* the last n */
     for (int64_t i = b; i < e; i++) {
         double acc = 0;
         for (int64_t r = 0; r < R; r++) acc += c->terms[r * n + i];

@@ -618,6 +618,7 @@ typedef struct {
     int64_t nr, n_cs;
     int64_t fx, fz, fg, fa; /* k_norm_w_pipe: the byte stride of x's (z's, dy's, g's) rows where it is one (else 0) */
     float *terms;           /* the backward's products dw sums, a row at r n (NULL: QK_NORM_ROPE_BACK's, in t) */
+    uint16_t *part16;       /* the backward's bf16 part (ip1: dz, or a copy of dx), a row at r n; NULL: none */
 } norm_w_args;
 
 /* where row r's products for dw go (n elements a row, N all rows' elements) */
@@ -713,8 +714,14 @@ __device__ static inline void norm_w_row(const norm_w_args &A, int64_t r, int kn
             continue;
         }
         float g = G(k, i), db = gated ? __fmul_rn(g, sg) : g, dx = (float)(sb * __fmul_rn(db, wv) - f2 * xv);
-        o[i] = add ? __fadd_rn(Ga(k, i), dx) : dx; /* RMS_NORM_W_BACK_ADD: ADD's sum */
-        if (gated) o[N + i] = silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv)));
+        dx = add ? __fadd_rn(Ga(k, i), dx) : dx; /* RMS_NORM_W_BACK_ADD: ADD's sum */
+        o[i] = dx;
+        /* dz, in float32 or as the bf16 part; without z, the bf16 part is dx's copy (both as CAST rounds) */
+        float dz = gated ? silu_back1(zv, __fmul_rn(g, __fmul_rn(a, wv))) : dx;
+        if (A.part16)
+            A.part16[r * n + i] = keel_cvt_f32_to_bf16(dz);
+        else if (gated)
+            o[N + i] = dz;
         tw[i] = __fmul_rn(db, a);
     }
 }
@@ -2419,6 +2426,8 @@ int cuda_node(keel_backend *be, const keel_tensor *t) {
         A.t = kt_of(t), A.x = kt_of(a), A.w = kt_of(b), A.eps = t->fp[0], A.one = t->ip[0] != 0;
         if (A.gated) A.z = kt_of(t->src[2]);
         if (A.back) A.dy = kt_of(t->src[A.gated || A.rope ? 3 : 2]);
+        if (A.back && !A.rope && t->ip[1]) /* the bf16 part after dx (QK_NORM_ROPE_BACK's ip1 is n_rot) */
+            A.part16 = (uint16_t *)((float *)t->data + keel_nelements(a));
         if (A.rope) {
             A.pos = kt_of(t->src[2]), A.nr = t->ip[1];
             A.freq = rope_freqs(be, t, t->ip[1], t->fp[1]);

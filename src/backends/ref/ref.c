@@ -112,7 +112,12 @@ static double binary(int op, double a, double b) {
 
 /* RMS_NORM_W and GATED_RMS_NORM and their backward over rows: a = x / sqrt(mean x^2 + eps), w' = w
  * or 1 + w, y = a w' (times silu(z)); the backward gives dx (RMS_NORM_BACK of dy silu(z) w'; plus g
- * for RMS_NORM_W_BACK_ADD), dz (silu' of dy a w') and dw, the sum over rows of (dy silu(z)) a. */
+ * for RMS_NORM_W_BACK_ADD), dz (silu' of dy a w') and dw, the sum over rows of (dy silu(z)) a. The
+ * backward's bf16 part (ip1: dz, or a copy of dx) holds the float32 value rounded, as CAST of the
+ * float32 part would round it. */
+static void put_bf16_part(const keel_tensor *t, int64_t N, int64_t e, double v) {
+    keel_store_value(KEEL_BF16, (char *)t->data + N * (int64_t)sizeof(float) + e * 2, (double)(float)v);
+}
 static int ref_norm_w(const keel_tensor *t) {
     bool gated = t->op == KEEL_OP_GATED_RMS_NORM || t->op == KEEL_OP_GATED_RMS_NORM_BACK;
     bool back = t->op == KEEL_OP_RMS_NORM_W_BACK || t->op == KEEL_OP_RMS_NORM_W_BACK_ADD ||
@@ -143,12 +148,18 @@ static int ref_norm_w(const keel_tensor *t) {
             }
             double d = get(dy, i, i1, i2, i3), db = d * sg;
             int64_t e = r * n + i;
-            putf(t, e, (g ? get(g, i, i1, i2, i3) : 0.0) + (sc * (db * wv) - sc * sc * sc * xv * sd / (double)n));
-            if (z) putf(t, N + e, silu_back(zv, d * (a * wv)));
+            double dx = (g ? get(g, i, i1, i2, i3) : 0.0) + (sc * (db * wv) - sc * sc * sc * xv * sd / (double)n);
+            putf(t, e, dx);
+            if (z && t->ip[1])
+                put_bf16_part(t, N, e, silu_back(zv, d * (a * wv)));
+            else if (z)
+                putf(t, N + e, silu_back(zv, d * (a * wv)));
+            else if (t->ip[1])
+                put_bf16_part(t, N, e, dx);
             dw[i] += db * a;
         }
     }
-    for (int64_t i = 0; dw && i < n; i++) putf(t, (z ? 2 : 1) * N + i, dw[i]);
+    for (int64_t i = 0; dw && i < n; i++) putf(t, keel_nelements(t) - n + i, dw[i]); /* the last n */
     free(dw);
     return 0;
 }
