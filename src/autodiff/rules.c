@@ -289,13 +289,6 @@ static int r_rope(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc 
     ADD(0, keel_op_new(ctx, KEEL_OP_ROPE_BACK, (keel_tensor *const[]){dy, t->src[1]}, 2, t->ip, 1, t->fp, 1));
     return 0;
 }
-/* RMS_NORM_W, GATED_RMS_NORM and QK_NORM_ROPE: one backward op for dx (and dz) and dw. The first two
- * sum dw themselves, as REPEAT_BACK sums MUL's products over rows (no tensor of the products, no pass
- * to read it back); QK_NORM_ROPE_BACK gives the terms, which REPEAT_BACK sums (for the 1 + w form,
- * SCALE's rule's dw * 1 + 0 only where no sum was made: see below). Where x has a gradient so far (a
- * residual stream: the layer's output passes it back), the plain norm's backward adds it to dx as it
- * writes dx (RMS_NORM_W_BACK_ADD), the bits of the ADD keel_grad_add would make, without that pass
- * over three tensors of the stream's size. */
 /* The bf16 part of the plain and the gated norm's backward (ip1), where a bf16 product's rule would
  * otherwise CAST a float32 part, so that it reads the bf16 values made with the float32 ones, the same
  * bits without a pass over the float32 tensor: the gated norm's dz where z goes only to a bf16
@@ -308,6 +301,13 @@ static int64_t norm_bf16_part(const keel_tensor *t, keel_grad_acc *acc) {
     if (t->op == KEEL_OP_GATED_RMS_NORM) return keel_grad_bf16_ok(acc, 2) ? KEEL_BF16 : 0;
     return WANT(0) && x->op == KEEL_OP_MUL_MAT_ADD && x->src[0]->type == KEEL_BF16 ? KEEL_BF16 : 0;
 }
+/* RMS_NORM_W, GATED_RMS_NORM and QK_NORM_ROPE: one backward op for dx (and dz) and dw. The first two
+ * sum dw themselves, as REPEAT_BACK sums MUL's products over rows (no tensor of the products, no pass
+ * to read it back); QK_NORM_ROPE_BACK gives the terms, which REPEAT_BACK sums (for the 1 + w form,
+ * SCALE's rule's dw * 1 + 0 only where no sum was made: see below). Where x has a gradient so far (a
+ * residual stream: the layer's output passes it back), the plain norm's backward adds it to dx as it
+ * writes dx (RMS_NORM_W_BACK_ADD), the bits of the ADD keel_grad_add would make, without that pass
+ * over three tensors of the stream's size. */
 static int r_norm_w(keel_ctx *ctx, keel_tensor *t, keel_tensor *dy, keel_grad_acc *acc) {
     bool gated = t->op == KEEL_OP_GATED_RMS_NORM, rope = t->op == KEEL_OP_QK_NORM_ROPE, three = gated || rope;
     keel_tensor *x = t->src[0], *w = t->src[1], *so_far = three ? NULL : keel_grad_so_far(acc, 0);
