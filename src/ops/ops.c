@@ -692,6 +692,12 @@ keel_tensor *keel_view_4d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne
 }
 keel_tensor *keel_view_4d_as(keel_ctx *ctx, keel_tensor *a, keel_type type, int64_t ne0, int64_t ne1, int64_t ne2,
                              int64_t ne3, int64_t nb1, int64_t nb2, int64_t nb3, int64_t offset) {
+    if (a && type == a->type) return keel_view_4d(ctx, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset);
+    if (a && type == KEEL_F32) { /* ip9 0 says "src0's type": float32 over another type is not expressible */
+        keel_fail("'%s': a float32 view of a %s tensor (VIEW's ip9 names only types other than float32)", a->name,
+                  keel_type_name(a->type));
+        return NULL;
+    }
     int64_t ip[10] = {ne0, ne1, ne2, ne3, (int64_t)keel_type_size(type), nb1, nb2, nb3, offset, type};
     return OP(KEEL_OP_VIEW, (a), ip, 10, NULL, 0);
 }

@@ -44,7 +44,8 @@ keel_tensor *keel_view_3d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne
 keel_tensor *keel_view_4d(keel_ctx *ctx, keel_tensor *a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
                           int64_t nb1, int64_t nb2, int64_t nb3, int64_t offset);
 /* A view of another element type than a's (strides in its bytes), over a backward op's packed
- * result only: a part of it stored in that type (RMS_NORM_W_BACK's bf16 part). Not differentiable. */
+ * result only: a part of it stored in that type (RMS_NORM_W_BACK's bf16 part). Not differentiable.
+ * Not float32 over another type (VIEW's ip9 0 means src0's type); a's own type: keel_view_4d. */
 keel_tensor *keel_view_4d_as(keel_ctx *ctx, keel_tensor *a, keel_type type, int64_t ne0, int64_t ne1, int64_t ne2,
                              int64_t ne3, int64_t nb1, int64_t nb2, int64_t nb3, int64_t offset);
 /* The float32 elements of a packed result that hold a bf16 part of n values: n / 2 rounded up, then
