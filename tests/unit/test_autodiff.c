@@ -531,8 +531,9 @@ static void errors(void **st) {
     assert_int_equal(keel_nelements(pk), 16 + keel_bf16_part_floats(16) + 8); /* [dx | bf16 dx | dw] */
     keel_tensor *v16 = keel_view_4d_as(ctx, pk, KEEL_BF16, 16, 1, 1, 1, 32, 32, 32, 16 * 4);
     assert_non_null(v16);
-    assert_null(keel_view_4d_as(ctx, pk, KEEL_BF16, 16, 1, 1, 1, 32, 32, 32, (16 + 8) * 4 + 2)); /* past the end */
-    assert_null(keel_view_4d_as(ctx, v16, KEEL_F32, 8, 1, 1, 1, 32, 32, 32, 0)); /* float32 over bf16 */
+    /* past the end; float32 over bf16 */
+    assert_null(keel_view_4d_as(ctx, pk, KEEL_BF16, 16, 1, 1, 1, 32, 32, 32, (16 + 8) * 4 + 2));
+    assert_null(keel_view_4d_as(ctx, v16, KEEL_F32, 8, 1, 1, 1, 32, 32, 32, 0));
     assert_non_null(strstr(keel_last_error(), "a float32 view of a bf16 tensor"));
     loss = keel_sum(ctx, keel_cast(ctx, v16, KEEL_F32));
     g = keel_graph_build(ctx, &loss, 1);
