@@ -497,7 +497,7 @@ static void norm_backward_bf16_parts(void **st) {
     for (int k = 0; k < 3; k++)
         for (int i = 0; i < 64; i++) W[k][i] = 0.0625 * ((i * 5 + 3 * k) % 13) - 0.375; /* bf16 values */
     double *vals[6] = {xs, ws, W[0], W[1], W[2], rs};
-    same_x_w_grads(g, lv[0], lv[1], vals, 6, 1e-5);
+    same_x_w_grads(g, lv[0], lv[1], vals, 6, 1e-6);
     for (int o = 0; o < 2; o++) keel_graph_free(g[o]), keel_ctx_free(ctx[o]);
 }
 
